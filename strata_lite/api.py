@@ -1,0 +1,165 @@
+"""The public Python API: `LLM` loads a GGUF model and computes logits or generates text.
+
+One LLM owns one KV cache holding one sequence; every call starts from an empty cache.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from .batch import Batch
+from .kernels import get_backend
+from .kv_cache import KVCache
+from .loader.chat_template import ChatTemplate
+from .loader.errors import GGUFError
+from .loader.gguf_file import GGUFFile
+from .loader.known_models import resolve_model
+from .loader.model_config import config_from_metadata
+from .loader.tokenizer import Tokenizer
+from .loader.weights import load_weights
+from .models import FORWARD
+from .sampling import InvalidRequest, Sampler, SamplingParams
+from .text_stream import TextStream
+
+PAGE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    token_ids: list[int]     # generated ids; an end-of-generation token, if hit, is the last one
+    text: str                # without end-of-generation tokens and stop strings
+    finish_reason: str       # "stop" (end-of-generation token or stop string) | "length"
+    n_prompt_tokens: int
+
+
+class LLM:
+    def __init__(self, model: str | None = None, backend: str = "auto", n_ctx: int = 4096,
+                 n_threads: int | None = None, n_batch: int = 512):
+        self.model_path = resolve_model(model)
+        gguf = GGUFFile(self.model_path)
+        meta = gguf.metadata
+        self.config = config_from_metadata(meta, self.model_path)
+        if self.config.arch not in FORWARD:
+            raise GGUFError(self.model_path, f"architecture {self.config.arch!r} has no forward pass")
+        self._forward = FORWARD[self.config.arch]
+        self.tokenizer = Tokenizer.from_gguf_metadata(meta, source=self.model_path)
+        self.chat_template = _chat_template(meta, self.tokenizer)
+        self.backend = get_backend(backend, n_threads)
+        self.weights = load_weights(gguf, self.config)
+        self.n_ctx, self.n_batch = int(n_ctx), int(n_batch)
+        if self.n_ctx < 1 or self.n_batch < 1:
+            raise ValueError("n_ctx and n_batch must be positive")
+        cfg = self.config
+        self.kv = KVCache(self.backend, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
+                          n_pages=math.ceil(self.n_ctx / PAGE_SIZE), page_size=PAGE_SIZE)
+        self._pages = list(range(self.kv.n_pages))   # the single sequence owns every page, in order
+
+    # text <-> ids
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids, special: bool = False) -> str:
+        return self.tokenizer.decode(ids, special=special)
+
+    def apply_chat_template(self, messages, tools=None, add_generation_prompt: bool = True) -> str:
+        if self.chat_template is None:
+            raise InvalidRequest(f"{self.model_path} has no 'tokenizer.chat_template'", param="messages")
+        return self.chat_template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+
+    # compute
+    def logits(self, ids) -> np.ndarray:
+        """float32 (len(ids), n_vocab): the next-token logits after every position, from an empty cache."""
+        ids = self._check_ids(ids)
+        return self.eval(ids, 0, np.arange(len(ids)))
+
+    def eval(self, ids, start_pos: int, logit_rows) -> np.ndarray:
+        """Run ids[i] at position start_pos + i (chunks of n_batch); the KV before start_pos is reused.
+        Returns float32 host logits for the given rows of ids (indices into ids, ascending)."""
+        ids, logit_rows = np.asarray(ids, dtype=np.int32), np.asarray(logit_rows, dtype=np.int64)
+        out = np.empty((len(logit_rows), self.config.n_vocab), dtype=np.float32)
+        for lo in range(0, len(ids), self.n_batch):
+            hi = min(lo + self.n_batch, len(ids))
+            sel = (logit_rows >= lo) & (logit_rows < hi)
+            batch = Batch.single(ids[lo:hi], start_pos + lo, self._pages, logit_rows[sel] - lo)
+            out[sel] = self.backend.to_host(self._forward(self.backend, self.config, self.weights, batch, self.kv))
+        return out
+
+    def generate(self, prompt, max_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 min_p: float = 0.0, seed: int | None = None, stop=None) -> GenerationOutput:
+        stream = self.stream(prompt, max_tokens, temperature, top_k, top_p, min_p, seed, stop)
+        for _ in stream:
+            pass
+        return stream.output
+
+    def stream(self, prompt, max_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+               min_p: float = 0.0, seed: int | None = None, stop=None) -> "Generation":
+        """An iterator over text pieces as they are produced; `.output` holds the result at the end."""
+        ids = self._check_ids(self.tokenize(prompt, add_special=True, parse_special=True)
+                              if isinstance(prompt, str) else prompt)
+        if max_tokens < 1:
+            raise InvalidRequest("max_tokens must be >= 1", param="max_tokens")
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        params = SamplingParams(temperature, top_k, top_p, min_p, seed, stop=stops)
+        return Generation(self, ids, max_tokens, params)
+
+    def _check_ids(self, ids) -> list[int]:
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        if len(ids) > self.n_ctx:
+            raise InvalidRequest(f"the prompt has {len(ids)} tokens, more than n_ctx = {self.n_ctx}", param="prompt")
+        bad = [t for t in ids if not 0 <= t < self.config.n_vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{self.config.n_vocab - 1})",
+                                 param="prompt")
+        return ids
+
+
+class Generation:
+    """Iterates over text pieces; one token per step, each decoded over the cached KV."""
+
+    def __init__(self, llm: LLM, prompt_ids: list[int], max_tokens: int, params: SamplingParams):
+        self.llm, self.prompt_ids, self.params = llm, prompt_ids, params
+        self.max_tokens = min(max_tokens, llm.n_ctx - len(prompt_ids))
+        self.output: GenerationOutput | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        llm, tok = self.llm, self.llm.tokenizer
+        sampler, text = Sampler(self.params, llm.config.n_vocab), TextStream(tok, self.params.stop)
+        generated, finish = [], "length"
+        logits = llm.eval(self.prompt_ids, 0, [len(self.prompt_ids) - 1])[0]
+        for step in range(max(self.max_tokens, 0)):
+            token = sampler(logits)
+            sampler.accept(token)
+            generated.append(token)
+            if token in tok.eog_ids:
+                finish = "stop"
+                break
+            piece = text.push(token)
+            if piece:
+                yield piece
+            if text.stopped:
+                finish = "stop"
+                break
+            if step + 1 < self.max_tokens:
+                logits = llm.eval([token], len(self.prompt_ids) + step, [0])[0]
+        tail = text.finish()
+        if tail:
+            yield tail
+        self.output = GenerationOutput(generated, text.text, finish, len(self.prompt_ids))
+
+
+def _chat_template(meta: dict, tokenizer) -> ChatTemplate | None:
+    source = meta.get("tokenizer.chat_template")
+    if not source:
+        return None
+
+    def token(key):
+        tid = meta.get(key)
+        return tokenizer.token_text(tid) if tid is not None and 0 <= tid < tokenizer.n_vocab else ""
+
+    return ChatTemplate(source, bos_token=token("tokenizer.ggml.bos_token_id"),
+                        eos_token=token("tokenizer.ggml.eos_token_id"))
