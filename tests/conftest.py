@@ -11,4 +11,4 @@ def default_model_path():
 @pytest.fixture(scope="session")
 def default_llm(default_model_path):
     from strata_lite import LLM
-    return LLM(default_model_path, backend="cpu", n_ctx=1024)
+    return LLM(default_model_path, backend="cpu", n_ctx=2048)

@@ -1,0 +1,93 @@
+"""End-to-end CPU speed of the default model: prompt (512 tokens) and decode (128 tokens) tok/s, with
+peak RSS, side by side with llama.cpp when llama-cpp-python is installed (optional). Prints one table.
+
+usage: python perf/bench_e2e.py [--model PATH] [--threads 2] [--runs 3]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+TEXT = Path(__file__).resolve().parent.parent / "tests" / "data" / "heapq.py"
+N_PP, N_TG = 512, 128
+
+
+def bench_strata(model, threads, runs):
+    from strata_lite import LLM
+    llm = LLM(model, backend="cpu", n_ctx=N_PP + N_TG + 16, n_threads=threads)
+    ids = llm.tokenize(TEXT.read_text(encoding="utf-8"), add_special=False)[:N_PP]
+
+    def pp():
+        t = time.perf_counter()
+        llm.eval(ids, 0, [N_PP - 1])
+        return N_PP / (time.perf_counter() - t)
+
+    def tg():
+        tok, t = ids[0], time.perf_counter()
+        for i in range(N_TG):
+            tok = int(np.argmax(llm.eval([tok], i, [0])[0]))
+        return N_TG / (time.perf_counter() - t)
+
+    pp(), tg()   # warm-up: JIT compile, page in the weights
+    return [pp() for _ in range(runs)], [tg() for _ in range(runs)], llm.model_path
+
+
+def bench_llamacpp(model, threads, runs):
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    llm = llama_cpp.Llama(model, n_ctx=N_PP + N_TG + 16, n_threads=threads, n_threads_batch=threads,
+                          n_batch=512, logits_all=False, verbose=False)
+    ids = llm.tokenize(TEXT.read_text(encoding="utf-8").encode(), add_bos=False, special=False)[:N_PP]
+
+    def pp():
+        llm.reset()
+        llm._ctx.kv_cache_clear()
+        t = time.perf_counter()
+        llm.eval(ids)
+        return N_PP / (time.perf_counter() - t)
+
+    def tg():
+        llm.reset()
+        llm._ctx.kv_cache_clear()
+        tok, t = ids[0], time.perf_counter()
+        for _ in range(N_TG):
+            llm.eval([tok])
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        return N_TG / (time.perf_counter() - t)
+
+    pp(), tg()
+    return [pp() for _ in range(runs)], [tg() for _ in range(runs)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    s_pp, s_tg, path = bench_strata(args.model, args.threads, args.runs)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    ref = bench_llamacpp(path, args.threads, args.runs)
+    med = statistics.median
+    print(f"\nmodel {os.path.basename(path)}, {args.threads} threads, median of {args.runs} runs")
+    print(f"{'engine':<12}{'prompt 512 tok/s':>18}{'decode 128 tok/s':>18}")
+    print(f"{'strata_lite':<12}{med(s_pp):>18.1f}{med(s_tg):>18.1f}   peak RSS {rss:,.0f} MiB")
+    if ref:
+        print(f"{'llama.cpp':<12}{med(ref[0]):>18.1f}{med(ref[1]):>18.1f}")
+        print(f"{'ratio':<12}{med(s_pp) / med(ref[0]):>18.2f}{med(s_tg) / med(ref[1]):>18.2f}")
+    else:
+        print("llama.cpp: llama-cpp-python not installed (reference on this machine class: prompt 318.6, decode 59.3 tok/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
