@@ -1,0 +1,67 @@
+"""A float64 numpy forward pass of the llama-style models, straight from gguf.quants dequantization:
+the reference the engine's forward (int8 KV, int8 activations in matvec) is compared with."""
+import numpy as np
+from gguf.quants import dequantize
+
+
+def _mat(w):
+    return dequantize(np.asarray(w.raw), w.qtype).reshape(w.n_out, w.n_in).astype(np.float64)
+
+
+def _rmsnorm(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _rope(x, pos, base, n_rot, neox):
+    # x (n, heads, hd)
+    x = x.copy()
+    i = np.arange(n_rot // 2)
+    theta = pos[:, None] * base ** (-2.0 * i / n_rot)            # (n, n_rot/2)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    if neox:
+        a, b = x[..., :n_rot // 2].copy(), x[..., n_rot // 2:n_rot].copy()
+        x[..., :n_rot // 2], x[..., n_rot // 2:n_rot] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., 0:n_rot:2].copy(), x[..., 1:n_rot:2].copy()
+        x[..., 0:n_rot:2], x[..., 1:n_rot:2] = a * c - b * s, a * s + b * c
+    return x
+
+
+def _int8_roundtrip(x):
+    """The engine's KV storage: symmetric int8 per (token, head), scale = max|x|/127."""
+    scale = np.abs(x).max(-1, keepdims=True) / 127.0
+    q = np.clip(np.round(np.divide(x, scale, out=np.zeros_like(x), where=scale > 0)), -127, 127)
+    return q * scale
+
+
+def reference_logits(cfg, weights, ids, int8_kv=True):
+    """float64 (len(ids), n_vocab): causal forward from an empty cache (K/V int8-rounded like the engine's cache)."""
+    n = len(ids)
+    pos = np.arange(n, dtype=np.float64)
+    x = _mat(weights.token_embd)[np.asarray(ids)]
+    group = cfg.n_heads // cfg.n_kv_heads
+    mask = np.triu(np.full((n, n), -np.inf), 1)
+    for lw in weights.layers:
+        h = _rmsnorm(x, lw.attn_norm, cfg.rms_eps)
+        q, k, v = h @ _mat(lw.attn_q).T, h @ _mat(lw.attn_k).T, h @ _mat(lw.attn_v).T
+        if lw.attn_q_bias is not None:
+            q, k, v = q + lw.attn_q_bias, k + lw.attn_k_bias, v + lw.attn_v_bias
+        q = q.reshape(n, cfg.n_heads, cfg.head_dim)
+        k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
+        v = v.reshape(n, cfg.n_kv_heads, cfg.head_dim)
+        if lw.attn_q_norm is not None:
+            q, k = _rmsnorm(q, lw.attn_q_norm, cfg.rms_eps), _rmsnorm(k, lw.attn_k_norm, cfg.rms_eps)
+        q = _rope(q, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
+        k = _rope(k, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
+        if int8_kv:
+            k, v = _int8_roundtrip(k), _int8_roundtrip(v)
+        out = np.empty_like(q)
+        for hd in range(cfg.n_heads):
+            s = q[:, hd] @ k[:, hd // group].T / np.sqrt(cfg.head_dim) + mask
+            p = np.exp(s - s.max(-1, keepdims=True))
+            out[:, hd] = (p / p.sum(-1, keepdims=True)) @ v[:, hd // group]
+        x = x + out.reshape(n, -1) @ _mat(lw.attn_output).T
+        h = _rmsnorm(x, lw.ffn_norm, cfg.rms_eps)
+        g, u = h @ _mat(lw.ffn_gate).T, h @ _mat(lw.ffn_up).T
+        x = x + (g / (1 + np.exp(-g)) * u) @ _mat(lw.ffn_down).T
+    return _rmsnorm(x, weights.output_norm, cfg.rms_eps) @ _mat(weights.output).T

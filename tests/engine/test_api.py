@@ -1,0 +1,94 @@
+"""The public API on tiny models written with GGUFWriter, against a float64 numpy forward pass."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from strata_lite import LLM, InvalidRequest
+from reference_model import reference_logits
+from tiny_model import write_tiny_model
+
+# Tolerance: the reference rounds K/V to int8 exactly as the cache stores them and computes the rest in
+# float64; the engine computes in float32 (BLAS for prompt chunks), so logits agree to ~1e-6 of their
+# spread (measured: 1e-6 .. 5e-7). 1e-4 leaves room for summation order, while a wrong rope, mask,
+# bias or GQA mapping moves logits by several percent.
+REL_TOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=[("qwen2", QT.Q8_0), ("qwen3", QT.Q4_K), ("llama", QT.Q5_0)],
+                ids=lambda p: f"{p[0]}-{p[1].name}")
+def tiny(request, tmp_path_factory):
+    arch, qtype = request.param
+    n_embd = 256 if qtype == QT.Q4_K else 64
+    path = write_tiny_model(tmp_path_factory.mktemp(arch) / "m.gguf", arch=arch, qtype=qtype, n_embd=n_embd,
+                            n_ff=256, n_heads=4, n_kv_heads=2)
+    return LLM(str(path), backend="cpu", n_ctx=256)
+
+
+def _close(ours, ref):
+    spread = np.abs(ref).max()
+    return np.abs(ours - ref).max() <= REL_TOL * spread
+
+
+def test_logits_match_float64_reference(tiny):
+    ids = [5, 17, 200, 3, 99, 42, 7, 7, 120, 64, 33]
+    ours = tiny.logits(ids)
+    assert ours.shape == (len(ids), tiny.config.n_vocab) and ours.dtype == np.float32
+    assert _close(ours, reference_logits(tiny.config, tiny.weights, ids))
+
+
+def test_cached_prefix_gives_the_same_logits(tiny):
+    ids = list(range(30, 90))
+    full = tiny.logits(ids)
+    tiny.eval(ids[:23], 0, [])                      # fill the cache with a prefix
+    rest = tiny.eval(ids[23:], 23, np.arange(len(ids) - 23))
+    np.testing.assert_allclose(rest, full[23:], rtol=0, atol=1e-4 * np.abs(full).max())
+
+
+def test_chunked_prompt_equals_one_pass(tiny):
+    ids = list(range(1, 140))
+    one = tiny.logits(ids)
+    tiny.n_batch = 32
+    try:
+        chunked = tiny.logits(ids)
+    finally:
+        tiny.n_batch = 512
+    np.testing.assert_allclose(chunked, one, rtol=0, atol=1e-4 * np.abs(one).max())
+
+
+def test_generate_greedy_is_the_argmax_chain(tiny):
+    prompt = [10, 20, 30]
+    out = tiny.generate(prompt, max_tokens=6, temperature=0.0)
+    seq = list(prompt)
+    for t in out.token_ids:
+        assert t == int(np.argmax(tiny.logits(seq)[-1]))
+        seq.append(t)
+    assert out.finish_reason in ("length", "stop") and out.n_prompt_tokens == 3
+
+
+def test_sampling_seed_reproducible(tiny):
+    a = tiny.generate([1, 2, 3], max_tokens=8, temperature=1.0, top_p=0.9, seed=7)
+    b = tiny.generate([1, 2, 3], max_tokens=8, temperature=1.0, top_p=0.9, seed=7)
+    assert a.token_ids == b.token_ids
+
+
+def test_bad_input_raises_invalid_request(tiny):
+    with pytest.raises(InvalidRequest, match="empty"):
+        tiny.logits([])
+    with pytest.raises(InvalidRequest, match="outside the vocabulary"):
+        tiny.logits([10 ** 7])
+    with pytest.raises(InvalidRequest, match="more than n_ctx"):
+        tiny.logits([1] * 257)
+    with pytest.raises(InvalidRequest, match="top_p"):
+        tiny.generate([1], temperature=1.0, top_p=0.0)
+    with pytest.raises(InvalidRequest, match="max_tokens"):
+        tiny.generate([1], max_tokens=0)
+
+
+def test_text_prompt_and_chat_template(tiny):
+    prompt = tiny.apply_chat_template([{"role": "user", "content": "hello"}])
+    assert prompt == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    ids = tiny.tokenize(prompt, parse_special=True)
+    assert ids[0] == tiny.tokenizer.encode("<|im_start|>", parse_special=True)[0]
+    assert tiny.detokenize(tiny.tokenize("hello world")) == "hello world"
+    out = tiny.generate(prompt, max_tokens=4)
+    assert len(out.token_ids) <= 4 and out.n_prompt_tokens == len(ids)
