@@ -41,6 +41,9 @@ class Backend(ABC):
     def add(self, a, b, out=None):
         """a + b; b may be a bias vector broadcast over rows."""
     @abstractmethod
+    def mul(self, a, b, out=None):
+        """a * b with numpy broadcasting (per-channel factors over rows)."""
+    @abstractmethod
     def take_rows(self, x, rows): ...
 
     # KV cache: arrays per layer, layout (n_pages, page_size, n_kv_heads, head_dim) int8 + scales

@@ -20,7 +20,7 @@ from .loader.known_models import resolve_model
 from .loader.model_config import config_from_metadata
 from .loader.tokenizer import Tokenizer
 from .loader.weights import load_weights
-from .models import FORWARD
+from .models import MODELS
 from .sampling import InvalidRequest, Sampler, SamplingParams
 from .text_stream import TextStream
 
@@ -42,13 +42,13 @@ class LLM:
         gguf = GGUFFile(self.model_path)
         meta = gguf.metadata
         self.config = config_from_metadata(meta, self.model_path)
-        if self.config.arch not in FORWARD:
+        if self.config.arch not in MODELS:
             raise GGUFError(self.model_path, f"architecture {self.config.arch!r} has no forward pass")
-        self._forward = FORWARD[self.config.arch]
         self.tokenizer = Tokenizer.from_gguf_metadata(meta, source=self.model_path)
         self.chat_template = _chat_template(meta, self.tokenizer)
         self.backend = get_backend(backend, n_threads)
         self.weights = load_weights(gguf, self.config)
+        self.model = MODELS[self.config.arch](self.backend, self.config, self.weights)
         self.n_ctx, self.n_batch = int(n_ctx), int(n_batch)
         if self.n_ctx < 1 or self.n_batch < 1:
             raise ValueError("n_ctx and n_batch must be positive")
@@ -84,7 +84,7 @@ class LLM:
             hi = min(lo + self.n_batch, len(ids))
             sel = (logit_rows >= lo) & (logit_rows < hi)
             batch = Batch.single(ids[lo:hi], start_pos + lo, self._pages, logit_rows[sel] - lo)
-            out[sel] = self.backend.to_host(self._forward(self.backend, self.config, self.weights, batch, self.kv))
+            out[sel] = self.backend.to_host(self.model.forward(batch, self.kv))
         return out
 
     def generate(self, prompt, max_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,

@@ -65,6 +65,9 @@ class CpuBackend(Backend):
             add(a, b, out)
         return out
 
+    def mul(self, a, b, out=None):
+        return np.multiply(a, b, out=out)
+
     def take_rows(self, x, rows):
         return np.ascontiguousarray(x[np.asarray(rows, dtype=np.int64)])
 

@@ -1,4 +1,4 @@
-"""Model forward functions, registered by GGUF `general.architecture`."""
-from . import transformer
+"""Model classes, registered by GGUF `general.architecture`."""
+from .transformer import Transformer
 
-FORWARD = {"qwen2": transformer.forward, "qwen3": transformer.forward, "llama": transformer.forward}
+MODELS = {"qwen2": Transformer, "qwen3": Transformer, "llama": Transformer}

@@ -6,39 +6,71 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..batch import Batch
+from ..kernels.cpu.dequant import dequantize
+from .k_smoothing import k_channel_scales
 
 
-def forward(backend, cfg, weights, batch: Batch, kv) -> "array":
-    """-> logits (len(batch.logit_rows), n_vocab) float32, on the backend."""
-    be = backend
-    n = len(batch.token_ids)
-    ids, pos = be.from_host(batch.token_ids), be.from_host(batch.positions)
-    seq, tables = be.from_host(batch.token_seq), be.from_host(batch.page_tables)
-    attn_scale = 1.0 / math.sqrt(cfg.head_dim)
-    x = be.embed(weights.token_embd, batch.token_ids)                  # (n, n_embd)
-    for i, lw in enumerate(weights.layers):
-        h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps)
-        q = _linear(be, lw.attn_q, h, lw.attn_q_bias).reshape(n, cfg.n_heads, cfg.head_dim)
-        k = _linear(be, lw.attn_k, h, lw.attn_k_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
-        v = _linear(be, lw.attn_v, h, lw.attn_v_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q = be.rmsnorm(q.reshape(-1, cfg.head_dim), lw.attn_q_norm, cfg.rms_eps).reshape(q.shape)
-            k = be.rmsnorm(k.reshape(-1, cfg.head_dim), lw.attn_k_norm, cfg.rms_eps).reshape(k.shape)
-        be.rope(q, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
-        be.rope(k, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
-        layer_kv = kv.layer(i)
-        be.kv_store(k, v, seq, pos, tables, *layer_kv)
-        a = be.attention(q, seq, pos, tables, *layer_kv, attn_scale)    # (n, n_heads, head_dim)
-        o = be.qmatmul(lw.attn_output, a.reshape(n, cfg.n_heads * cfg.head_dim))
-        be.add(x, o, out=x)
-        h = be.rmsnorm(x, lw.ffn_norm, cfg.rms_eps)
-        g = be.qmatmul(lw.ffn_gate, h)
-        u = be.qmatmul(lw.ffn_up, h)
-        be.add(x, be.qmatmul(lw.ffn_down, be.silu_mul(g, u, out=g)), out=x)
-    x = be.take_rows(x, batch.logit_rows) if len(batch.logit_rows) != n else x
-    x = be.rmsnorm(x, weights.output_norm, cfg.rms_eps)
-    return be.qmatmul(weights.output, x)
+class Transformer:
+    def __init__(self, backend, cfg, weights):
+        self.backend, self.cfg, self.weights = backend, cfg, weights
+        be, group = backend, cfg.n_heads // cfg.n_kv_heads
+        self.layers = [_Layer(be, lw) for lw in weights.layers]
+        self.token_embd = be.upload_weight(weights.token_embd)
+        self.output = be.upload_weight(weights.output)
+        self.output_norm = be.from_host(weights.output_norm)
+        self.k_scales = [k_channel_scales(cfg, lw, dequantize) for lw in weights.layers]  # host copies, for tests
+        for layer, s in zip(self.layers, self.k_scales):
+            layer.k_inv_scale = be.from_host((1.0 / s).astype(np.float32))
+            layer.q_scale = be.from_host(np.repeat(s, group, axis=0))
+
+    def forward(self, batch: Batch, kv):
+        """-> logits (len(batch.logit_rows), n_vocab) float32, on the backend."""
+        be, cfg = self.backend, self.cfg
+        n = len(batch.token_ids)
+        pos = be.from_host(batch.positions)
+        seq, tables = be.from_host(batch.token_seq), be.from_host(batch.page_tables)
+        attn_scale = 1.0 / math.sqrt(cfg.head_dim)
+        x = be.embed(self.token_embd, batch.token_ids)                  # (n, n_embd)
+        for i, lw in enumerate(self.layers):
+            h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps)
+            q = _linear(be, lw.attn_q, h, lw.attn_q_bias).reshape(n, cfg.n_heads, cfg.head_dim)
+            k = _linear(be, lw.attn_k, h, lw.attn_k_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
+            v = _linear(be, lw.attn_v, h, lw.attn_v_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
+            if cfg.qk_norm:
+                q = be.rmsnorm(q.reshape(-1, cfg.head_dim), lw.attn_q_norm, cfg.rms_eps).reshape(q.shape)
+                k = be.rmsnorm(k.reshape(-1, cfg.head_dim), lw.attn_k_norm, cfg.rms_eps).reshape(k.shape)
+            be.rope(q, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
+            be.rope(k, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
+            be.mul(q, lw.q_scale, out=q)            # K smoothing (k_smoothing.py): q*s . k/s = q . k
+            be.mul(k, lw.k_inv_scale, out=k)
+            layer_kv = kv.layer(i)
+            be.kv_store(k, v, seq, pos, tables, *layer_kv)
+            a = be.attention(q, seq, pos, tables, *layer_kv, attn_scale)    # (n, n_heads, head_dim)
+            o = be.qmatmul(lw.attn_output, a.reshape(n, cfg.n_heads * cfg.head_dim))
+            be.add(x, o, out=x)
+            h = be.rmsnorm(x, lw.ffn_norm, cfg.rms_eps)
+            g = be.qmatmul(lw.ffn_gate, h)
+            u = be.qmatmul(lw.ffn_up, h)
+            be.add(x, be.qmatmul(lw.ffn_down, be.silu_mul(g, u, out=g)), out=x)
+        x = be.take_rows(x, batch.logit_rows) if len(batch.logit_rows) != n else x
+        x = be.rmsnorm(x, self.output_norm, cfg.rms_eps)
+        return be.qmatmul(self.output, x)
+
+
+class _Layer:
+    """One block's weights as the backend holds them."""
+    MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    VECTORS = ("attn_norm", "ffn_norm", "attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_q_norm", "attn_k_norm")
+
+    def __init__(self, be, lw):
+        for name in self.MATRICES:
+            setattr(self, name, be.upload_weight(getattr(lw, name)))
+        for name in self.VECTORS:
+            v = getattr(lw, name)
+            setattr(self, name, None if v is None else be.from_host(v))
 
 
 def _linear(be, w, x, bias):

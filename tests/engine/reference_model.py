@@ -34,14 +34,15 @@ def _int8_roundtrip(x):
     return q * scale
 
 
-def reference_logits(cfg, weights, ids, int8_kv=True):
-    """float64 (len(ids), n_vocab): causal forward from an empty cache (K/V int8-rounded like the engine's cache)."""
+def reference_logits(cfg, weights, ids, int8_kv=True, k_scales=None):
+    """float64 (len(ids), n_vocab): causal forward from an empty cache. With int8_kv, K/V are rounded to
+    int8 like the engine's cache, K after division by its per-channel smoothing scales (k_scales[layer])."""
     n = len(ids)
     pos = np.arange(n, dtype=np.float64)
     x = _mat(weights.token_embd)[np.asarray(ids)]
     group = cfg.n_heads // cfg.n_kv_heads
     mask = np.triu(np.full((n, n), -np.inf), 1)
-    for lw in weights.layers:
+    for li, lw in enumerate(weights.layers):
         h = _rmsnorm(x, lw.attn_norm, cfg.rms_eps)
         q, k, v = h @ _mat(lw.attn_q).T, h @ _mat(lw.attn_k).T, h @ _mat(lw.attn_v).T
         if lw.attn_q_bias is not None:
@@ -54,7 +55,8 @@ def reference_logits(cfg, weights, ids, int8_kv=True):
         q = _rope(q, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
         k = _rope(k, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
         if int8_kv:
-            k, v = _int8_roundtrip(k), _int8_roundtrip(v)
+            s = k_scales[li] if k_scales is not None else 1.0
+            k, v = _int8_roundtrip(k / s) * s, _int8_roundtrip(v)
         out = np.empty_like(q)
         for hd in range(cfg.n_heads):
             s = q[:, hd] @ k[:, hd // group].T / np.sqrt(cfg.head_dim) + mask

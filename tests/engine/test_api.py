@@ -33,7 +33,7 @@ def test_logits_match_float64_reference(tiny):
     ids = [5, 17, 200, 3, 99, 42, 7, 7, 120, 64, 33]
     ours = tiny.logits(ids)
     assert ours.shape == (len(ids), tiny.config.n_vocab) and ours.dtype == np.float32
-    assert _close(ours, reference_logits(tiny.config, tiny.weights, ids))
+    assert _close(ours, reference_logits(tiny.config, tiny.weights, ids, k_scales=tiny.model.k_scales))
 
 
 def test_cached_prefix_gives_the_same_logits(tiny):
@@ -41,7 +41,8 @@ def test_cached_prefix_gives_the_same_logits(tiny):
     full = tiny.logits(ids)
     tiny.eval(ids[:23], 0, [])                      # fill the cache with a prefix
     rest = tiny.eval(ids[23:], 23, np.arange(len(ids) - 23))
-    np.testing.assert_allclose(rest, full[23:], rtol=0, atol=1e-4 * np.abs(full).max())
+    # another chunking changes float32 summation order, which can flip an int8 KV rounding by one step
+    np.testing.assert_allclose(rest, full[23:], rtol=0, atol=2e-3 * np.abs(full).max())
 
 
 def test_chunked_prompt_equals_one_pass(tiny):
@@ -52,7 +53,7 @@ def test_chunked_prompt_equals_one_pass(tiny):
         chunked = tiny.logits(ids)
     finally:
         tiny.n_batch = 512
-    np.testing.assert_allclose(chunked, one, rtol=0, atol=1e-4 * np.abs(one).max())
+    np.testing.assert_allclose(chunked, one, rtol=0, atol=2e-3 * np.abs(one).max())
 
 
 def test_generate_greedy_is_the_argmax_chain(tiny):

@@ -1,0 +1,472 @@
+"""Paged int8 KV cache and causal attention over it (Numba, CPU).
+
+KV cache layout, per layer:
+    k_pages  int8    (n_pages, page_size, n_kv_heads, head_dim)
+    k_scales float32 (n_pages, page_size, n_kv_heads)
+    v_pages / v_scales: same.
+Sequence ``s`` keeps position ``p`` at page ``page_tables[s, p // page_size]``, slot
+``p % page_size``.  Each (token, kv head) row is quantized symmetrically:
+``scale = max|x| / 127``, ``q = round_half_away_from_zero(x / scale)`` clipped to
+[-127, 127] (an all-zero row gets scale 0 and q 0), so ``x ~= q * scale``.
+
+``attention`` is a flash-attention-style kernel:
+  * work item = (tile of up to ``_TILE_Q`` consecutive query tokens of one sequence,
+    kv head[, key split]); the tile's queries are all the query heads of that kv head's
+    GQA group for those tokens, so each dequantized K/V block is reused by
+    tile_tokens * group_size query rows;
+  * keys are processed in blocks of ``_BK`` positions: a block of K is dequantized
+    (int8 * scale -> float32) into a transposed buffer, V into a row buffer, then for
+    every query row: scores by an outer-product loop (vectorizes over the block),
+    online softmax in float32 (running max / running sum, base-2 with log2(e) folded
+    into the query), acc += p @ V (vectorizes over head_dim);
+  * exp2 is a branch-free polynomial (Taylor degree 6 on [-0.5, 0.5], rel. error
+    < 2e-7) that LLVM vectorizes, ~7x faster than calling libm expf per score;
+  * items are spread over threads longest-first (greedy least-loaded), because causal
+    prefill items have very different costs; when there are fewer items than threads
+    (small decode batches) the key range is split and partial results merged
+    (flash-decoding).
+"""
+import math
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+__all__ = ["kv_store", "attention"]
+
+_BK = 64          # key positions per block (compile-time constant)
+_TILE_Q = 16      # query tokens per work item (times group size query rows)
+_MIN_SPLIT_KEYS = 512   # don't split a key range into pieces shorter than this
+_NEG = np.float32(-1.0e30)   # finite "-inf" (fastmath assumes no infinities)
+_LOG2E = 1.4426950408889634
+
+# fastmath without 'arcp' / 'nnan' / 'ninf': reassociation and contraction (for
+# vectorized reductions and FMAs) only.
+_FM = {"reassoc", "contract", "nsz"}
+
+
+# ----------------------------------------------------------------------------- kv_store
+
+@njit(cache=True, inline="always")
+def _store_row(x, pages, scales, page, slot, h):
+    d = x.shape[0]
+    amax = np.float32(0.0)
+    for i in range(d):
+        a = abs(x[i])
+        if a > amax:
+            amax = a
+    sc = amax / np.float32(127.0)
+    scales[page, slot, h] = sc
+    if sc == 0.0:
+        for i in range(d):
+            pages[page, slot, h, i] = 0
+        return
+    for i in range(d):
+        y = x[i] / sc
+        r = np.float32(math.trunc(y))
+        if abs(y - r) >= np.float32(0.5):       # exact in float32: round half away
+            r += np.float32(1.0) if y > 0 else np.float32(-1.0)
+        if r > 127.0:
+            r = np.float32(127.0)
+        elif r < -127.0:
+            r = np.float32(-127.0)
+        pages[page, slot, h, i] = np.int8(r)
+
+
+@njit(cache=True, inline="always")
+def _store_token(t, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales):
+    ps = k_pages.shape[1]
+    pos = token_pos[t]
+    page = page_tables[token_seq[t], pos // ps]
+    slot = pos % ps
+    for h in range(k.shape[1]):
+        _store_row(k[t, h], k_pages, k_scales, page, slot, h)
+        _store_row(v[t, h], v_pages, v_scales, page, slot, h)
+
+
+@njit(cache=True, parallel=True)
+def _kv_store_par(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales):
+    for t in prange(k.shape[0]):
+        _store_token(t, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales)
+
+
+@njit(cache=True)
+def _kv_store_ser(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales):
+    for t in range(k.shape[0]):
+        _store_token(t, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales)
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _req(arr, name, dtype, ndim):
+    if not isinstance(arr, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(arr).__name__}")
+    if arr.dtype != dtype:
+        raise ValueError(f"{name} must be {np.dtype(dtype).name}, got {arr.dtype}")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+
+
+def _check_cache(token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, n_tok, n_kv, hd):
+    _req(token_seq, "token_seq", np.int32, 1)
+    _req(token_pos, "token_pos", np.int32, 1)
+    _req(page_tables, "page_tables", np.int32, 2)
+    _req(k_pages, "k_pages", np.int8, 4)
+    _req(v_pages, "v_pages", np.int8, 4)
+    _req(k_scales, "k_scales", np.float32, 3)
+    _req(v_scales, "v_scales", np.float32, 3)
+    if token_seq.shape[0] != n_tok or token_pos.shape[0] != n_tok:
+        raise ValueError(f"token_seq {token_seq.shape} / token_pos {token_pos.shape} must have length n_tok={n_tok}")
+    if v_pages.shape != k_pages.shape:
+        raise ValueError(f"v_pages {v_pages.shape} != k_pages {k_pages.shape}")
+    if k_scales.shape != k_pages.shape[:3] or v_scales.shape != k_pages.shape[:3]:
+        raise ValueError(f"k_scales {k_scales.shape} / v_scales {v_scales.shape} must be {k_pages.shape[:3]}")
+    if k_pages.shape[2] != n_kv or k_pages.shape[3] != hd:
+        raise ValueError(f"k_pages {k_pages.shape} does not match n_kv_heads={n_kv}, head_dim={hd}")
+    if k_pages.shape[1] < 1:
+        raise ValueError("page_size must be >= 1")
+
+
+@njit(cache=True)
+def _check_indices(token_seq, token_pos, page_tables, n_pages, page_size):
+    """0 if every (seq, pos) and every page it (and its prefix) lives in is valid, else an error code."""
+    n_seqs, max_pages = page_tables.shape
+    maxpos = np.full(n_seqs, -1, np.int64)
+    for t in range(token_seq.shape[0]):
+        s = token_seq[t]
+        p = token_pos[t]
+        if s < 0 or s >= n_seqs:
+            return 1
+        if p < 0 or p >= max_pages * page_size:
+            return 2
+        if p > maxpos[s]:
+            maxpos[s] = p
+    for s in range(n_seqs):
+        if maxpos[s] >= 0:
+            for i in range(maxpos[s] // page_size + 1):
+                pg = page_tables[s, i]
+                if pg < 0 or pg >= n_pages:
+                    return 3
+    return 0
+
+
+_INDEX_ERRORS = {1: "token_seq out of range of page_tables rows",
+                 2: "token_pos negative or beyond the page table's capacity",
+                 3: "page_tables entry (for a used position) out of range of the pages"}
+
+
+def _raise_index_error(code):
+    if code:
+        raise ValueError(_INDEX_ERRORS[code])
+
+
+def kv_store(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales):
+    """Quantize k, v (n_tok, n_kv_heads, head_dim) f32 to int8 and store them at
+    (token_seq[t], token_pos[t]) in the paged cache (written in place)."""
+    _req(k, "k", np.float32, 3)
+    _req(v, "v", np.float32, 3)
+    if v.shape != k.shape:
+        raise ValueError(f"v {v.shape} != k {k.shape}")
+    n_tok, n_kv, hd = k.shape
+    _check_cache(token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, n_tok, n_kv, hd)
+    _raise_index_error(_check_indices(token_seq, token_pos, page_tables, k_pages.shape[0], k_pages.shape[1]))
+    if n_tok == 0:
+        return
+    fn = _kv_store_par if n_tok * n_kv * hd >= 8192 else _kv_store_ser
+    fn(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales)
+
+
+# ----------------------------------------------------------------------------- attention
+
+@njit(cache=True)
+def _plan(token_seq, token_pos, n_kv, n_threads, tile_q, min_split):
+    """Tiles of consecutive same-sequence tokens, the key split count, and a
+    longest-first greedy assignment of work items to threads (CSR lists)."""
+    n_tok = token_seq.shape[0]
+    tstart = np.empty(n_tok, np.int64)
+    tend = np.empty(n_tok, np.int64)
+    nt = 0
+    t = 0
+    while t < n_tok:
+        e = t + 1
+        while e < n_tok and e - t < tile_q and token_seq[e] == token_seq[t]:
+            e += 1
+        tstart[nt] = t
+        tend[nt] = e
+        nt += 1
+        t = e
+    # key split: only when there are fewer (tile, kv head) items than threads
+    maxkeys = 0
+    for t in range(n_tok):
+        if token_pos[t] + 1 > maxkeys:
+            maxkeys = token_pos[t] + 1
+    n_split = 1
+    base_items = nt * n_kv
+    if base_items < n_threads:
+        n_split = (n_threads + base_items - 1) // base_items
+        lim = max(1, maxkeys // min_split)
+        if n_split > lim:
+            n_split = lim
+    n_items = base_items * n_split
+    cost = np.empty(n_items, np.float64)
+    for it in range(n_items):
+        ti = it // (n_kv * n_split)
+        kmax = 0
+        for t in range(tstart[ti], tend[ti]):
+            if token_pos[t] + 1 > kmax:
+                kmax = token_pos[t] + 1
+        cost[it] = (kmax / n_split + 64.0) * (tend[ti] - tstart[ti] + 1.0)
+    order = np.argsort(-cost)
+    load = np.zeros(n_threads, np.float64)
+    owner = np.empty(n_items, np.int64)
+    counts = np.zeros(n_threads + 1, np.int64)
+    for i in range(n_items):
+        it = order[i]
+        best = 0
+        for th in range(1, n_threads):
+            if load[th] < load[best]:
+                best = th
+        load[best] += cost[it]
+        owner[it] = best
+        counts[best + 1] += 1
+    for th in range(n_threads):
+        counts[th + 1] += counts[th]
+    fill = counts[:n_threads].copy()
+    items = np.empty(n_items, np.int64)
+    for i in range(n_items):
+        it = order[i]
+        th = owner[it]
+        items[fill[th]] = it
+        fill[th] += 1
+    return tstart[:nt].copy(), tend[:nt].copy(), n_split, items, counts
+
+
+@njit(cache=True, inline="always")
+def _exp2_block(s, p, pbits, ebits):
+    """p[j] = 2**s[j] for s[j] <= 0 (clamped below at -126), vectorizable."""
+    for j in range(_BK):
+        x = max(s[j], np.float32(-126.0))
+        n = np.floor(x + np.float32(0.5))
+        f = x - n                                   # [-0.5, 0.5]
+        r = np.float32(1.5252733804059840e-05)      # ln2^k / k!  (Taylor, deg 7)
+        r = r * f + np.float32(1.5403530393381609e-04)
+        r = r * f + np.float32(1.3333558146428443e-03)
+        r = r * f + np.float32(9.6181291076284772e-03)
+        r = r * f + np.float32(5.5504108664821580e-02)
+        r = r * f + np.float32(2.4022650695910071e-01)
+        r = r * f + np.float32(6.9314718055994531e-01)
+        r = r * f + np.float32(1.0)
+        p[j] = r
+        ebits[j] = np.int32(n) << 23
+    for j in range(_BK):
+        pbits[j] += ebits[j]
+
+
+@njit(cache=True, parallel=True, fastmath=_FM)
+def _attn_kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                 qscale, out, tstart, tend, n_split, items, counts,
+                 part_acc, part_m, part_l):
+    n_heads = q.shape[1]
+    hd = q.shape[2]
+    n_kv = k_pages.shape[2]
+    ps = k_pages.shape[1]
+    G = n_heads // n_kv
+    n_threads = counts.shape[0] - 1
+    max_rows = _TILE_Q * G
+    for th in prange(n_threads):
+        Qs = np.empty((max_rows, hd), np.float32)
+        acc = np.empty((max_rows, hd), np.float32)
+        m = np.empty(max_rows, np.float32)
+        l = np.empty(max_rows, np.float32)
+        rpos = np.empty(max_rows, np.int64)
+        Kb = np.zeros((_BK, hd), np.float32)
+        S = np.empty((max_rows, _BK), np.float32)
+        Vb = np.zeros((_BK, hd), np.float32)
+        s = np.empty(_BK, np.float32)
+        p = np.empty(_BK, np.float32)
+        pbits = p.view(np.int32)
+        ebits = np.empty(_BK, np.int32)
+        for ii in range(counts[th], counts[th + 1]):
+            it = items[ii]
+            sp = it % n_split
+            g = (it // n_split) % n_kv
+            ti = it // (n_split * n_kv)
+            t0 = tstart[ti]
+            ntq = tend[ti] - t0
+            seq = token_seq[t0]
+            rows = ntq * G
+            kmax = 0
+            for a in range(ntq):
+                pos = token_pos[t0 + a]
+                if pos + 1 > kmax:
+                    kmax = pos + 1
+                for hh in range(G):
+                    r = a * G + hh
+                    rpos[r] = pos
+                    for d in range(hd):
+                        Qs[r, d] = q[t0 + a, g * G + hh, d] * qscale
+            for r in range(rows):
+                m[r] = _NEG
+                l[r] = 0.0
+                for d in range(hd):
+                    acc[r, d] = 0.0
+            # this split's key range, block aligned
+            nblk = (kmax + _BK - 1) // _BK
+            bper = (nblk + n_split - 1) // n_split
+            k_lo = sp * bper * _BK
+            k_hi = min(kmax, (sp + 1) * bper * _BK)
+            for kb in range(k_lo, k_hi, _BK):
+                nk = min(_BK, k_hi - kb)
+                for j in range(nk):
+                    kp = kb + j
+                    page = page_tables[seq, kp // ps]
+                    slot = kp % ps
+                    ksc = k_scales[page, slot, g]
+                    vsc = v_scales[page, slot, g]
+                    for d in range(hd):
+                        Kb[j, d] = np.float32(k_pages[page, slot, g, d]) * ksc
+                    for d in range(hd):
+                        Vb[j, d] = np.float32(v_pages[page, slot, g, d]) * vsc
+                if nk < _BK:
+                    for j in range(nk, _BK):
+                        for d in range(hd):
+                            Kb[j, d] = 0.0
+                            Vb[j, d] = 0.0
+                # scores S = Qs @ Kb^T, register-blocked 2 rows x 2 keys (shared loads)
+                for r in range(0, rows, 2):
+                    r1 = min(r + 1, rows - 1)                 # odd tail: duplicate last row
+                    if rpos[r] < kb and rpos[r1] < kb:        # both rows fully masked here
+                        continue
+                    for j in range(0, _BK, 2):
+                        a00 = np.float32(0.0)
+                        a01 = np.float32(0.0)
+                        a10 = np.float32(0.0)
+                        a11 = np.float32(0.0)
+                        for d in range(hd):
+                            q0 = Qs[r, d]
+                            q1 = Qs[r1, d]
+                            k0 = Kb[j, d]
+                            k1 = Kb[j + 1, d]
+                            a00 += q0 * k0
+                            a01 += q0 * k1
+                            a10 += q1 * k0
+                            a11 += q1 * k1
+                        S[r, j] = a00
+                        S[r, j + 1] = a01
+                        S[r1, j] = a10
+                        S[r1, j + 1] = a11
+                for r in range(rows):
+                    nvalid = min(nk, rpos[r] + 1 - kb)
+                    if nvalid <= 0:
+                        continue
+                    mold = m[r]
+                    if nvalid < _BK:
+                        for j in range(nvalid, _BK):
+                            S[r, j] = _NEG
+                    mx = mold
+                    for j in range(_BK):
+                        v = S[r, j]
+                        mx = v if v > mx else mx
+                    for j in range(_BK):
+                        s[j] = S[r, j] - mx
+                    _exp2_block(s, p, pbits, ebits)
+                    for j in range(nvalid, _BK):
+                        p[j] = 0.0
+                    psum = np.float32(0.0)
+                    for j in range(_BK):
+                        psum += p[j]
+                    if mx > mold:
+                        corr = np.float32(np.exp2(max(mold - mx, np.float32(-126.0))))
+                        l[r] = l[r] * corr + psum
+                        for d in range(hd):
+                            acc[r, d] *= corr
+                        m[r] = mx
+                    else:
+                        l[r] += psum
+                    # acc += p @ Vb, 4 keys per pass (p is 0 beyond nvalid, Vb is 0 beyond nk)
+                    # (full-block trip count: a compile-time constant unrolls better than
+                    # skipping the masked tail)
+                    for j in range(0, _BK, 4):
+                        p0 = p[j]
+                        p1 = p[j + 1]
+                        p2 = p[j + 2]
+                        p3 = p[j + 3]
+                        for d in range(hd):
+                            acc[r, d] += (p0 * Vb[j, d] + p1 * Vb[j + 1, d]) + (p2 * Vb[j + 2, d] + p3 * Vb[j + 3, d])
+            for a in range(ntq):
+                for hh in range(G):
+                    r = a * G + hh
+                    h = g * G + hh
+                    if n_split == 1:
+                        inv = np.float32(1.0) / l[r]
+                        for d in range(hd):
+                            out[t0 + a, h, d] = acc[r, d] * inv
+                    else:
+                        part_m[sp, t0 + a, h] = m[r]
+                        part_l[sp, t0 + a, h] = l[r]
+                        for d in range(hd):
+                            part_acc[sp, t0 + a, h, d] = acc[r, d]
+
+
+@njit(cache=True, parallel=True, fastmath=_FM)
+def _attn_merge(part_acc, part_m, part_l, out):
+    n_split, n_tok, n_heads, hd = part_acc.shape
+    for th in prange(n_tok * n_heads):
+        t = th // n_heads
+        h = th % n_heads
+        M = _NEG
+        for sp in range(n_split):
+            M = max(M, part_m[sp, t, h])
+        L = np.float32(0.0)
+        for d in range(hd):
+            out[t, h, d] = 0.0
+        for sp in range(n_split):
+            if part_l[sp, t, h] == 0.0:
+                continue
+            w = np.float32(np.exp2(max(part_m[sp, t, h] - M, np.float32(-126.0))))
+            L += w * part_l[sp, t, h]
+            for d in range(hd):
+                out[t, h, d] += w * part_acc[sp, t, h, d]
+        inv = np.float32(1.0) / L
+        for d in range(hd):
+            out[t, h, d] *= inv
+
+
+def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out):
+    """Causal attention of q (n_tok, n_heads, head_dim) f32 over the int8 paged KV cache.
+
+    Token t (sequence token_seq[t], position token_pos[t]) attends to positions
+    0..token_pos[t] of its sequence (which must already be stored, including its own).
+    Query head h uses kv head h // (n_heads // n_kv_heads).  Result -> out (same shape
+    as q, float32)."""
+    _req(q, "q", np.float32, 3)
+    _req(out, "out", np.float32, 3)
+    if out.shape != q.shape:
+        raise ValueError(f"out {out.shape} != q {q.shape}")
+    n_tok, n_heads, hd = q.shape
+    if k_pages.ndim != 4:
+        raise ValueError(f"k_pages must be 4-D, got shape {getattr(k_pages, 'shape', None)}")
+    n_kv = k_pages.shape[2]
+    if n_kv < 1 or n_heads % n_kv:
+        raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv}")
+    _check_cache(token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, n_tok, n_kv, hd)
+    _raise_index_error(_check_indices(token_seq, token_pos, page_tables, k_pages.shape[0], k_pages.shape[1]))
+    if n_tok == 0:
+        return
+    n_threads = numba.get_num_threads()
+    tstart, tend, n_split, items, counts = _plan(token_seq, token_pos, n_kv, n_threads, _TILE_Q, _MIN_SPLIT_KEYS)
+    if n_split > 1:
+        part_acc = np.empty((n_split, n_tok, n_heads, hd), np.float32)
+        part_m = np.empty((n_split, n_tok, n_heads), np.float32)
+        part_l = np.zeros((n_split, n_tok, n_heads), np.float32)
+    else:
+        part_acc = np.empty((1, 1, 1, 1), np.float32)
+        part_m = np.empty((1, 1, 1), np.float32)
+        part_l = np.empty((1, 1, 1), np.float32)
+    _attn_kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                 np.float32(scale * _LOG2E), out, tstart, tend, n_split, items, counts,
+                 part_acc, part_m, part_l)
+    if n_split > 1:
+        _attn_merge(part_acc, part_m, part_l, out)

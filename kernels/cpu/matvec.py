@@ -1,0 +1,240 @@
+"""Fused quantized matrix x (few) vectors: out[t, r] = dot(W[r], x[t]), reading GGML blocks directly.
+
+x stays float32 (no int8 re-quantization): for every 32 (or 16) weights the integer quants are
+converted to float32 and multiply-added with x in a vectorized inner loop, the block scale is applied
+once per block. Measured on this 2-core Zen 4 box this is faster than an int8 x / int32 pmaddwd
+variant (LLVM turns the int path into vpmovsxbw + vpmaddwd + a horizontal add per block; the float
+path is vpmovsxbd/vpmovzxbd + vcvtdq2ps + vfmadd231ps) and it keeps float32 accuracy.
+Constant offsets (-8, -16, -32) and K-quant mins are folded in through per-block sums of x.
+
+Vectorization notes (see dequant.py): blocks are addressed as raw3[row, block, byte]; inner loops take
+their trip count as a runtime argument (32 / 16) so LLVM vectorizes them instead of unrolling them
+and vectorizing over blocks. fastmath is limited to reassoc+contract (needed for vector reductions
+and FMA); nothing here is meant to be bit-exact.
+"""
+import numpy as np
+from numba import njit, prange
+
+from .dequant import f16_at, k_scale_min
+
+FM = {"reassoc", "contract"}
+F32 = np.float32
+U8 = np.uint8     # narrowing casts: let LLVM unpack in 8/32-bit lanes instead of int64
+U32 = np.uint32
+BIT8 = np.array([1 << k for k in range(8)], dtype=np.uint8)
+
+
+# ---------------------------------------------------------------------------------------- row dots
+# blk: (n_blocks, block_nbytes) uint8 row;  x2: x of one token viewed (n_blocks, block_size);
+# xs: per-32 (xs16: per-16) sums of that token's x, flat.
+
+@njit(fastmath=FM, cache=True)
+def dot_q8_0(blk, x2, f16t, bs):
+    acc = F32(0)
+    for b in range(blk.shape[0]):
+        s = F32(0)
+        for j in range(bs):
+            s += F32(np.int8(blk[b, 2 + j])) * x2[b, j]
+        acc += f16_at(blk, b, 0, f16t) * s
+    return acc
+
+
+@njit(fastmath=FM, cache=True)
+def dot_q4_0(blk, x2, xs, f16t, hb):
+    acc = F32(0)
+    for b in range(blk.shape[0]):
+        s = F32(0)
+        for j in range(hb):
+            v = blk[b, 2 + j]
+            s += F32(U8(v & 15)) * x2[b, j] + F32(U8(v >> 4)) * x2[b, 16 + j]
+        acc += f16_at(blk, b, 0, f16t) * (s - F32(8) * xs[b])
+    return acc
+
+
+@njit(fastmath=FM, cache=True)
+def dot_iq4_nl(blk, x2, f16t, kv, hb):
+    acc = F32(0)
+    for b in range(blk.shape[0]):
+        s = F32(0)
+        for j in range(hb):
+            v = blk[b, 2 + j]
+            s += kv[U8(v & 15)] * x2[b, j] + kv[U8(v >> 4)] * x2[b, 16 + j]
+        acc += f16_at(blk, b, 0, f16t) * s
+    return acc
+
+
+@njit(fastmath=FM, cache=True)
+def dot_q5_0(blk, x2, xs, f16t, hb):
+    # x2: this token's x viewed (n_blocks, 4, 8) so every x index is a plain (block, group, lane)
+    # hb = 8: the 5th bits come from qh bytes g (values j = 8g+k) and g+2 (values 16+j). They are tested
+    # with a mask table BIT8[k] = 1 << k (a contiguous vector load) instead of a variable shift, which
+    # LLVM kept in 64-bit lanes (vpsrlvq); this keeps the unpacking in narrow lanes.
+    acc = F32(0)
+    for b in range(blk.shape[0]):
+        s = F32(0)
+        for g in range(2):
+            hlo = blk[b, 2 + g]
+            hhi = blk[b, 4 + g]
+            for k in range(hb):
+                v = blk[b, 6 + 8 * g + k]
+                m = BIT8[k]
+                lo = U8(v & 15) | U8(U8(U8(hlo & m) != 0) << 4)
+                hi = U8(v >> 4) | U8(U8(U8(hhi & m) != 0) << 4)
+                s += F32(lo) * x2[b, g, k] + F32(hi) * x2[b, 2 + g, k]
+        acc += f16_at(blk, b, 0, f16t) * (s - F32(16) * xs[b])
+    return acc
+
+
+@njit(fastmath=FM, cache=True)
+def dot_q4_k(blk, x2, xs, f16t, bs):
+    acc = F32(0)
+    for b in range(blk.shape[0]):
+        d = f16_at(blk, b, 0, f16t)
+        dmin = f16_at(blk, b, 2, f16t)
+        for jj in range(4):
+            sc0, m0 = k_scale_min(blk, b, 2 * jj)
+            sc1, m1 = k_scale_min(blk, b, 2 * jj + 1)
+            s0 = F32(0)
+            s1 = F32(0)
+            o = 64 * jj
+            for j in range(bs):
+                v = blk[b, 16 + 32 * jj + j]
+                s0 += F32(U8(v & 15)) * x2[b, o + j]
+                s1 += F32(U8(v >> 4)) * x2[b, o + 32 + j]
+            acc += d * (F32(sc0) * s0 + F32(sc1) * s1) - dmin * (
+                F32(m0) * xs[8 * b + 2 * jj] + F32(m1) * xs[8 * b + 2 * jj + 1])
+    return acc
+
+
+@njit(fastmath=FM, cache=True)
+def dot_q5_k(blk, x2, xs, f16t, bs):
+    acc = F32(0)
+    for b in range(blk.shape[0]):
+        d = f16_at(blk, b, 0, f16t)
+        dmin = f16_at(blk, b, 2, f16t)
+        for jj in range(4):
+            sc0, m0 = k_scale_min(blk, b, 2 * jj)
+            sc1, m1 = k_scale_min(blk, b, 2 * jj + 1)
+            s0 = F32(0)
+            s1 = F32(0)
+            o = 64 * jj
+            sh = np.uint8(2 * jj)
+            for j in range(bs):
+                v = blk[b, 48 + 32 * jj + j]
+                h = U8(blk[b, 16 + j] >> sh)
+                s0 += F32(U8((v & 15) | ((h & 1) << 4))) * x2[b, o + j]
+                s1 += F32(U8((v >> 4) | ((h & 2) << 3))) * x2[b, o + 32 + j]
+            acc += d * (F32(sc0) * s0 + F32(sc1) * s1) - dmin * (
+                F32(m0) * xs[8 * b + 2 * jj] + F32(m1) * xs[8 * b + 2 * jj + 1])
+    return acc
+
+
+@njit(fastmath=FM, cache=True)
+def dot_q6_k(blk, x2, xs16, f16t, hb):
+    acc = F32(0)
+    for b in range(blk.shape[0]):
+        d = f16_at(blk, b, 208, f16t)
+        for n in range(2):
+            for half in range(2):
+                s0 = F32(0)
+                s1 = F32(0)
+                s2 = F32(0)
+                s3 = F32(0)
+                ob = 128 * n + 16 * half
+                for k in range(hb):
+                    kk = 16 * half + k
+                    ql0 = blk[b, 64 * n + kk]
+                    ql1 = blk[b, 64 * n + 32 + kk]
+                    qh = blk[b, 128 + 32 * n + kk]
+                    s0 += F32(U8((ql0 & 15) | ((qh & 3) << 4))) * x2[b, ob + k]
+                    s1 += F32(U8((ql1 & 15) | ((qh & 12) << 2))) * x2[b, ob + 32 + k]
+                    s2 += F32(U8((ql0 >> 4) | (qh & 48))) * x2[b, ob + 64 + k]
+                    s3 += F32(U8((ql1 >> 4) | ((qh >> 2) & 48))) * x2[b, ob + 96 + k]
+                sb = 192 + 8 * n + half
+                xb = 16 * b + 8 * n + half
+                t = (F32(np.int8(blk[b, sb])) * (s0 - F32(32) * xs16[xb])
+                     + F32(np.int8(blk[b, sb + 2])) * (s1 - F32(32) * xs16[xb + 2])
+                     + F32(np.int8(blk[b, sb + 4])) * (s2 - F32(32) * xs16[xb + 4])
+                     + F32(np.int8(blk[b, sb + 6])) * (s3 - F32(32) * xs16[xb + 6]))
+                acc += d * t
+    return acc
+
+
+@njit(fastmath=FM, cache=True)
+def dot_iq3_xxs(blk, x2, f16t, grid, ksigns):
+    acc = F32(0)
+    for b in range(blk.shape[0]):
+        d = f16_at(blk, b, 0, f16t)
+        for ib in range(8):
+            p = 66 + 4 * ib
+            aux = (np.int64(blk[b, p]) | (np.int64(blk[b, p + 1]) << 8) | (np.int64(blk[b, p + 2]) << 16)
+                   | (np.int64(blk[b, p + 3]) << 24))
+            s = F32(0)
+            for l in range(4):
+                signs = np.int64(ksigns[(aux >> (7 * l)) & 127])
+                for g in range(2):
+                    gi = np.int64(blk[b, 2 + 8 * ib + 2 * l + g])
+                    for k in range(4):
+                        v = grid[gi, k] * x2[b, 32 * ib + 8 * l + 4 * g + k]
+                        s += -v if (signs >> (4 * g + k)) & 1 else v
+            acc += d * (F32(0.5) + F32(aux >> 28)) * F32(0.5) * s
+    return acc
+
+
+# ------------------------------------------------------------------------ parallel drivers
+# raw3 (n_out, n_blocks, block_nbytes); x3 (n_tok, n_blocks, block_size); out (n_tok, n_out)
+
+@njit(cache=True, parallel=True)
+def mv_q8_0(raw3, x3, out, f16t, bs):
+    for r in prange(raw3.shape[0]):
+        for t in range(x3.shape[0]):
+            out[t, r] = dot_q8_0(raw3[r], x3[t], f16t, bs)
+
+
+@njit(cache=True, parallel=True)
+def mv_q4_0(raw3, x3, xs, out, f16t, bs):
+    for r in prange(raw3.shape[0]):
+        for t in range(x3.shape[0]):
+            out[t, r] = dot_q4_0(raw3[r], x3[t], xs[t], f16t, bs)
+
+
+@njit(cache=True, parallel=True)
+def mv_iq4_nl(raw3, x3, out, f16t, kv, bs):
+    for r in prange(raw3.shape[0]):
+        for t in range(x3.shape[0]):
+            out[t, r] = dot_iq4_nl(raw3[r], x3[t], f16t, kv, bs)
+
+
+@njit(cache=True, parallel=True)
+def mv_q5_0(raw3, x3, xs, out, f16t, bs):
+    for r in prange(raw3.shape[0]):
+        for t in range(x3.shape[0]):
+            out[t, r] = dot_q5_0(raw3[r], x3[t], xs[t], f16t, bs)
+
+
+@njit(cache=True, parallel=True)
+def mv_q4_k(raw3, x3, xs, out, f16t, bs):
+    for r in prange(raw3.shape[0]):
+        for t in range(x3.shape[0]):
+            out[t, r] = dot_q4_k(raw3[r], x3[t], xs[t], f16t, bs)
+
+
+@njit(cache=True, parallel=True)
+def mv_q5_k(raw3, x3, xs, out, f16t, bs):
+    for r in prange(raw3.shape[0]):
+        for t in range(x3.shape[0]):
+            out[t, r] = dot_q5_k(raw3[r], x3[t], xs[t], f16t, bs)
+
+
+@njit(cache=True, parallel=True)
+def mv_q6_k(raw3, x3, xs16, out, f16t, bs):
+    for r in prange(raw3.shape[0]):
+        for t in range(x3.shape[0]):
+            out[t, r] = dot_q6_k(raw3[r], x3[t], xs16[t], f16t, bs)
+
+
+@njit(cache=True, parallel=True)
+def mv_iq3_xxs(raw3, x3, out, f16t, grid, ksigns):
+    for r in prange(raw3.shape[0]):
+        for t in range(x3.shape[0]):
+            out[t, r] = dot_iq3_xxs(raw3[r], x3[t], f16t, grid, ksigns)

@@ -1,0 +1,188 @@
+"""TieredKV: device pages (KVCache) + host pages (HostPool) indexed by one PrefixTrie.
+
+It places a sequence where its longest cached prefix is (shares device pages, restores host pages,
+copies a partial last page: copy-on-write), grows its pages as it computes, commits its full pages to
+the trie as they fill (so others can share them at once, and they are refcounted), and on release
+gives the trie everything computed. Device pages are freed only through trie eviction, which parks
+their KV in the host pool first (dropped only when the host pool cannot hold it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .host_pool import HostPool, KVCopier
+from .prefix_trie import DEVICE, HOST, PrefixTrie, TrieNode, common_prefix
+
+
+@dataclass
+class Placement:
+    cached: int      # prefix tokens whose KV was cached anywhere (trie or a running sequence)
+    reused: int      # of the sequence's tokens: KV taken from the device
+    restored: int    # KV copied from the host pool
+
+
+class TieredKV:
+    def __init__(self, kv, host: HostPool, copier: KVCopier):
+        self.kv, self.host, self.copier = kv, host, copier
+        self.P = kv.page_size
+        self.trie = PrefixTrie(self.P)
+        self.stats = dict(pages_parked=0, pages_restored=0, cow_copies=0, device_tokens_dropped=0,
+                          host_tokens_dropped=0)
+
+    # allocation (evicting through the trie)
+    def alloc_device(self, n: int, partial: bool = False) -> list[int] | None:
+        """n device pages (fewer if partial and memory is short; None if not partial and short)."""
+        if n > self.kv.n_free:
+            self.trie.evict(DEVICE, n - self.kv.n_free, self._evict_device)
+        if n > self.kv.n_free:
+            if not partial:
+                return None
+            n = self.kv.n_free
+        return self.kv.alloc(n)
+
+    def alloc_host(self, n: int) -> list[int] | None:
+        if n > self.host.n_free:
+            self.trie.evict(HOST, n - self.host.n_free, self._evict_host)
+        return self.host.alloc(n)
+
+    def _evict_device(self, node: TrieNode) -> list[int] | None:
+        dev, host = node.dev_pages, node.host_pages
+        if host is None:
+            host = self.alloc_host(len(dev))
+            if host is not None:
+                self.copier.copy_pages_to_host(dev, host)
+                self.stats["pages_parked"] += len(dev)
+            else:
+                self.stats["device_tokens_dropped"] += len(node.tokens)
+        self.kv.free(dev)
+        return host
+
+    def _evict_host(self, node: TrieNode) -> None:
+        self.host.free(node.host_pages)
+        if node.dev_pages is None:
+            self.stats["host_tokens_dropped"] += len(node.tokens)
+
+    def device_headroom(self) -> int:
+        """Device pages free or held only by unreferenced trie nodes."""
+        return self.kv.n_free + self.trie.page_counts()["device_evictable"]
+
+    # placement
+    def cached_len(self, tokens, live=()) -> int:
+        """Tokens of this prefix cached anywhere now (also marks the path as recently wanted)."""
+        m = self.trie.match(tokens)
+        return max([m.n_matched] + [self._live_len(r, tokens, m, len(tokens)) for r in live])
+
+    def _live_len(self, r, tokens, m, cap: int) -> int:
+        """How far a running sequence r's computed tokens (past its committed node) match `tokens`."""
+        e = r.node.end
+        if e > m.n_matched or (r.node is not self.trie.root and r.node not in m.path):
+            return 0
+        return e + common_prefix(r.tokens, e, tokens, e, max(0, min(r.n_computed, cap) - e))
+
+    def place(self, seq, live=(), reserve: int | None = None) -> Placement | None:
+        """Give a waiting sequence its cached prefix: shared device pages, restored host pages, and a
+        copy of a partly matched page. At least its last token is left to compute (for its logits).
+        With `reserve` (device pages promised to running sequences), returns None when the rest of the
+        sequence would not fit next to them; also None when device memory cannot take the restore."""
+        P, tokens = self.P, seq.tokens
+        cap = len(tokens) - 1
+        m = self.trie.match(tokens)
+        usable, source = min(m.n_matched, cap), None
+        cached = m.n_matched
+        for r in live:
+            n = self._live_len(r, tokens, m, len(tokens))
+            cached = max(cached, n)
+            if min(n, cap) > usable:
+                usable, source = min(n, cap), r
+        b = usable // P * P
+        anchor = source.node if source is not None else self.trie.anchor(m.path, b)
+        below = None if source is not None or usable == b else next(n for n in m.path if n.start == b)
+        chain = anchor.path()
+        restore = [n for n in chain if not n.on_device]
+        n_new = sum(len(n.host_pages) for n in restore) + (usable > b)
+        if reserve is not None:
+            pinned = sum(len(n.dev_pages) for n in chain + [below] if n is not None and n.on_device and n.ref == 0)
+            rest = -(-(len(tokens) + 1) // P) - b // P
+            if rest + sum(len(n.host_pages) for n in restore) > self.device_headroom() - pinned - reserve:
+                return None
+        held = below if below is not None else anchor
+        self.trie.lock(held)
+        dev = self.alloc_device(n_new)
+        if dev is None:
+            self.trie.unlock(held)
+            return None
+        restored = self._restore(restore, dev)
+        reused = b - restored
+        if usable > b:
+            restored += self._copy_partial(source, below, b, usable - b, dev[-1])
+            reused = usable - restored
+        self.trie.lock(anchor)
+        self.trie.unlock(held)
+        seq.node, seq.n_computed = anchor, usable
+        seq.pages = [p for n in anchor.path() for p in n.dev_pages] + ([dev[-1]] if usable > b else [])
+        return Placement(cached, reused, restored)
+
+    def _restore(self, nodes: list[TrieNode], dev: list[int]) -> int:
+        if not nodes:
+            return 0
+        host = [p for n in nodes for p in n.host_pages]
+        self.copier.copy_pages_to_device(host, dev[:len(host)])
+        i = 0
+        for n in nodes:
+            n.dev_pages = dev[i:i + len(n.host_pages)]
+            i += len(n.host_pages)
+        self.stats["pages_restored"] += len(host)
+        return sum(len(n.tokens) for n in nodes)
+
+    def _copy_partial(self, source, below: TrieNode | None, b: int, n_tokens: int, dst: int) -> int:
+        """Copy-on-write of the page at position b; returns the tokens restored from the host."""
+        self.stats["cow_copies"] += 1
+        if source is not None:
+            self.copier.copy_page_prefix(source.pages[b // self.P], dst, n_tokens)
+        elif below.on_device:
+            self.copier.copy_page_prefix(below.dev_pages[0], dst, n_tokens)
+        else:
+            self.copier.copy_pages_to_device([below.host_pages[0]], [dst])
+            self.stats["pages_restored"] += 1
+            return n_tokens
+        return 0
+
+    # growth and hand-back
+    def grow(self, seq, n_tokens: int) -> int:
+        """Pages for the next n_tokens of seq; returns how many of them fit (<= n_tokens)."""
+        need = -(-(seq.n_computed + n_tokens) // self.P) - len(seq.pages)
+        if need > 0:
+            seq.pages.extend(self.alloc_device(need, partial=True))
+        return min(n_tokens, len(seq.pages) * self.P - seq.n_computed)
+
+    def commit(self, seq) -> None:
+        """Put seq's newly filled pages into the trie (locked by seq, shareable by others)."""
+        full = seq.n_computed // self.P * self.P
+        if full > seq.node.end:
+            self._insert(seq, full, lock=True)
+
+    def release(self, seq) -> None:
+        """Hand everything seq computed to the trie (partial last page too); free the rest."""
+        if seq.node is None:
+            return
+        lo = seq.node.end // self.P
+        used = -(-seq.n_computed // self.P)
+        self.kv.free(seq.pages[used:])
+        del seq.pages[used:]
+        if seq.n_computed > seq.node.end:
+            self._insert(seq, seq.n_computed, lock=False)
+        else:
+            assert len(seq.pages) == lo
+        self.trie.unlock(seq.node)
+        seq.node, seq.pages = None, []
+
+    def _insert(self, seq, end: int, lock: bool) -> None:
+        lo, hi = seq.node.end // self.P, -(-end // self.P)
+        res = self.trie.insert(seq.node, seq.tokens[:end], seq.node.end, seq.pages[lo:hi])
+        seq.pages[lo:hi] = res.pages
+        self.kv.free(res.free_dev)
+        self.host.free(res.free_host)
+        if lock:
+            self.trie.lock(res.node)
+            self.trie.unlock(seq.node)
+            seq.node = res.node

@@ -1,0 +1,233 @@
+"""Scheduler: admits requests where their KV is cached, and plans engine steps that decode one token of
+every decoding sequence plus at most `step_tokens` prompt tokens of reading sequences in one forward.
+
+Engine-thread only (no locks). The loop that drives it:
+
+    plan = sched.plan_step()                      # None when there is nothing to compute
+    logits = runner.forward(plan.batch)           # rows = plan.logit_seqs
+    tokens = [sample(seq, row) for seq, row in zip(plan.logit_seqs, logits)]
+    for ev in sched.complete_step(plan, tokens):  # ev.seq, ev.token, ev.finish_reason
+        ...stream ev.token; on a stop string: sched.finish(ev.seq, "stop")
+
+KV placement, eviction and parking are TieredKV's (kv_tiers.py); docs/scheduler.md has the design.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from .kv_tiers import TieredKV
+from .prefix_trie import common_prefix
+from .sampling import InvalidRequest
+from .sequence import AdmissionRecord, Request, Sequence, SeqStatus
+from .step_plan import StepEvent, StepPlan, build_plan
+
+
+class Scheduler:
+    def __init__(self, kv, host, copier, n_slots: int = 4, step_tokens: int = 256, eog_ids=(),
+                 max_seq_len: int | None = None, clock=time.monotonic, keep_records: int = 4096):
+        if n_slots < 1 or step_tokens < 1:
+            raise ValueError("n_slots and step_tokens must be >= 1")
+        self.tiers = TieredKV(kv, host, copier)
+        self.n_slots, self.step_tokens, self.eog_ids = n_slots, step_tokens, frozenset(eog_ids)
+        self.capacity = kv.n_pages * kv.page_size          # tokens one sequence alone can hold
+        self.max_seq_len = min(max_seq_len or self.capacity, self.capacity)
+        self.clock = clock
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []                   # in admission order (oldest first)
+        self.by_id: dict[str, Sequence] = {}
+        self.records: deque[AdmissionRecord] = deque(maxlen=keep_records)
+        self._open: StepPlan | None = None
+        self.counters = dict(admissions=0, tokens_reused=0, tokens_restored=0, tokens_read=0,
+                             needless_read_tokens=0, evicted_for_memory_tokens=0, preemptions=0, steps=0,
+                             decode_tokens=0, prompt_tokens_computed=0)
+
+    # requests in and out
+    def add(self, request: Request | Sequence) -> Sequence:
+        seq = request if isinstance(request, Sequence) else Sequence(request)
+        if seq.id in self.by_id:
+            raise ValueError(f"sequence id {seq.id!r} is already scheduled")
+        if len(seq.tokens) >= self.max_seq_len:
+            raise InvalidRequest(f"the prompt has {len(seq.tokens)} tokens; at most {self.max_seq_len - 1} "
+                                 "fit in the KV cache", param="prompt")
+        seq.cached_at_arrival = self.tiers.cached_len(seq.tokens, self.running)
+        self.by_id[seq.id] = seq
+        self.waiting.append(seq)
+        return seq
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a sequence; its computed KV (prompt + generated) stays in the prefix trie."""
+        if seq.status is SeqStatus.FINISHED:
+            return
+        if self._open is not None and seq in self._open.seqs:
+            seq.pending_finish = reason           # applied by complete_step, after the KV is written
+            return
+        if seq.is_running:
+            self.tiers.release(seq)
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        seq.status, seq.finish_reason, seq.slot = SeqStatus.FINISHED, reason, -1
+        self.by_id.pop(seq.id, None)
+
+    def cancel(self, seq_id: str) -> bool:
+        seq = self.by_id.get(seq_id)
+        if seq is None:
+            return False
+        self.finish(seq, "cancelled")
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # one step
+    def plan_step(self) -> StepPlan | None:
+        """Admit what fits, then plan one forward: a token of every decoding sequence first, then prompt
+        chunks of reading sequences (oldest first) up to step_tokens. None when nothing can run."""
+        assert self._open is None, "complete_step() the previous plan first"
+        self._admit()
+        work: dict[Sequence, int] = {}
+        for seq in [s for s in self.running if s.status is SeqStatus.DECODING]:
+            if seq.is_running and self._fit(seq, 1, work):
+                work[seq] = 1
+        n_decode, budget = len(work), self.step_tokens
+        for seq in [s for s in self.running if s.status is SeqStatus.READING]:
+            if budget <= 0:
+                break
+            if seq.is_running:                    # not preempted meanwhile
+                n = self._fit(seq, min(seq.n_pending, budget), work)
+                if n:
+                    work[seq] = n
+                    budget -= n
+        if not work:
+            return None
+        self._open = build_plan(work, n_decode)
+        return self._open
+
+    def complete_step(self, plan: StepPlan, tokens) -> list[StepEvent]:
+        """tokens[j]: the token sampled from logit row j (plan.logit_seqs[j])."""
+        assert plan is self._open, "not the open plan"
+        self._open = None
+        events, j, now = [], 0, self.clock()
+        for seq, n in zip(plan.seqs, plan.n_tokens):
+            seq.n_computed += n
+            if seq.n_computed == len(seq.tokens):
+                token = int(tokens[j])
+                j += 1
+                seq.tokens.append(token)
+                if seq.status is SeqStatus.READING:
+                    seq.status = SeqStatus.DECODING
+                    seq.records[-1].t_read_done = now
+                events.append(StepEvent(seq, token, seq.pending_finish or self._stop_reason(seq, token)))
+            self.tiers.commit(seq)
+        self.counters["steps"] += 1
+        self.counters["decode_tokens"] += plan.n_decode
+        self.counters["prompt_tokens_computed"] += plan.n_read
+        for seq in plan.seqs:
+            if seq.pending_finish:
+                self.finish(seq, seq.pending_finish)
+        for ev in events:
+            if ev.finish_reason:
+                self.finish(ev.seq, ev.finish_reason)
+        return events
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        if token in self.eog_ids:
+            return "stop"
+        if seq.n_generated >= seq.request.max_tokens or len(seq.tokens) >= self.max_seq_len:
+            return "length"
+        return None
+
+    # admission
+    def _admit(self) -> None:
+        i = 0
+        while len(self.running) < self.n_slots and i < len(self.waiting):
+            seq = self.waiting[i]
+            if self._reader_ahead(seq):
+                i += 1                            # wait for the reader instead of reading it twice
+                continue
+            reserve = self._reserve() if self.running else None
+            placed = self.tiers.place(seq, self.running, reserve)
+            if placed is None:
+                break                             # memory: admit in order, don't let others pass
+            del self.waiting[i]
+            self._start(seq, placed)
+
+    def _reader_ahead(self, seq: Sequence) -> bool:
+        """A running sequence is still reading tokens that are a prefix of seq's."""
+        for r in self.running:
+            if r.status is SeqStatus.READING:
+                n = min(len(r.tokens), len(seq.tokens) - 1)
+                if n > r.n_computed and common_prefix(r.tokens, 0, seq.tokens, 0, n) > r.n_computed:
+                    return True
+        return False
+
+    def _reserve(self) -> int:
+        """Device pages the running sequences still need for their tokens plus one more."""
+        P = self.tiers.P
+        return sum(max(0, -(-(len(s.tokens) + 1) // P) - len(s.pages)) for s in self.running)
+
+    def _start(self, seq: Sequence, placed) -> None:
+        n, cap = len(seq.tokens), len(seq.tokens) - 1
+        cached = min(placed.cached, cap)
+        rec = AdmissionRecord(
+            seq.id, n, placed.reused, placed.restored, n - placed.reused - placed.restored,
+            needless_read=max(0, cached - placed.reused - placed.restored),
+            evicted_for_memory=max(0, min(seq.cached_at_arrival, cap) - cached),
+            resumed=bool(seq.records), slot=self._free_slot(), t_arrival=seq.request.arrival,
+            t_admitted=self.clock())
+        seq.records.append(rec)
+        self.records.append(rec)
+        seq.status, seq.slot = SeqStatus.READING, rec.slot
+        self.running.append(seq)
+        c = self.counters
+        c["admissions"] += 1
+        c["tokens_reused"] += rec.reused
+        c["tokens_restored"] += rec.restored
+        c["tokens_read"] += rec.read
+        c["needless_read_tokens"] += rec.needless_read
+        c["evicted_for_memory_tokens"] += rec.evicted_for_memory
+
+    def _free_slot(self) -> int:
+        used = {s.slot for s in self.running}
+        return next(i for i in range(self.n_slots) if i not in used)
+
+    # memory pressure
+    def _fit(self, seq: Sequence, want: int, work: dict) -> int:
+        """Pages for `want` more tokens of seq (fewer if memory is short); when none fit, park the
+        youngest running sequence (seq itself if it is the youngest) and retry."""
+        while True:
+            n = self.tiers.grow(seq, want)
+            if n >= 1:
+                return n
+            victim = self.running[-1]
+            if victim is seq and len(self.running) == 1:
+                raise MemoryError(f"{seq.id}: the KV cache cannot hold one more token of a lone sequence")
+            self._park(victim)
+            work.pop(victim, None)
+            if victim is seq:
+                return 0
+
+    def _park(self, seq: Sequence) -> None:
+        """Preempt: the sequence's KV goes to the trie (then host, as memory needs); it waits first in line."""
+        self.tiers.release(seq)
+        self.running.remove(seq)
+        seq.cached_at_arrival, seq.n_computed = seq.n_computed, 0
+        seq.status, seq.slot = SeqStatus.WAITING, -1
+        self.waiting.insert(0, seq)
+        self.counters["preemptions"] += 1
+
+    # observability
+    def pop_records(self) -> list[AdmissionRecord]:
+        out = list(self.records)
+        self.records.clear()
+        return out
+
+    def metrics(self) -> dict:
+        m = dict(self.counters)
+        m.update(self.tiers.stats)
+        m.update({f"{k}_pages": v for k, v in self.tiers.trie.page_counts().items()})
+        m.update(running=len(self.running), waiting=len(self.waiting), device_free_pages=self.tiers.kv.n_free,
+                 host_free_pages=self.tiers.host.n_free)
+        return m

@@ -1,0 +1,73 @@
+"""Float64 numpy references for the elementwise and attention kernels (tests only)."""
+import numpy as np
+
+
+def rmsnorm(x, weight, eps):
+    x = x.astype(np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight.astype(np.float64)
+
+
+def rope(x, positions, freq_base, n_rot, neox):
+    """x (n_tok, n_heads, head_dim); angles theta_i = pos * base^(-2i/n_rot) in float64."""
+    x = x.astype(np.float64).copy()
+    half = n_rot // 2
+    inv = float(freq_base) ** (-2.0 * np.arange(half) / n_rot)
+    theta = positions.astype(np.float64)[:, None] * inv[None, :]          # (n_tok, half)
+    c = np.cos(theta)[:, None, :]
+    s = np.sin(theta)[:, None, :]
+    if neox:
+        i0, i1 = np.arange(half), np.arange(half) + half
+    else:
+        i0, i1 = 2 * np.arange(half), 2 * np.arange(half) + 1
+    a, b = x[..., i0].copy(), x[..., i1].copy()
+    x[..., i0] = a * c - b * s
+    x[..., i1] = a * s + b * c
+    return x
+
+
+def silu_mul(gate, up):
+    g = gate.astype(np.float64)
+    with np.errstate(over="ignore"):                 # exp(-g) -> inf gives silu -> -0
+        return g / (1.0 + np.exp(-g)) * up.astype(np.float64)
+
+
+def quantize_rows(x):
+    """Symmetric int8 per row (last axis), computed exactly as the kernel specifies in
+    float32: scale = max|x|/127, q = round-half-away(x/scale) clipped to +-127."""
+    x = x.astype(np.float32)
+    amax = np.max(np.abs(x), axis=-1, keepdims=True)
+    scale = amax / np.float32(127.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(scale > 0, x / np.where(scale > 0, scale, 1), 0).astype(np.float32)
+    r = np.trunc(y)
+    r = np.where(np.abs(y - r) >= 0.5, r + np.sign(y), r)
+    q = np.clip(r, -127, 127).astype(np.int8)
+    return q, scale[..., 0]
+
+
+def gather_kv(pages, scales, page_table_row, n_pos):
+    """Dequantized (n_pos, n_kv_heads, head_dim) float64 of one sequence's first n_pos positions."""
+    ps = pages.shape[1]
+    p = np.arange(n_pos)
+    pg = page_table_row[p // ps]
+    sl = p % ps
+    return pages[pg, sl].astype(np.float64) * scales[pg, sl].astype(np.float64)[..., None]
+
+
+def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale):
+    """Causal GQA attention in float64 over the dequantized int8 cache."""
+    n_tok, n_heads, hd = q.shape
+    n_kv = k_pages.shape[2]
+    G = n_heads // n_kv
+    out = np.empty((n_tok, n_heads, hd), np.float64)
+    for t in range(n_tok):
+        s, p = int(token_seq[t]), int(token_pos[t])
+        K = gather_kv(k_pages, k_scales, page_tables[s], p + 1)
+        V = gather_kv(v_pages, v_scales, page_tables[s], p + 1)
+        for h in range(n_heads):
+            g = h // G
+            sc = K[:, g, :] @ q[t, h].astype(np.float64) * scale
+            w = np.exp(sc - sc.max())
+            w /= w.sum()
+            out[t, h] = w @ V[:, g, :]
+    return out
