@@ -11,16 +11,8 @@ from typing import Iterator
 import numpy as np
 
 from .batch import Batch
-from .kernels import get_backend
 from .kv_cache import KVCache
-from .loader.chat_template import ChatTemplate
-from .loader.errors import GGUFError
-from .loader.gguf_file import GGUFFile
-from .loader.known_models import resolve_model
-from .loader.model_config import config_from_metadata
-from .loader.tokenizer import Tokenizer
-from .loader.weights import load_weights
-from .models import MODELS
+from .runner import load_model
 from .sampling import InvalidRequest, Sampler, SamplingParams
 from .text_stream import TextStream
 
@@ -38,17 +30,10 @@ class GenerationOutput:
 class LLM:
     def __init__(self, model: str | None = None, backend: str = "auto", n_ctx: int = 4096,
                  n_threads: int | None = None, n_batch: int = 512):
-        self.model_path = resolve_model(model)
-        gguf = GGUFFile(self.model_path)
-        meta = gguf.metadata
-        self.config = config_from_metadata(meta, self.model_path)
-        if self.config.arch not in MODELS:
-            raise GGUFError(self.model_path, f"architecture {self.config.arch!r} has no forward pass")
-        self.tokenizer = Tokenizer.from_gguf_metadata(meta, source=self.model_path)
-        self.chat_template = _chat_template(meta, self.tokenizer)
-        self.backend = get_backend(backend, n_threads)
-        self.weights = load_weights(gguf, self.config)
-        self.model = MODELS[self.config.arch](self.backend, self.config, self.weights)
+        loaded = load_model(model, backend, n_threads)
+        self.model_path, self.config, self.tokenizer = loaded.path, loaded.config, loaded.tokenizer
+        self.chat_template, self.backend = loaded.chat_template, loaded.backend
+        self.weights, self.model = loaded.weights, loaded.model
         self.n_ctx, self.n_batch = int(n_ctx), int(n_batch)
         if self.n_ctx < 1 or self.n_batch < 1:
             raise ValueError("n_ctx and n_batch must be positive")
@@ -150,16 +135,3 @@ class Generation:
         if tail:
             yield tail
         self.output = GenerationOutput(generated, text.text, finish, len(self.prompt_ids))
-
-
-def _chat_template(meta: dict, tokenizer) -> ChatTemplate | None:
-    source = meta.get("tokenizer.chat_template")
-    if not source:
-        return None
-
-    def token(key):
-        tid = meta.get(key)
-        return tokenizer.token_text(tid) if tid is not None and 0 <= tid < tokenizer.n_vocab else ""
-
-    return ChatTemplate(source, bos_token=token("tokenizer.ggml.bos_token_id"),
-                        eos_token=token("tokenizer.ggml.eos_token_id"))

@@ -1,0 +1,64 @@
+"""EngineConfig: how the engine thread serves many requests (slots, KV capacity, step budget, queue)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+HOST_KV_FRACTION = 0.25      # default host pool: this share of the RAM available when the engine starts
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None          # path or known model key; None = default model
+    backend: str = "auto"
+    n_ctx: int = 8192                 # max tokens per sequence (prompt + generated)
+    parallel: int = 2                 # slots: max concurrently running sequences
+    kv_tokens: int | None = None      # device KV capacity in tokens; default n_ctx * parallel
+    step_tokens: int = 256            # prompt-token budget per engine step (decodes always run)
+    host_kv_gib: float | None = None  # host pool limit; default: 25% of available RAM at start
+    max_queue: int = 64               # waiting requests beyond this -> QueueFull
+    threads: int | None = None
+    page_size: int = 64
+
+    def __post_init__(self):
+        for name in ("n_ctx", "parallel", "step_tokens", "page_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.n_ctx < 2:
+            raise ValueError("n_ctx must be >= 2 (a prompt token and a generated one)")
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue!r}")
+        if self.kv_tokens is not None and self.kv_tokens < self.n_ctx:
+            raise ValueError(f"kv_tokens ({self.kv_tokens}) must hold one full sequence (n_ctx = {self.n_ctx})")
+        if self.host_kv_gib is not None and self.host_kv_gib < 0:
+            raise ValueError(f"host_kv_gib must be >= 0, got {self.host_kv_gib!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads!r}")
+
+    @property
+    def device_kv_tokens(self) -> int:
+        """Device KV capacity in tokens, rounded up to whole pages."""
+        n = self.kv_tokens if self.kv_tokens is not None else self.n_ctx * self.parallel
+        return -(-n // self.page_size) * self.page_size
+
+    def host_kv_bytes(self) -> int:
+        """The host pool limit: host_kv_gib, or HOST_KV_FRACTION of the RAM available now. The pool's
+        memory is only touched as pages are parked, so the limit costs nothing until it is used."""
+        if self.host_kv_gib is not None:
+            return int(self.host_kv_gib * 2**30)
+        return int(HOST_KV_FRACTION * available_ram_bytes())
+
+
+def available_ram_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else free physical pages; 0 if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
