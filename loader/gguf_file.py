@@ -39,6 +39,7 @@ class _Cursor:
     def __init__(self, buf: np.ndarray, path: str):
         self.buf, self.pos, self.path = buf, 0, path
         self.mv = memoryview(buf)
+        self.last_etype = None   # element type of the last array read (for GGUFFile.field_types)
 
     def take(self, n: int, what: str) -> memoryview:
         if self.pos + n > len(self.buf):
@@ -59,6 +60,7 @@ class _Cursor:
             return self.string(key)
         if vtype == _ARRAY:
             etype, count = self.scalar("<I", key), self.scalar("<Q", key)
+            self.last_etype = etype
             if etype == _STRING:
                 return [self.string(key) for _ in range(count)]
             if etype not in _NUMERIC:
@@ -74,7 +76,9 @@ class _Cursor:
 
 
 class GGUFFile:
-    """An opened GGUF file. `metadata` maps keys to str/int/float/bool/list[str]/np.ndarray."""
+    """An opened GGUF file. `metadata` maps keys to str/int/float/bool/list[str]/np.ndarray;
+    `field_types` maps each key to its GGUF value type id and, for arrays, the element type id
+    (else None), so that a writer can reproduce the field exactly."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
@@ -93,9 +97,12 @@ class GGUFFile:
             raise GGUFError(self.path, f"unsupported GGUF version {self.version} (supported: 2, 3)")
         n_tensors, n_kv = cur.scalar("<Q", "the tensor count"), cur.scalar("<Q", "the metadata count")
         self.metadata: dict = {}
+        self.field_types: dict[str, tuple[int, int | None]] = {}
         for _ in range(n_kv):
             key = cur.string("a metadata key")
-            self.metadata[key] = cur.value(cur.scalar("<I", key), key)
+            vtype = cur.scalar("<I", key)
+            self.metadata[key] = cur.value(vtype, key)
+            self.field_types[key] = (vtype, cur.last_etype if vtype == _ARRAY else None)
         infos = [self._read_tensor_info(cur) for _ in range(n_tensors)]
         align = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
         data_start = -(-cur.pos // align) * align

@@ -1,4 +1,4 @@
-"""`strata-lite` command line: generate, perplexity."""
+"""`strata-lite` command line: generate, perplexity, quantize, imatrix, kld."""
 from __future__ import annotations
 
 import argparse
@@ -63,6 +63,57 @@ def cmd_perplexity(args) -> int:
     return 0
 
 
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+
+
+def cmd_quantize(args) -> int:
+    from .loader.quantize_file import quantize_file
+    imatrix = None
+    if args.imatrix:
+        from .loader.imatrix_file import load_imatrix
+        imatrix = load_imatrix(args.imatrix).weights()
+        print(f"imatrix {args.imatrix}: {len(imatrix)} entries", file=sys.stderr)
+    quantize_file(args.input, args.output, args.type, imatrix=imatrix, threads=args.threads, pure=args.pure)
+    return 0
+
+
+def cmd_imatrix(args) -> int:
+    import os
+    from .imatrix import collect_imatrix, save_imatrix
+    text = _read_text(args.text)
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir):
+        raise ValueError(f"{args.output}: directory {out_dir} does not exist")
+    llm = _load(args, args.ctx)
+    t0 = time.perf_counter()
+    data, ppl = collect_imatrix(llm, text, ctx=args.ctx, chunks=args.chunks, dataset=args.text)
+    save_imatrix(args.output, data)
+    n_tok = int(max(c.max() for c in data.counts.values()))
+    print(f"imatrix: {len(data.sums)} entries from {data.chunk_count} chunks of {args.ctx} tokens ({n_tok} tokens), "
+          f"PPL of the text {ppl:.4f}, {time.perf_counter() - t0:.1f} s -> {args.output}")
+    return 0
+
+
+def cmd_kld(args) -> int:
+    from .api import LLM
+    from .kld import kld
+    text = _read_text(args.file)
+    base = LLM(args.base, backend=args.backend, n_ctx=args.ctx, n_threads=args.threads)
+    llm = _load(args, args.ctx)
+    t0 = time.perf_counter()
+    r = kld(base, llm, text, ctx=args.ctx)
+    print(f"chunks {r.n_chunks}, scored tokens {r.n_scored}, time {time.perf_counter() - t0:.1f} s")
+    print(f"PPL base = {r.ppl_base:.4f}, PPL model = {r.ppl:.4f}")
+    print(f"KL mean = {r.mean_kl:.6f}, median = {r.median_kl:.6f}, p99 = {r.p99_kl:.6f}, max = {r.max_kl:.6f}")
+    print(f"top-1 agreement = {r.top1:.6f}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata-lite", description="LLM inference for quantized GGUF models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -85,6 +136,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--ctx", type=int, default=512, help="chunk size in tokens")
     p.set_defaults(func=cmd_perplexity)
+
+    q = sub.add_parser("quantize", help="quantize a GGUF model file (docs/quantize.md)")
+    q.add_argument("input", help="input GGUF (float or quantized)")
+    q.add_argument("output", help="output GGUF")
+    q.add_argument("--type", required=True, help="target type: IQ3_XXS, IQ4_NL, Q8_0, Q4_0 (or F16, F32)")
+    q.add_argument("--imatrix", default=None, help="importance matrix (GGUF imatrix or .npz)")
+    q.add_argument("--pure", action="store_true", help="every matrix in the target type (no mix)")
+    q.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)")
+    q.set_defaults(func=cmd_quantize)
+
+    im = sub.add_parser("imatrix", help="collect an importance matrix over a text")
+    _model_args(im)
+    im.add_argument("--text", "-f", required=True, help="calibration text file (UTF-8)")
+    im.add_argument("--output", "-o", required=True, help="output file: GGUF imatrix, or .npz (golden layout)")
+    im.add_argument("--ctx", type=int, default=512, help="chunk size in tokens")
+    im.add_argument("--chunks", type=int, default=None, help="use at most this many chunks")
+    im.set_defaults(func=cmd_imatrix)
+
+    k = sub.add_parser("kld", help="KL divergence and top-1 agreement of a model against a base model")
+    _model_args(k)
+    k.add_argument("--base", required=True, help="base GGUF file or known model")
+    k.add_argument("file", help="text file (UTF-8)")
+    k.add_argument("--ctx", type=int, default=512, help="chunk size in tokens")
+    k.set_defaults(func=cmd_kld)
     return parser
 
 

@@ -26,16 +26,21 @@ class Transformer:
             layer.k_inv_scale = be.from_host((1.0 / s).astype(np.float32))
             layer.q_scale = be.from_host(np.repeat(s, group, axis=0))
 
-    def forward(self, batch: Batch, kv):
-        """-> logits (len(batch.logit_rows), n_vocab) float32, on the backend."""
+    def forward(self, batch: Batch, kv, observer=None):
+        """-> logits (len(batch.logit_rows), n_vocab) float32, on the backend.
+
+        observer: optional callable(weight_name, x) called before each weight mat-mul with that weight's
+        GGUF tensor name and its input activations x (host float32 (n_tok, n_in)); used by the imatrix."""
         be, cfg = self.backend, self.cfg
+        obs = _observe(be, observer)
         n = len(batch.token_ids)
         pos = be.from_host(batch.positions)
         seq, tables = be.from_host(batch.token_seq), be.from_host(batch.page_tables)
         attn_scale = 1.0 / math.sqrt(cfg.head_dim)
         x = be.embed(self.token_embd, batch.token_ids)                  # (n, n_embd)
-        for i, lw in enumerate(self.layers):
+        for i, (lw, hw) in enumerate(zip(self.layers, self.weights.layers)):
             h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps)
+            obs(h, hw.attn_q, hw.attn_k, hw.attn_v)
             q = _linear(be, lw.attn_q, h, lw.attn_q_bias).reshape(n, cfg.n_heads, cfg.head_dim)
             k = _linear(be, lw.attn_k, h, lw.attn_k_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
             v = _linear(be, lw.attn_v, h, lw.attn_v_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
@@ -49,14 +54,20 @@ class Transformer:
             layer_kv = kv.layer(i)
             be.kv_store(k, v, seq, pos, tables, *layer_kv)
             a = be.attention(q, seq, pos, tables, *layer_kv, attn_scale)    # (n, n_heads, head_dim)
-            o = be.qmatmul(lw.attn_output, a.reshape(n, cfg.n_heads * cfg.head_dim))
+            a = a.reshape(n, cfg.n_heads * cfg.head_dim)
+            obs(a, hw.attn_output)
+            o = be.qmatmul(lw.attn_output, a)
             be.add(x, o, out=x)
             h = be.rmsnorm(x, lw.ffn_norm, cfg.rms_eps)
+            obs(h, hw.ffn_gate, hw.ffn_up)
             g = be.qmatmul(lw.ffn_gate, h)
             u = be.qmatmul(lw.ffn_up, h)
-            be.add(x, be.qmatmul(lw.ffn_down, be.silu_mul(g, u, out=g)), out=x)
+            act = be.silu_mul(g, u, out=g)
+            obs(act, hw.ffn_down)
+            be.add(x, be.qmatmul(lw.ffn_down, act), out=x)
         x = be.take_rows(x, batch.logit_rows) if len(batch.logit_rows) != n else x
         x = be.rmsnorm(x, self.output_norm, cfg.rms_eps)
+        obs(x, self.weights.output)
         return be.qmatmul(self.output, x)
 
 
@@ -71,6 +82,18 @@ class _Layer:
         for name in self.VECTORS:
             v = getattr(lw, name)
             setattr(self, name, None if v is None else be.from_host(v))
+
+
+def _observe(be, observer):
+    """obs(x, *host_weights): report x (copied to the host once) to the observer under each weight's name."""
+    if observer is None:
+        return lambda x, *ws: None
+
+    def obs(x, *ws):
+        xh = be.to_host(x)
+        for w in ws:
+            observer(w.name, xh)
+    return obs
 
 
 def _linear(be, w, x, bias):

@@ -1,0 +1,89 @@
+"""Which GGML type each tensor gets when a model is quantized to a target (`strata-lite quantize`).
+
+The mixes follow llama.cpp's `llama_tensor_get_type` in spirit, restricted to the types we can write
+(IQ3_XXS, IQ4_NL, Q8_0, Q4_0, F16, F32); docs/quantize.md has the table and the reasons.
+
+    tensor_type(name, shape, target, pure=False, has_output=True) -> TypeChoice
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
+
+# targets and the llama.cpp `general.file_type` (enum llama_ftype) each one writes
+TARGETS = {"IQ3_XXS": QType.IQ3_XXS, "IQ4_NL": QType.IQ4_NL, "Q8_0": QType.Q8_0, "Q4_0": QType.Q4_0,
+           "F16": QType.F16, "F32": QType.F32}
+FILE_TYPE = {QType.IQ3_XXS: 23, QType.IQ4_NL: 25, QType.Q8_0: 7, QType.Q4_0: 2, QType.F16: 1, QType.F32: 0}
+
+# when a row length is not a multiple of the chosen type's block: the next type to try
+FALLBACK = {QType.IQ3_XXS: QType.IQ4_NL, QType.IQ4_NL: QType.F16, QType.Q4_0: QType.F16, QType.Q8_0: QType.F16,
+            QType.F16: QType.F16, QType.F32: QType.F32}
+
+# the IQ3_XXS mix: tensors given more bits than the target (pattern on the name without "blk.N.")
+IQ3_XXS_MIX = (
+    ("output.weight", QType.Q8_0, "output"),            # llama.cpp: Q5_K (we have no K-quant writer)
+    ("token_embd.weight", QType.IQ4_NL, "embedding"),   # llama.cpp: IQ3_S
+    ("attn_v.weight", QType.IQ4_NL, "attn_v"),          # llama.cpp: Q4_K (n_gqa >= 4)
+    ("attn_output.weight", QType.IQ4_NL, "attn_output"),  # llama.cpp: IQ3_S
+)
+
+_BLK = re.compile(r"^blk\.\d+\.")
+
+
+class UnsupportedTarget(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TypeChoice:
+    qtype: QType
+    rule: str          # why: "1-D", "target", "pure", "output", "attn_v", ... ; "+fallback" when the row length forced it
+
+
+def parse_target(name: str) -> QType:
+    key = str(name).strip().upper()
+    if key not in TARGETS:
+        raise UnsupportedTarget(f"unsupported quantization type {name!r} (supported: {', '.join(TARGETS)})")
+    return TARGETS[key]
+
+
+def is_matrix(name: str, shape) -> bool:
+    """Quantizable: a weight with at least 2 dimensions (norms, biases and other vectors stay F32)."""
+    return len(shape) >= 2 and name.endswith(".weight")
+
+
+def tensor_type(name: str, shape, target: QType, pure: bool = False, has_output: bool = True) -> TypeChoice:
+    """shape in GGML order (shape[0] = row length). has_output: the file has its own output.weight
+    (else token_embd doubles as the output matrix and is treated like it)."""
+    if not is_matrix(name, shape):
+        return TypeChoice(QType.F32, "1-D")
+    if pure:
+        choice = TypeChoice(target, "pure")
+    else:
+        choice = _mix(name, target, has_output)
+    return _fit(choice, int(shape[0]))
+
+
+def _mix(name: str, target: QType, has_output: bool) -> TypeChoice:
+    short = _BLK.sub("", name)
+    if not has_output and short == "token_embd.weight":
+        short = "output.weight"
+    if target == QType.IQ3_XXS:
+        for pattern, qtype, rule in IQ3_XXS_MIX:
+            if short == pattern:
+                return TypeChoice(qtype, rule)
+        return TypeChoice(target, "target")
+    if target in (QType.IQ4_NL, QType.Q4_0) and short == "output.weight":
+        return TypeChoice(QType.Q8_0, "output")      # llama.cpp: Q6_K
+    return TypeChoice(target, "target")
+
+
+def _fit(choice: TypeChoice, row_len: int) -> TypeChoice:
+    qtype, rule = choice.qtype, choice.rule
+    while row_len % GGML_QUANT_SIZES[qtype][0]:
+        qtype = FALLBACK[qtype]
+        if not rule.endswith("+fallback"):
+            rule += "+fallback"
+    return TypeChoice(qtype, rule)

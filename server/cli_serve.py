@@ -1,0 +1,90 @@
+"""`strata-lite serve`: the OpenAI-compatible HTTP server. Hook it into strata_lite/cli.py with
+`add_serve_parser(sub)` in build_parser(); it sets `func`, so main() runs it like the other commands."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+API_KEY_ENV = "STRATA_LITE_API_KEY"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return x
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535, got {n}")
+    return n
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (docs/server.md)",
+                              description="Serve the model over an OpenAI-compatible HTTP API: /v1/chat/completions, "
+                                          "/v1/completions, /v1/models, /health, /metrics, /slots.")
+    p.add_argument("--model", "-m", default=None, help="GGUF file or known model; default: the 0.5B model")
+    p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--port", type=_port, default=8080, help="port (default 8080)")
+    p.add_argument("--parallel", "-np", type=_positive_int, default=2,
+                   help="slots: requests generated at the same time (default 2)")
+    p.add_argument("--ctx-size", "-c", type=_positive_int, default=8192,
+                   help="context per request, prompt + generated tokens (default 8192)")
+    p.add_argument("--kv-tokens", type=_positive_int, default=None,
+                   help="device KV cache capacity in tokens (default ctx-size x parallel)")
+    p.add_argument("--step-tokens", type=_positive_int, default=256,
+                   help="prompt tokens computed per engine step, next to the decodes (default 256)")
+    p.add_argument("--host-kv-gib", type=_nonneg_float, default=None,
+                   help="host RAM for parked KV, GiB (default: a quarter of the available RAM)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests allowed to wait for a slot; more get 503 with Retry-After (default 64)")
+    p.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Bearer KEY' on every endpoint but /health "
+                        f"(default: ${API_KEY_ENV} if set)")
+    p.add_argument("--threads", "-t", type=_positive_int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--http-threads", type=_positive_int, default=None,
+                   help="HTTP worker threads (default: parallel + max-queue + 4, at least 8, at most 128)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def config_from_args(args):
+    from strata_lite.config import EngineConfig
+    return EngineConfig(model=args.model, backend=args.backend, n_ctx=args.ctx_size, parallel=args.parallel,
+                        kv_tokens=args.kv_tokens, step_tokens=args.step_tokens, host_kv_gib=args.host_kv_gib,
+                        max_queue=args.max_queue, threads=args.threads)
+
+
+def api_key_from_args(args) -> str | None:
+    return args.api_key or os.environ.get(API_KEY_ENV) or None
+
+
+def cmd_serve(args) -> int:
+    from .serve import serve
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return serve(config_from_args(args), host=args.host, port=args.port, api_key=api_key_from_args(args),
+                 threads=args.http_threads)

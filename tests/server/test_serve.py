@@ -1,0 +1,98 @@
+"""`strata-lite serve`: the argument parser, and serve() stopping cleanly on Ctrl+C (SIGINT) in a subprocess."""
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from strata_lite.server.cli_serve import add_serve_parser, api_key_from_args, config_from_args
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve"] + argv)
+
+
+def test_serve_arguments(monkeypatch):
+    monkeypatch.delenv("STRATA_LITE_API_KEY", raising=False)
+    args = parse([])
+    assert (args.host, args.port, args.http_threads) == ("127.0.0.1", 8080, None)
+    assert api_key_from_args(args) is None
+    cfg = config_from_args(args)
+    assert (cfg.model, cfg.backend, cfg.n_ctx, cfg.parallel, cfg.kv_tokens, cfg.step_tokens, cfg.host_kv_gib,
+            cfg.threads) == (None, "auto", 8192, 2, None, 256, None, None)
+    args = parse(["--model", "m.gguf", "--host", "0.0.0.0", "--port", "9000", "--parallel", "4", "--ctx-size",
+                  "4096", "--kv-tokens", "32768", "--step-tokens", "128", "--host-kv-gib", "2.5", "--api-key", "k",
+                  "--threads", "6", "--backend", "cpu", "--max-queue", "10"])
+    cfg = config_from_args(args)
+    assert (cfg.model, cfg.backend, cfg.n_ctx, cfg.parallel, cfg.kv_tokens, cfg.step_tokens, cfg.host_kv_gib,
+            cfg.threads, cfg.max_queue) == ("m.gguf", "cpu", 4096, 4, 32768, 128, 2.5, 6, 10)
+    assert (args.host, args.port, api_key_from_args(args)) == ("0.0.0.0", 9000, "k")
+    monkeypatch.setenv("STRATA_LITE_API_KEY", "from-env")
+    assert api_key_from_args(parse([])) == "from-env"
+    assert api_key_from_args(parse(["--api-key", "flag"])) == "flag"
+    assert args.func.__name__ == "cmd_serve"
+
+
+@pytest.mark.parametrize("argv", [["--port", "70000"], ["--parallel", "0"], ["--ctx-size", "x"],
+                                  ["--host-kv-gib", "-1"], ["--backend", "tpu"]])
+def test_serve_bad_arguments(argv):
+    with pytest.raises(SystemExit):
+        parse(argv)
+
+
+SCRIPT = r"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("fake_engine_mod", sys.argv[1])
+fe = importlib.util.module_from_spec(spec); spec.loader.exec_module(fe)
+from strata_lite.config import EngineConfig
+from strata_lite.server.serve import serve
+engines = []
+def factory(config):
+    e = fe.FakeEngine(n_ctx=config.n_ctx, ready=False)
+    engines.append(e)
+    return e
+rc = serve(EngineConfig(n_ctx=1024), "127.0.0.1", int(sys.argv[2]), threads=4, engine_factory=factory)
+print("EXIT", rc, engines[0].started, engines[0].stopped, flush=True)
+"""
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sends POSIX signals to a child")
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_serve_stops_cleanly_on_ctrl_c(sig):
+    port = _free_port()
+    fake = Path(__file__).with_name("fake_engine.py")
+    p = subprocess.Popen([sys.executable, "-c", SCRIPT, str(fake), str(port)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    assert json.load(r) == {"status": "ok"}
+                    break
+            except OSError:
+                assert p.poll() is None and time.monotonic() < deadline, p.stdout.read() if p.poll() else ""
+                time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+            assert json.load(r)["data"][0]["context_length"] == 1024
+        p.send_signal(getattr(signal, sig))
+        out, _ = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out
+    assert "EXIT 0 True True" in out, out
