@@ -160,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("file", help="text file (UTF-8)")
     k.add_argument("--ctx", type=int, default=512, help="chunk size in tokens")
     k.set_defaults(func=cmd_kld)
+    from .server.cli_serve import add_serve_parser   # the CLI sits above the server (layering exemption)
+    add_serve_parser(sub)
     return parser
 
 
