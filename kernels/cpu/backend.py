@@ -5,10 +5,20 @@ import numba
 import numpy as np
 
 from ..backend import Backend
+from .act_quant import round_activations
 from .attention import attention, kv_store
 from .dequant import dequantize
 from .elementwise import add, rmsnorm, rope, silu_mul
-from .qmatmul import qmatmul
+from .qmatmul import qmatmul_packed
+from .repack import PackedWeight, pack_weight
+
+
+class _Raw:
+    """Plain (name, qtype, n_out, n_in, raw) view of a weight, for pack_weight."""
+    __slots__ = ("name", "qtype", "n_out", "n_in", "raw")
+
+    def __init__(self, w):
+        self.name, self.qtype, self.n_out, self.n_in, self.raw = w.name, w.qtype, w.n_out, w.n_in, w.raw
 
 
 class CpuBackend(Backend):
@@ -18,6 +28,8 @@ class CpuBackend(Backend):
         if n_threads:
             numba.set_num_threads(min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
         self.n_threads = numba.get_num_threads()
+        self.repack = True            # lossless Q4_0/Q5_0/IQ4_NL -> Q8_0 at upload (repack.py)
+        self._matmul_cache = {}       # id(weight) -> (weight, PackedWeight) for _packed_for_matmul
 
     def empty(self, shape, dtype="float32"):
         return np.empty(shape, dtype=dtype)
@@ -29,17 +41,32 @@ class CpuBackend(Backend):
         return np.ascontiguousarray(arr)
 
     def upload_weight(self, w):
-        return w
+        """-> PackedWeight (repack.py): Q4_0/Q5_0/IQ4_NL losslessly repacked to Q8_0, kernel views
+        precomputed. The token embedding is only looked up row by row (embed), so it keeps its
+        file layout; if it doubles as the output matrix it is repacked on its first qmatmul."""
+        if w.name.startswith("token_embd"):
+            return PackedWeight(w.name, w.qtype, w.n_out, w.n_in, w.raw, final=not self.repack)
+        return pack_weight(w, repack=self.repack)
 
     def embed(self, w, token_ids):
         ids = np.asarray(token_ids, dtype=np.int64)
         return dequantize(w.qtype, np.asarray(w.raw[ids]), w.n_in)
 
     def qmatmul(self, w, x, out=None):
-        if out is None:
-            out = np.empty((x.shape[0], w.n_out), dtype=np.float32)
-        qmatmul(w.qtype, w.raw, w.n_in, x, out)
-        return out
+        if type(w) is not PackedWeight or not w.final:
+            w = self._packed_for_matmul(w)
+        # llama.cpp rounds activations to Q8_0/Q8_K before quantized mat-muls; so do we (act_quant.py)
+        return qmatmul_packed(w, round_activations(w.src_qtype, x), out)
+
+    def _packed_for_matmul(self, w):
+        """Weights not (or not yet) repacked: a QuantTensor that skipped upload_weight, or the
+        token embedding used as the tied output matrix. Packed once, cached."""
+        key = id(w)
+        hit = self._matmul_cache.get(key)
+        if hit is None or hit[0] is not w:
+            hit = (w, pack_weight(_Raw(w), repack=self.repack, release_source=False))
+            self._matmul_cache[key] = hit
+        return hit[1]
 
     def rmsnorm(self, x, weight, eps, out=None):
         if out is None:

@@ -224,6 +224,44 @@ def _dq_iq3_xxs(raw3, out, f16t, grid, ksigns):
         dq_row_iq3_xxs(raw3[r], out[r], f16t, grid, ksigns)
 
 
+# Serial, GIL-free driver: the prompt path (qmatmul.matmul_tiled) runs one per worker thread, each
+# dequantizing its own row tiles next to a single-threaded BLAS call (no nested thread pools).
+_SERIAL_CODE = {QType.Q8_0: 0, QType.Q4_0: 1, QType.Q5_0: 2, QType.IQ4_NL: 3, QType.Q4_K: 4,
+                QType.Q5_K: 5, QType.Q6_K: 6, QType.IQ3_XXS: 7}
+
+
+@njit(cache=True, nogil=True)
+def _dq_serial(code, raw3, out, f16t, kv, grid, ksigns, bs, hb):
+    for r in range(raw3.shape[0]):
+        if code == 0:
+            dq_row_q8_0(raw3[r], out[r], f16t, bs)
+        elif code == 1:
+            dq_row_q4_0(raw3[r], out[r], f16t, hb)
+        elif code == 2:
+            dq_row_q5_0(raw3[r], out[r], f16t, hb)
+        elif code == 3:
+            dq_row_iq4_nl(raw3[r], out[r], f16t, kv, hb)
+        elif code == 4:
+            dq_row_q4_k(raw3[r], out[r], f16t, bs)
+        elif code == 5:
+            dq_row_q5_k(raw3[r], out[r], f16t, bs)
+        elif code == 6:
+            dq_row_q6_k(raw3[r], out[r], f16t, hb)
+        else:
+            dq_row_iq3_xxs(raw3[r], out[r], f16t, grid, ksigns)
+
+
+def dequantize_into_serial(qtype: QType, raw: np.ndarray, out: np.ndarray) -> None:
+    """dequantize_into on the calling thread only, releasing the GIL (same results, bit-exact)."""
+    code = _SERIAL_CODE.get(qtype)
+    if code is None:
+        dequantize_into(qtype, raw, out)      # float types: numpy copies
+        return
+    _, bsize = block_geometry(qtype)
+    _dq_serial(code, raw.reshape(raw.shape[0], -1, bsize), out, F16_TABLE, IQ4NL_VALUES, IQ3XXS_GRID,
+               IQ2_KSIGNS, QK, QK_HALF)
+
+
 def check_raw(qtype, raw: np.ndarray, n_cols: int):
     """Validate raw rows; returns (QType, C-contiguous uint8 2-D array)."""
     qtype = check_supported(qtype)

@@ -12,10 +12,19 @@ their trip count as a runtime argument (32 / 16) so LLVM vectorizes them instead
 and vectorizing over blocks. fastmath is limited to reassoc+contract (needed for vector reductions
 and FMA); nothing here is meant to be bit-exact.
 """
-import numpy as np
-from numba import njit, prange
+import os
 
-from .dequant import f16_at, k_scale_min
+# Numba's OpenMP workers must not busy-wait between the ~170 short parallel calls of a decode step:
+# libgomp's default spin (GOMP_SPINCOUNT 300k) turns into 10x slowdowns as soon as the 2 cores are
+# shared (measured: decode 0.9 -> 12.6 tok/s at load 10). Read by libgomp when Numba first starts
+# its thread pool, so it has to be in the environment before the first parallel kernel runs; an
+# explicit setting by the user wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+from numba import njit, prange  # noqa: E402
+
+from .dequant import f16_at, k_scale_min  # noqa: E402
 
 FM = {"reassoc", "contract"}
 F32 = np.float32
@@ -187,6 +196,14 @@ def dot_iq3_xxs(blk, x2, f16t, grid, ksigns):
 @njit(cache=True, parallel=True)
 def mv_q8_0(raw3, x3, out, f16t, bs):
     for r in prange(raw3.shape[0]):
+        for t in range(x3.shape[0]):
+            out[t, r] = dot_q8_0(raw3[r], x3[t], f16t, bs)
+
+
+@njit(cache=True)
+def mv_q8_0_serial(raw3, x3, out, f16t, bs):
+    """mv_q8_0 on the calling thread only: for small matrices a parallel launch costs more than it saves."""
+    for r in range(raw3.shape[0]):
         for t in range(x3.shape[0]):
             out[t, r] = dot_q8_0(raw3[r], x3[t], f16t, bs)
 

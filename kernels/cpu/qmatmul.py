@@ -7,11 +7,19 @@ Two paths, chosen by the number of tokens:
     and multiply it with BLAS (numpy.matmul); the whole matrix is never materialized.
 F32 weights go straight to BLAS; F16 / BF16 always take the tile path.
 """
+import ctypes
+import glob
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
 from . import matvec as mv
-from .dequant import QK, QK_HALF, F16_TABLE, IQ2_KSIGNS, IQ3XXS_GRID, IQ4NL_VALUES, check_raw, dequantize_into
+from .dequant import (QK, QK_HALF, F16_TABLE, IQ2_KSIGNS, IQ3XXS_GRID, IQ4NL_VALUES, check_raw, dequantize_into,
+                      dequantize_into_serial)
 from ..qtypes import block_geometry
 
 # Largest n_tok that uses the fused kernels (measured crossover on 2 Zen 4 cores, see bench).
@@ -52,6 +60,45 @@ def qmatmul(qtype, raw: np.ndarray, n_cols: int, x: np.ndarray, out: np.ndarray)
         matmul_tiled(qtype, raw, x, out)
 
 
+def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """out = x @ W.T for a PackedWeight (repack.py): the per-call hot path of the engine.
+
+    The weight was validated and its kernel views built once at load, so only x / out are checked
+    here (cheap attribute tests), and n_tok <= MATVEC_MAX_TOK goes straight to the fused kernel."""
+    if (type(x) is not np.ndarray or x.dtype != _F32 or x.ndim != 2 or x.shape[1] != w.n_in
+            or not x.flags.c_contiguous):
+        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous:
+            raise ValueError("x must be a C-contiguous float32 array (n_tok, n_cols)")
+        if x.shape[1] != w.n_in:
+            raise ValueError(f"x has {x.shape[1]} columns, the weights have {w.n_in}")
+    n_tok = x.shape[0]
+    if out is None:
+        out = np.empty((n_tok, w.n_out), dtype=_F32)
+    elif (type(out) is not np.ndarray or out.dtype != _F32 or out.shape != (n_tok, w.n_out)
+          or not out.flags.c_contiguous):
+        _check(w.qtype, w.raw, w.n_in, x, out)
+    if n_tok == 0 or w.n_out == 0:
+        return out
+    qtype = w.qtype
+    if qtype == _Q8_0 and n_tok <= MATVEC_MAX_TOK:
+        x3 = x.reshape(n_tok, w.nb, 32)
+        if w.small:
+            mv.mv_q8_0_serial(w.raw3, x3, out, F16_TABLE, QK)
+        else:
+            mv.mv_q8_0(w.raw3, x3, out, F16_TABLE, QK)
+    elif qtype == QType.F32:
+        np.matmul(x, w.raw.view(np.float32).T, out=out)
+    elif qtype in _FUSED and n_tok <= MATVEC_MAX_TOK:
+        matvec_fused(qtype, w.raw, x, out)
+    else:
+        matmul_tiled(qtype, w.raw, x, out)
+    return out
+
+
+_F32 = np.dtype(np.float32)
+_Q8_0 = QType.Q8_0
+
+
 def matvec_fused(qtype, raw, x, out):
     """Fused kernels, no checks (raw C-contiguous, shapes already validated)."""
     elems, bsize = block_geometry(qtype)
@@ -82,13 +129,69 @@ def matvec_fused(qtype, raw, x, out):
 
 
 def matmul_tiled(qtype, raw, x, out):
-    """Dequantize TILE_BYTES-sized row tiles to float32 and multiply them with BLAS."""
+    """Dequantize row tiles to float32 and multiply them with BLAS.
+
+    With n > 1 Numba threads the output rows are split into n contiguous parts, one per thread (the
+    caller + a persistent pool): each dequantizes its own tiles (GIL-free serial Numba) into its own
+    scratch and multiplies them with a single-threaded BLAS call. One level of threads only: OpenBLAS's
+    own pool is set to 1 thread (its busy-waiting workers and Numba's spinning OpenMP workers
+    alternating on 2 cores cost 2-10x under load, see perf notes)."""
     n_out = raw.shape[0]
     n_cols = x.shape[1]
     tile = max(16, min(n_out, TILE_BYTES // (4 * n_cols)) // 16 * 16)
-    scratch = np.empty((tile, n_cols), dtype=np.float32)
-    for r0 in range(0, n_out, tile):
-        r1 = min(n_out, r0 + tile)
+    n_par = min(numba.get_num_threads(), max(1, n_out // tile))
+    if n_par <= 1:
+        _tiles(qtype, raw, x, out, 0, n_out, tile, dequantize_into)
+        return
+    _blas_single_thread()
+    bounds = [n_out * i // n_par // 16 * 16 for i in range(n_par)] + [n_out]
+    pool = _pool(n_par - 1)
+    futs = [pool.submit(_tiles, qtype, raw, x, out, bounds[i], bounds[i + 1], tile, dequantize_into_serial)
+            for i in range(1, n_par)]
+    _tiles(qtype, raw, x, out, bounds[0], bounds[1], tile, dequantize_into_serial)
+    for f in futs:
+        f.result()
+
+
+def _tiles(qtype, raw, x, out, lo, hi, tile, dq):
+    scratch = np.empty((min(tile, hi - lo), x.shape[1]), dtype=np.float32)
+    for r0 in range(lo, hi, tile):
+        r1 = min(hi, r0 + tile)
         w = scratch[:r1 - r0]
-        dequantize_into(qtype, raw[r0:r1], w)
+        dq(qtype, raw[r0:r1], w)
         np.matmul(x, w.T, out=out[:, r0:r1])
+
+
+_POOL = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool(n_workers):
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < n_workers:
+            _POOL = ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="strata-qmatmul")
+        return _POOL
+
+
+_BLAS_DONE = False
+
+
+def _blas_single_thread():
+    """Set numpy's OpenBLAS to 1 thread (once); no-op when it cannot be found."""
+    global _BLAS_DONE
+    if _BLAS_DONE:
+        return
+    _BLAS_DONE = True
+    libdir = os.path.join(os.path.dirname(np.__file__), "..", "numpy.libs")
+    for path in glob.glob(os.path.join(libdir, "*openblas*.so*")):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                     "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn(ctypes.c_int(1))
+                return

@@ -1,11 +1,18 @@
-"""A float64 numpy forward pass of the llama-style models, straight from gguf.quants dequantization:
+"""A float64 numpy forward pass (activations rounded before each mat-mul as ggml does) of the llama-style models, straight from gguf.quants dequantization:
 the reference the engine's forward (int8 KV, int8 activations in matvec) is compared with."""
 import numpy as np
 from gguf.quants import dequantize
 
+from act_reference import round_like_ggml
+
 
 def _mat(w):
     return dequantize(np.asarray(w.raw), w.qtype).reshape(w.n_out, w.n_in).astype(np.float64)
+
+
+def _mm(x, w):
+    """x @ W.T with the activations rounded as ggml (and the engine) round them for W's type."""
+    return round_like_ggml(w.qtype, x).astype(np.float64) @ _mat(w).T
 
 
 def _rmsnorm(x, w, eps):
@@ -44,7 +51,7 @@ def reference_logits(cfg, weights, ids, int8_kv=True, k_scales=None):
     mask = np.triu(np.full((n, n), -np.inf), 1)
     for li, lw in enumerate(weights.layers):
         h = _rmsnorm(x, lw.attn_norm, cfg.rms_eps)
-        q, k, v = h @ _mat(lw.attn_q).T, h @ _mat(lw.attn_k).T, h @ _mat(lw.attn_v).T
+        q, k, v = _mm(h, lw.attn_q), _mm(h, lw.attn_k), _mm(h, lw.attn_v)
         if lw.attn_q_bias is not None:
             q, k, v = q + lw.attn_q_bias, k + lw.attn_k_bias, v + lw.attn_v_bias
         q = q.reshape(n, cfg.n_heads, cfg.head_dim)
@@ -62,8 +69,8 @@ def reference_logits(cfg, weights, ids, int8_kv=True, k_scales=None):
             s = q[:, hd] @ k[:, hd // group].T / np.sqrt(cfg.head_dim) + mask
             p = np.exp(s - s.max(-1, keepdims=True))
             out[:, hd] = (p / p.sum(-1, keepdims=True)) @ v[:, hd // group]
-        x = x + out.reshape(n, -1) @ _mat(lw.attn_output).T
+        x = x + _mm(out.reshape(n, -1), lw.attn_output)
         h = _rmsnorm(x, lw.ffn_norm, cfg.rms_eps)
-        g, u = h @ _mat(lw.ffn_gate).T, h @ _mat(lw.ffn_up).T
-        x = x + (g / (1 + np.exp(-g)) * u) @ _mat(lw.ffn_down).T
-    return _rmsnorm(x, weights.output_norm, cfg.rms_eps) @ _mat(weights.output).T
+        g, u = _mm(h, lw.ffn_gate), _mm(h, lw.ffn_up)
+        x = x + _mm(g / (1 + np.exp(-g)) * u, lw.ffn_down)
+    return _mm(_rmsnorm(x, weights.output_norm, cfg.rms_eps), weights.output)

@@ -12,6 +12,11 @@ from tiny_model import write_tiny_model
 # spread (measured: 1e-6 .. 5e-7). 1e-4 leaves room for summation order, while a wrong rope, mask,
 # bias or GQA mapping moves logits by several percent.
 REL_TOL = 1e-4
+# Another chunking of the same prompt changes float32 summation order (BLAS blocking), which can flip
+# an int8 rounding (activation or KV) by one step = 1/127 of its block's largest value; the random
+# tiny models amplify that to ~1% of the logit spread (measured 1.1%). A wrong position, mask or
+# page mapping moves logits by tens of percent.
+FLIP_TOL = 0.03
 
 
 @pytest.fixture(scope="module", params=[("qwen2", QT.Q8_0), ("qwen3", QT.Q4_K), ("llama", QT.Q5_0)],
@@ -41,8 +46,7 @@ def test_cached_prefix_gives_the_same_logits(tiny):
     full = tiny.logits(ids)
     tiny.eval(ids[:23], 0, [])                      # fill the cache with a prefix
     rest = tiny.eval(ids[23:], 23, np.arange(len(ids) - 23))
-    # another chunking changes float32 summation order, which can flip an int8 KV rounding by one step
-    np.testing.assert_allclose(rest, full[23:], rtol=0, atol=2e-3 * np.abs(full).max())
+    np.testing.assert_allclose(rest, full[23:], rtol=0, atol=FLIP_TOL * np.abs(full).max())
 
 
 def test_chunked_prompt_equals_one_pass(tiny):
@@ -53,7 +57,7 @@ def test_chunked_prompt_equals_one_pass(tiny):
         chunked = tiny.logits(ids)
     finally:
         tiny.n_batch = 512
-    np.testing.assert_allclose(chunked, one, rtol=0, atol=2e-3 * np.abs(one).max())
+    np.testing.assert_allclose(chunked, one, rtol=0, atol=FLIP_TOL * np.abs(one).max())
 
 
 def test_generate_greedy_is_the_argmax_chain(tiny):

@@ -3,23 +3,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
+from act_reference import ref_q8_0 as _ref_q8_0, ref_q8_k as _ref_q8_k
 from strata_lite.kernels.cpu.act_quant import round_activations
-
-
-def _ref_q8_0(x):
-    b = x.reshape(x.shape[0], -1, 32)
-    d = np.abs(b).max(-1, keepdims=True) / np.float32(127)
-    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
-    return (np.rint(b * inv) * d.astype(np.float16).astype(np.float32)).reshape(x.shape)
-
-
-def _ref_q8_k(x):
-    b = x.reshape(x.shape[0], -1, 256)
-    idx = np.abs(b).argmax(-1)[..., None]
-    mx = np.take_along_axis(b, idx, -1)
-    iscale = np.where(mx != 0, np.float32(-127) / np.where(mx != 0, mx, 1), 0).astype(np.float32)
-    s = np.where(iscale != 0, np.float32(1) / np.where(iscale != 0, iscale, 1), 0).astype(np.float32)
-    return (np.minimum(127, np.rint(iscale * b)) * s).reshape(x.shape)
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e-3, 3e-6, 1e3])

@@ -1,0 +1,172 @@
+"""Load-time weight preparation for the CPU backend: lossless repacking + precomputed kernel views.
+
+Q4_0, Q5_0 and IQ4_NL blocks are exactly representable as Q8_0 blocks: every weight is
+``f16 d * small integer`` and the integers (-8..7, -16..15, the IQ4_NL table -127..113) fit int8, so a
+block becomes ``d`` (same 2 bytes) + 32 int8 = a genuine Q8_0 block (34 bytes per 32 weights, 8.5
+bits/weight). gguf dequantizes both as one float32 product ``d * float32(q)``, so the repacked matrix
+dequantizes bit-identically, and every such matrix runs the Q8_0 kernels (5-8x faster per weight than
+the Q5_0 one, whose 5th-bit unpacking does not vectorize).
+
+K-quants are not repacked: an int8 + exact-scale layout needs more than 8.5 bits/weight (Q6_K: 256
+int8 + 16 int8 scales + f16 d = 8.56 bpw; Q4_K: 8.625 bpw).
+
+`PackedWeight` is a drop-in for the loader's QuantTensor (name, qtype, n_out, n_in, raw, nbytes), so
+embed() / dequantize() keep working on it; it also keeps the reshaped views the matvec kernels take,
+so the per-call path does no validation of the weight and no reshaping.
+"""
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+from gguf import GGMLQuantizationType as QType
+from numba import njit, prange
+
+from .dequant import IQ4NL_VALUES, check_raw
+from ..qtypes import block_geometry
+
+REPACK_TO_Q8_0 = frozenset({QType.Q4_0, QType.Q5_0, QType.IQ4_NL})
+IQ4NL_I8 = IQ4NL_VALUES.astype(np.int8)            # the table is integral, -127..113
+
+
+@njit(cache=True, parallel=True)
+def _q4_0_to_q8_0(src, dst, hb):
+    # src (n_blocks, 18): d, 16 bytes (lo nibbles = values 0..15, hi = 16..31); dst (n_blocks, 34)
+    for b in prange(src.shape[0]):
+        dst[b, 0] = src[b, 0]
+        dst[b, 1] = src[b, 1]
+        for j in range(hb):
+            v = src[b, 2 + j]
+            dst[b, 2 + j] = np.uint8((v & 15) - 8)      # uint8 wraparound = the int8 two's complement
+            dst[b, 18 + j] = np.uint8((v >> 4) - 8)
+
+
+@njit(cache=True, parallel=True)
+def _q5_0_to_q8_0(src, dst, hb):
+    # src (n_blocks, 22): d, qh (u32 LE: bit j = 5th bit of value j), 16 nibble bytes
+    for b in prange(src.shape[0]):
+        dst[b, 0] = src[b, 0]
+        dst[b, 1] = src[b, 1]
+        qh = (np.uint32(src[b, 2]) | (np.uint32(src[b, 3]) << 8) | (np.uint32(src[b, 4]) << 16)
+              | (np.uint32(src[b, 5]) << 24))
+        for j in range(hb):
+            v = np.uint32(src[b, 6 + j])
+            lo = (v & 15) | (((qh >> j) & 1) << 4)
+            hi = (v >> 4) | (((qh >> (j + 16)) & 1) << 4)
+            dst[b, 2 + j] = np.uint8((lo - 16) & 255)
+            dst[b, 18 + j] = np.uint8((hi - 16) & 255)
+
+
+@njit(cache=True, parallel=True)
+def _iq4_nl_to_q8_0(src, dst, kv, hb):
+    for b in prange(src.shape[0]):
+        dst[b, 0] = src[b, 0]
+        dst[b, 1] = src[b, 1]
+        for j in range(hb):
+            v = src[b, 2 + j]
+            dst[b, 2 + j] = np.uint8(kv[v & 15])
+            dst[b, 18 + j] = np.uint8(kv[v >> 4])
+
+
+def repack_to_q8_0(qtype, raw: np.ndarray, n_cols: int) -> np.ndarray:
+    """Q4_0 / Q5_0 / IQ4_NL rows -> Q8_0 rows (uint8 (n_rows, n_cols // 32 * 34)), lossless."""
+    qtype, raw = check_raw(qtype, raw, n_cols)
+    if qtype not in REPACK_TO_Q8_0:
+        raise ValueError(f"{qtype.name} has no lossless Q8_0 repacking")
+    n_rows = raw.shape[0]
+    nb = n_cols // 32
+    src = raw.reshape(n_rows * nb, block_geometry(qtype)[1])
+    dst = np.empty((n_rows * nb, 34), dtype=np.uint8)
+    if n_rows * nb:
+        if qtype == QType.Q4_0:
+            _q4_0_to_q8_0(src, dst, 16)
+        elif qtype == QType.Q5_0:
+            _q5_0_to_q8_0(src, dst, 16)
+        else:
+            _iq4_nl_to_q8_0(src, dst, IQ4NL_I8, 16)
+    return dst.reshape(n_rows, nb * 34)
+
+
+class PackedWeight:
+    """A weight matrix prepared for the CPU kernels; same attributes as loader.weights.QuantTensor.
+
+    qtype / raw are what the kernels read (Q8_0 for repacked types); src_qtype is the file's type.
+    raw3 is raw viewed (n_out, n_blocks, block_nbytes) for the fused kernels (None for float types).
+    """
+    __slots__ = ("name", "qtype", "n_out", "n_in", "raw", "src_qtype", "raw3", "nb", "elems", "small", "final")
+
+    def __init__(self, name, qtype, n_out, n_in, raw, src_qtype=None, final=True):
+        qtype, raw = check_raw(qtype, raw, n_in)
+        if raw.shape[0] != n_out:
+            raise ValueError(f"{name}: raw has {raw.shape[0]} rows, expected {n_out}")
+        self.name, self.qtype, self.n_out, self.n_in, self.raw = name, qtype, int(n_out), int(n_in), raw
+        self.src_qtype = qtype if src_qtype is None else QType(int(src_qtype))
+        elems, bsize = block_geometry(qtype)
+        self.elems = elems
+        self.nb = self.n_in // elems
+        self.raw3 = raw.reshape(self.n_out, self.nb, bsize) if elems > 1 else None
+        # matrices this small run single-threaded in the matvec path: a parallel launch (thread
+        # wake-up + barrier) costs more than it saves (see perf/bench_cpu_kernels.py)
+        self.small = raw.nbytes < SMALL_BYTES
+        # False: kept in a repackable layout on purpose (row lookups only); qmatmul repacks a copy
+        self.final = bool(final)
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.nbytes
+
+    def __repr__(self):
+        src = "" if self.src_qtype == self.qtype else f" (from {self.src_qtype.name})"
+        return f"PackedWeight({self.name!r}, {self.qtype.name}{src}, {self.n_out}x{self.n_in})"
+
+
+# below this many weight bytes the matvec runs on the calling thread only
+SMALL_BYTES = 160 * 1024
+
+
+def pack_weight(w, repack: bool = True, release_source: bool = True) -> PackedWeight:
+    """QuantTensor-like w -> PackedWeight, repacked to Q8_0 when that is lossless (and `repack`).
+
+    With release_source, the pages of the original (memory-mapped) bytes of a repacked matrix are
+    dropped from the process (madvise MADV_DONTNEED): they were read once and are not needed again
+    (anything touching them later just faults them back in from the page cache)."""
+    if isinstance(w, PackedWeight):
+        return w
+    qtype = QType(int(w.qtype))
+    if repack and qtype in REPACK_TO_Q8_0:
+        packed = repack_to_q8_0(qtype, w.raw, w.n_in)
+        if release_source:
+            release_pages(w.raw)
+        return PackedWeight(w.name, QType.Q8_0, w.n_out, w.n_in, packed, src_qtype=qtype)
+    return PackedWeight(w.name, qtype, w.n_out, w.n_in, w.raw)
+
+
+def _mmap_root(arr):
+    """(mmap.mmap, numpy array spanning it from its start) behind arr, or (None, None)."""
+    base, prev = arr, None
+    while base is not None and not isinstance(base, mmap.mmap):
+        prev, base = base, getattr(base, "base", None)
+    if base is None or not isinstance(prev, np.ndarray):
+        return None, None
+    return base, prev
+
+
+def release_pages(arr) -> bool:
+    """madvise(MADV_DONTNEED) the whole pages under a view of a read-only memory map. False if arr
+    is not such a view (nothing done)."""
+    mm, root = _mmap_root(arr)
+    if mm is None or not hasattr(mm, "madvise") or arr.nbytes == 0:
+        return False
+    start = arr.ctypes.data - root.ctypes.data        # np.memmap(offset=0) starts at the map's start
+    if start < 0 or start + arr.nbytes > len(mm) or getattr(root, "offset", 0):
+        return False
+    page = mmap.PAGESIZE
+    lo = (start + page - 1) // page * page            # only pages entirely inside the tensor
+    hi = (start + arr.nbytes) // page * page
+    if hi <= lo:
+        return False
+    try:
+        mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    except (OSError, ValueError):
+        return False
+    return True
