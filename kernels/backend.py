@@ -23,6 +23,11 @@ class Backend(ABC):
     def upload_weight(self, w):
         """Make a weight matrix (QuantTensor) usable by this backend; returns what `qmatmul` takes."""
 
+    @abstractmethod
+    def fuse_rows(self, weights):
+        """One weight holding the rows of `weights` in order (for matrices that read the same input),
+        or None when they cannot share one kernel."""
+
     # compute (outputs are returned newly allocated unless `out` is given)
     @abstractmethod
     def embed(self, w, token_ids):
@@ -45,6 +50,9 @@ class Backend(ABC):
         """a * b with numpy broadcasting (per-channel factors over rows)."""
     @abstractmethod
     def take_rows(self, x, rows): ...
+    @abstractmethod
+    def split_cols(self, x, widths):
+        """(n, sum(widths)) -> contiguous (n, w) pieces, in order."""
 
     # KV cache: arrays per layer, layout (n_pages, page_size, n_kv_heads, head_dim) int8 + scales
     @abstractmethod

@@ -63,6 +63,12 @@ def _q8_k_rows(x, out):
                 out[i, j] = np.float32(min(127.0, np.rint(iscale * x[i, j]))) * s
 
 
+def activation_format(qtype) -> str | None:
+    """How activations are rounded before a mat-mul with this weight type: "q8_0", "q8_k" or None."""
+    qtype = QType(int(qtype))
+    return "q8_0" if qtype in Q8_0_ACT else "q8_k" if qtype in Q8_K_ACT else None
+
+
 def round_activations(qtype, x: np.ndarray) -> np.ndarray:
     """x (n, n_in) float32 -> a new array with llama.cpp's activation rounding for this weight type
     (x itself for float weight types)."""

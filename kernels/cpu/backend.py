@@ -5,7 +5,7 @@ import numba
 import numpy as np
 
 from ..backend import Backend
-from .act_quant import round_activations
+from .act_quant import activation_format, round_activations
 from .attention import attention, kv_store
 from .dequant import dequantize
 from .elementwise import add, rmsnorm, rope, silu_mul
@@ -47,6 +47,17 @@ class CpuBackend(Backend):
         if w.name.startswith("token_embd"):
             return PackedWeight(w.name, w.qtype, w.n_out, w.n_in, w.raw, final=not self.repack)
         return pack_weight(w, repack=self.repack)
+
+    def fuse_rows(self, weights):
+        ws = list(weights)
+        if not all(type(w) is PackedWeight and w.final for w in ws):
+            return None
+        if len({w.qtype for w in ws}) != 1 or len({w.n_in for w in ws}) != 1 \
+                or len({activation_format(w.src_qtype) for w in ws}) != 1:
+            return None
+        raw = np.concatenate([w.raw for w in ws])
+        return PackedWeight("+".join(w.name for w in ws), ws[0].qtype, raw.shape[0], ws[0].n_in, raw,
+                            src_qtype=ws[0].src_qtype)
 
     def embed(self, w, token_ids):
         ids = np.asarray(token_ids, dtype=np.int64)
@@ -94,6 +105,13 @@ class CpuBackend(Backend):
 
     def mul(self, a, b, out=None):
         return np.multiply(a, b, out=out)
+
+    def split_cols(self, x, widths):
+        out, at = [], 0
+        for w in widths:
+            out.append(np.ascontiguousarray(x[:, at:at + w]))
+            at += w
+        return out
 
     def take_rows(self, x, rows):
         return np.ascontiguousarray(x[np.asarray(rows, dtype=np.int64)])

@@ -41,9 +41,7 @@ class Transformer:
         for i, (lw, hw) in enumerate(zip(self.layers, self.weights.layers)):
             h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps)
             obs(h, hw.attn_q, hw.attn_k, hw.attn_v)
-            q = _linear(be, lw.attn_q, h, lw.attn_q_bias).reshape(n, cfg.n_heads, cfg.head_dim)
-            k = _linear(be, lw.attn_k, h, lw.attn_k_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
-            v = _linear(be, lw.attn_v, h, lw.attn_v_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
+            q, k, v = _project_qkv(be, cfg, lw, h)
             if cfg.qk_norm:
                 q = be.rmsnorm(q.reshape(-1, cfg.head_dim), lw.attn_q_norm, cfg.rms_eps).reshape(q.shape)
                 k = be.rmsnorm(k.reshape(-1, cfg.head_dim), lw.attn_k_norm, cfg.rms_eps).reshape(k.shape)
@@ -60,8 +58,10 @@ class Transformer:
             be.add(x, o, out=x)
             h = be.rmsnorm(x, lw.ffn_norm, cfg.rms_eps)
             obs(h, hw.ffn_gate, hw.ffn_up)
-            g = be.qmatmul(lw.ffn_gate, h)
-            u = be.qmatmul(lw.ffn_up, h)
+            if lw.gate_up is not None:
+                g, u = be.split_cols(be.qmatmul(lw.gate_up, h), (cfg.n_ff, cfg.n_ff))
+            else:
+                g, u = be.qmatmul(lw.ffn_gate, h), be.qmatmul(lw.ffn_up, h)
             act = be.silu_mul(g, u, out=g)
             obs(act, hw.ffn_down)
             be.add(x, be.qmatmul(lw.ffn_down, act), out=x)
@@ -82,6 +82,17 @@ class _Layer:
         for name in self.VECTORS:
             v = getattr(lw, name)
             setattr(self, name, None if v is None else be.from_host(v))
+        # matrices that read the same input become one mat-mul where the backend can fuse them
+        # (fewer kernel launches per token); the separate copies are then dropped
+        self.qkv = be.fuse_rows([self.attn_q, self.attn_k, self.attn_v])
+        self.qkv_bias = None
+        if self.qkv is not None:
+            if lw.attn_q_bias is not None:
+                self.qkv_bias = be.from_host(np.concatenate([lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias]))
+            self.attn_q = self.attn_k = self.attn_v = None
+        self.gate_up = be.fuse_rows([self.ffn_gate, self.ffn_up])
+        if self.gate_up is not None:
+            self.ffn_gate = self.ffn_up = None
 
 
 def _observe(be, observer):
@@ -94,6 +105,18 @@ def _observe(be, observer):
         for w in ws:
             observer(w.name, xh)
     return obs
+
+
+def _project_qkv(be, cfg, lw, h):
+    """-> q (n, n_heads, head_dim), k and v (n, n_kv_heads, head_dim)."""
+    n, q_dim, kv_dim = h.shape[0], cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    if lw.qkv is not None:
+        q, k, v = be.split_cols(_linear(be, lw.qkv, h, lw.qkv_bias), (q_dim, kv_dim, kv_dim))
+    else:
+        q, k, v = (_linear(be, lw.attn_q, h, lw.attn_q_bias), _linear(be, lw.attn_k, h, lw.attn_k_bias),
+                   _linear(be, lw.attn_v, h, lw.attn_v_bias))
+    return (q.reshape(n, cfg.n_heads, cfg.head_dim), k.reshape(n, cfg.n_kv_heads, cfg.head_dim),
+            v.reshape(n, cfg.n_kv_heads, cfg.head_dim))
 
 
 def _linear(be, w, x, bias):
