@@ -55,6 +55,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="device KV cache capacity in tokens (default ctx-size x parallel)")
     p.add_argument("--step-tokens", type=_positive_int, default=256,
                    help="prompt tokens computed per engine step, next to the decodes (default 256)")
+    p.add_argument("--decode-share", type=_nonneg_float, default=0.75,
+                   help="while prompts are read, decoding requests keep this share of their speed "
+                        "(default 0.75; 0 = no time budget, only --step-tokens)")
     p.add_argument("--host-kv-gib", type=_nonneg_float, default=None,
                    help="host RAM for parked KV, GiB (default: a quarter of the available RAM)")
     p.add_argument("--max-queue", type=int, default=64,
@@ -73,7 +76,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 def config_from_args(args):
     from strata_lite.config import EngineConfig
     return EngineConfig(model=args.model, backend=args.backend, n_ctx=args.ctx_size, parallel=args.parallel,
-                        kv_tokens=args.kv_tokens, step_tokens=args.step_tokens, host_kv_gib=args.host_kv_gib,
+                        kv_tokens=args.kv_tokens, step_tokens=args.step_tokens, decode_share=args.decode_share, host_kv_gib=args.host_kv_gib,
                         max_queue=args.max_queue, threads=args.threads)
 
 

@@ -15,6 +15,8 @@ class EngineConfig:
     parallel: int = 2                 # slots: max concurrently running sequences
     kv_tokens: int | None = None      # device KV capacity in tokens; default n_ctx * parallel
     step_tokens: int = 256            # prompt-token budget per engine step (decodes always run)
+    decode_share: float | None = 0.75 # while prompts are read, decoding sequences keep this share of their
+                                      # decode-only speed (a time budget on reads); None/0 = token budget only
     host_kv_gib: float | None = None  # host pool limit; default: 25% of available RAM at start
     max_queue: int = 64               # waiting requests beyond this -> QueueFull
     threads: int | None = None
@@ -26,6 +28,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.n_ctx < 2:
             raise ValueError("n_ctx must be >= 2 (a prompt token and a generated one)")
+        if self.decode_share is not None and not 0.0 <= self.decode_share < 1.0:
+            raise ValueError(f"decode_share must be in [0, 1), got {self.decode_share!r}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue!r}")
         if self.kv_tokens is not None and self.kv_tokens < self.n_ctx:

@@ -34,6 +34,7 @@ __all__ = ["Engine", "EngineConfig", "RequestHandle", "PromptTooLong", "QueueFul
            "TokenEvent", "DoneEvent", "ErrorEvent", "log_softmax"]
 log = logging.getLogger("strata_lite")
 MAX_LOGPROBS = 20
+MAX_STEP_RATIO = 3.0     # with the time budget on, no step takes longer than this many decode-only steps
 
 
 class Engine:
@@ -167,7 +168,8 @@ class Engine:
         self._runner = runner = ModelRunner(loaded, cfg.device_kv_tokens, cfg.page_size, cfg.host_kv_bytes())
         self._sched = Scheduler(runner.kv, runner.host, runner.copier, n_slots=cfg.parallel,
                                 step_tokens=cfg.step_tokens, eog_ids=loaded.tokenizer.eog_ids,
-                                max_seq_len=cfg.n_ctx, clock=self.clock)
+                                max_seq_len=cfg.n_ctx, clock=self.clock, decode_share=cfg.decode_share or None,
+                                max_step_ratio=MAX_STEP_RATIO)
         self.tokenizer, self.chat_template = loaded.tokenizer, loaded.chat_template
         self.model_id = Path(loaded.path).stem
         log.info("loaded %s (%s) on %s in %.1f s; KV: %d tokens on the device (%.0f MiB), host pool %.2f GiB; "
@@ -213,9 +215,13 @@ class Engine:
             for seq in list(self._sched.running):
                 self._fail(self._active[seq.id], f"the engine failed to schedule this request: {e}")
             return
-        for rec in self._sched.pop_records():
+        records = self._sched.pop_records()
+        for rec in records:
             self.metrics.admitted(rec)
             self._activity.admitted(rec, self._runner.copier.restore_s - restore0)
+        if records:                          # /slots and the gauges show admitted requests while they read
+            with self._cond:
+                self._publish()
         if plan is None:
             self._unplaceable()
             return
@@ -226,6 +232,7 @@ class Engine:
             self._abort_plan(plan, f"the forward pass failed: {e}")
             return
         tokens, failed = [], {}
+        slot_of = {seq.id: seq.slot for seq in plan.logit_seqs}   # complete_step frees the slots of finished ones
         for seq, row in zip(plan.logit_seqs, logits):
             act = self._active[seq.id]
             try:
@@ -239,20 +246,26 @@ class Engine:
             try:
                 if ev.seq.id in failed:
                     raise RuntimeError(failed[ev.seq.id])
-                self._on_token(act, ev.token, ev.finish_reason)
+                self._on_token(act, ev.token, ev.finish_reason, slot_of.get(ev.seq.id, ev.seq.slot))
             except Exception as e:           # noqa: BLE001
                 if ev.seq.id not in failed:
                     log.exception("%s: handling its token failed", ev.seq.id)
                 self._fail(act, str(e))
         self._activity.after_step(self._sched.running)
-        self.metrics.step.observe(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        td = self._sched.t_decode
+        if plan.n_decode and td and took > 1.5 * MAX_STEP_RATIO * td:
+            log.info("slow step: %.0f ms (%d decodes + %d prompt tokens; decode step %.0f ms, %.1f ms/prompt token)",
+                     took * 1e3, plan.n_decode, plan.n_read, td * 1e3, (self._sched.t_read_token or 0) * 1e3)
+        self._sched.observe_step(plan, took - (self._runner.copier.restore_s - restore0))
+        self.metrics.step.observe(took)
         with self._cond:
             self._publish()
 
     def _sample(self, act: RequestState, row: np.ndarray) -> int:
         return act.sample(row)
 
-    def _on_token(self, act: RequestState, token: int, reason: str | None) -> None:
+    def _on_token(self, act: RequestState, token: int, reason: str | None, slot: int) -> None:
         now, seq = self.clock(), act.seq
         if act.t_first is None:
             act.t_first = now
@@ -261,7 +274,7 @@ class Engine:
             self.metrics.inter_token.observe(now - act.t_last)
         act.t_last = now
         self.metrics.generated.inc()
-        self._activity.token(seq.slot, seq.id)
+        self._activity.token(slot, seq.id)
         piece = act.push(token, finishing=reason is not None)
         if act.stopped:                      # a stop string (the text is cut before it)
             if reason is None:

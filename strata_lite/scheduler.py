@@ -25,9 +25,12 @@ from .step_plan import StepEvent, StepPlan, build_plan
 
 class Scheduler:
     def __init__(self, kv, host, copier, n_slots: int = 4, step_tokens: int = 256, eog_ids=(),
-                 max_seq_len: int | None = None, clock=time.monotonic, keep_records: int = 4096):
+                 max_seq_len: int | None = None, clock=time.monotonic, keep_records: int = 4096,
+                 decode_share: float | None = None, max_step_ratio: float = 3.0):
         if n_slots < 1 or step_tokens < 1:
             raise ValueError("n_slots and step_tokens must be >= 1")
+        if decode_share is not None and not (0 < decode_share < 1 and max_step_ratio > 1):
+            raise ValueError("decode_share must be in (0, 1) and max_step_ratio > 1")
         self.tiers = TieredKV(kv, host, copier)
         self.n_slots, self.step_tokens, self.eog_ids = n_slots, step_tokens, frozenset(eog_ids)
         self.capacity = kv.n_pages * kv.page_size          # tokens one sequence alone can hold
@@ -41,6 +44,13 @@ class Scheduler:
         self.counters = dict(admissions=0, tokens_reused=0, tokens_restored=0, tokens_read=0,
                              needless_read_tokens=0, evicted_for_memory_tokens=0, preemptions=0, steps=0,
                              decode_tokens=0, prompt_tokens_computed=0)
+        # Time budget for reads while sequences decode (off when decode_share is None): the engine reports
+        # every step's seconds (observe_step); decoders keep decode_share of their decode-only speed and
+        # no step takes more than max_step_ratio decode-only steps. Without decoders: step_tokens only.
+        self.decode_share, self.max_step_ratio = decode_share, max_step_ratio
+        self.t_decode: float | None = None       # EMA, seconds of a decode-only step
+        self.t_read_token: float | None = None   # EMA, extra seconds per prompt token in a step with decodes
+        self.read_credit = 0.0                   # seconds of read time the decoders can still give
 
     # requests in and out
     def add(self, request: Request | Sequence) -> Sequence:
@@ -92,6 +102,8 @@ class Scheduler:
             if seq.is_running and self._fit(seq, 1, work):
                 work[seq] = 1
         n_decode, budget = len(work), self.step_tokens
+        if n_decode and self.decode_share is not None:
+            budget = min(budget, self._read_budget())
         for seq in [s for s in self.running if s.status is SeqStatus.READING]:
             if budget <= 0:
                 break
@@ -131,6 +143,40 @@ class Scheduler:
             if ev.finish_reason:
                 self.finish(ev.seq, ev.finish_reason)
         return events
+
+    # time budget
+    PROBE_TOKENS = 4          # prompt tokens of the first mixed step, before their cost is known
+    EMA = 0.2
+
+    def _read_budget(self) -> int:
+        """Prompt tokens allowed next to the decodes: none until a decode-only step was timed, a probe
+        until a mixed one was, then what the read credit pays for, at most (max_step_ratio - 1) decode steps."""
+        if self.t_decode is None:
+            return 0
+        if self.t_read_token is None:
+            return self.PROBE_TOKENS
+        extra = min(self.read_credit, (self.max_step_ratio - 1) * self.t_decode)
+        if self.t_read_token <= 0:
+            return self.step_tokens
+        return max(0, int(extra / self.t_read_token))
+
+    def observe_step(self, plan: StepPlan, seconds: float) -> None:
+        """The engine's measure of one step (forward and sampling); feeds the time budget."""
+        if self.decode_share is None or not plan.n_decode:
+            return
+        ema = lambda old, x: x if old is None else old + self.EMA * (x - old)    # noqa: E731
+        if not plan.n_read:
+            self.t_decode = ema(self.t_decode, seconds)
+            extra = 0.0
+        elif self.t_decode is None:
+            return
+        else:
+            extra = max(0.0, seconds - self.t_decode)
+            per = extra / plan.n_read          # a dearer token counts at once, a cheaper one slowly
+            self.t_read_token = per if self.t_read_token is None or per > self.t_read_token \
+                else ema(self.t_read_token, per)
+        cap = (self.max_step_ratio - 1) * self.t_decode
+        self.read_credit = min(cap, self.read_credit + self.t_decode * (1 / self.decode_share - 1) - extra)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         if token in self.eog_ids:

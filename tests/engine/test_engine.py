@@ -311,7 +311,8 @@ def test_sampling_error_fails_one_request(engine, llm):
 
 def test_memory_pressure_parks_and_restores(model_path, llm):
     """KV for one sequence only: sequences are parked to the host and restored, tokens unchanged."""
-    eng = _engine(model_path, kv_tokens=N_CTX, step_tokens=32)
+    # token budget only: reads must overlap the first sequence's decode for memory to run short
+    eng = _engine(model_path, kv_tokens=N_CTX, step_tokens=32, decode_share=None)
     try:
         prompts = [prompt_of(200 + i, n) for i, n in enumerate((50, 70, 90))]
         handles = [eng.submit(req(p, max_tokens=30)) for p in prompts]
