@@ -42,9 +42,9 @@ def reference_activations(cfg, weights, ids, k_scales):
         h = ref._rmsnorm(x, lw.attn_norm, cfg.rms_eps)
         for w in (lw.attn_q, lw.attn_k, lw.attn_v):
             acts[w.name] = h
-        q = (h @ ref._mat(lw.attn_q).T + lw.attn_q_bias).reshape(n, cfg.n_heads, cfg.head_dim)
-        k = (h @ ref._mat(lw.attn_k).T + lw.attn_k_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
-        v = (h @ ref._mat(lw.attn_v).T + lw.attn_v_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
+        q = (ref._mm(h, lw.attn_q) + lw.attn_q_bias).reshape(n, cfg.n_heads, cfg.head_dim)
+        k = (ref._mm(h, lw.attn_k) + lw.attn_k_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
+        v = (ref._mm(h, lw.attn_v) + lw.attn_v_bias).reshape(n, cfg.n_kv_heads, cfg.head_dim)
         q = ref._rope(q, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
         k = ref._rope(k, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
         k, v = ref._int8_roundtrip(k / k_scales[li]) * k_scales[li], ref._int8_roundtrip(v)
@@ -55,13 +55,13 @@ def reference_activations(cfg, weights, ids, k_scales):
             out[:, hd] = (p / p.sum(-1, keepdims=True)) @ v[:, hd // group]
         a = out.reshape(n, -1)
         acts[lw.attn_output.name] = a
-        x = x + a @ ref._mat(lw.attn_output).T
+        x = x + ref._mm(a, lw.attn_output)
         h = ref._rmsnorm(x, lw.ffn_norm, cfg.rms_eps)
         acts[lw.ffn_gate.name] = acts[lw.ffn_up.name] = h
-        g, u = h @ ref._mat(lw.ffn_gate).T, h @ ref._mat(lw.ffn_up).T
+        g, u = ref._mm(h, lw.ffn_gate), ref._mm(h, lw.ffn_up)
         act = g / (1 + np.exp(-g)) * u
         acts[lw.ffn_down.name] = act
-        x = x + act @ ref._mat(lw.ffn_down).T
+        x = x + ref._mm(act, lw.ffn_down)
     acts[weights.output.name] = ref._rmsnorm(x, weights.output_norm, cfg.rms_eps)
     return acts
 

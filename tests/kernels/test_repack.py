@@ -4,6 +4,7 @@ match the float64 reference like the unpacked kernels (same tolerance as test_qm
 from types import SimpleNamespace
 
 import gguf.quants
+from act_reference import round_like_ggml
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
@@ -66,8 +67,11 @@ def test_pack_weight_views_and_types():
 
 
 def _reference(raw, qtype, x):
+    """float64 product with the activations rounded as ggml rounds them for this weight type (the
+    backend does the same, act_quant.py), and the scale |x||W| the tolerance is relative to."""
     w64 = gguf.quants.dequantize(raw, qtype).astype(np.float64)
-    return x.astype(np.float64) @ w64.T, np.abs(x.astype(np.float64)) @ np.abs(w64).T
+    xr = round_like_ggml(qtype, x).astype(np.float64)
+    return xr @ w64.T, np.abs(xr) @ np.abs(w64).T
 
 
 @pytest.mark.parametrize("n_tok", [1, 3, 40])
