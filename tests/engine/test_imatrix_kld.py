@@ -17,7 +17,7 @@ from strata_lite.loader.imatrix_file import ImatrixData, load_imatrix, save_imat
 from strata_lite.loader.quantize_file import quantize_file
 from tiny_model import write_tiny_model
 
-GOLDEN_NPZ = Path("/work/shared/golden/qwen2.5-coder-0.5b-instruct-q4_k_m/imatrix_argparse20.npz")
+GOLDEN_NPZ = Path(__file__).resolve().parent.parent / "data" / "imatrix_argparse20.npz"   # llama.cpp golden set
 TEXT = ("def heappush(heap, item):\n    heap.append(item)\n    _siftdown(heap, 0, len(heap)-1)\n\n"
         "hello world, hello tiny model; the llo and lo merges help a little. " * 3)
 CTX = 32
@@ -107,8 +107,6 @@ def test_imatrix_file_round_trips(tiny, tmp_path):
 
 
 def test_golden_npz_layout_loads():
-    if not GOLDEN_NPZ.is_file():
-        pytest.skip("golden imatrix not present")
     w = load_imatrix(GOLDEN_NPZ).weights()
     assert len(w) == 169 and w["blk.0.ffn_down.weight"].shape == (4864,)
     z = np.load(GOLDEN_NPZ)
