@@ -13,7 +13,7 @@ from strata_lite.imatrix import collect_imatrix
 from strata_lite.kld import kld
 from strata_lite.loader.errors import GGUFError
 from strata_lite.loader.gguf_file import GGUFFile
-from strata_lite.loader.imatrix_file import ImatrixData, load_imatrix, save_imatrix
+from strata_lite.loader.imatrix_file import load_imatrix, save_imatrix
 from strata_lite.loader.quantize_file import quantize_file
 from tiny_model import write_tiny_model
 

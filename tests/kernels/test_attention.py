@@ -80,7 +80,6 @@ def test_kv_store_roundtrip():
 
 
 def test_kv_store_round_half_away():
-    rng = np.random.default_rng(2)
     cache = make_cache(1, 1, 1, 8)
     pt = np.zeros((1, 1), np.int32)
     # scale = 127/127 = 1 -> exact halves must round away from zero

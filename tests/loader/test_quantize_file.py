@@ -3,7 +3,7 @@ with their GGUF types, tensor types as the policy says, dequantized weights clos
 clear errors."""
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
+from gguf import GGMLQuantizationType as QT
 
 from strata_lite.cli import main
 from strata_lite.kernels.cpu.dequant import dequantize

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
 

@@ -8,7 +8,6 @@ the real engine.
 import json
 import os
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,8 +15,7 @@ import urllib.request
 import openai
 import pytest
 
-from strata_lite.server.app import build_app
-from strata_lite.server.serve import HTTPServer
+from live_server import serving
 from strata_server_fake_engine import FakeEngine, default_responder
 
 API_KEY = "sk-test-key"
@@ -44,22 +42,8 @@ def engine():
 
 @pytest.fixture(scope="module")
 def server(engine):
-    app, state = build_app(engine, api_key=API_KEY)
-    http = HTTPServer(app, "127.0.0.1", 0, threads=16)
-
-    def run():
-        try:
-            http.run(poll_s=0.1)
-        finally:
-            state.inflight.cancel_all()
-            http.close(timeout=2)
-
-    t = threading.Thread(target=run, name="test-waitress", daemon=True)
-    t.start()
-    yield http
-    http.stop()
-    t.join(10)
-    assert not t.is_alive()
+    with serving(engine, api_key=API_KEY) as http:
+        yield http
 
 
 @pytest.fixture

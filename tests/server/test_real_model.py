@@ -14,7 +14,6 @@ temperature 0) and, with Qwen's own tool prompt, answers with bare JSON. TOOL_SY
 is a call). After the tool's result the model only echoes JSON (it cannot read its own untrained
 <tool_call> tokens in the history), so the follow-up is checked as a plain answer, not for its wording.
 """
-import contextlib
 import json
 import re
 import socket
@@ -30,8 +29,7 @@ from strata_lite.config import EngineConfig
 from strata_lite.engine import Engine
 from strata_lite.engine_events import DoneEvent, ErrorEvent
 from strata_lite.server import chat as server_chat
-from strata_lite.server.app import build_app
-from strata_lite.server.serve import HTTPServer
+from live_server import serving
 
 API_KEY = "k"
 N_CTX = 2048
@@ -73,29 +71,6 @@ class _Recorder:
         engine.submit = recording_submit
 
 
-@contextlib.contextmanager
-def _serving(engine, api_key=None):
-    """A waitress server for build_app(engine, api_key) on a free port, in a thread; stopped on exit."""
-    app, state = build_app(engine, api_key=api_key)
-    http = HTTPServer(app, "127.0.0.1", 0, threads=16)
-
-    def run():
-        try:
-            http.run(poll_s=0.1)
-        finally:
-            state.inflight.cancel_all()
-            http.close(timeout=5)
-
-    t = threading.Thread(target=run, name=f"test-waitress-{http.port}", daemon=True)
-    t.start()
-    try:
-        yield http
-    finally:
-        http.stop()
-        t.join(30)
-        assert not t.is_alive(), "the waitress thread did not stop"
-
-
 @pytest.fixture(scope="module")
 def engine(default_model_path):
     eng = Engine(EngineConfig(model=default_model_path, backend="cpu", n_ctx=N_CTX, parallel=2,
@@ -111,13 +86,13 @@ def engine(default_model_path):
 
 @pytest.fixture(scope="module")
 def server(engine):
-    with _serving(engine) as http:
+    with serving(engine) as http:
         yield http
 
 
 @pytest.fixture(scope="module")
 def keyed_server(engine):
-    with _serving(engine, api_key=API_KEY) as http:
+    with serving(engine, api_key=API_KEY) as http:
         yield http
 
 
