@@ -46,21 +46,27 @@ def _json_type(x: Any) -> str:
             float: "a number", type(None): "null"}.get(type(x), type(x).__name__)
 
 
+def _function_of(item: Any, w: str) -> dict:
+    """The `function` object of a tool or tool call ({"type": "function", "function": {"name": ...}})."""
+    if not isinstance(item, dict):
+        raise bad_request(f"{w} must be an object", w)
+    if item.get("type", "function") != "function":
+        raise bad_request(f"{w}.type must be 'function'", f"{w}.type")
+    fn = item.get("function")
+    if not isinstance(fn, dict):
+        raise bad_request(f"{w}.function must be an object", f"{w}.function")
+    if not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise bad_request(f"{w}.function.name must be a non-empty string", f"{w}.function.name")
+    return fn
+
+
 def _tool_calls(calls: Any, where: str) -> list[dict]:
     if not isinstance(calls, list):
         raise bad_request(f"{where} must be an array", where)
     out = []
     for j, call in enumerate(calls):
         cw = f"{where}[{j}]"
-        if not isinstance(call, dict):
-            raise bad_request(f"{cw} must be an object", cw)
-        if call.get("type", "function") != "function":
-            raise bad_request(f"{cw}.type must be 'function'", f"{cw}.type")
-        fn = call.get("function")
-        if not isinstance(fn, dict):
-            raise bad_request(f"{cw}.function must be an object", f"{cw}.function")
-        if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad_request(f"{cw}.function.name must be a non-empty string", f"{cw}.function.name")
+        fn = _function_of(call, cw)
         args = fn.get("arguments", "{}")
         if isinstance(args, str):
             try:
@@ -124,15 +130,7 @@ def normalize_tools(tools: Any, tool_choice: Any) -> list[dict] | None:
     names = []
     for i, t in enumerate(tools):
         w = f"tools[{i}]"
-        if not isinstance(t, dict):
-            raise bad_request(f"{w} must be an object", w)
-        if t.get("type", "function") != "function":
-            raise bad_request(f"{w}.type must be 'function'", f"{w}.type")
-        fn = t.get("function")
-        if not isinstance(fn, dict):
-            raise bad_request(f"{w}.function must be an object", f"{w}.function")
-        if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad_request(f"{w}.function.name must be a non-empty string", f"{w}.function.name")
+        fn = _function_of(t, w)
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise bad_request(f"{w}.function.parameters must be an object", f"{w}.function.parameters")
         names.append(fn["name"])

@@ -32,6 +32,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from .elementwise import exp2_poly
+
 __all__ = ["kv_store", "attention"]
 
 _BK = 64          # key positions per block (compile-time constant)
@@ -250,15 +252,7 @@ def _exp2_block(s, p, pbits, ebits):
         x = max(s[j], np.float32(-126.0))
         n = np.floor(x + np.float32(0.5))
         f = x - n                                   # [-0.5, 0.5]
-        r = np.float32(1.5252733804059840e-05)      # ln2^k / k!  (Taylor, deg 7)
-        r = r * f + np.float32(1.5403530393381609e-04)
-        r = r * f + np.float32(1.3333558146428443e-03)
-        r = r * f + np.float32(9.6181291076284772e-03)
-        r = r * f + np.float32(5.5504108664821580e-02)
-        r = r * f + np.float32(2.4022650695910071e-01)
-        r = r * f + np.float32(6.9314718055994531e-01)
-        r = r * f + np.float32(1.0)
-        p[j] = r
+        p[j] = exp2_poly(f)
         ebits[j] = np.int32(n) << 23
     for j in range(_BK):
         pbits[j] += ebits[j]

@@ -36,6 +36,20 @@ def _req(arr, name, ndim=None):
 
 # ----------------------------------------------------------------------------- exp2
 
+@njit(cache=True, inline="always")
+def exp2_poly(f):
+    """2**f for f in [-0.5, 0.5], float32: degree-7 Taylor polynomial (coefficients ln2^j / j!),
+    relative error < 3e-7; callers add the integer part to the exponent bits."""
+    r = np.float32(1.5252733804059840e-05)
+    r = r * f + np.float32(1.5403530393381609e-04)
+    r = r * f + np.float32(1.3333558146428443e-03)
+    r = r * f + np.float32(9.6181291076284772e-03)
+    r = r * f + np.float32(5.5504108664821580e-02)
+    r = r * f + np.float32(2.4022650695910071e-01)
+    r = r * f + np.float32(6.9314718055994531e-01)
+    return r * f + np.float32(1.0)
+
+
 @njit(cache=True, fastmath=_FM, inline="always")
 def exp2_inplace(x, ebits):
     """x[i] <- 2**x[i] for a contiguous float32 vector, inputs clamped to [-126, 126];
@@ -46,15 +60,7 @@ def exp2_inplace(x, ebits):
         v = min(max(x[i], np.float32(-126.0)), np.float32(126.0))
         k = np.floor(v + np.float32(0.5))
         f = v - k
-        r = np.float32(1.5252733804059840e-05)      # ln2^j / j!
-        r = r * f + np.float32(1.5403530393381609e-04)
-        r = r * f + np.float32(1.3333558146428443e-03)
-        r = r * f + np.float32(9.6181291076284772e-03)
-        r = r * f + np.float32(5.5504108664821580e-02)
-        r = r * f + np.float32(2.4022650695910071e-01)
-        r = r * f + np.float32(6.9314718055994531e-01)
-        r = r * f + np.float32(1.0)
-        x[i] = r
+        x[i] = exp2_poly(f)
         ebits[i] = np.int32(k) << 23
     xb = x.view(np.int32)
     for i in range(n):
