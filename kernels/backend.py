@@ -54,7 +54,7 @@ class Backend(ABC):
     def split_cols(self, x, widths):
         """(n, sum(widths)) -> contiguous (n, w) pieces, in order."""
 
-    # KV cache: arrays per layer, layout (n_pages, page_size, n_kv_heads, head_dim) int8 + scales
+    # KV cache: arrays per layer, layout kv_layout.py (int8 pages + per-group float32 scales)
     @abstractmethod
     def kv_arrays(self, n_layers: int, n_pages: int, page_size: int, n_kv_heads: int, head_dim: int):
         """-> (k_pages, k_scales, v_pages, v_scales) with a leading layer axis."""

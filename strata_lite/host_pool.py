@@ -11,6 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
+from .kernels.kv_layout import kv_bytes_per_token, kv_shapes
+
 
 class KVCopier(Protocol):
     def copy_pages_to_host(self, dev_pages: list[int], host_pages: list[int]) -> None:
@@ -24,17 +26,17 @@ class KVCopier(Protocol):
 
 
 class HostPool:
-    """Page ids 0..n_pages-1 over numpy arrays (n_layers, n_pages, page_size, n_kv_heads, head_dim) int8
-    and (..., n_kv_heads) float32 scales; n_pages = max_bytes // bytes per page. np.zeros leaves the
+    """Page ids 0..n_pages-1 over numpy arrays in the device cache's layout (kernels/kv_layout.py: int8
+    pages + per-group float32 scales); n_pages = max_bytes // bytes per page. np.zeros leaves the
     memory untouched until pages are written, so a large limit costs nothing until used."""
 
     def __init__(self, n_layers: int, page_size: int, n_kv_heads: int, head_dim: int, max_bytes: int):
         self.page_size = page_size
-        self.page_bytes = n_layers * page_size * n_kv_heads * (head_dim + 4) * 2
+        self.page_bytes = page_size * kv_bytes_per_token(n_layers, n_kv_heads, head_dim)
         self.n_pages = max(0, int(max_bytes) // self.page_bytes)
-        shape = (n_layers, self.n_pages, page_size, n_kv_heads, head_dim)
-        self.k_pages, self.v_pages = np.zeros(shape, np.int8), np.zeros(shape, np.int8)
-        self.k_scales, self.v_scales = np.zeros(shape[:-1], np.float32), np.zeros(shape[:-1], np.float32)
+        pages, scales = kv_shapes(n_layers, self.n_pages, page_size, n_kv_heads, head_dim)
+        self.k_pages, self.v_pages = np.zeros(pages, np.int8), np.zeros(pages, np.int8)
+        self.k_scales, self.v_scales = np.zeros(scales, np.float32), np.zeros(scales, np.float32)
         self._free = list(range(self.n_pages - 1, -1, -1))
 
     @classmethod

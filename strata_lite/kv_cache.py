@@ -1,7 +1,7 @@
-"""KVCache: int8 K/V pages with one float32 scale per token per KV head, and a free-page list.
+"""KVCache: int8 K/V pages with float32 scales per group of channels (kernels/kv_layout.py), and a free-page list.
 
 Layout per array: (n_layers, n_pages, page_size, n_kv_heads, head_dim) int8 and
-(n_layers, n_pages, page_size, n_kv_heads) float32 scales. A sequence owns a list of pages;
+(n_layers, n_pages, page_size, n_kv_heads, n_groups) float32 scales. A sequence owns a list of pages;
 position p of it lives in page pages[p // page_size], slot p % page_size.
 """
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Paged int8 KV cache and causal attention over it (Numba, CPU).
 
-KV cache layout, per layer:
+KV cache layout, per layer (kernels/kv_layout.py):
     k_pages  int8    (n_pages, page_size, n_kv_heads, head_dim)
-    k_scales float32 (n_pages, page_size, n_kv_heads)
+    k_scales float32 (n_pages, page_size, n_kv_heads, n_groups)
     v_pages / v_scales: same.
 Sequence ``s`` keeps position ``p`` at page ``page_tables[s, p // page_size]``, slot
-``p % page_size``.  Each (token, kv head) row is quantized symmetrically:
-``scale = max|x| / 127``, ``q = round_half_away_from_zero(x / scale)`` clipped to
-[-127, 127] (an all-zero row gets scale 0 and q 0), so ``x ~= q * scale``.
+``p % page_size``.  Each group of head_dim / n_groups channels of a (token, kv head) row is
+quantized symmetrically: ``scale = max|x| / 127``, ``q = round_half_away_from_zero(x / scale)``
+clipped to [-127, 127] (an all-zero group gets scale 0 and q 0), so ``x ~= q * scale``.
 
 ``attention`` is a flash-attention-style kernel:
   * work item = (tile of up to ``_TILE_Q`` consecutive query tokens of one sequence,
@@ -33,6 +33,7 @@ import numpy as np
 from numba import njit, prange
 
 from .elementwise import exp2_poly
+from ..kv_layout import kv_scale_groups
 
 __all__ = ["kv_store", "attention"]
 
@@ -51,28 +52,30 @@ _FM = {"reassoc", "contract", "nsz"}
 
 @njit(cache=True, inline="always")
 def _store_row(x, pages, scales, page, slot, h):
-    d = x.shape[0]
-    amax = np.float32(0.0)
-    for i in range(d):
-        a = abs(x[i])
-        if a > amax:
-            amax = a
-    sc = amax / np.float32(127.0)
-    scales[page, slot, h] = sc
-    if sc == 0.0:
-        for i in range(d):
-            pages[page, slot, h, i] = 0
-        return
-    for i in range(d):
-        y = x[i] / sc
-        r = np.float32(math.trunc(y))
-        if abs(y - r) >= np.float32(0.5):       # exact in float32: round half away
-            r += np.float32(1.0) if y > 0 else np.float32(-1.0)
-        if r > 127.0:
-            r = np.float32(127.0)
-        elif r < -127.0:
-            r = np.float32(-127.0)
-        pages[page, slot, h, i] = np.int8(r)
+    gs = x.shape[0] // scales.shape[3]
+    for gi in range(scales.shape[3]):
+        lo = gi * gs
+        amax = np.float32(0.0)
+        for i in range(lo, lo + gs):
+            a = abs(x[i])
+            if a > amax:
+                amax = a
+        sc = amax / np.float32(127.0)
+        scales[page, slot, h, gi] = sc
+        if sc == 0.0:
+            for i in range(lo, lo + gs):
+                pages[page, slot, h, i] = 0
+            continue
+        for i in range(lo, lo + gs):
+            y = x[i] / sc
+            r = np.float32(math.trunc(y))
+            if abs(y - r) >= np.float32(0.5):       # exact in float32: round half away
+                r += np.float32(1.0) if y > 0 else np.float32(-1.0)
+            if r > 127.0:
+                r = np.float32(127.0)
+            elif r < -127.0:
+                r = np.float32(-127.0)
+            pages[page, slot, h, i] = np.int8(r)
 
 
 @njit(cache=True, inline="always")
@@ -117,14 +120,15 @@ def _check_cache(token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     _req(page_tables, "page_tables", np.int32, 2)
     _req(k_pages, "k_pages", np.int8, 4)
     _req(v_pages, "v_pages", np.int8, 4)
-    _req(k_scales, "k_scales", np.float32, 3)
-    _req(v_scales, "v_scales", np.float32, 3)
+    _req(k_scales, "k_scales", np.float32, 4)
+    _req(v_scales, "v_scales", np.float32, 4)
     if token_seq.shape[0] != n_tok or token_pos.shape[0] != n_tok:
         raise ValueError(f"token_seq {token_seq.shape} / token_pos {token_pos.shape} must have length n_tok={n_tok}")
     if v_pages.shape != k_pages.shape:
         raise ValueError(f"v_pages {v_pages.shape} != k_pages {k_pages.shape}")
-    if k_scales.shape != k_pages.shape[:3] or v_scales.shape != k_pages.shape[:3]:
-        raise ValueError(f"k_scales {k_scales.shape} / v_scales {v_scales.shape} must be {k_pages.shape[:3]}")
+    want = k_pages.shape[:3] + (kv_scale_groups(hd),)
+    if k_scales.shape != want or v_scales.shape != want:
+        raise ValueError(f"k_scales {k_scales.shape} / v_scales {v_scales.shape} must be {want}")
     if k_pages.shape[2] != n_kv or k_pages.shape[3] != hd:
         raise ValueError(f"k_pages {k_pages.shape} does not match n_kv_heads={n_kv}, head_dim={hd}")
     if k_pages.shape[1] < 1:
@@ -267,6 +271,8 @@ def _attn_kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_page
     n_kv = k_pages.shape[2]
     ps = k_pages.shape[1]
     G = n_heads // n_kv
+    ng = k_scales.shape[3]
+    gs = hd // ng
     n_threads = counts.shape[0] - 1
     max_rows = _TILE_Q * G
     for th in prange(n_threads):
@@ -317,12 +323,13 @@ def _attn_kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_page
                     kp = kb + j
                     page = page_tables[seq, kp // ps]
                     slot = kp % ps
-                    ksc = k_scales[page, slot, g]
-                    vsc = v_scales[page, slot, g]
-                    for d in range(hd):
-                        Kb[j, d] = np.float32(k_pages[page, slot, g, d]) * ksc
-                    for d in range(hd):
-                        Vb[j, d] = np.float32(v_pages[page, slot, g, d]) * vsc
+                    for gi in range(ng):
+                        ksc = k_scales[page, slot, g, gi]
+                        vsc = v_scales[page, slot, g, gi]
+                        for d in range(gi * gs, gi * gs + gs):
+                            Kb[j, d] = np.float32(k_pages[page, slot, g, d]) * ksc
+                        for d in range(gi * gs, gi * gs + gs):
+                            Vb[j, d] = np.float32(v_pages[page, slot, g, d]) * vsc
                 if nk < _BK:
                     for j in range(nk, _BK):
                         for d in range(hd):

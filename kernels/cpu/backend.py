@@ -5,6 +5,7 @@ import numba
 import numpy as np
 
 from ..backend import Backend
+from ..kv_layout import kv_shapes
 from .act_quant import activation_format, round_activations
 from .attention import attention, kv_store
 from .dequant import dequantize
@@ -117,9 +118,9 @@ class CpuBackend(Backend):
         return np.ascontiguousarray(x[np.asarray(rows, dtype=np.int64)])
 
     def kv_arrays(self, n_layers, n_pages, page_size, n_kv_heads, head_dim):
-        shape = (n_layers, n_pages, page_size, n_kv_heads, head_dim)
-        return (np.zeros(shape, np.int8), np.zeros(shape[:-1], np.float32),
-                np.zeros(shape, np.int8), np.zeros(shape[:-1], np.float32))
+        pages, scales = kv_shapes(n_layers, n_pages, page_size, n_kv_heads, head_dim)
+        return (np.zeros(pages, np.int8), np.zeros(scales, np.float32),
+                np.zeros(pages, np.int8), np.zeros(scales, np.float32))
 
     def kv_store(self, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales):
         kv_store(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales)

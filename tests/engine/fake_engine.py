@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 
 from strata_lite.host_pool import ArrayKVCopier, HostPool
+from strata_lite.kernels.kv_layout import kv_shapes
 from strata_lite.kv_cache import KVCache
 from strata_lite.scheduler import Scheduler
 from strata_lite.sequence import SeqStatus
@@ -22,9 +23,9 @@ class FakeBackend:
     name = "fake"
 
     def kv_arrays(self, n_layers, n_pages, page_size, n_kv_heads, head_dim):
-        shape = (n_layers, n_pages, page_size, n_kv_heads, head_dim)
-        return (np.zeros(shape, np.int8), np.zeros(shape[:-1], np.float32),
-                np.zeros(shape, np.int8), np.zeros(shape[:-1], np.float32))
+        pages, scales = kv_shapes(n_layers, n_pages, page_size, n_kv_heads, head_dim)
+        return (np.zeros(pages, np.int8), np.zeros(scales, np.float32),
+                np.zeros(pages, np.int8), np.zeros(scales, np.float32))
 
     def to_host(self, a):
         return a

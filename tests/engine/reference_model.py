@@ -4,6 +4,7 @@ import numpy as np
 from gguf.quants import dequantize
 
 from act_reference import round_like_ggml
+from strata_lite.kernels.kv_layout import kv_scale_groups
 
 
 def _mat(w):
@@ -35,10 +36,13 @@ def _rope(x, pos, base, n_rot, neox):
 
 
 def _int8_roundtrip(x):
-    """The engine's KV storage: symmetric int8 per (token, head), scale = max|x|/127."""
-    scale = np.abs(x).max(-1, keepdims=True) / 127.0
-    q = np.clip(np.round(np.divide(x, scale, out=np.zeros_like(x), where=scale > 0)), -127, 127)
-    return q * scale
+    """The engine's KV storage (kernels/kv_layout.py): symmetric int8 per (token, head, group of channels),
+    scale = max|x|/127."""
+    ng = kv_scale_groups(x.shape[-1])
+    xg = x.reshape(x.shape[:-1] + (ng, x.shape[-1] // ng))
+    scale = np.abs(xg).max(-1, keepdims=True) / 127.0
+    q = np.clip(np.round(np.divide(xg, scale, out=np.zeros_like(xg), where=scale > 0)), -127, 127)
+    return (q * scale).reshape(x.shape)
 
 
 def reference_logits(cfg, weights, ids, int8_kv=True, k_scales=None):

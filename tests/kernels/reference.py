@@ -31,18 +31,27 @@ def silu_mul(gate, up):
         return g / (1.0 + np.exp(-g)) * up.astype(np.float64)
 
 
-def quantize_rows(x):
-    """Symmetric int8 per row (last axis), computed exactly as the kernel specifies in
-    float32: scale = max|x|/127, q = round-half-away(x/scale) clipped to +-127."""
+def quantize_rows(x, n_groups):
+    """Symmetric int8 per group of the last axis (n_groups equal groups), computed exactly as the
+    kernel specifies in float32: scale = max|x|/127, q = round-half-away(x/scale) clipped to +-127.
+    -> (q with x's shape, scales (..., n_groups))."""
     x = x.astype(np.float32)
-    amax = np.max(np.abs(x), axis=-1, keepdims=True)
+    xg = x.reshape(x.shape[:-1] + (n_groups, x.shape[-1] // n_groups))
+    amax = np.max(np.abs(xg), axis=-1, keepdims=True)
     scale = amax / np.float32(127.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        y = np.where(scale > 0, x / np.where(scale > 0, scale, 1), 0).astype(np.float32)
+        y = np.where(scale > 0, xg / np.where(scale > 0, scale, 1), 0).astype(np.float32)
     r = np.trunc(y)
     r = np.where(np.abs(y - r) >= 0.5, r + np.sign(y), r)
     q = np.clip(r, -127, 127).astype(np.int8)
-    return q, scale[..., 0]
+    return q.reshape(x.shape), scale[..., 0]
+
+
+def dequantize_groups(q, scales):
+    """float64 q * scale, each scale covering its group of the last axis."""
+    ng = scales.shape[-1]
+    qg = q.astype(np.float64).reshape(q.shape[:-1] + (ng, q.shape[-1] // ng))
+    return (qg * scales.astype(np.float64)[..., None]).reshape(q.shape)
 
 
 def gather_kv(pages, scales, page_table_row, n_pos):
@@ -51,7 +60,7 @@ def gather_kv(pages, scales, page_table_row, n_pos):
     p = np.arange(n_pos)
     pg = page_table_row[p // ps]
     sl = p % ps
-    return pages[pg, sl].astype(np.float64) * scales[pg, sl].astype(np.float64)[..., None]
+    return dequantize_groups(pages[pg, sl], scales[pg, sl])
 
 
 def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale):

@@ -13,6 +13,7 @@ import pytest
 
 from strata_lite.kernels.cpu import attention as attn_mod
 from strata_lite.kernels.cpu.attention import attention, kv_store
+from strata_lite.kernels.kv_layout import KV_GROUP, kv_scale_groups
 
 import reference as ref  # tests/kernels/reference.py (pytest puts this directory on sys.path)
 
@@ -21,7 +22,7 @@ RTOL = 1e-5
 
 def make_cache(n_pages, page_size, n_kv, hd):
     kp = np.zeros((n_pages, page_size, n_kv, hd), np.int8)
-    ks = np.zeros((n_pages, page_size, n_kv), np.float32)
+    ks = np.zeros((n_pages, page_size, n_kv, kv_scale_groups(hd)), np.float32)
     return kp, ks, kp.copy(), ks.copy()
 
 
@@ -67,14 +68,15 @@ def test_kv_store_roundtrip():
         pg = pt[seq, pos // ps]
         sl = pos % ps
         qv, sc = pages[pg, sl], scales[pg, sl]
-        want_q, want_s = ref.quantize_rows(x)
+        want_q, want_s = ref.quantize_rows(x, ks.shape[-1])
         np.testing.assert_array_equal(sc, want_s)
         np.testing.assert_array_equal(qv, want_q)
         assert np.abs(qv.astype(np.int32)).max() <= 127
-        deq = qv.astype(np.float64) * sc[..., None]
+        deq = ref.dequantize_groups(qv, sc)
         # round-to-nearest: error at most half a quantization step (+ float32 slack)
-        assert np.all(np.abs(deq - x) <= sc[..., None] * (0.5 + 1e-5))
-    assert ks[pt[0, 0], 3, 1] == 0.0 and not kp[pt[0, 0], 3, 1].any()
+        step = np.repeat(sc, hd // sc.shape[-1], axis=-1)
+        assert np.all(np.abs(deq - x) <= step * (0.5 + 1e-5))
+    assert not ks[pt[0, 0], 3, 1].any() and not kp[pt[0, 0], 3, 1].any()
     # seq 1 positions 0..4 were never written
     assert not kp[pt[1, 0], :5].any() and not ks[pt[1, 0], :5].any()
 
@@ -86,7 +88,21 @@ def test_kv_store_round_half_away():
     x = np.array([[[127.0, 0.5, -0.5, 1.5, -2.5, 0.49999997, -126.5, 3.0]]], np.float32)
     kv_store(x, x.copy(), np.zeros(1, np.int32), np.zeros(1, np.int32), pt, *cache)
     np.testing.assert_array_equal(cache[0][0, 0, 0], [127, 1, -1, 2, -3, 0, -127, 3])
-    assert cache[1][0, 0, 0] == 1.0
+    np.testing.assert_array_equal(cache[1][0, 0, 0], [1.0])     # 8 channels: one group
+
+
+def test_kv_store_group_scales_keep_small_channels():
+    """A group of channels 1000x smaller than its neighbours keeps its own scale (and precision)."""
+    hd = 4 * KV_GROUP
+    cache = make_cache(1, 1, 1, hd)
+    x = np.random.default_rng(4).standard_normal((1, 1, hd)).astype(np.float32)
+    x[..., :KV_GROUP] *= 1000.0
+    kv_store(x, x.copy(), np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros((1, 1), np.int32), *cache)
+    kp, ks = cache[0][0, 0, 0], cache[1][0, 0, 0]
+    assert ks.shape == (4,) and ks[0] > 100 * ks[1:].max()
+    small = ref.dequantize_groups(kp, ks)[KV_GROUP:]
+    assert np.abs(small - x[0, 0, KV_GROUP:]).max() <= 0.5 * ks[1:].max() * (1 + 1e-5)
+    assert np.abs(small - x[0, 0, KV_GROUP:]).max() < 0.02     # one row scale would round them to 0
 
 
 # ----------------------------------------------------------------------------- attention
