@@ -58,10 +58,10 @@ def plan_types(gf: GGUFFile, target: QType, pure: bool = False) -> dict[str, Typ
 
 def quantize_file(in_path, out_path, target: str, imatrix: dict | None = None, threads: int | None = None,
                   progress: bool = True, pure: bool = False, log=None) -> QuantizeReport:
-    """Write out_path: in_path's model quantized to `target` (IQ3_XXS, IQ4_NL, Q8_0, Q4_0; F16, F32).
+    """Write out_path: in_path's model quantized to `target` (IQ3_XXS, IQ4_NL, Q8_0, Q5_0, Q4_0; F16, F32).
 
     imatrix: {tensor name: float32 importance per input column} (llama-imatrix's mean of x²) or None;
-    entries are used by the types that take them (IQ3_XXS, IQ4_NL). threads: Numba threads."""
+    entries are used by the types that take them (IQ3_XXS, IQ4_NL, Q5_0). threads: Numba threads."""
     t0 = time.perf_counter()
     log = sys.stderr if log is None else log
     qtarget = parse_target(target)
@@ -163,7 +163,7 @@ def _quantize_tensor(gf: GGUFFile, info, qt: QType, imatrix: dict | None, bar) -
     elems, bsize = GGML_QUANT_SIZES[qt]
     out = np.empty((n_rows, n_cols // elems * bsize), dtype=np.uint8)
     im = None
-    if imatrix is not None and qt in (QType.IQ3_XXS, QType.IQ4_NL) and info.name in imatrix:
+    if imatrix is not None and qt in (QType.IQ3_XXS, QType.IQ4_NL, QType.Q5_0) and info.name in imatrix:
         im = np.ascontiguousarray(imatrix[info.name], dtype=np.float32).reshape(-1)
     step = max(1, CHUNK_FLOATS // max(n_cols, 1))
     for lo in range(0, n_rows, step):

@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("quantize", help="quantize a GGUF model file (docs/quantize.md)")
     q.add_argument("input", help="input GGUF (float or quantized)")
     q.add_argument("output", help="output GGUF")
-    q.add_argument("--type", required=True, help="target type: IQ3_XXS, IQ4_NL, Q8_0, Q4_0 (or F16, F32)")
+    q.add_argument("--type", required=True, help="target type: IQ3_XXS, IQ4_NL, Q8_0, Q5_0, Q4_0 (or F16, F32)")
     q.add_argument("--imatrix", default=None, help="importance matrix (GGUF imatrix or .npz)")
     q.add_argument("--pure", action="store_true", help="every matrix in the target type (no mix)")
     q.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)")

@@ -11,6 +11,8 @@ llama-imatrix's mean of squared activations) or None.
 | IQ4_NL  | 32 w, 18 B   | llama.cpp quantize_iq4_nl (ntry = 7)            | used (x^2 if None) |
 | Q8_0    | 32 w, 34 B   | quantize_row_q8_0_ref / gguf-py, bit-exact      | ignored            |
 | Q4_0    | 32 w, 18 B   | quantize_row_q4_0_ref / gguf-py, bit-exact      | ignored            |
+| Q5_0    | 32 w, 22 B   | quantize_row_q5_0_ref / gguf-py, bit-exact;     | used (ref if None) |
+|         |              | with imatrix: quantize_row_q5_0_impl            |                    |
 | F32/F16 | 1 w          | plain casts (f16: round to nearest even)        | ignored            |
 
 Other types raise UnsupportedQuantType. All kernels are @njit(cache=True) with
@@ -24,7 +26,7 @@ from gguf import GGMLQuantizationType as QType
 from strata_lite.kernels.qtypes import UnsupportedQuantType, row_nbytes
 
 from .iq3_xxs import quantize_iq3_xxs
-from .simple import quantize_iq4_nl, quantize_q4_0, quantize_q8_0
+from .simple import quantize_iq4_nl, quantize_q4_0, quantize_q5_0, quantize_q8_0
 
 
 def _f32(rows, imatrix=None):
@@ -40,6 +42,7 @@ QUANTIZERS = {
     QType.IQ4_NL: quantize_iq4_nl,
     QType.Q8_0: quantize_q8_0,
     QType.Q4_0: quantize_q4_0,
+    QType.Q5_0: quantize_q5_0,
     QType.F32: _f32,
     QType.F16: _f16,
 }
@@ -75,4 +78,5 @@ def quantize_rows(qtype, rows: np.ndarray, imatrix: np.ndarray | None = None) ->
 
 
 __all__ = ["quantize_rows", "QUANTIZERS", "QUANTIZABLE_QTYPES", "UnsupportedQuantType",
-           "quantize_iq3_xxs", "quantize_iq4_nl", "quantize_q4_0", "quantize_q8_0"]
+           "quantize_iq3_xxs", "quantize_iq4_nl", "quantize_q4_0", "quantize_q5_0",
+           "quantize_q8_0"]

@@ -1,6 +1,6 @@
-"""Q8_0, Q4_0 and IQ4_NL row quantizers (GGML block layouts), written for Numba.
+"""Q8_0, Q4_0, Q5_0 and IQ4_NL row quantizers (GGML block layouts), written for Numba.
 
-All three use 32-weight blocks and follow llama.cpp's reference code in float32:
+All use 32-weight blocks and follow llama.cpp's code in float32:
 
 * Q8_0 (34 bytes: f16 d, 32 x int8): d = amax / 127, q = roundf(x / d) (half away
   from zero). Same bytes as llama.cpp's quantize_row_q8_0_ref and gguf-py's
@@ -10,6 +10,12 @@ All three use 32-weight blocks and follow llama.cpp's reference code in float32:
   Same bytes as quantize_row_q4_0_ref and gguf-py. The importance matrix is
   ignored (llama.cpp's imatrix variant of Q4_0, quantize_row_q4_0_impl, is not
   ported).
+* Q5_0 (22 bytes: f16 d, u32 qh = the 5th bits, 16 bytes of low nibbles, same order as
+  Q4_0). Without an importance matrix: llama.cpp's quantize_row_q5_0_ref (d = signed
+  largest-magnitude value / -16, q = min(31, trunc(x / d + 16.5))), the same bytes as gguf-py.
+  With one: quantize_row_q5_0_impl, i.e. per block weights imatrix_j * sqrt(sigma2 + x_j^2)
+  (sigma2 = mean x^2 over the whole row) and make_qx_quants(nmax = 16): round at scale
+  -16 / max, then 18 trial scales -(16 + 0.1 k) / max, keeping the weighted least-squares best.
 * IQ4_NL (18 bytes: f16 d, 16 bytes of nibbles indexing the 16 non-linear values
   kvalues_iq4nl, same nibble order as Q4_0): llama.cpp's quantize_iq4_nl, i.e.
   quantize_row_iq4_nl_impl(32, 32, 16 values, ntry = 7): per block
@@ -121,6 +127,101 @@ def quantize_q4_0(rows: np.ndarray, imatrix: np.ndarray | None = None) -> np.nda
     if n_rows:
         _q4_0_rows(rows, out, dvals)
     return _finish(out, dvals, 18)
+
+
+# ----------------------------------------------------------------------------- Q5_0
+
+@njit(cache=True, inline="always")
+def _q5_0_pack(out, o, L):
+    # L: 32 levels 0..31 -> 4 bytes of 5th bits (bit j: weight j), then low nibbles (j | j + 16 << 4)
+    qh = 0
+    for j in range(QK // 2):
+        qh |= ((L[j] >> 4) & 1) << j
+        qh |= ((L[j + QK // 2] >> 4) & 1) << (j + QK // 2)
+        out[o + 4 + j] = np.uint8((L[j] & 15) | ((L[j + QK // 2] & 15) << 4))
+    for k in range(4):
+        out[o + k] = np.uint8((qh >> (8 * k)) & 0xFF)
+
+
+@njit(cache=True, inline="always")
+def _nearest_int(v):
+    return int(np.rint(v))           # ggml's nearest_int: round half to even (the float magic-number trick)
+
+
+@njit(cache=True, inline="always")
+def _qx_fit(xb, w, iscale, nmax):
+    # (sum w x l, sum w l^2) for levels l = clamp(nearest_int(iscale x), -nmax, nmax - 1)
+    sumlx = _F0
+    suml2 = _F0
+    for j in range(QK):
+        l = max(-nmax, min(nmax - 1, _nearest_int(iscale * xb[j])))
+        sumlx += w[j] * xb[j] * np.float32(l)
+        suml2 += w[j] * np.float32(l * l)
+    return sumlx, suml2
+
+
+@njit(cache=True, parallel=True)
+def _q5_0_rows(rows, qw, has_qw, out, dvals):
+    n_rows, n_cols = rows.shape
+    nb = n_cols // QK
+    nmax = 16
+    for r in prange(n_rows):
+        L = np.empty(QK, dtype=np.int64)
+        w = np.empty(QK, dtype=np.float32)
+        sigma2 = _F0
+        if has_qw:
+            for j in range(n_cols):
+                sigma2 += rows[r, j] * rows[r, j]
+            sigma2 /= np.float32(n_cols)
+        for b in range(nb):
+            xb = rows[r, b * QK:(b + 1) * QK]
+            amax = _F0
+            mx = _F0
+            for j in range(QK):
+                if amax < abs(xb[j]):
+                    amax = abs(xb[j])
+                    mx = xb[j]
+            if not has_qw:                                  # quantize_row_q5_0_ref
+                d = mx / np.float32(-16.0)
+                idv = _F1 / d if d != _F0 else _F0
+                for j in range(QK):
+                    L[j] = min(31, int(xb[j] * idv + np.float32(16.5)))
+            elif amax < _EPS15:                             # make_qx_quants' all-zero block: levels 0
+                d = _F0
+                for j in range(QK):
+                    L[j] = 0
+            else:                                           # make_qx_quants(32, 16, x, L, 1, weight)
+                for j in range(QK):
+                    w[j] = qw[b * QK + j] * np.sqrt(sigma2 + xb[j] * xb[j])
+                best_is = np.float32(-nmax) / mx
+                sumlx, suml2 = _qx_fit(xb, w, best_is, nmax)
+                d = sumlx / suml2 if suml2 > _F0 else _F0
+                best = d * sumlx
+                for k in range(-9, 10):
+                    if k == 0:
+                        continue
+                    iscale = -(np.float32(nmax) + np.float32(0.1) * np.float32(k)) / mx
+                    sumlx, suml2 = _qx_fit(xb, w, iscale, nmax)
+                    if suml2 > _F0 and sumlx * sumlx > best * suml2:
+                        d = sumlx / suml2
+                        best = d * sumlx
+                        best_is = iscale
+                for j in range(QK):
+                    L[j] = nmax + max(-nmax, min(nmax - 1, _nearest_int(best_is * xb[j])))
+            dvals[r, b] = d
+            _q5_0_pack(out[r], b * 22 + 2, L)
+
+
+def quantize_q5_0(rows: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
+    rows, imatrix = _check(rows, imatrix)
+    n_rows, n_cols = rows.shape
+    out = np.zeros((n_rows, n_cols // QK * 22), dtype=np.uint8)
+    dvals = np.zeros((n_rows, n_cols // QK), dtype=np.float32)
+    has_qw = imatrix is not None
+    qw = imatrix if has_qw else np.zeros(QK, dtype=np.float32)
+    if n_rows:
+        _q5_0_rows(rows, qw, has_qw, out, dvals)
+    return _finish(out, dvals, 22)
 
 
 # ----------------------------------------------------------------------------- IQ4_NL

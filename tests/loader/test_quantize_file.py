@@ -13,10 +13,11 @@ from strata_lite.loader.quant_policy import FILE_TYPE, UnsupportedTarget, tensor
 from strata_lite.loader.quantize_file import quantize_file
 from tiny_model import write_tiny_model
 
-TARGETS = ["IQ3_XXS", "IQ4_NL", "Q8_0", "Q4_0"]
+TARGETS = ["IQ3_XXS", "IQ4_NL", "Q8_0", "Q5_0", "Q4_0"]
 # relative RMSE bound of (dequantized output - dequantized source) per output type, on the tiny
 # models' random weights (Q8_0 source blocks: uniform int8 values); measured maxima in comments
-REL_RMSE = {QT.IQ3_XXS: 0.30, QT.IQ4_NL: 0.15, QT.Q4_0: 0.15, QT.Q8_0: 0.01, QT.F16: 1e-3, QT.F32: 0.0}
+REL_RMSE = {QT.IQ3_XXS: 0.30, QT.IQ4_NL: 0.15, QT.Q4_0: 0.15, QT.Q5_0: 0.08, QT.Q8_0: 0.01, QT.F16: 1e-3,
+            QT.F32: 0.0}
 ADDED_KEYS = {"general.file_type", "general.quantization_version", "quantize.imatrix.entries_count"}
 
 
@@ -84,18 +85,21 @@ def test_iq3_xxs_mix_policy(src, narrow, tmp_path):
     types = {n: t.qtype for n, t in b.tensors.items()}
     for i in range(2):
         p = f"blk.{i}."
-        for m in ("attn_q", "attn_k", "ffn_gate", "ffn_up", "ffn_down"):
+        for m in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
             assert types[p + m + ".weight"] == QT.IQ3_XXS
-        assert types[p + "attn_v.weight"] == types[p + "attn_output.weight"] == QT.IQ4_NL
+        assert types[p + "attn_v.weight"] == QT.Q5_0
         assert types[p + "attn_norm.weight"] == types[p + "attn_q.bias"] == QT.F32
-    assert types["token_embd.weight"] == QT.IQ4_NL and types["output.weight"] == QT.Q8_0
+    assert types["token_embd.weight"] == QT.IQ3_XXS and types["output.weight"] == QT.Q5_0
     # rows of 64: IQ3_XXS impossible -> IQ4_NL, except ffn_down (rows of 256)
     n = GGUFFile(quantize_file(narrow, tmp_path / "narrow.gguf", "IQ3_XXS", pure=True, progress=False).out_path)
     assert n.tensors["blk.0.ffn_gate.weight"].qtype == QT.IQ4_NL
     assert n.tensors["blk.0.ffn_down.weight"].qtype == QT.IQ3_XXS
     assert n.tensors["output.weight"].qtype == QT.IQ4_NL
     assert tensor_type("blk.0.ffn_up.weight", (48, 16), QT.IQ3_XXS).qtype == QT.F16   # not even 32-blocks
-    assert tensor_type("token_embd.weight", (256, 300), QT.IQ3_XXS, has_output=False).qtype == QT.Q8_0  # tied
+    assert tensor_type("token_embd.weight", (256, 300), QT.IQ3_XXS, has_output=False).qtype == QT.Q5_0  # tied
+    # llama.cpp's rule: an output matrix whose rows are not 256-blocks gets Q8_0
+    assert tensor_type("output.weight", (896, 300), QT.IQ3_XXS).qtype == QT.Q8_0
+    assert tensor_type("blk.3.attn_v.weight", (896, 128), QT.IQ3_XXS).qtype == QT.Q5_0
 
 
 def test_float_source_and_model_runs(src, tmp_path):
@@ -128,7 +132,7 @@ def test_imatrix_is_used(src, tmp_path):
           for n, t in a.tensors.items() if n.startswith("blk.") and len(t.shape) == 2}
     r0 = quantize_file(src, tmp_path / "plain.gguf", "IQ3_XXS", progress=False)
     r1 = quantize_file(src, tmp_path / "im.gguf", "IQ3_XXS", imatrix=im, progress=False)
-    assert r0.imatrix_used == 0 and r1.imatrix_used == 14     # 10 IQ3_XXS + 4 IQ4_NL block matrices
+    assert r0.imatrix_used == 0 and r1.imatrix_used == 14     # 12 IQ3_XXS + 2 Q5_0 (attn_v) block matrices
     p, q = GGUFFile(r0.out_path), GGUFFile(r1.out_path)
     assert q.metadata["quantize.imatrix.entries_count"] == len(im)
     name = "blk.0.ffn_up.weight"
