@@ -73,7 +73,7 @@ def test_matmul_512(benchmark, qtype):
 
 
 # ------------------------------------------------------------- the engine's path (PackedWeight)
-PACKED_TYPES = [QType.Q5_0, QType.Q8_0, QType.Q4_0, QType.IQ4_NL, QType.Q4_K, QType.Q6_K]
+PACKED_TYPES = [QType.Q5_0, QType.Q8_0, QType.Q4_0, QType.IQ4_NL, QType.Q4_K, QType.Q6_K, QType.IQ3_XXS]
 PACKED_CASES = [(t, k, n) for t in PACKED_TYPES for (k, n) in _shapes(t)] + [
     (QType.Q5_0, 896, 128), (QType.Q8_0, 896, 151936)]
 _BE = CpuBackend()
@@ -107,7 +107,8 @@ def test_packed_call_overhead(benchmark, parallel, monkeypatch):
     benchmark.extra_info["us/call"] = round(benchmark.stats.stats.min * 1e6, 2)
 
 
-@pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K, QType.IQ3_XXS],
+                         ids=lambda t: t.name)
 def test_packed_matmul_512(benchmark, qtype):
     n_cols = 1024 if block_geometry(qtype)[0] == 256 else 896
     n_out = 4864

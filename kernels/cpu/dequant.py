@@ -22,6 +22,15 @@ IQ4NL_VALUES = np.array(_gq.IQ4_NL.kvalues, dtype=np.float32)
 _gq.IQ3_XXS.init_grid()
 IQ3XXS_GRID = np.ascontiguousarray(_gq.IQ3_XXS.grid.reshape(256, 4).astype(np.float32))
 IQ2_KSIGNS = np.frombuffer(_gq.IQ2_XXS.ksigns, dtype=np.uint8).copy()   # 128 sign bytes
+# IQ3XXS_SIGNED_GRID[(g << 4) | m] = grid row g with value k negated where bit k of the 4-bit sign mask m is
+# set (flat, row i at 4*i): one table row per 4 weights, no sign branches. Negation is exact, so
+# db * row == db * grid * sign bit for bit.
+_NEG4 = np.where((np.arange(16)[:, None] >> np.arange(4)) & 1, -1.0, 1.0)
+IQ3XXS_SIGNED_GRID = (IQ3XXS_GRID[:, None, :] * _NEG4).astype(np.float32).reshape(-1)
+# IQ2_SIGN_MASKS[i, k] = float32 sign bit of weight k of a group of 8 with sign index i (matvec xors it in)
+IQ2_SIGN_MASKS = np.where((IQ2_KSIGNS[:, None] >> np.arange(8)) & 1, 1 << 31, 0).astype(np.uint32)
+
+U32 = np.uint32   # narrow index arithmetic (no int64 promotion, no negative-index wraparound)
 
 # Inner trip counts are passed from Python at run time (not literals in the drivers): a constant would
 # be propagated by LLVM, the inner loop fully unrolled and vectorization lost (see module docstring).
@@ -155,23 +164,30 @@ def dq_row_q6_k(blk, o, f16t, hb):
 
 
 @njit(cache=True)
-def dq_row_iq3_xxs(blk, o, f16t, grid, ksigns):
-    # bytes: d[0:2] qs(grid idx)[2:66] scales_and_signs(u32 x8)[66:98]
+def dq_row_iq3_xxs(blk, o, f16t, sgrid, ksigns, bs):
+    # bytes: d[0:2] qs(grid idx)[2:66] scales_and_signs(u32 x8)[66:98]. Two passes per block: copy the
+    # signed grid rows (loads grouped before stores so LLVM merges each 4-float copy into one 16-byte
+    # move), then scale every 32-weight sub-block in a vectorized loop over the freshly written values.
     for b in range(blk.shape[0]):
-        d = f16_at(blk, b, 0, f16t)
         for ib in range(8):
             p = 66 + 4 * ib
-            aux = (np.int64(blk[b, p]) | (np.int64(blk[b, p + 1]) << 8) | (np.int64(blk[b, p + 2]) << 16)
-                   | (np.int64(blk[b, p + 3]) << 24))
-            db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
+            aux = (U32(blk[b, p]) | (U32(blk[b, p + 1]) << 8) | (U32(blk[b, p + 2]) << 16)
+                   | (U32(blk[b, p + 3]) << 24))
             for l in range(4):
-                signs = np.int64(ksigns[(aux >> (7 * l)) & 127])
-                base = b * 256 + 32 * ib + 8 * l
-                for g in range(2):
-                    gi = np.int64(blk[b, 2 + 8 * ib + 2 * l + g])
-                    for k in range(4):
-                        s = np.float32(-1.0) if (signs >> (4 * g + k)) & 1 else np.float32(1.0)
-                        o[base + 4 * g + k] = db * grid[gi, k] * s
+                m = U32(ksigns[(aux >> U32(7 * l)) & U32(127)])
+                i0 = (U32(blk[b, 2 + 8 * ib + 2 * l]) << 6) | ((m & U32(15)) << 2)
+                i1 = (U32(blk[b, 3 + 8 * ib + 2 * l]) << 6) | ((m >> 4) << 2)
+                v0, v1, v2, v3 = sgrid[i0], sgrid[i0 + 1], sgrid[i0 + 2], sgrid[i0 + 3]
+                v4, v5, v6, v7 = sgrid[i1], sgrid[i1 + 1], sgrid[i1 + 2], sgrid[i1 + 3]
+                j = b * 256 + 32 * ib + 8 * l
+                o[j], o[j + 1], o[j + 2], o[j + 3] = v0, v1, v2, v3
+                o[j + 4], o[j + 5], o[j + 6], o[j + 7] = v4, v5, v6, v7
+        d = f16_at(blk, b, 0, f16t)
+        for ib in range(8):
+            db = d * (np.float32(0.5) + np.float32(blk[b, 69 + 4 * ib] >> 4)) * np.float32(0.5)
+            base = b * 256 + 32 * ib
+            for j in range(bs):
+                o[base + j] = db * o[base + j]
 
 
 # ------------------------------------------------------------------------------ parallel drivers
@@ -219,9 +235,9 @@ def _dq_q6_k(raw3, out, f16t, bs):
 
 
 @njit(cache=True, parallel=True)
-def _dq_iq3_xxs(raw3, out, f16t, grid, ksigns):
+def _dq_iq3_xxs(raw3, out, f16t, sgrid, ksigns, bs):
     for r in prange(raw3.shape[0]):
-        dq_row_iq3_xxs(raw3[r], out[r], f16t, grid, ksigns)
+        dq_row_iq3_xxs(raw3[r], out[r], f16t, sgrid, ksigns, bs)
 
 
 # Serial, GIL-free driver: the prompt path (qmatmul.matmul_tiled) runs one per worker thread, each
@@ -231,7 +247,7 @@ _SERIAL_CODE = {QType.Q8_0: 0, QType.Q4_0: 1, QType.Q5_0: 2, QType.IQ4_NL: 3, QT
 
 
 @njit(cache=True, nogil=True)
-def _dq_serial(code, raw3, out, f16t, kv, grid, ksigns, bs, hb):
+def _dq_serial(code, raw3, out, f16t, kv, sgrid, ksigns, bs, hb):
     for r in range(raw3.shape[0]):
         if code == 0:
             dq_row_q8_0(raw3[r], out[r], f16t, bs)
@@ -248,7 +264,7 @@ def _dq_serial(code, raw3, out, f16t, kv, grid, ksigns, bs, hb):
         elif code == 6:
             dq_row_q6_k(raw3[r], out[r], f16t, hb)
         else:
-            dq_row_iq3_xxs(raw3[r], out[r], f16t, grid, ksigns)
+            dq_row_iq3_xxs(raw3[r], out[r], f16t, sgrid, ksigns, bs)
 
 
 def dequantize_into_serial(qtype: QType, raw: np.ndarray, out: np.ndarray) -> None:
@@ -258,7 +274,7 @@ def dequantize_into_serial(qtype: QType, raw: np.ndarray, out: np.ndarray) -> No
         dequantize_into(qtype, raw, out)      # float types: numpy copies
         return
     _, bsize = block_geometry(qtype)
-    _dq_serial(code, raw.reshape(raw.shape[0], -1, bsize), out, F16_TABLE, IQ4NL_VALUES, IQ3XXS_GRID,
+    _dq_serial(code, raw.reshape(raw.shape[0], -1, bsize), out, F16_TABLE, IQ4NL_VALUES, IQ3XXS_SIGNED_GRID,
                IQ2_KSIGNS, QK, QK_HALF)
 
 
@@ -304,7 +320,7 @@ def dequantize_into(qtype: QType, raw: np.ndarray, out: np.ndarray) -> None:
     elif qtype == QType.Q6_K:
         _dq_q6_k(raw3, out, F16_TABLE, QK_HALF)
     elif qtype == QType.IQ3_XXS:
-        _dq_iq3_xxs(raw3, out, F16_TABLE, IQ3XXS_GRID, IQ2_KSIGNS)
+        _dq_iq3_xxs(raw3, out, F16_TABLE, IQ3XXS_SIGNED_GRID, IQ2_KSIGNS, QK)
     else:  # pragma: no cover - check_supported guards this
         raise AssertionError(qtype)
 
