@@ -6,6 +6,8 @@
   blocks - K-quants, IQ3_XXS - use 1024->1024, 1024->4864, 5120->1024 since 896 is not a multiple
   of 256; the real model's K-quant tensor is ffn_down 4864->896, i.e. 19 blocks per row), plus the
   Q8_0 896->151936 output projection.  extra_info["GB/s"] = weight bytes / time.
+* IQ3_XXS matvec with 2, 4, 8 tokens (batched decode, speculative verification) at 1024->4864:
+  extra_info["us/token"].
 * 512-token matmul (tile dequant + BLAS) at 896->4864 (1024->4864): extra_info["GFLOP/s"].
 * the engine's path, CpuBackend.upload_weight + CpuBackend.qmatmul (repack.py: Q4_0/Q5_0/IQ4_NL
   repacked to Q8_0 at load): test_packed_matvec reports "GB/s" over the bytes actually read (the
@@ -61,6 +63,13 @@ def test_matvec(benchmark, qtype, n_cols, n_out):
     raw, x, out = _setup(qtype, n_cols, n_out, 1)
     benchmark(qmatmul, qtype, raw, n_cols, x, out)
     benchmark.extra_info["GB/s"] = round(raw.nbytes / benchmark.stats.stats.min / 1e9, 2)
+
+
+@pytest.mark.parametrize("n_tok", [2, 4, 8])
+def test_matvec_multi_token_iq3_xxs(benchmark, n_tok):
+    raw, x, out = _setup(QType.IQ3_XXS, 1024, 4864, n_tok)
+    benchmark(qmatmul, QType.IQ3_XXS, raw, 1024, x, out)
+    benchmark.extra_info["us/token"] = round(benchmark.stats.stats.min * 1e6 / n_tok, 1)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

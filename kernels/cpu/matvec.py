@@ -27,7 +27,7 @@ from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from .dequant import f16_at, k_scale_min  # noqa: E402
+from .dequant import IQ2_SIGN_MASKS, f16_at, k_scale_min  # noqa: E402
 
 FM = {"reassoc", "contract"}
 F32 = np.float32
@@ -176,31 +176,65 @@ def dot_q6_k(blk, x2, xs16, f16t, hb):
 # Every 4 weights are a look-up in a 256-row grid and every 8 share a 7-bit sign pattern. Numba runs LLVM
 # without the SLP vectorizer and its loop vectorizer scalarizes table look-ups (no fast gathers here), so
 # the best plain-Numba version (decode a row into an int8 scratch, then a vectorized dot) reached 3.3 G
-# weights/s on one core (old branchy kernel: 1.65). The row dot is therefore emitted as LLVM vector IR
-# (~8 G weights/s): per 8 weights two 16-byte grid rows form one <8 x float>, the signs are xor-ed in as
-# float sign bits from a (128, 8) table, one FMA with x; each 32-weight sub-block is scaled once and the
-# whole row is one IR loop (one horizontal sum per row). Two rows share every x load (~20% faster than
-# one row; four are no faster). Multi-byte fields are read little-endian.
+# weights/s on one core (old branchy kernel: 1.65). The row dots are therefore emitted as LLVM vector IR:
+# per 8 weights two 16-byte grid rows form one <8 x float>, the signs are xor-ed in as float sign bits
+# from a (128, 8) table, then FMA with x. One Zen 4 core, 1024 -> 4864, min over rounds: 9.6 G weights/s
+# (first IR version: 8.2). What limits it is loads (3 table loads per 8 weights; without the sign load
+# it runs 30% faster) and µops, not FMAs. Each choice below was timed side by side with a copy of this
+# kernel that differs in that one point (time of the alternative):
+#   * 4 rows per call share each x load (2 rows: +8%; 8 rows spill: +13%);
+#   * the 32-weight sub-block loop is not unrolled (unrolled x8, LLVM hoists all index loads and
+#     spills: +8%);
+#   * index fields are cut with a rotate and a mask LLVM cannot see through (from the table shape and
+#     strides), so it cannot turn the rotate into a shift: x86-64 gets rorx + and per index instead of
+#     mov + shr + and (+11%). Loading each index byte instead (movzbl + shl: fewer µops, one more
+#     load per index) is slower (+12%);
+#   * the sign table is a 64-byte aligned copy (numpy's 16-byte alignment puts half of the 32-byte
+#     rows across two cache lines: +8%);
+#   * each sub-block sum starts with a multiply, not an FMA onto zero (+5%).
+# With 2..4 tokens each 8-weight group is decoded once, scaled, and multiply-added into every token's
+# accumulator (2 rows x n_tok); more tokens go in chunks of 2..4 (1 row x 8 tokens: +18%; 2 x 8 spills).
+# Same shape, per call (before: decoded again for every token): 2 tokens 1.21 -> 0.64 ms, 3 tokens
+# 1.77 -> 0.73 ms, 4 tokens 2.36 -> 0.89 ms, 8 tokens 4.83 -> 1.85..2.03 ms.
+# Multi-byte fields are read little-endian.
 
 _F32 = ir.FloatType()
 _I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _V8F, _V8I, _V4I = ir.VectorType(_F32, 8), ir.VectorType(_I32, 8), ir.VectorType(_I32, 4)
 _CONTRACT = ("contract",)
 _IQ3_SCALES = ((np.arange(16) + 0.5) * 0.5).astype(np.float32)   # 4-bit sub-block scale ls -> (ls + 0.5) / 2
+IQ3_MAX_TOK = 4     # tokens per _iq3_xxs_dot call
+
+
+def _aligned(a, align=64):
+    """A copy of a whose data starts on an align-byte boundary."""
+    buf = np.empty(a.nbytes + align, dtype=np.uint8)
+    off = -buf.ctypes.data % align
+    out = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+IQ3_SIGNS = _aligned(IQ2_SIGN_MASKS)   # pass as mv_iq3_xxs's signs
 
 
 @intrinsic
-def _iq3_xxs_dot2(typingctx, raw3, r0, r1, x2, f16t, grid, signs, scales):
-    """(dot(W[r0], x), dot(W[r1], x)) for IQ3_XXS rows r0, r1 of raw3 (uint8 (rows, blocks, 98)).
-
-    x2: float32 (blocks, 256); f16t: F16_TABLE; grid: IQ3XXS_GRID (256, 4); signs: IQ2_SIGN_MASKS
-    (128, 8) uint32; scales: _IQ3_SCALES; all C-contiguous."""
-    arrays = ((raw3, types.uint8, 3), (x2, types.float32, 2), (f16t, types.float32, 1),
-              (grid, types.float32, 2), (signs, types.uint32, 2), (scales, types.float32, 1))
+def _iq3_xxs_dot(typingctx, raw3, r0, x3, t0, n_tok, out, f16t, grid, signs, scales):
+    """out[t0 + j, r] = dot(W[r], x3[t0 + j]) for j < n_tok (a literal 1..IQ3_MAX_TOK) and R rows
+    r = r0.. (R = 4 for one token, else 2; rows past the last are clamped to it, i.e. computed again).
+    raw3: IQ3_XXS rows, uint8 (rows, blocks, 98); x3: float32 (tokens, blocks, 256); out: float32
+    (tokens, rows); f16t: F16_TABLE; grid: IQ3XXS_GRID (256, 4); signs: IQ3_SIGNS (128, 8) uint32;
+    scales: _IQ3_SCALES; all C-contiguous."""
+    arrays = ((raw3, types.uint8, 3), (x3, types.float32, 3), (out, types.float32, 2),
+              (f16t, types.float32, 1), (grid, types.float32, 2), (signs, types.uint32, 2),
+              (scales, types.float32, 1))
     if not (all(isinstance(a, types.Array) and a.dtype == dt and a.ndim == nd and a.layout == "C"
-                for a, dt, nd in arrays) and isinstance(r0, types.Integer) and isinstance(r1, types.Integer)):
+                for a, dt, nd in arrays) and isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
+            and isinstance(n_tok, types.IntegerLiteral) and 1 <= n_tok.literal_value <= IQ3_MAX_TOK):
         return None
-    sig = types.UniTuple(types.float32, 2)(raw3, r0, r1, x2, f16t, grid, signs, scales)
+    sig = types.void(raw3, types.intp, x3, types.intp, n_tok, out, f16t, grid, signs, scales)
+    T = n_tok.literal_value
+    R = 4 if T == 1 else 2
 
     def codegen(context, builder, signature, args):
         def array(i):     # (i8* data, strides, shape) of array argument i
@@ -208,57 +242,92 @@ def _iq3_xxs_dot2(typingctx, raw3, r0, r1, x2, f16t, grid, signs, scales):
             return (builder.bitcast(a.data, _I8.as_pointer()), cgutils.unpack_tuple(builder, a.strides),
                     cgutils.unpack_tuple(builder, a.shape))
 
+        def const(v, ty=_I64):
+            return ir.Constant(ty, v)
+
         def load(ptr, off, ty, align=1):
-            off = off if isinstance(off, ir.Value) else ir.Constant(_I64, off)
+            off = off if isinstance(off, ir.Value) else const(off)
             return builder.load(builder.bitcast(builder.gep(ptr, [off]), ty.as_pointer()), align=align)
 
-        def field(word, shift, mask, scale):      # byte offset ((word >> shift) & mask) << scale
-            v = builder.and_(builder.lshr(word, ir.Constant(word.type, shift)), ir.Constant(word.type, mask))
-            return builder.shl(v if word.type == _I64 else builder.zext(v, _I64), ir.Constant(_I64, scale))
+        def field(word, shift, mask):              # byte offset rotr(word, shift) & mask, as i64
+            ty = word.type
+            rotr = builder.module.declare_intrinsic("llvm.fshr", [ty], ir.FunctionType(ty, [ty] * 3))
+            v = builder.and_(builder.call(rotr, [word, word, const(shift % ty.width, ty)]), mask)
+            return v if word.type == _I64 else builder.zext(v, _I64)
 
         def fma(a, b, c):
             return builder.fadd(builder.fmul(a, b, flags=_CONTRACT), c, flags=_CONTRACT)
 
-        (praw, rstr, rshape), (px0, xstr, _) = array(0), array(3)
-        pf16, pgrid, psign, pscale = (array(i)[0] for i in (4, 5, 6, 7))
-        row0 = [builder.gep(praw, [builder.mul(context.cast(builder, args[i], signature.args[i], types.intp),
-                                                rstr[0])]) for i in (1, 2)]
-        undef = ir.Constant(_V8F, ir.Undefined)
+        def splat(s):
+            undef = ir.Constant(_V8F, ir.Undefined)
+            return builder.shuffle_vector(builder.insert_element(undef, s, const(0, _I32)), undef,
+                                          ir.Constant(_V8I, [0] * 8))
+
+        (praw, rstr, rshape), (px0, xstr, xshape), (pout, ostr, _) = array(0), array(2), array(5)
+        pf16, pscale = array(6)[0], array(9)[0]
+        (pgrid, gstr, gshape), (psign, sstr, sshape) = array(7), array(8)
+        # index masks: byte offset of a table's last row, (rows - 1) * row stride (powers of 2). Runtime
+        # values, so LLVM knows none of their bits (see the comment block).
+        gmask = builder.mul(builder.sub(gshape[0], const(1)), gstr[0])
+        smask = builder.trunc(builder.mul(builder.sub(sshape[0], const(1)), sstr[0]), _I32)
+        last = builder.sub(rshape[0], const(1))
+        r_idx = []
+        for k in range(R):
+            r = builder.add(args[1], const(k))
+            r_idx.append(builder.select(builder.icmp_signed("<", r, last), r, last))
+        t_idx = [builder.add(args[3], const(j)) for j in range(T)]
+        row0 = [builder.gep(praw, [builder.mul(r, rstr[0])]) for r in r_idx]
+        x0 = [builder.gep(px0, [builder.mul(t, xstr[0])]) for t in t_idx]
         zero = ir.Constant(_V8F, None)
-        acc_ptr = [cgutils.alloca_once_value(builder, zero) for _ in row0]   # promoted to registers
-        with cgutils.for_range(builder, rshape[1]) as loop:                  # blocks of 256 weights
-            rows = [builder.gep(p, [builder.mul(loop.index, rstr[1])]) for p in row0]
-            px = builder.gep(px0, [builder.mul(loop.index, xstr[0])])
-            acc = [builder.load(a) for a in acc_ptr]
-            d = [load(pf16, builder.shl(builder.zext(load(p, 0, _I16), _I64), ir.Constant(_I64, 2)), _F32, 4)
-                 for p in rows]
-            for ib in range(8):                       # sub-blocks of 32 weights
-                xv = [load(px, 4 * (32 * ib + 8 * l), _V8F, 4) for l in range(4)]
+        acc_ptr = [[cgutils.alloca_once_value(builder, zero) for _ in range(T)] for _ in range(R)]  # -> registers
+
+        def decode(l, qs, aux):           # weights 8l..8l+7 of a sub-block: grid rows qs[2l], qs[2l + 1]
+            g0 = load(pgrid, field(qs, 16 * l - 4, gmask), _V4I, 4)
+            g1 = load(pgrid, field(qs, 16 * l + 4, gmask), _V4I, 4)
+            sign = load(psign, field(aux, 7 * l - 5, smask), _V8I, 4)
+            w = builder.xor(builder.shuffle_vector(g0, g1, ir.Constant(_V8I, list(range(8)))), sign)
+            return builder.bitcast(w, _V8F)
+
+        with cgutils.for_range(builder, rshape[1]) as blk:                   # blocks of 256 weights
+            rows = [builder.gep(p, [builder.mul(blk.index, rstr[1])]) for p in row0]
+            xb = [builder.gep(p, [builder.mul(blk.index, xstr[1])]) for p in x0]
+            d = [load(pf16, builder.shl(builder.zext(load(p, 0, _I16), _I64), const(2)), _F32, 4) for p in rows]
+            # sub-blocks of 32 weights; a runtime trip count (256 / 32) keeps LLVM from unrolling the loop
+            with cgutils.for_range(builder, builder.lshr(xshape[2], const(5))) as sub:
+                s = sub.index
+                acc = [[builder.load(a) for a in ar] for ar in acc_ptr]
+                xv = [[load(p, builder.add(builder.mul(s, const(128)), const(32 * l)), _V8F, 4) for l in range(4)]
+                      for p in xb]
                 for k, p in enumerate(rows):
-                    aux = load(p, 66 + 4 * ib, _I32)  # four 7-bit sign indices, 4-bit scale on top
-                    qs = load(p, 2 + 8 * ib, _I64)    # eight grid indices
-                    t = zero
-                    for l in range(4):                # 8 weights: grid rows qs[2l], qs[2l + 1]
-                        g0 = load(pgrid, field(qs, 16 * l, 255, 4), _V4I, 4)
-                        g1 = load(pgrid, field(qs, 16 * l + 8, 255, 4), _V4I, 4)
-                        sign = load(psign, field(aux, 7 * l, 127, 5), _V8I, 4)
-                        w = builder.xor(builder.shuffle_vector(g0, g1, ir.Constant(_V8I, list(range(8)))), sign)
-                        t = fma(builder.bitcast(w, _V8F), xv[l], t)
-                    sc = builder.fmul(d[k], load(pscale, field(aux, 28, 15, 2), _F32, 4))
-                    scv = builder.shuffle_vector(builder.insert_element(undef, sc, ir.Constant(_I32, 0)), undef,
-                                                 ir.Constant(_V8I, [0] * 8))
-                    acc[k] = fma(scv, t, acc[k])
-            for a, v in zip(acc_ptr, acc):
-                builder.store(v, a)
-        sums = []
-        for a in acc_ptr:                             # horizontal sum 8 -> 4 -> 2 -> 1
-            v = builder.load(a)
-            for n in (4, 2, 1):
-                half = ir.VectorType(_I32, n)
-                v = builder.fadd(builder.shuffle_vector(v, v, ir.Constant(half, list(range(n)))),
-                                 builder.shuffle_vector(v, v, ir.Constant(half, list(range(n, 2 * n)))))
-            sums.append(builder.extract_element(v, ir.Constant(_I32, 0)))
-        return context.make_tuple(builder, signature.return_type, sums)
+                    aux = load(p, builder.add(builder.mul(s, const(4)), const(66)), _I32)  # 4 sign indices, scale
+                    qs = load(p, builder.add(builder.mul(s, const(8)), const(2)), _I64)    # 8 grid indices
+                    ls = builder.zext(builder.lshr(aux, const(28, _I32)), _I64)
+                    sc = splat(builder.fmul(d[k], load(pscale, builder.shl(ls, const(2)), _F32, 4)))
+                    if T == 1:                # sum the sub-block, then scale it once
+                        w = [decode(l, qs, aux) for l in range(4)]
+                        t = builder.fmul(w[0], xv[0][0], flags=_CONTRACT)
+                        for l in range(1, 4):
+                            t = fma(w[l], xv[0][l], t)
+                        acc[k][0] = fma(sc, t, acc[k][0])
+                    else:                     # scale each group once, then one FMA per token
+                        for l in range(4):
+                            w = builder.fmul(decode(l, qs, aux), sc, flags=_CONTRACT)
+                            for j in range(T):
+                                acc[k][j] = fma(w, xv[j][l], acc[k][j])
+                for ar, vr in zip(acc_ptr, acc):
+                    for a, v in zip(ar, vr):
+                        builder.store(v, a)
+        for k in range(R):
+            for j in range(T):
+                v = builder.load(acc_ptr[k][j])                              # horizontal sum 8 -> 4 -> 2 -> 1
+                for n in (4, 2, 1):
+                    half = ir.VectorType(_I32, n)
+                    v = builder.fadd(builder.shuffle_vector(v, v, ir.Constant(half, list(range(n)))),
+                                     builder.shuffle_vector(v, v, ir.Constant(half, list(range(n, 2 * n)))))
+                off = builder.add(builder.mul(t_idx[j], ostr[0]), builder.mul(r_idx[k], ostr[1]))
+                builder.store(builder.extract_element(v, const(0, _I32)),
+                              builder.bitcast(builder.gep(pout, [off]), _F32.as_pointer()))
+        return context.get_dummy_value()
 
     return sig, codegen
 
@@ -325,9 +394,20 @@ def mv_q6_k(raw3, x3, xs16, out, f16t, bs):
 
 @njit(cache=True, parallel=True)
 def mv_iq3_xxs(raw3, x3, out, f16t, grid, signs):
-    n = raw3.shape[0]
-    for p in prange((n + 1) // 2):                    # row pairs; an odd last row pairs with itself
-        r0 = 2 * p
-        r1 = min(r0 + 1, n - 1)
-        for t in range(x3.shape[0]):
-            out[t, r0], out[t, r1] = _iq3_xxs_dot2(raw3, r0, r1, x3[t], f16t, grid, signs, _IQ3_SCALES)
+    """signs: IQ3_SIGNS (any (128, 8) copy works, the aligned one is faster)."""
+    n, n_tok = raw3.shape[0], x3.shape[0]
+    if n_tok == 1:
+        for q in prange((n + 3) // 4):
+            _iq3_xxs_dot(raw3, 4 * q, x3, 0, 1, out, f16t, grid, signs, _IQ3_SCALES)
+    else:
+        n_chunks = (n_tok + IQ3_MAX_TOK - 1) // IQ3_MAX_TOK      # chunks of 2..4 tokens, as even as possible
+        for p in prange((n + 1) // 2):
+            for c in range(n_chunks):
+                t0 = n_tok * c // n_chunks
+                nt = n_tok * (c + 1) // n_chunks - t0
+                if nt == 4:
+                    _iq3_xxs_dot(raw3, 2 * p, x3, t0, 4, out, f16t, grid, signs, _IQ3_SCALES)
+                elif nt == 3:
+                    _iq3_xxs_dot(raw3, 2 * p, x3, t0, 3, out, f16t, grid, signs, _IQ3_SCALES)
+                else:
+                    _iq3_xxs_dot(raw3, 2 * p, x3, t0, 2, out, f16t, grid, signs, _IQ3_SCALES)

@@ -18,7 +18,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QType
 
 from . import matvec as mv
-from .dequant import (QK, QK_HALF, F16_TABLE, IQ2_SIGN_MASKS, IQ3XXS_GRID, IQ4NL_VALUES, check_raw,
+from .dequant import (QK, QK_HALF, F16_TABLE, IQ3XXS_GRID, IQ4NL_VALUES, check_raw,
                       dequantize_into, dequantize_into_serial)
 from ..qtypes import block_geometry
 
@@ -110,7 +110,7 @@ def matvec_fused(qtype, raw, x, out):
     elif qtype == QType.IQ4_NL:
         mv.mv_iq4_nl(raw3, x3, out, F16_TABLE, IQ4NL_VALUES, QK_HALF)
     elif qtype == QType.IQ3_XXS:
-        mv.mv_iq3_xxs(raw3, x3, out, F16_TABLE, IQ3XXS_GRID, IQ2_SIGN_MASKS)
+        mv.mv_iq3_xxs(raw3, x3, out, F16_TABLE, IQ3XXS_GRID, mv.IQ3_SIGNS)
     elif qtype == QType.Q6_K:
         xs16 = x.reshape(n_tok, n_cols // 16, 16).sum(axis=2, dtype=np.float32)
         mv.mv_q6_k(raw3, x3, xs16, out, F16_TABLE, QK_HALF)
