@@ -11,7 +11,7 @@ from .attention import attention, kv_store
 from .dequant import dequantize
 from .elementwise import add, rmsnorm, rope, silu_mul
 from .qmatmul import qmatmul_packed
-from .repack import PackedWeight, pack_weight
+from .repack import PackedWeight, pack_weight, release_pages
 
 
 class _Raw:
@@ -57,6 +57,8 @@ class CpuBackend(Backend):
                 or len({activation_format(w.src_qtype) for w in ws}) != 1:
             return None
         raw = np.concatenate([w.raw for w in ws])
+        for w in ws:    # the fused copy replaces them: drop their mapped pages from the process (RSS)
+            release_pages(w.raw)
         return PackedWeight("+".join(w.name for w in ws), ws[0].qtype, raw.shape[0], ws[0].n_in, raw,
                             src_qtype=ws[0].src_qtype)
 
