@@ -28,6 +28,7 @@ from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
 from .dequant import IQ2_SIGN_MASKS, f16_at, k_scale_min  # noqa: E402
+from .prefetch import prefetch_row  # noqa: E402
 
 FM = {"reassoc", "contract"}
 F32 = np.float32
@@ -348,7 +349,10 @@ def _iq3_xxs_dot(typingctx, raw3, r0, x3, t0, n_tok, out, f16t, grid, signs, sca
 
 @njit(cache=True, parallel=True)
 def mv_q8_0(raw3, x3, out, f16t, bs):
-    for r in prange(raw3.shape[0]):
+    n = raw3.shape[0]
+    for r in prange(n):
+        if r + 1 < n:
+            prefetch_row(raw3, r + 1)      # rows of a few hundred bytes: see prefetch.py
         for t in range(x3.shape[0]):
             out[t, r] = dot_q8_0(raw3[r], x3[t], f16t, bs)
 
