@@ -1,14 +1,20 @@
 """End-to-end CPU speed of the default model: prompt (512 tokens) and decode (128 tokens) tok/s, with
 peak RSS, side by side with llama.cpp when llama-cpp-python is installed (optional). Prints one table.
 
+Each engine runs in its own child process with the caller's environment: strata_lite sets OpenMP
+wait-policy variables for its Numba threads at import, and llama.cpp (built with OpenMP) would
+inherit them in a shared process.
+
 usage: python perf/bench_e2e.py [--model PATH] [--threads 2] [--runs 3]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,22 +74,44 @@ def bench_llamacpp(model, threads, runs):
     return [pp() for _ in range(runs)], [tg() for _ in range(runs)]
 
 
+def _child(engine, model, threads, runs):
+    """Run one engine in this process and print its result as one JSON line."""
+    if engine == "strata":
+        pp, tg, path = bench_strata(model, threads, runs)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps({"pp": pp, "tg": tg, "path": str(path), "rss": rss}))
+    else:
+        res = bench_llamacpp(model, threads, runs)
+        print(json.dumps(None if res is None else {"pp": res[0], "tg": res[1]}))
+
+
+def _run_child(engine, model, threads, runs):
+    cmd = [sys.executable, __file__, "--child", engine, "--threads", str(threads), "--runs", str(runs)]
+    if model:
+        cmd += ["--model", str(model)]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--child", choices=["strata", "llamacpp"], help=argparse.SUPPRESS)
     args = ap.parse_args()
-    s_pp, s_tg, path = bench_strata(args.model, args.threads, args.runs)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    ref = bench_llamacpp(path, args.threads, args.runs)
+    if args.child:
+        _child(args.child, args.model, args.threads, args.runs)
+        return 0
+    ours = _run_child("strata", args.model, args.threads, args.runs)
+    ref = _run_child("llamacpp", ours["path"], args.threads, args.runs)
     med = statistics.median
-    print(f"\nmodel {os.path.basename(path)}, {args.threads} threads, median of {args.runs} runs")
+    print(f"\nmodel {os.path.basename(ours['path'])}, {args.threads} threads, median of {args.runs} runs")
     print(f"{'engine':<12}{'prompt 512 tok/s':>18}{'decode 128 tok/s':>18}")
-    print(f"{'strata_lite':<12}{med(s_pp):>18.1f}{med(s_tg):>18.1f}   peak RSS {rss:,.0f} MiB")
+    print(f"{'strata_lite':<12}{med(ours['pp']):>18.1f}{med(ours['tg']):>18.1f}   peak RSS {ours['rss']:,.0f} MiB")
     if ref:
-        print(f"{'llama.cpp':<12}{med(ref[0]):>18.1f}{med(ref[1]):>18.1f}")
-        print(f"{'ratio':<12}{med(s_pp) / med(ref[0]):>18.2f}{med(s_tg) / med(ref[1]):>18.2f}")
+        print(f"{'llama.cpp':<12}{med(ref['pp']):>18.1f}{med(ref['tg']):>18.1f}")
+        print(f"{'ratio':<12}{med(ours['pp']) / med(ref['pp']):>18.2f}{med(ours['tg']) / med(ref['tg']):>18.2f}")
     else:
         print("llama.cpp: llama-cpp-python not installed (reference on this machine class: prompt 318.6, decode 59.3 tok/s)")
     return 0
