@@ -41,6 +41,14 @@ def test_qmatmul_matches_float64(qtype, n_tok):
     _check_against_reference(qtype, 37, _n_cols(qtype), n_tok)
 
 
+@pytest.mark.parametrize("n_out", [1, 2, 3, 5, 9])
+def test_iq3_xxs_matvec_row_groups_and_token_chunks(n_out):
+    """The IQ3_XXS kernel works on groups of 4 rows (2 with several tokens; a short last group repeats
+    its last row) and on chunks of 2-4 tokens: every row count tail and token count 1..8."""
+    for n_tok in range(1, qm.MATVEC_MAX_TOK + 1):
+        _check_against_reference(QType.IQ3_XXS, n_out, 768, n_tok, seed=n_out * 10 + n_tok)
+
+
 @pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q6_K], ids=lambda t: t.name)
 def test_qmatmul_several_tiles(qtype, monkeypatch):
     monkeypatch.setattr(qm, "TILE_BYTES", 16 * 4 * 512)      # 16-row tiles, last tile partial
