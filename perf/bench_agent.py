@@ -18,7 +18,7 @@ server with --url), waits for /health, warms it up, reads /metrics, then:
 read seconds come from the server's admission log lines when this script started the server.
 
 usage: python perf/bench_agent.py [--parallel 2] [--conversations 4] [--turns 4] [--threads 2]
-           [--step-tokens 256] [--long-read-tokens 4000] [--stream-tokens 200] [--decode-share 0.75]
+           [--step-tokens 256] [--long-read-tokens 4000] [--stream-tokens 200] [--decode-share 0.8]
            [--model M] [--url URL]
 --threads is the server's CPU threads; --client-threads the client's (default: one per conversation).
 """
@@ -458,9 +458,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx-size", type=int, default=None, help="server --ctx-size (default: fits the workload)")
     ap.add_argument("--kv-tokens", type=int, default=None, help="server --kv-tokens (default: ctx-size x parallel)")
     ap.add_argument("--model", default=None, help="server --model (default: the default model)")
-    ap.add_argument("--decode-share", type=float, default=0.75,
+    ap.add_argument("--decode-share", type=float, default=0.8,
                     help="server time budget: decoders keep this share of their speed during reads "
-                         "(STRATA_LITE_DECODE_SHARE; 0 = off, the plain step_tokens budget; default 0.75)")
+                         "(STRATA_LITE_DECODE_SHARE; 0 = off, the plain step_tokens budget; default 0.8)")
     ap.add_argument("--url", default=None, help="use this running server instead of starting one")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--load-timeout", type=float, default=900.0, help="seconds to wait for /health")

@@ -55,9 +55,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="device KV cache capacity in tokens (default ctx-size x parallel)")
     p.add_argument("--step-tokens", type=_positive_int, default=256,
                    help="prompt tokens computed per engine step, next to the decodes (default 256)")
-    p.add_argument("--decode-share", type=_nonneg_float, default=0.75,
+    p.add_argument("--decode-share", type=_nonneg_float, default=0.8,
                    help="while prompts are read, decoding requests keep this share of their speed "
-                        "(default 0.75; 0 = no time budget, only --step-tokens)")
+                        "(default 0.8; 0 = no time budget, only --step-tokens)")
     p.add_argument("--host-kv-gib", type=_nonneg_float, default=None,
                    help="host RAM for parked KV, GiB (default: a quarter of the available RAM)")
     p.add_argument("--max-queue", type=int, default=64,

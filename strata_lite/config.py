@@ -15,7 +15,7 @@ class EngineConfig:
     parallel: int = 2                 # slots: max concurrently running sequences
     kv_tokens: int | None = None      # device KV capacity in tokens; default n_ctx * parallel
     step_tokens: int = 256            # prompt-token budget per engine step (decodes always run)
-    decode_share: float | None = 0.75 # while prompts are read, decoding sequences keep this share of their
+    decode_share: float | None = 0.8  # while prompts are read, decoding sequences keep this share of their
                                       # decode-only speed (a time budget on reads); None/0 = token budget only
     host_kv_gib: float | None = None  # host pool limit; default: 25% of available RAM at start
     max_queue: int = 64               # waiting requests beyond this -> QueueFull
