@@ -67,19 +67,19 @@ def tensor_type(name: str, shape, target: QType, pure: bool = False, has_output:
     if pure:
         choice = TypeChoice(target, "pure")
     else:
-        choice = _mix(name, target, has_output)
-        if choice.rule == "output" and target == QType.IQ3_XXS and int(shape[0]) % 256:
-            choice = TypeChoice(OUTPUT_UNBLOCKED, "output")
+        choice = _mix(name, target, has_output, int(shape[0]))
     return _fit(choice, int(shape[0]))
 
 
-def _mix(name: str, target: QType, has_output: bool) -> TypeChoice:
+def _mix(name: str, target: QType, has_output: bool, row_len: int) -> TypeChoice:
     short = _BLK.sub("", name)
     if not has_output and short == "token_embd.weight":
         short = "output.weight"
     if target == QType.IQ3_XXS:
         for pattern, qtype, rule in IQ3_XXS_MIX:
             if short == pattern:
+                if rule == "output" and row_len % 256:
+                    qtype = OUTPUT_UNBLOCKED
                 return TypeChoice(qtype, rule)
         return TypeChoice(target, "target")
     if target in (QType.IQ4_NL, QType.Q4_0) and short == "output.weight":

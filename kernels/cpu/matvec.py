@@ -33,7 +33,7 @@ from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
 from .dequant import IQ2_SIGN_MASKS, f16_at, k_scale_min  # noqa: E402
-from .prefetch import prefetch_row  # noqa: E402
+from .prefetch import emit_prefetch, prefetch_row  # noqa: E402
 
 FM = {"reassoc", "contract"}
 F32 = np.float32
@@ -298,15 +298,12 @@ def _iq3_xxs_dot(typingctx, raw3, r0, x3, t0, n_tok, out, f16t, grid, signs, sca
         # thread a contiguous range): a row of 1536 weights is only 588 bytes, too short a stream for the
         # hardware prefetcher, and a model's weights come from DRAM. Streaming 28 distinct 1536x17920
         # matrices: 11.0 -> 17.7 G weights/s on 2 threads (hot, in cache: 18.4 either way).
-        pf_ty = ir.FunctionType(ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32])
-        prefetch = builder.module.declare_intrinsic("llvm.prefetch", [_I8.as_pointer()], pf_ty)
         next_group = builder.mul(const(R), rstr[0])
         with cgutils.for_range(builder, rshape[1]) as blk:                   # blocks of 256 weights
             rows = [builder.gep(p, [builder.mul(blk.index, rstr[1])]) for p in row0]
             for p in rows:                    # a 98-byte block spans at most 2 cache lines
-                for o in (0, 64):             # (read, keep in all cache levels, data)
-                    builder.call(prefetch, [builder.gep(p, [builder.add(next_group, const(o))]),
-                                            const(0, _I32), const(3, _I32), const(1, _I32)])
+                for o in (0, 64):
+                    emit_prefetch(builder, builder.gep(p, [builder.add(next_group, const(o))]))
             xb = [builder.gep(p, [builder.mul(blk.index, xstr[1])]) for p in x0]
             d = [load(pf16, builder.shl(builder.zext(load(p, 0, _I16), _I64), const(2)), _F32, 4) for p in rows]
             # sub-blocks of 32 weights; a runtime trip count (256 / 32) keeps LLVM from unrolling the loop

@@ -11,6 +11,13 @@ _I32 = ir.IntType(32)
 _LINE = 64
 
 
+def emit_prefetch(builder, ptr):
+    """LLVM IR: prefetch the cache line at i8* ptr (read, keep in all cache levels, data)."""
+    fn = builder.module.declare_intrinsic("llvm.prefetch", [_I8P],
+                                          ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32]))
+    builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+
+
 @intrinsic
 def prefetch_row(typingctx, a, r):
     if not (isinstance(a, types.Array) and a.layout == "C" and a.ndim >= 2 and isinstance(r, types.Integer)):
@@ -21,12 +28,9 @@ def prefetch_row(typingctx, a, r):
         row_bytes = cgutils.unpack_tuple(builder, arr.strides)[0]
         r64 = context.cast(builder, args[1], signature.args[1], types.intp)
         base = builder.gep(builder.bitcast(arr.data, _I8P), [builder.mul(r64, row_bytes)])
-        fn = builder.module.declare_intrinsic("llvm.prefetch", [_I8P],
-                                              ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32]))
         with cgutils.for_range_slice(builder, ir.Constant(row_bytes.type, 0), row_bytes,
                                      ir.Constant(row_bytes.type, _LINE)) as (off, _):
-            builder.call(fn, [builder.gep(base, [off]), ir.Constant(_I32, 0), ir.Constant(_I32, 3),
-                              ir.Constant(_I32, 1)])       # read, keep in all levels, data
+            emit_prefetch(builder, builder.gep(base, [off]))
         return context.get_dummy_value()
 
     return types.void(a, r), codegen

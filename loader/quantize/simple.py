@@ -44,6 +44,21 @@ def _finish(out, dvals, block_bytes):
     return out
 
 
+def _quantize_blocks(rows, block_bytes, run):
+    """Allocate the output blocks and per-block scales, run(out, dvals) (a row kernel), store the scales."""
+    n_rows, n_cols = rows.shape
+    out = np.zeros((n_rows, n_cols // QK * block_bytes), dtype=np.uint8)
+    dvals = np.zeros((n_rows, n_cols // QK), dtype=np.float32)
+    if n_rows:
+        run(out, dvals)
+    return _finish(out, dvals, block_bytes)
+
+
+def _importance(imatrix):
+    """(weights array, has weights) for the Numba kernels (they need an array either way)."""
+    return (imatrix, True) if imatrix is not None else (np.zeros(QK, dtype=np.float32), False)
+
+
 def _check(rows, imatrix=None):
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     if rows.ndim != 2:
@@ -84,12 +99,7 @@ def _q8_0_rows(rows, out, dvals):
 
 def quantize_q8_0(rows: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
     rows, _ = _check(rows, imatrix)
-    n_rows, n_cols = rows.shape
-    out = np.zeros((n_rows, n_cols // QK * 34), dtype=np.uint8)
-    dvals = np.zeros((n_rows, n_cols // QK), dtype=np.float32)
-    if n_rows:
-        _q8_0_rows(rows, out, dvals)
-    return _finish(out, dvals, 34)
+    return _quantize_blocks(rows, 34, lambda out, dvals: _q8_0_rows(rows, out, dvals))
 
 
 # ----------------------------------------------------------------------------- Q4_0
@@ -121,12 +131,7 @@ def _q4_0_rows(rows, out, dvals):
 
 def quantize_q4_0(rows: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
     rows, _ = _check(rows, imatrix)
-    n_rows, n_cols = rows.shape
-    out = np.zeros((n_rows, n_cols // QK * 18), dtype=np.uint8)
-    dvals = np.zeros((n_rows, n_cols // QK), dtype=np.float32)
-    if n_rows:
-        _q4_0_rows(rows, out, dvals)
-    return _finish(out, dvals, 18)
+    return _quantize_blocks(rows, 18, lambda out, dvals: _q4_0_rows(rows, out, dvals))
 
 
 # ----------------------------------------------------------------------------- Q5_0
@@ -214,14 +219,8 @@ def _q5_0_rows(rows, qw, has_qw, out, dvals):
 
 def quantize_q5_0(rows: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
     rows, imatrix = _check(rows, imatrix)
-    n_rows, n_cols = rows.shape
-    out = np.zeros((n_rows, n_cols // QK * 22), dtype=np.uint8)
-    dvals = np.zeros((n_rows, n_cols // QK), dtype=np.float32)
-    has_qw = imatrix is not None
-    qw = imatrix if has_qw else np.zeros(QK, dtype=np.float32)
-    if n_rows:
-        _q5_0_rows(rows, qw, has_qw, out, dvals)
-    return _finish(out, dvals, 22)
+    qw, has_qw = _importance(imatrix)
+    return _quantize_blocks(rows, 22, lambda out, dvals: _q5_0_rows(rows, qw, has_qw, out, dvals))
 
 
 # ----------------------------------------------------------------------------- IQ4_NL
@@ -312,11 +311,6 @@ def _iq4_nl_rows(rows, qw, has_qw, values, out, dvals, ntry):
 
 def quantize_iq4_nl(rows: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
     rows, imatrix = _check(rows, imatrix)
-    n_rows, n_cols = rows.shape
-    out = np.zeros((n_rows, n_cols // QK * 18), dtype=np.uint8)
-    dvals = np.zeros((n_rows, n_cols // QK), dtype=np.float32)
-    has_qw = imatrix is not None
-    qw = imatrix if has_qw else np.zeros(QK, dtype=np.float32)
-    if n_rows:
-        _iq4_nl_rows(rows, qw, has_qw, KVALUES_IQ4NL, out, dvals, 7)
-    return _finish(out, dvals, 18)
+    qw, has_qw = _importance(imatrix)
+    return _quantize_blocks(rows, 18, lambda out, dvals: _iq4_nl_rows(rows, qw, has_qw, KVALUES_IQ4NL, out,
+                                                                      dvals, 7))
