@@ -11,11 +11,12 @@ _I32 = ir.IntType(32)
 _LINE = 64
 
 
-def emit_prefetch(builder, ptr):
-    """LLVM IR: prefetch the cache line at i8* ptr (read, keep in all cache levels, data)."""
+def emit_prefetch(builder, ptr, locality=3):
+    """LLVM IR: prefetch the cache line at i8* ptr (read, data); locality 3 = into L1 (prefetcht0),
+    2 = into L2 (prefetcht1)."""
     fn = builder.module.declare_intrinsic("llvm.prefetch", [_I8P],
                                           ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32]))
-    builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+    builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, locality), ir.Constant(_I32, 1)])
 
 
 @intrinsic

@@ -7,6 +7,9 @@ bits/weight). gguf dequantizes both as one float32 product ``d * float32(q)``, s
 dequantizes bit-identically, and every such matrix runs the Q8_0 kernels (5-8x faster per weight than
 the Q5_0 one, whose 5th-bit unpacking does not vectorize).
 
+IQ3_XXS is repacked to 4-bit codes for the int8 AVX2 kernel when the CPU has AVX2 (iq3_int8.py: lossless,
+4.5 instead of 3.06 bits/weight, 3x less work per weight); such a PackedWeight has layout IQ3_I8.
+
 K-quants are not repacked: an int8 + exact-scale layout needs more than 8.5 bits/weight (Q6_K: 256
 int8 + 16 int8 scales + f16 d = 8.56 bpw; Q4_K: 8.625 bpw).
 
@@ -22,7 +25,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as QType
 from numba import njit, prange
 
-from .dequant import IQ4NL_VALUES, check_raw
+from . import iq3_int8
+from .dequant import F16_TABLE, IQ4NL_VALUES, check_raw
 from ..qtypes import block_geometry
 
 REPACK_TO_Q8_0 = frozenset({QType.Q4_0, QType.Q5_0, QType.IQ4_NL})
@@ -91,17 +95,28 @@ class PackedWeight:
     """A weight matrix prepared for the CPU kernels; same attributes as loader.weights.QuantTensor.
 
     qtype / raw are what the kernels read (Q8_0 for repacked types); src_qtype is the file's type.
+    layout: GGML (raw holds GGML blocks of qtype) or IQ3_I8 (IQ3_XXS repacked for iq3_int8.py).
     raw3 is raw viewed (n_out, n_blocks, block_nbytes) for the fused kernels (None for float types).
     """
-    __slots__ = ("name", "qtype", "n_out", "n_in", "raw", "src_qtype", "raw3", "nb", "elems", "small", "final")
+    __slots__ = ("name", "qtype", "n_out", "n_in", "raw", "src_qtype", "layout", "raw3", "nb", "elems", "small",
+                 "final")
 
-    def __init__(self, name, qtype, n_out, n_in, raw, src_qtype=None, final=True):
-        qtype, raw = check_raw(qtype, raw, n_in)
+    def __init__(self, name, qtype, n_out, n_in, raw, src_qtype=None, final=True, layout=None):
+        self.layout = layout or GGML
+        if self.layout == GGML:
+            qtype, raw = check_raw(qtype, raw, n_in)
+            elems, bsize = block_geometry(qtype)
+        elif self.layout == IQ3_I8:
+            qtype, elems, bsize = QType.IQ3_XXS, iq3_int8.QK, iq3_int8.BLOCK_BYTES
+            if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != n_in // elems * bsize \
+                    or not raw.flags.c_contiguous:
+                raise ValueError(f"{name}: not repacked IQ3_XXS rows of {n_in} weights")
+        else:
+            raise ValueError(f"unknown weight layout {layout!r}")
         if raw.shape[0] != n_out:
             raise ValueError(f"{name}: raw has {raw.shape[0]} rows, expected {n_out}")
         self.name, self.qtype, self.n_out, self.n_in, self.raw = name, qtype, int(n_out), int(n_in), raw
         self.src_qtype = qtype if src_qtype is None else QType(int(src_qtype))
-        elems, bsize = block_geometry(qtype)
         self.elems = elems
         self.nb = self.n_in // elems
         self.raw3 = raw.reshape(self.n_out, self.nb, bsize) if elems > 1 else None
@@ -117,15 +132,20 @@ class PackedWeight:
 
     def __repr__(self):
         src = "" if self.src_qtype == self.qtype else f" (from {self.src_qtype.name})"
+        src += "" if self.layout == GGML else f" [{self.layout}]"
         return f"PackedWeight({self.name!r}, {self.qtype.name}{src}, {self.n_out}x{self.n_in})"
 
+
+GGML = "ggml"
+IQ3_I8 = "iq3_xxs_i8"
 
 # below this many weight bytes the matvec runs on the calling thread only
 SMALL_BYTES = 160 * 1024
 
 
-def pack_weight(w, repack: bool = True, release_source: bool = True) -> PackedWeight:
-    """QuantTensor-like w -> PackedWeight, repacked to Q8_0 when that is lossless (and `repack`).
+def pack_weight(w, repack: bool = True, release_source: bool = True, iq3_int8_layout: bool = False) -> PackedWeight:
+    """QuantTensor-like w -> PackedWeight, repacked to Q8_0 when that is lossless (and `repack`), IQ3_XXS
+    to the int8 kernel's layout when iq3_int8_layout (and `repack`).
 
     With release_source, the pages of the original (memory-mapped) bytes of a repacked matrix are
     dropped from the process (madvise MADV_DONTNEED): they were read once and are not needed again
@@ -138,6 +158,12 @@ def pack_weight(w, repack: bool = True, release_source: bool = True) -> PackedWe
         if release_source:
             release_pages(w.raw)
         return PackedWeight(w.name, QType.Q8_0, w.n_out, w.n_in, packed, src_qtype=qtype)
+    if repack and iq3_int8_layout and qtype == QType.IQ3_XXS:
+        _, raw = check_raw(qtype, w.raw, w.n_in)
+        packed = iq3_int8.repack_iq3_xxs(raw, w.n_in, F16_TABLE)
+        if release_source:
+            release_pages(w.raw)
+        return PackedWeight(w.name, qtype, w.n_out, w.n_in, packed, layout=IQ3_I8)
     return PackedWeight(w.name, qtype, w.n_out, w.n_in, w.raw)
 
 

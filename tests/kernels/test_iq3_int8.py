@@ -1,0 +1,107 @@
+"""IQ3_XXS repacked to 4-bit codes + the AVX2 int8 kernel (iq3_int8.py), against gguf.quants and float64.
+
+Tolerances: the repacking is exact in integers; a dequantized weight is (d/4) * (2 ls + 1) * value where
+gguf computes d * (ls + 0.5) * 0.5 * value, two float32 roundings apart (rtol 2**-22). The kernel's
+integer sums are exact; its only error is float32 rounding of the per-block products and their sum
+(measured ~1e-7 of sum |W| |x|): 1e-5 of that sum catches any wrong code, scale, sign or offset term
+(each moves results by O(1) of it).
+"""
+import gguf.quants
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QType
+
+from strata_lite.kernels.cpu import iq3_int8
+from strata_lite.kernels.cpu.act_quant import round_activations
+from strata_lite.kernels.cpu.backend import CpuBackend
+from strata_lite.kernels.cpu.dequant import F16_TABLE
+from strata_lite.kernels.cpu.repack import GGML, IQ3_I8
+from test_dequant import random_rows
+
+needs_avx2 = pytest.mark.skipif(not iq3_int8.avx2_available(), reason="the int8 kernel needs an AVX2 CPU")
+RTOL = 1e-5
+
+
+def _reference(raw, x):
+    w = gguf.quants.dequantize(raw, QType.IQ3_XXS).astype(np.float64)
+    xr = round_activations(QType.IQ3_XXS, x).astype(np.float64)      # llama.cpp's Q8_K rounding
+    return xr @ w.T, np.abs(xr) @ np.abs(w).T
+
+
+def test_repacked_rows_dequantize_like_gguf():
+    raw = random_rows(QType.IQ3_XXS, 13, 1024, seed=2)
+    packed = iq3_int8.repack_iq3_xxs(raw, 1024, F16_TABLE)
+    assert packed.shape == (13, 4 * iq3_int8.BLOCK_BYTES)
+    out = np.empty((13, 1024), np.float32)
+    iq3_int8.dequantize_into(packed, out)
+    np.testing.assert_allclose(out, gguf.quants.dequantize(raw, QType.IQ3_XXS), rtol=2.0 ** -22, atol=0)
+
+
+def test_activation_quantization_is_llama_cpp_q8_k_rounding():
+    x = np.random.default_rng(0).standard_normal((3, 768), dtype=np.float32) * 5
+    x[1, 256:512] = 0                                             # an all-zero block
+    q, d = iq3_int8.quantize_activations(x)
+    ours = ((q.astype(np.int32) - 128).astype(np.float32) * d[:, :, None]).reshape(x.shape)
+    np.testing.assert_array_equal(ours, round_activations(QType.IQ3_XXS, x))
+
+
+@needs_avx2
+@pytest.mark.parametrize("n_out", [1, 2, 3, 4, 5, 9])
+def test_int8_kernel_every_row_tail_and_token_count(n_out):
+    """Decode works on groups of 4 rows (a short last group repeats its last row), several tokens on
+    chunks of 2..4: every row tail, token counts 1..9 and a prompt-sized 40."""
+    raw = random_rows(QType.IQ3_XXS, n_out, 768, seed=n_out)
+    raw3 = iq3_int8.repack_iq3_xxs(raw, 768, F16_TABLE).reshape(n_out, 3, iq3_int8.BLOCK_BYTES)
+    for n_tok in list(range(1, 10)) + [40]:
+        x = np.random.default_rng(n_tok).standard_normal((n_tok, 768), dtype=np.float32)
+        x[0, :256] = 0                                            # zero block: scale 0, offset term 0
+        ref, scale = _reference(raw, x)
+        q, d = iq3_int8.quantize_activations(x)
+        out = np.full((n_tok, n_out), np.nan, np.float32)
+        iq3_int8.mv_avx2(raw3, q, d, out, iq3_int8.CODE_TABLE)
+        err = np.abs(out - ref)
+        assert np.all(err <= RTOL * scale + 1e-30), f"n_tok {n_tok}: max rel err {np.max(err / scale):.3g}"
+
+
+@needs_avx2
+def test_int8_kernel_extreme_values_do_not_saturate():
+    """The largest grid levels and scale (31) against activations of +-127: pmaddubsw's int16 pair sums
+    stay below 2**15 only because |value| <= 62, so this is the case that would overflow first."""
+    raw = random_rows(QType.IQ3_XXS, 4, 256, seed=9).reshape(4, 98)
+    raw[:, 2:66] = int(np.argmax(iq3_int8.IQ3XXS_GRID.sum(axis=1)))   # the grid row of largest levels
+    raw[:, 66:98] = 0xFF                                               # scale 15 -> 31, sign index 127
+    x = np.where(np.arange(256) % 2 == 0, 3.0, -3.0).astype(np.float32)[None, :]
+    ref, scale = _reference(raw, x)
+    q, d = iq3_int8.quantize_activations(x)
+    assert q.min() == 1 and q.max() == 255
+    out = np.empty((1, 4), np.float32)
+    iq3_int8.mv_avx2(iq3_int8.repack_iq3_xxs(raw, 256, F16_TABLE).reshape(4, 1, -1), q, d, out,
+                     iq3_int8.CODE_TABLE)
+    assert np.all(np.abs(out - ref) <= RTOL * scale)
+
+
+@needs_avx2
+def test_backend_uploads_iq3_xxs_in_the_int8_layout_and_fuses_it(monkeypatch):
+    class W:
+        def __init__(self, name, raw, n_in):
+            self.name, self.qtype, self.n_out, self.n_in, self.raw = name, QType.IQ3_XXS, raw.shape[0], n_in, raw
+
+    a, b = random_rows(QType.IQ3_XXS, 6, 512, seed=1), random_rows(QType.IQ3_XXS, 3, 512, seed=2)
+    be = CpuBackend()
+    wa, wb = be.upload_weight(W("a", a, 512)), be.upload_weight(W("b", b, 512))
+    assert wa.layout == IQ3_I8 and wa.qtype == QType.IQ3_XXS and wa.nbytes == 6 * 2 * iq3_int8.BLOCK_BYTES
+    fused = be.fuse_rows([wa, wb])
+    assert fused.layout == IQ3_I8 and fused.n_out == 9
+    x = np.random.default_rng(3).standard_normal((2, 512), dtype=np.float32)
+    ref, scale = _reference(np.concatenate([a, b]), x)
+    assert np.all(np.abs(be.qmatmul(fused, x) - ref) <= RTOL * scale)
+
+    monkeypatch.setenv("STRATA_LITE_IQ3_INT8", "0")        # opt out: the file's layout, the float kernel
+    plain = CpuBackend().upload_weight(W("a", a, 512))
+    assert plain.layout == GGML and plain.nbytes == a.nbytes
+
+
+def test_layout_rejects_wrong_row_bytes():
+    from strata_lite.kernels.cpu.repack import PackedWeight
+    with pytest.raises(ValueError, match="not repacked IQ3_XXS"):
+        PackedWeight("w", QType.IQ3_XXS, 2, 512, np.zeros((2, 196), np.uint8), layout=IQ3_I8)
