@@ -136,26 +136,35 @@ def dequantize_into(raw: np.ndarray, out: np.ndarray, parallel: bool = True) -> 
 
 # ------------------------------------------------------------------------------------- activations
 
+@njit(cache=True)
+def _quantize_block(x3, q, d, t, b):
+    # x3[t, b] (256 float32) -> q[t, b] (q8 + 128, uint8), d[t, b]: llama.cpp's Q8_K rounding
+    amax = np.float32(0.0)
+    mx = np.float32(0.0)
+    for j in range(QK):
+        a = abs(x3[t, b, j])
+        if a > amax:
+            amax, mx = a, x3[t, b, j]
+    if amax == 0:
+        d[t, b] = 0.0
+        for j in range(QK):
+            q[t, b, j] = 128
+        return
+    iscale = np.float32(-127.0) / mx
+    d[t, b] = np.float32(1.0) / iscale
+    for j in range(QK):
+        q[t, b, j] = np.uint8(np.int32(min(np.float32(127.0), np.rint(iscale * x3[t, b, j]))) + 128)
+
+
 @njit(cache=True, parallel=True)
-def _quantize_q8_k(x, q, d):
-    # x (n_tok, nb, 256) float32 -> q uint8 (q8 + 128), d (n_tok, nb) float32; llama.cpp's Q8_K rounding
-    for i in prange(x.shape[0] * x.shape[1]):
-        t, b = i // x.shape[1], i % x.shape[1]
-        amax = np.float32(0.0)
-        mx = np.float32(0.0)
-        for j in range(QK):
-            a = abs(x[t, b, j])
-            if a > amax:
-                amax, mx = a, x[t, b, j]
-        if amax == 0:
-            d[t, b] = 0.0
-            for j in range(QK):
-                q[t, b, j] = 128
-            continue
-        iscale = np.float32(-127.0) / mx
-        d[t, b] = np.float32(1.0) / iscale
-        for j in range(QK):
-            q[t, b, j] = np.uint8(np.int32(min(np.float32(127.0), np.rint(iscale * x[t, b, j]))) + 128)
+def _quantize_q8_k(x3, q, d):
+    nb = x3.shape[1]
+    if x3.shape[0] == 1:          # one token: a few microseconds, less than waking the thread pool
+        for b in range(nb):
+            _quantize_block(x3, q, d, 0, b)
+    else:
+        for i in prange(x3.shape[0] * nb):
+            _quantize_block(x3, q, d, i // nb, i % nb)
 
 
 def quantize_activations(x: np.ndarray):
@@ -297,9 +306,13 @@ CODE_TABLE = np.concatenate([IQ3_CODE_VALUES, IQ3_CODE_VALUES])      # one copy 
 
 
 @njit(cache=True, parallel=True)
-def mv_avx2(raw3, xq, xd, out, table):
-    """out (n_tok, n_rows) = x @ W.T; W repacked (n_rows, nb, 144), x given as quantize_activations()."""
-    n, n_tok = raw3.shape[0], xq.shape[0]
+def mv_avx2(raw3, x3, out, table):
+    """out (n_tok, n_rows) = x @ W.T; W repacked (n_rows, nb, 144), x float32 (n_tok, nb, 256), quantized
+    here (one compiled call per mat-mul: the activation rounding costs no extra launch)."""
+    n, n_tok = raw3.shape[0], x3.shape[0]
+    xq = np.empty(x3.shape, dtype=np.uint8)
+    xd = np.empty(x3.shape[:2], dtype=np.float32)
+    _quantize_q8_k(x3, xq, xd)
     if n_tok == 1:
         for g in prange((n + 3) // 4):
             _dot_avx2(raw3, 4 * g, xq, xd, 0, 1, out, table)

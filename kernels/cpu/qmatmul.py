@@ -92,8 +92,7 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
         return out
     qtype = w.qtype
     if w.layout == IQ3_I8:
-        xq, xd = iq3_int8.quantize_activations(x)
-        iq3_int8.mv_avx2(w.raw3, xq, xd, out, iq3_int8.CODE_TABLE)
+        iq3_int8.mv_avx2(w.raw3, x.reshape(n_tok, w.nb, iq3_int8.QK), out, iq3_int8.CODE_TABLE)
     elif qtype == _Q8_0 and n_tok <= MATVEC_MAX_TOK:
         x3 = x.reshape(n_tok, w.nb, 32)
         if w.small:
