@@ -15,6 +15,9 @@
   test_packed_call_overhead the fixed cost of one call on a 16x64 matrix (serial and parallel
   kernel); test_packed_matmul_512 the prompt path with "GFLOP/s" and numpy's sgemm on the same
   shape ("sgemm GFLOP/s", a float32 weight already in memory) for comparison.
+* test_iq3_xxs_stream: the 1.5B model's fused gate/up shape (1536 -> 17920) for 28 distinct matrices
+  in a row, so the weights come from DRAM as in a decode step; the int8 layout (iq3_int8.py) against
+  the file layout's float kernel ("G w/s", "GB/s" of the layout's bytes).
 Weights are random valid blocks (random bytes, f16 scales in 1e-3..1e-2).
 Under load compare single-threaded runs: NUMBA_NUM_THREADS=1 python -m pytest ... (timings are wall
 clock; pytest-benchmark's min over rounds is the least disturbed one).
@@ -103,7 +106,7 @@ def test_packed_matvec(benchmark, qtype, n_cols, n_out):
     raw, w, x, out = _packed(qtype, n_cols, n_out, 1)
     benchmark(_BE.qmatmul, w, x, out)
     t = benchmark.stats.stats.min
-    benchmark.extra_info["layout"] = w.qtype.name
+    benchmark.extra_info["layout"] = w.qtype.name if w.layout == rp.GGML else w.layout
     benchmark.extra_info["GB/s"] = round(w.nbytes / t / 1e9, 2)
     benchmark.extra_info["file GB/s"] = round(raw.nbytes / t / 1e9, 2)
 
@@ -135,3 +138,27 @@ def _timed(f):
     t = time.perf_counter()
     f()
     return time.perf_counter() - t
+
+
+@pytest.mark.parametrize("int8_layout", [True, False], ids=["int8", "file-layout"])
+def test_iq3_xxs_stream(benchmark, int8_layout, monkeypatch):
+    if int8_layout and not _BE.iq3_int8:
+        pytest.skip("no AVX2: the int8 layout is not used on this CPU")
+    monkeypatch.setenv("STRATA_LITE_IQ3_INT8", "1" if int8_layout else "0")
+    be = CpuBackend()
+    n_cols, n_out, n_mats = 1536, 17920, 28
+    base = random_rows(QType.IQ3_XXS, 256, n_cols, seed=1)
+    ws = [be.upload_weight(SimpleNamespace(name=f"w{i}", qtype=QType.IQ3_XXS, n_out=n_out, n_in=n_cols,
+                                           raw=np.tile(np.roll(base, i, axis=0), (n_out // 256, 1))))
+          for i in range(n_mats)]
+    x = np.random.default_rng(2).standard_normal((1, n_cols), dtype=np.float32)
+    out = np.empty((1, n_out), dtype=np.float32)
+
+    def run():
+        for w in ws:
+            be.qmatmul(w, x, out)
+    run()
+    benchmark.pedantic(run, rounds=10, iterations=1)
+    t = benchmark.stats.stats.min
+    benchmark.extra_info["G w/s"] = round(n_mats * n_out * n_cols / t / 1e9, 1)
+    benchmark.extra_info["GB/s"] = round(sum(w.nbytes for w in ws) / t / 1e9, 1)

@@ -323,13 +323,22 @@ def _attn_kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_page
                     kp = kb + j
                     page = page_tables[seq, kp // ps]
                     slot = kp % ps
+                    # 1-D row views first: indexing the 4-D cache inside the d loop kept it scalar
+                    # (decode, 600 keys, 12 heads: 210 -> 87 us per layer)
+                    krow = k_pages[page, slot, g]
+                    vrow = v_pages[page, slot, g]
+                    kscr = k_scales[page, slot, g]
+                    vscr = v_scales[page, slot, g]
+                    kbj = Kb[j]
+                    vbj = Vb[j]
                     for gi in range(ng):
-                        ksc = k_scales[page, slot, g, gi]
-                        vsc = v_scales[page, slot, g, gi]
-                        for d in range(gi * gs, gi * gs + gs):
-                            Kb[j, d] = np.float32(k_pages[page, slot, g, d]) * ksc
-                        for d in range(gi * gs, gi * gs + gs):
-                            Vb[j, d] = np.float32(v_pages[page, slot, g, d]) * vsc
+                        ksc = kscr[gi]
+                        vsc = vscr[gi]
+                        o = gi * gs
+                        for d in range(gs):
+                            kbj[o + d] = np.float32(krow[o + d]) * ksc
+                        for d in range(gs):
+                            vbj[o + d] = np.float32(vrow[o + d]) * vsc
                 if nk < _BK:
                     for j in range(nk, _BK):
                         for d in range(hd):
