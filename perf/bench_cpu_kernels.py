@@ -142,9 +142,9 @@ def _timed(f):
 
 @pytest.mark.parametrize("int8_layout", [True, False], ids=["int8", "file-layout"])
 def test_iq3_xxs_stream(benchmark, int8_layout, monkeypatch):
-    if int8_layout and not _BE.iq3_int8:
+    if int8_layout and not _BE.int8:
         pytest.skip("no AVX2: the int8 layout is not used on this CPU")
-    monkeypatch.setenv("STRATA_LITE_IQ3_INT8", "1" if int8_layout else "0")
+    monkeypatch.setenv("STRATA_LITE_INT8", "1" if int8_layout else "0")
     be = CpuBackend()
     n_cols, n_out, n_mats = 1536, 17920, 28
     base = random_rows(QType.IQ3_XXS, 256, n_cols, seed=1)

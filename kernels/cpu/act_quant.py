@@ -15,7 +15,7 @@ Q8_K_ACT = frozenset({QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ3_XXS})
 
 
 @njit(cache=True, inline="always")
-def _round_f16(v):
+def round_f16(v):
     """float32 -> the nearest float16 value (ties to even), as a float; v >= 0."""
     if v == 0.0:
         return 0.0
@@ -37,7 +37,7 @@ def _q8_0_rows(x, out):
                 amax = max(amax, abs(x[i, j]))
             s = np.float32(amax / np.float32(127.0))
             inv = np.float32(1.0) / s if s != 0 else np.float32(0.0)
-            s16 = np.float32(_round_f16(s))
+            s16 = np.float32(round_f16(s))
             for j in range(b * 32, b * 32 + 32):
                 out[i, j] = np.float32(np.rint(x[i, j] * inv)) * s16
 

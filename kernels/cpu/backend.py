@@ -8,13 +8,13 @@ import numpy as np
 
 from ..backend import Backend
 from ..kv_layout import kv_shapes
-from .act_quant import activation_format, round_activations
+from .act_quant import activation_format
 from .attention import attention, kv_store
 from .dequant import dequantize
-from .iq3_int8 import avx2_available
+from .llvm_ir import host_has_avx2
 from .elementwise import add, rmsnorm, rope, silu_mul
 from .qmatmul import qmatmul_packed
-from .repack import GGML, PackedWeight, pack_weight, release_pages
+from .repack import PackedWeight, pack_weight, release_pages
 
 
 class _Raw:
@@ -33,9 +33,10 @@ class CpuBackend(Backend):
             numba.set_num_threads(min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
         self.n_threads = numba.get_num_threads()
         self.repack = True            # lossless Q4_0/Q5_0/IQ4_NL -> Q8_0 at upload (repack.py)
-        # IQ3_XXS -> 4-bit codes for the AVX2 int8 kernel (iq3_int8.py): 3x faster per weight, 1.47x
-        # the bytes; STRATA_LITE_IQ3_INT8=0 keeps the file's 3.06 bits/weight and the float kernel
-        self.iq3_int8 = avx2_available() and os.environ.get("STRATA_LITE_IQ3_INT8", "1") != "0"
+        # AVX2 int8 kernels (docs/design.md): IQ3_XXS repacked to 4-bit codes (iq3_int8.py: 3x faster
+        # per weight, 1.47x the bytes) and Q8_0 mat-vecs in int8 (q8_0_int8.py: 2x). STRATA_LITE_INT8=0
+        # keeps the float kernels and IQ3_XXS at the file's 3.06 bits/weight.
+        self.int8 = host_has_avx2() and os.environ.get("STRATA_LITE_INT8", "1") != "0"
         self._matmul_cache = {}       # id(weight) -> (weight, PackedWeight) for _packed_for_matmul
 
     def empty(self, shape, dtype="float32"):
@@ -53,7 +54,7 @@ class CpuBackend(Backend):
         file layout; if it doubles as the output matrix it is repacked on its first qmatmul."""
         if w.name.startswith("token_embd"):
             return PackedWeight(w.name, w.qtype, w.n_out, w.n_in, w.raw, final=not self.repack)
-        return pack_weight(w, repack=self.repack, iq3_int8_layout=self.iq3_int8)
+        return pack_weight(w, repack=self.repack, int8=self.int8)
 
     def fuse_rows(self, weights):
         ws = list(weights)
@@ -66,7 +67,7 @@ class CpuBackend(Backend):
         for w in ws:    # the fused copy replaces them: drop their mapped pages from the process (RSS)
             release_pages(w.raw)
         return PackedWeight("+".join(w.name for w in ws), ws[0].qtype, raw.shape[0], ws[0].n_in, raw,
-                            src_qtype=ws[0].src_qtype, layout=ws[0].layout)
+                            src_qtype=ws[0].src_qtype, layout=ws[0].layout, int8=self.int8)
 
     def embed(self, w, token_ids):
         ids = np.asarray(token_ids, dtype=np.int64)
@@ -75,10 +76,7 @@ class CpuBackend(Backend):
     def qmatmul(self, w, x, out=None):
         if type(w) is not PackedWeight or not w.final:
             w = self._packed_for_matmul(w)
-        if w.layout != GGML:          # the int8 kernel quantizes x itself
-            return qmatmul_packed(w, x, out)
-        # llama.cpp rounds activations to Q8_0/Q8_K before quantized mat-muls; so do we (act_quant.py)
-        return qmatmul_packed(w, round_activations(w.src_qtype, x), out)
+        return qmatmul_packed(w, x, out)
 
     def _packed_for_matmul(self, w):
         """Weights not (or not yet) repacked: a QuantTensor that skipped upload_weight, or the
@@ -87,7 +85,7 @@ class CpuBackend(Backend):
         hit = self._matmul_cache.get(key)
         if hit is None or hit[0] is not w:
             hit = (w, pack_weight(_Raw(w), repack=self.repack, release_source=False,
-                                  iq3_int8_layout=self.iq3_int8))
+                                  int8=self.int8))
             self._matmul_cache[key] = hit
         return hit[1]
 

@@ -28,12 +28,12 @@ sums stay below 2^27 per block.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import llvm_ir as L
 from .dequant import IQ2_KSIGNS, IQ3XXS_GRID, f16_at
 from .prefetch import emit_prefetch
 
@@ -47,14 +47,6 @@ _LEVEL_OF[IQ3_LEVELS.astype(np.uint8)] = np.arange(8, dtype=np.uint8)
 _GRID_U8 = np.ascontiguousarray(IQ3XXS_GRID.astype(np.uint8))                  # (256, 4)
 assert np.all(_LEVEL_OF[_GRID_U8] != 255)
 MAX_TOK = 4       # tokens per kernel call
-
-
-def avx2_available() -> bool:
-    """True when the CPU Numba compiles for has AVX2 (the int8 kernel uses its intrinsics)."""
-    try:
-        return bool(llvm_binding.get_host_cpu_features().get("avx2", False))
-    except Exception:   # pragma: no cover - features cannot be read on some platforms
-        return False
 
 
 # ------------------------------------------------------------------------------------------ layout
@@ -179,13 +171,6 @@ def quantize_activations(x: np.ndarray):
 
 # ------------------------------------------------------------------------------------------ kernel
 
-_F32 = ir.FloatType()
-_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-_V32B, _V16W, _V8D, _V8F = (ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8),
-                            ir.VectorType(_F32, 8))
-_CONTRACT = ("contract",)
-
-
 @intrinsic
 def _dot_avx2(typingctx, raw3, r0, xq, xd, t0, n_tok, out, table):
     """out[t0 + j, r] = dot(W[r], x[t0 + j]) for j < n_tok (a literal 1..MAX_TOK), rows r0 .. r0 + R - 1
@@ -204,42 +189,26 @@ def _dot_avx2(typingctx, raw3, r0, xq, xd, t0, n_tok, out, table):
 
     def codegen(context, builder, signature, args):
         mod = builder.module
-        pshufb = mod.declare_intrinsic("llvm.x86.avx2.pshuf.b", (), ir.FunctionType(_V32B, [_V32B, _V32B]))
-        maddubs = mod.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", (), ir.FunctionType(_V16W, [_V32B, _V32B]))
-        maddwd = mod.declare_intrinsic("llvm.x86.avx2.pmadd.wd", (), ir.FunctionType(_V8D, [_V16W, _V16W]))
-
-        def array(i):     # (i8* data, strides, shape) of array argument i
-            a = cgutils.create_struct_proxy(signature.args[i])(context, builder, value=args[i])
-            return (builder.bitcast(a.data, _I8.as_pointer()), cgutils.unpack_tuple(builder, a.strides),
-                    cgutils.unpack_tuple(builder, a.shape))
-
-        def const(v, ty=_I64):
-            return ir.Constant(ty, v)
+        pshufb = mod.declare_intrinsic("llvm.x86.avx2.pshuf.b", (), ir.FunctionType(L.V32B, [L.V32B, L.V32B]))
+        maddubs = mod.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", (), ir.FunctionType(L.V16W, [L.V32B, L.V32B]))
+        maddwd = mod.declare_intrinsic("llvm.x86.avx2.pmadd.wd", (), ir.FunctionType(L.V8I, [L.V16W, L.V16W]))
+        const = L.const
 
         def load(ptr, off, ty, align=1):
-            off = off if isinstance(off, ir.Value) else const(off)
-            return builder.load(builder.bitcast(builder.gep(ptr, [off]), ty.as_pointer()), align=align)
+            return L.load(builder, ptr, off, ty, align)
 
-        def splat(value, vty):
-            undef = ir.Constant(vty, ir.Undefined)
-            return builder.shuffle_vector(builder.insert_element(undef, value, const(0, _I32)), undef,
-                                          ir.Constant(ir.VectorType(_I32, vty.count), [0] * vty.count))
-
-        (praw, rstr, rshape), (pxq, qstr, _), (pxd, dstr, _), (pout, ostr, _) = array(0), array(2), array(3), array(6)
-        tab = load(array(7)[0], 0, _V32B)
-        low4 = ir.Constant(_V32B, [15] * 32)
-        last = builder.sub(rshape[0], const(1))
-        r_idx = []
-        for k in range(R):
-            r = builder.add(args[1], const(k))
-            r_idx.append(builder.select(builder.icmp_signed("<", r, last), r, last))
+        (praw, rstr, rshape), (pxq, qstr, _), (pxd, dstr, _), (pout, ostr, _), (ptab, _, _) = (
+            L.array_arg(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 6, 7))
+        tab = load(ptab, 0, L.V32B)
+        low4 = ir.Constant(L.V32B, [15] * 32)
+        r_idx = L.clamped_rows(builder, args[1], R, rshape[0])
         t_idx = [builder.add(args[4], const(j)) for j in range(T)]
         row0 = [builder.gep(praw, [builder.mul(r, rstr[0])]) for r in r_idx]
         xq0 = [builder.gep(pxq, [builder.mul(t, qstr[0])]) for t in t_idx]
         xd0 = [builder.gep(pxd, [builder.mul(t, dstr[0])]) for t in t_idx]
-        acc_ptr = [[cgutils.alloca_once_value(builder, ir.Constant(_V8F, None)) for _ in range(T)]
+        acc_ptr = [[cgutils.alloca_once_value(builder, ir.Constant(L.V8F, None)) for _ in range(T)]
                    for _ in range(R)]
-        corr_ptr = [[cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(T)]
+        corr_ptr = [[cgutils.alloca_once_value(builder, ir.Constant(L.F32, 0.0)) for _ in range(T)]
                     for _ in range(R)]
         # software prefetch of the rows this thread reads two calls from now (prange hands each thread a
         # contiguous range; rows of ~1 KB are too short a stream for the hardware prefetcher) into L2.
@@ -253,50 +222,45 @@ def _dot_avx2(typingctx, raw3, r0, xq, xd, t0, n_tok, out, table):
                 for o in (0, 64, 128):
                     emit_prefetch(builder, builder.gep(p, [builder.add(ahead, const(o))]), locality=2)
             xqb = [builder.gep(p, [builder.mul(blk.index, qstr[1])]) for p in xq0]
-            da = [load(p, builder.mul(blk.index, dstr[1]), _F32, 4) for p in xd0]
-            isum = [[ir.Constant(_V8D, None)] * T for _ in range(R)]
+            da = [load(p, builder.mul(blk.index, dstr[1]), L.F32, 4) for p in xd0]
+            isum = [[ir.Constant(L.V8I, None)] * T for _ in range(R)]
             scales = []
             for p in rows:          # 8 sub-block scales -> <8 x i16>
-                sc8 = load(p, 128, ir.VectorType(_I8, 8))
-                scales.append(builder.zext(sc8, ir.VectorType(_I16, 8)))
+                sc8 = load(p, 128, ir.VectorType(L.I8, 8))
+                scales.append(builder.zext(sc8, ir.VectorType(L.I16, 8)))
             for pair in range(4):
-                xa = [(load(p, 64 * pair, _V32B), load(p, 64 * pair + 32, _V32B)) for p in xqb]
+                xa = [(load(p, 64 * pair, L.V32B), load(p, 64 * pair + 32, L.V32B)) for p in xqb]
                 for k, p in enumerate(rows):
-                    codes = load(p, 32 * pair, _V32B)
+                    codes = load(p, 32 * pair, L.V32B)
                     lo = builder.and_(codes, low4)
-                    hi = builder.and_(builder.bitcast(builder.lshr(builder.bitcast(codes, _V16W),
-                                                                   ir.Constant(_V16W, [4] * 16)), _V32B), low4)
+                    hi = builder.and_(builder.bitcast(builder.lshr(builder.bitcast(codes, L.V16W),
+                                                                   ir.Constant(L.V16W, [4] * 16)), L.V32B), low4)
                     w_lo = builder.call(pshufb, [tab, lo])
                     w_hi = builder.call(pshufb, [tab, hi])
-                    s_lo = builder.shuffle_vector(scales[k], scales[k], ir.Constant(ir.VectorType(_I32, 16), [2 * pair] * 16))
-                    s_hi = builder.shuffle_vector(scales[k], scales[k], ir.Constant(ir.VectorType(_I32, 16), [2 * pair + 1] * 16))
+                    s_lo = builder.shuffle_vector(scales[k], scales[k], ir.Constant(ir.VectorType(L.I32, 16), [2 * pair] * 16))
+                    s_hi = builder.shuffle_vector(scales[k], scales[k], ir.Constant(ir.VectorType(L.I32, 16), [2 * pair + 1] * 16))
                     for j in range(T):
                         m_lo = builder.call(maddwd, [builder.call(maddubs, [xa[j][0], w_lo]), s_lo])
                         m_hi = builder.call(maddwd, [builder.call(maddubs, [xa[j][1], w_hi]), s_hi])
                         isum[k][j] = builder.add(isum[k][j], builder.add(m_lo, m_hi))
             for k, p in enumerate(rows):
-                dw = load(p, 136, _F32)
-                c = builder.sitofp(load(p, 140, _I32), _F32)
+                dw = load(p, 136, L.F32)
+                c = builder.sitofp(load(p, 140, L.I32), L.F32)
                 for j in range(T):
                     s = builder.fmul(dw, da[j])
                     a = acc_ptr[k][j]
-                    builder.store(builder.fadd(builder.fmul(builder.sitofp(isum[k][j], _V8F), splat(s, _V8F),
-                                                            flags=_CONTRACT),
-                                               builder.load(a), flags=_CONTRACT), a)
+                    builder.store(builder.fadd(builder.fmul(builder.sitofp(isum[k][j], L.V8F),
+                                                            L.splat(builder, s, L.V8F), flags=L.CONTRACT),
+                                               builder.load(a), flags=L.CONTRACT), a)
                     cp = corr_ptr[k][j]
-                    builder.store(builder.fadd(builder.fmul(s, c, flags=_CONTRACT), builder.load(cp),
-                                               flags=_CONTRACT), cp)
+                    builder.store(builder.fadd(builder.fmul(s, c, flags=L.CONTRACT), builder.load(cp),
+                                               flags=L.CONTRACT), cp)
         for k in range(R):
             for j in range(T):
-                v = builder.load(acc_ptr[k][j])                              # horizontal sum 8 -> 4 -> 2 -> 1
-                for n in (4, 2, 1):
-                    half = ir.VectorType(_I32, n)
-                    v = builder.fadd(builder.shuffle_vector(v, v, ir.Constant(half, list(range(n)))),
-                                     builder.shuffle_vector(v, v, ir.Constant(half, list(range(n, 2 * n)))))
-                total = builder.fsub(builder.extract_element(v, const(0, _I32)),
-                                     builder.fmul(ir.Constant(_F32, 128.0), builder.load(corr_ptr[k][j])))
+                total = builder.fsub(L.hsum(builder, builder.load(acc_ptr[k][j])),
+                                     builder.fmul(ir.Constant(L.F32, 128.0), builder.load(corr_ptr[k][j])))
                 off = builder.add(builder.mul(t_idx[j], ostr[0]), builder.mul(r_idx[k], ostr[1]))
-                builder.store(total, builder.bitcast(builder.gep(pout, [off]), _F32.as_pointer()))
+                L.store_f32(builder, pout, off, total)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -17,8 +17,9 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from . import iq3_int8
+from . import iq3_int8, q8_0_int8
 from . import matvec as mv
+from .act_quant import round_activations
 from .dequant import (QK, QK_HALF, F16_TABLE, IQ3XXS_GRID, IQ4NL_VALUES, check_raw,
                       dequantize_into, dequantize_into_serial)
 from .repack import IQ3_I8
@@ -75,10 +76,10 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
 
     The weight was validated and its kernel views built once at load, so only x / out are checked
     here (cheap attribute tests), and n_tok <= MATVEC_MAX_TOK goes straight to the fused kernel.
-    x is taken as the kernel multiplies it: callers round it first (act_quant.py), except for the
-    IQ3_I8 layout, whose int8 kernel quantizes the float x itself (the same rounding), for any n_tok:
-    it beats dequantize + BLAS on prompts too (1536x8960 / 8960x1536, 512 tokens: 100 / 91 ms vs
-    87 / 147 ms)."""
+    x: float32 activations. llama.cpp rounds them to Q8_0 / Q8_K before quantized mat-muls and so do
+    we (act_quant.py): the int8 kernels quantize x to those int8 values themselves, the float kernels
+    get the rounded values. The IQ3_I8 layout takes the int8 kernel for any n_tok: it beats
+    dequantize + BLAS on prompts too (1536x8960 / 8960x1536, 512 tokens: 100 / 91 ms vs 87 / 147 ms)."""
     if (type(x) is not np.ndarray or x.dtype != _F32 or x.ndim != 2 or x.shape[1] != w.n_in
             or not x.flags.c_contiguous):
         _check_x(x, w.n_in)
@@ -93,7 +94,12 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
     qtype = w.qtype
     if w.layout == IQ3_I8:
         iq3_int8.mv_avx2(w.raw3, x.reshape(n_tok, w.nb, iq3_int8.QK), out, iq3_int8.CODE_TABLE)
-    elif qtype == _Q8_0 and n_tok <= MATVEC_MAX_TOK:
+        return out
+    if w.int8 and n_tok <= MATVEC_MAX_TOK:
+        q8_0_int8.mv_avx2(w.raw3, x.reshape(n_tok, w.nb, q8_0_int8.QK), out)
+        return out
+    x = round_activations(w.src_qtype, x)
+    if qtype == _Q8_0 and n_tok <= MATVEC_MAX_TOK:
         x3 = x.reshape(n_tok, w.nb, 32)
         if w.small:
             mv.mv_q8_0_serial(w.raw3, x3, out, F16_TABLE, QK)

@@ -99,9 +99,9 @@ class PackedWeight:
     raw3 is raw viewed (n_out, n_blocks, block_nbytes) for the fused kernels (None for float types).
     """
     __slots__ = ("name", "qtype", "n_out", "n_in", "raw", "src_qtype", "layout", "raw3", "nb", "elems", "small",
-                 "final")
+                 "final", "int8")
 
-    def __init__(self, name, qtype, n_out, n_in, raw, src_qtype=None, final=True, layout=None):
+    def __init__(self, name, qtype, n_out, n_in, raw, src_qtype=None, final=True, layout=None, int8=False):
         self.layout = layout or GGML
         if self.layout == GGML:
             qtype, raw = check_raw(qtype, raw, n_in)
@@ -125,6 +125,9 @@ class PackedWeight:
         self.small = raw.nbytes < SMALL_BYTES
         # False: kept in a repackable layout on purpose (row lookups only); qmatmul repacks a copy
         self.final = bool(final)
+        # the AVX2 int8 kernels serve it (iq3_int8.py: the IQ3_I8 layout; q8_0_int8.py: Q8_0 up to
+        # MATVEC_MAX_TOK tokens, not for small matrices, which run the serial float kernel)
+        self.int8 = self.layout == IQ3_I8 or (bool(int8) and qtype == QType.Q8_0 and not self.small)
 
     @property
     def nbytes(self) -> int:
@@ -143,9 +146,10 @@ IQ3_I8 = "iq3_xxs_i8"
 SMALL_BYTES = 160 * 1024
 
 
-def pack_weight(w, repack: bool = True, release_source: bool = True, iq3_int8_layout: bool = False) -> PackedWeight:
-    """QuantTensor-like w -> PackedWeight, repacked to Q8_0 when that is lossless (and `repack`), IQ3_XXS
-    to the int8 kernel's layout when iq3_int8_layout (and `repack`).
+def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool = False) -> PackedWeight:
+    """QuantTensor-like w -> PackedWeight, repacked to Q8_0 when that is lossless (and `repack`); with
+    `int8` (an AVX2 CPU) IQ3_XXS is repacked for iq3_int8.py (and `repack`) and Q8_0 is served by
+    q8_0_int8.py.
 
     With release_source, the pages of the original (memory-mapped) bytes of a repacked matrix are
     dropped from the process (madvise MADV_DONTNEED): they were read once and are not needed again
@@ -157,14 +161,14 @@ def pack_weight(w, repack: bool = True, release_source: bool = True, iq3_int8_la
         packed = repack_to_q8_0(qtype, w.raw, w.n_in)
         if release_source:
             release_pages(w.raw)
-        return PackedWeight(w.name, QType.Q8_0, w.n_out, w.n_in, packed, src_qtype=qtype)
-    if repack and iq3_int8_layout and qtype == QType.IQ3_XXS:
+        return PackedWeight(w.name, QType.Q8_0, w.n_out, w.n_in, packed, src_qtype=qtype, int8=int8)
+    if repack and int8 and qtype == QType.IQ3_XXS:
         _, raw = check_raw(qtype, w.raw, w.n_in)
         packed = iq3_int8.repack_iq3_xxs(raw, w.n_in, F16_TABLE)
         if release_source:
             release_pages(w.raw)
         return PackedWeight(w.name, qtype, w.n_out, w.n_in, packed, layout=IQ3_I8)
-    return PackedWeight(w.name, qtype, w.n_out, w.n_in, w.raw)
+    return PackedWeight(w.name, qtype, w.n_out, w.n_in, w.raw, int8=int8)
 
 
 def _mmap_root(arr):

@@ -15,10 +15,11 @@ from strata_lite.kernels.cpu import iq3_int8
 from strata_lite.kernels.cpu.act_quant import round_activations
 from strata_lite.kernels.cpu.backend import CpuBackend
 from strata_lite.kernels.cpu.dequant import F16_TABLE
+from strata_lite.kernels.cpu.llvm_ir import host_has_avx2
 from strata_lite.kernels.cpu.repack import GGML, IQ3_I8
 from test_dequant import random_rows
 
-needs_avx2 = pytest.mark.skipif(not iq3_int8.avx2_available(), reason="the int8 kernel needs an AVX2 CPU")
+needs_avx2 = pytest.mark.skipif(not host_has_avx2(), reason="the int8 kernels need an AVX2 CPU")
 RTOL = 1e-5
 
 
@@ -95,7 +96,7 @@ def test_backend_uploads_iq3_xxs_in_the_int8_layout_and_fuses_it(monkeypatch):
     ref, scale = _reference(np.concatenate([a, b]), x)
     assert np.all(np.abs(be.qmatmul(fused, x) - ref) <= RTOL * scale)
 
-    monkeypatch.setenv("STRATA_LITE_IQ3_INT8", "0")        # opt out: the file's layout, the float kernel
+    monkeypatch.setenv("STRATA_LITE_INT8", "0")        # opt out: the file's layout, the float kernel
     plain = CpuBackend().upload_weight(W("a", a, 512))
     assert plain.layout == GGML and plain.nbytes == a.nbytes
 

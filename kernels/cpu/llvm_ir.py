@@ -1,0 +1,74 @@
+"""Helpers for kernels emitted as LLVM IR through Numba @intrinsic (iq3_int8.py, q8_0_int8.py, matvec.py).
+
+They take the llvmlite IRBuilder of the intrinsic's codegen. Byte offsets are i64; loads are unaligned
+unless an alignment is given.
+"""
+from llvmlite import binding as llvm_binding
+from llvmlite import ir
+from numba.core import cgutils
+
+F32 = ir.FloatType()
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+V8F = ir.VectorType(F32, 8)
+V8I = ir.VectorType(I32, 8)
+V32B = ir.VectorType(I8, 32)
+V16W = ir.VectorType(I16, 16)
+CONTRACT = ("contract",)
+
+
+def const(v, ty=I64):
+    return ir.Constant(ty, v)
+
+
+def array_arg(context, builder, array_type, value):
+    """(i8* data, strides, shape) of a Numba array argument."""
+    a = cgutils.create_struct_proxy(array_type)(context, builder, value=value)
+    return (builder.bitcast(a.data, I8.as_pointer()), cgutils.unpack_tuple(builder, a.strides),
+            cgutils.unpack_tuple(builder, a.shape))
+
+
+def load(builder, ptr, off, ty, align=1):
+    """Load a ty at byte offset off (int or i64 value) from i8* ptr."""
+    off = off if isinstance(off, ir.Value) else const(off)
+    return builder.load(builder.bitcast(builder.gep(ptr, [off]), ty.as_pointer()), align=align)
+
+
+def splat(builder, value, vty):
+    """value broadcast to every lane of vector type vty."""
+    undef = ir.Constant(vty, ir.Undefined)
+    return builder.shuffle_vector(builder.insert_element(undef, value, const(0, I32)), undef,
+                                  ir.Constant(ir.VectorType(I32, vty.count), [0] * vty.count))
+
+
+def hsum(builder, v):
+    """Sum of the lanes of a float vector (power-of-two width), as a scalar."""
+    n = v.type.count // 2
+    while n >= 1:
+        idx = ir.VectorType(I32, n)
+        v = builder.fadd(builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n)))),
+                         builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n, 2 * n)))))
+        n //= 2
+    return builder.extract_element(v, const(0, I32))
+
+
+def clamped_rows(builder, r0, count, n_rows):
+    """Row indices r0 .. r0 + count - 1, each clamped to n_rows - 1 (a short last group repeats its
+    last row, so kernels never branch on the tail)."""
+    last = builder.sub(n_rows, const(1))
+    rows = []
+    for k in range(count):
+        r = builder.add(r0, const(k))
+        rows.append(builder.select(builder.icmp_signed("<", r, last), r, last))
+    return rows
+
+
+def store_f32(builder, ptr, off, value):
+    builder.store(value, builder.bitcast(builder.gep(ptr, [off]), F32.as_pointer()))
+
+
+def host_has_avx2() -> bool:
+    """True when the CPU Numba compiles for has AVX2 (needed by the llvm.x86.avx2.* intrinsics)."""
+    try:
+        return bool(llvm_binding.get_host_cpu_features().get("avx2", False))
+    except Exception:   # pragma: no cover - features cannot be read on some platforms
+        return False

@@ -1,0 +1,136 @@
+"""Q8_0 matvec in int8 with AVX2 (pmaddubsw + pmaddwd), for Q8_0 weights and everything repacked to
+Q8_0 (Q4_0, Q5_0, IQ4_NL: repack.py).
+
+llama.cpp multiplies these types with activations rounded to Q8_0 (32-blocks, scale amax/127 stored
+as f16; act_quant.py reproduces it). Keeping that rounding as int8 values makes each 32-weight block
+one integer dot: pmaddubsw takes unsigned x signed bytes, so it gets |w| and sign(w) * a (psignb),
+the int16 pair sums (|w| <= 128, |a| <= 127: < 2^15) are widened by pmaddwd, and one float FMA per
+block applies d_w * d_a. The float kernel in matvec.py (int8 -> float32 conversions + FMAs) is
+compute-bound at ~17 G weights/s on 2 threads; this one is memory-bound (bench_cpu_kernels.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import llvm_ir as L
+from .act_quant import round_f16
+from .prefetch import emit_prefetch
+
+QK = 32
+BLOCK_BYTES = 34
+MAX_TOK = 4       # tokens per kernel call
+
+
+@njit(cache=True)
+def _quantize_block(x3, q, d, t, b):
+    # x3[t, b] (32 float32) -> q[t, b] int8, d[t, b] = the f16-rounded scale: llama.cpp's Q8_0 rounding
+    amax = np.float32(0.0)
+    for j in range(QK):
+        amax = max(amax, abs(x3[t, b, j]))
+    s = np.float32(amax / np.float32(127.0))
+    inv = np.float32(1.0) / s if s != 0 else np.float32(0.0)
+    d[t, b] = np.float32(round_f16(s))
+    for j in range(QK):
+        q[t, b, j] = np.int8(np.rint(x3[t, b, j] * inv))
+
+
+@njit(cache=True)
+def _quantize_rows(x3, q, d):
+    for t in range(x3.shape[0]):
+        for b in range(x3.shape[1]):
+            _quantize_block(x3, q, d, t, b)
+
+
+def quantize_activations(x: np.ndarray):
+    """x float32 (n_tok, n_cols), n_cols % 32 == 0 -> (q int8 (n_tok, nb, 32), d float32 (n_tok, nb))."""
+    x3 = x.reshape(x.shape[0], -1, QK)
+    q = np.empty(x3.shape, dtype=np.int8)
+    d = np.empty(x3.shape[:2], dtype=np.float32)
+    _quantize_rows(x3, q, d)
+    return q, d
+
+
+@intrinsic
+def _dot_avx2(typingctx, raw3, r0, xq, xd, t0, n_tok, out):
+    """out[t0 + j, r] = dot(W[r], x[t0 + j]) for j < n_tok (a literal 1..MAX_TOK) and rows r0 .. r0 + R - 1
+    (R = 4 for one token, else 1; rows past the last are clamped to it).
+    raw3 uint8 (rows, blocks, 34) Q8_0; xq int8 (tokens, blocks, 32); xd float32 (tokens, blocks);
+    out float32 (tokens, rows)."""
+    arrays = ((raw3, types.uint8, 3), (xq, types.int8, 3), (xd, types.float32, 2), (out, types.float32, 2))
+    if not (all(isinstance(a, types.Array) and a.dtype == dt and a.ndim == nd and a.layout == "C"
+                for a, dt, nd in arrays) and isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
+            and isinstance(n_tok, types.IntegerLiteral) and 1 <= n_tok.literal_value <= MAX_TOK):
+        return None
+    sig = types.void(raw3, types.intp, xq, xd, types.intp, n_tok, out)
+    T = n_tok.literal_value
+    R = 4 if T == 1 else 1
+
+    def codegen(context, builder, signature, args):
+        mod = builder.module
+        psign = mod.declare_intrinsic("llvm.x86.avx2.psign.b", (), ir.FunctionType(L.V32B, [L.V32B, L.V32B]))
+        maddubs = mod.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", (), ir.FunctionType(L.V16W, [L.V32B, L.V32B]))
+        maddwd = mod.declare_intrinsic("llvm.x86.avx2.pmadd.wd", (), ir.FunctionType(L.V8I, [L.V16W, L.V16W]))
+        (praw, rstr, rshape), (pxq, qstr, _), (pxd, dstr, _), (pout, ostr, _) = (
+            L.array_arg(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 6))
+        ones = ir.Constant(L.V16W, [1] * 16)
+        r_idx = L.clamped_rows(builder, args[1], R, rshape[0])
+        t_idx = [builder.add(args[4], L.const(j)) for j in range(T)]
+        row0 = [builder.gep(praw, [builder.mul(r, rstr[0])]) for r in r_idx]
+        xq0 = [builder.gep(pxq, [builder.mul(t, qstr[0])]) for t in t_idx]
+        xd0 = [builder.gep(pxd, [builder.mul(t, dstr[0])]) for t in t_idx]
+        acc_ptr = [[cgutils.alloca_once_value(builder, ir.Constant(L.V8F, None)) for _ in range(T)]
+                   for _ in range(R)]
+        ahead = builder.mul(L.const(2 * R), rstr[0])       # prefetch as iq3_int8.py: two row groups, into L2
+        with cgutils.for_range(builder, rshape[1]) as loop:
+            blk = loop.index
+            rows = [builder.gep(p, [builder.mul(blk, rstr[1])]) for p in row0]
+            for p in rows:                                  # 34-byte blocks: a line every other block
+                emit_prefetch(builder, builder.gep(p, [ahead]), locality=2)
+            xa = [L.load(builder, p, builder.mul(blk, qstr[1]), L.V32B) for p in xq0]
+            da = [L.load(builder, p, builder.mul(blk, dstr[1]), L.F32, 4) for p in xd0]
+            for k, p in enumerate(rows):
+                w = L.load(builder, p, 2, L.V32B)
+                uw = builder.call(psign, [w, w])        # |w|; -128 stays 0x80 = 128 unsigned
+                dw = builder.fpext(builder.bitcast(L.load(builder, p, 0, L.I16), ir.HalfType()), L.F32)
+                for j in range(T):
+                    isum = builder.call(maddwd, [builder.call(maddubs, [uw, builder.call(psign, [xa[j], w])]), ones])
+                    s = L.splat(builder, builder.fmul(dw, da[j]), L.V8F)
+                    a = acc_ptr[k][j]
+                    builder.store(builder.fadd(builder.fmul(builder.sitofp(isum, L.V8F), s, flags=L.CONTRACT),
+                                               builder.load(a), flags=L.CONTRACT), a)
+        for k in range(R):
+            for j in range(T):
+                off = builder.add(builder.mul(t_idx[j], ostr[0]), builder.mul(r_idx[k], ostr[1]))
+                L.store_f32(builder, pout, off, L.hsum(builder, builder.load(acc_ptr[k][j])))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True, parallel=True)
+def mv_avx2(raw3, x3, out):
+    """out (n_tok, n_rows) = x @ W.T; W Q8_0 (n_rows, nb, 34), x float32 (n_tok, nb, 32) quantized here
+    (n_tok <= 8: a few microseconds, one compiled call per mat-mul)."""
+    n, n_tok = raw3.shape[0], x3.shape[0]
+    xq = np.empty(x3.shape, dtype=np.int8)
+    xd = np.empty(x3.shape[:2], dtype=np.float32)
+    _quantize_rows(x3, xq, xd)
+    if n_tok == 1:
+        for g in prange((n + 3) // 4):
+            _dot_avx2(raw3, 4 * g, xq, xd, 0, 1, out)
+    else:
+        n_chunks = (n_tok + MAX_TOK - 1) // MAX_TOK
+        for g in prange(n):
+            for c in range(n_chunks):
+                t0 = n_tok * c // n_chunks
+                nt = n_tok * (c + 1) // n_chunks - t0
+                if nt == 4:
+                    _dot_avx2(raw3, g, xq, xd, t0, 4, out)
+                elif nt == 3:
+                    _dot_avx2(raw3, g, xq, xd, t0, 3, out)
+                else:
+                    _dot_avx2(raw3, g, xq, xd, t0, 2, out)
