@@ -177,10 +177,9 @@ def _dot_avx2(typingctx, raw3, r0, xq, xd, t0, n_tok, out, table):
     (R = 4 for one token, else 1; rows past the last are clamped to it, i.e. computed again).
     raw3 uint8 (rows, blocks, 144); xq uint8 (tokens, blocks, 256); xd float32 (tokens, blocks);
     out float32 (tokens, rows); table: IQ3_CODE_VALUES twice (32 int8, one copy per 128-bit lane)."""
-    arrays = ((raw3, types.uint8, 3), (xq, types.uint8, 3), (xd, types.float32, 2), (out, types.float32, 2),
-              (table, types.int8, 1))
-    if not (all(isinstance(a, types.Array) and a.dtype == dt and a.ndim == nd and a.layout == "C"
-                for a, dt, nd in arrays) and isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
+    if not (L.c_arrays((raw3, types.uint8, 3), (xq, types.uint8, 3), (xd, types.float32, 2),
+                       (out, types.float32, 2), (table, types.int8, 1))
+            and isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
             and isinstance(n_tok, types.IntegerLiteral) and 1 <= n_tok.literal_value <= MAX_TOK):
         return None
     sig = types.void(raw3, types.intp, xq, xd, types.intp, n_tok, out, table)

@@ -5,6 +5,7 @@ unless an alignment is given.
 """
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
+from numba import types
 from numba.core import cgutils
 
 F32 = ir.FloatType()
@@ -14,6 +15,13 @@ V8I = ir.VectorType(I32, 8)
 V32B = ir.VectorType(I8, 32)
 V16W = ir.VectorType(I16, 16)
 CONTRACT = ("contract",)
+
+
+def c_arrays(*specs) -> bool:
+    """True when every (numba type, dtype, ndim) spec is a C-contiguous array of that dtype and ndim
+    (an intrinsic's typing step returns None otherwise)."""
+    return all(isinstance(a, types.Array) and a.dtype == dt and a.ndim == nd and a.layout == "C"
+               for a, dt, nd in specs)
 
 
 def const(v, ty=I64):

@@ -32,6 +32,7 @@ from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
+from . import llvm_ir as L  # noqa: E402
 from .dequant import IQ2_SIGN_MASKS, f16_at, k_scale_min  # noqa: E402
 from .prefetch import emit_prefetch, prefetch_row  # noqa: E402
 
@@ -231,11 +232,10 @@ def _iq3_xxs_dot(typingctx, raw3, r0, x3, t0, n_tok, out, f16t, grid, signs, sca
     raw3: IQ3_XXS rows, uint8 (rows, blocks, 98); x3: float32 (tokens, blocks, 256); out: float32
     (tokens, rows); f16t: F16_TABLE; grid: IQ3XXS_GRID (256, 4); signs: IQ3_SIGNS (128, 8) uint32;
     scales: _IQ3_SCALES; all C-contiguous."""
-    arrays = ((raw3, types.uint8, 3), (x3, types.float32, 3), (out, types.float32, 2),
-              (f16t, types.float32, 1), (grid, types.float32, 2), (signs, types.uint32, 2),
-              (scales, types.float32, 1))
-    if not (all(isinstance(a, types.Array) and a.dtype == dt and a.ndim == nd and a.layout == "C"
-                for a, dt, nd in arrays) and isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
+    if not (L.c_arrays((raw3, types.uint8, 3), (x3, types.float32, 3), (out, types.float32, 2),
+                       (f16t, types.float32, 1), (grid, types.float32, 2), (signs, types.uint32, 2),
+                       (scales, types.float32, 1))
+            and isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
             and isinstance(n_tok, types.IntegerLiteral) and 1 <= n_tok.literal_value <= IQ3_MAX_TOK):
         return None
     sig = types.void(raw3, types.intp, x3, types.intp, n_tok, out, f16t, grid, signs, scales)
@@ -243,17 +243,13 @@ def _iq3_xxs_dot(typingctx, raw3, r0, x3, t0, n_tok, out, f16t, grid, signs, sca
     R = 4 if T == 1 else 2
 
     def codegen(context, builder, signature, args):
-        def array(i):     # (i8* data, strides, shape) of array argument i
-            a = cgutils.create_struct_proxy(signature.args[i])(context, builder, value=args[i])
-            return (builder.bitcast(a.data, _I8.as_pointer()), cgutils.unpack_tuple(builder, a.strides),
-                    cgutils.unpack_tuple(builder, a.shape))
+        const = L.const
 
-        def const(v, ty=_I64):
-            return ir.Constant(ty, v)
+        def array(i):
+            return L.array_arg(context, builder, signature.args[i], args[i])
 
         def load(ptr, off, ty, align=1):
-            off = off if isinstance(off, ir.Value) else const(off)
-            return builder.load(builder.bitcast(builder.gep(ptr, [off]), ty.as_pointer()), align=align)
+            return L.load(builder, ptr, off, ty, align)
 
         def field(word, shift, mask):              # byte offset rotr(word, shift) & mask, as i64
             ty = word.type
@@ -265,9 +261,7 @@ def _iq3_xxs_dot(typingctx, raw3, r0, x3, t0, n_tok, out, f16t, grid, signs, sca
             return builder.fadd(builder.fmul(a, b, flags=_CONTRACT), c, flags=_CONTRACT)
 
         def splat(s):
-            undef = ir.Constant(_V8F, ir.Undefined)
-            return builder.shuffle_vector(builder.insert_element(undef, s, const(0, _I32)), undef,
-                                          ir.Constant(_V8I, [0] * 8))
+            return L.splat(builder, s, _V8F)
 
         (praw, rstr, rshape), (px0, xstr, xshape), (pout, ostr, _) = array(0), array(2), array(5)
         pf16, pscale = array(6)[0], array(9)[0]
@@ -276,11 +270,7 @@ def _iq3_xxs_dot(typingctx, raw3, r0, x3, t0, n_tok, out, f16t, grid, signs, sca
         # values, so LLVM knows none of their bits (see the comment block).
         gmask = builder.mul(builder.sub(gshape[0], const(1)), gstr[0])
         smask = builder.trunc(builder.mul(builder.sub(sshape[0], const(1)), sstr[0]), _I32)
-        last = builder.sub(rshape[0], const(1))
-        r_idx = []
-        for k in range(R):
-            r = builder.add(args[1], const(k))
-            r_idx.append(builder.select(builder.icmp_signed("<", r, last), r, last))
+        r_idx = L.clamped_rows(builder, args[1], R, rshape[0])
         t_idx = [builder.add(args[3], const(j)) for j in range(T)]
         row0 = [builder.gep(praw, [builder.mul(r, rstr[0])]) for r in r_idx]
         x0 = [builder.gep(px0, [builder.mul(t, xstr[0])]) for t in t_idx]
@@ -333,14 +323,8 @@ def _iq3_xxs_dot(typingctx, raw3, r0, x3, t0, n_tok, out, f16t, grid, signs, sca
                         builder.store(v, a)
         for k in range(R):
             for j in range(T):
-                v = builder.load(acc_ptr[k][j])                              # horizontal sum 8 -> 4 -> 2 -> 1
-                for n in (4, 2, 1):
-                    half = ir.VectorType(_I32, n)
-                    v = builder.fadd(builder.shuffle_vector(v, v, ir.Constant(half, list(range(n)))),
-                                     builder.shuffle_vector(v, v, ir.Constant(half, list(range(n, 2 * n)))))
                 off = builder.add(builder.mul(t_idx[j], ostr[0]), builder.mul(r_idx[k], ostr[1]))
-                builder.store(builder.extract_element(v, const(0, _I32)),
-                              builder.bitcast(builder.gep(pout, [off]), _F32.as_pointer()))
+                L.store_f32(builder, pout, off, L.hsum(builder, builder.load(acc_ptr[k][j])))
         return context.get_dummy_value()
 
     return sig, codegen

@@ -60,9 +60,9 @@ def _dot_avx2(typingctx, raw3, r0, xq, xd, t0, n_tok, out):
     (R = 4 for one token, else 1; rows past the last are clamped to it).
     raw3 uint8 (rows, blocks, 34) Q8_0; xq int8 (tokens, blocks, 32); xd float32 (tokens, blocks);
     out float32 (tokens, rows)."""
-    arrays = ((raw3, types.uint8, 3), (xq, types.int8, 3), (xd, types.float32, 2), (out, types.float32, 2))
-    if not (all(isinstance(a, types.Array) and a.dtype == dt and a.ndim == nd and a.layout == "C"
-                for a, dt, nd in arrays) and isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
+    if not (L.c_arrays((raw3, types.uint8, 3), (xq, types.int8, 3), (xd, types.float32, 2),
+                       (out, types.float32, 2))
+            and isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
             and isinstance(n_tok, types.IntegerLiteral) and 1 <= n_tok.literal_value <= MAX_TOK):
         return None
     sig = types.void(raw3, types.intp, xq, xd, types.intp, n_tok, out)
