@@ -7,7 +7,7 @@ look-ups per 4 weights: the float kernel in matvec.py spends ~2 µops per weight
 (IQ3_XXS 1.5B decode 10.5 tok/s on 2 Zen 4 cores, llama.cpp's AVX2 kernel 10.0). Repacked once at
 load to 4-bit codes, 32 weights decode with one pshufb from a 16-entry int8 table and multiply-add
 against int8 activations with pmaddubsw/pmaddwd: ~0.25 µops per weight. The price is memory:
-4.5 bits/weight instead of 3.06 (the 1.5B model's matrices: 590 -> 866 MB), which the decode streams
+4.5 bits/weight instead of 3.06 (the 1.5B model's matrices: 591 -> 868 MB), which the decode streams
 once per token.
 
 Block layout (144 bytes per 256 weights, little-endian):
