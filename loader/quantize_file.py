@@ -57,11 +57,12 @@ def plan_types(gf: GGUFFile, target: QType, pure: bool = False) -> dict[str, Typ
 
 
 def quantize_file(in_path, out_path, target: str, imatrix: dict | None = None, threads: int | None = None,
-                  progress: bool = True, pure: bool = False, log=None) -> QuantizeReport:
+                  progress: bool = True, pure: bool = False, log=None, llamacpp_exact: bool = False) -> QuantizeReport:
     """Write out_path: in_path's model quantized to `target` (IQ3_XXS, IQ4_NL, Q8_0, Q5_0, Q4_0; F16, F32).
 
     imatrix: {tensor name: float32 importance per input column} (llama-imatrix's mean of x²) or None;
-    entries are used by the types that take them (IQ3_XXS, IQ4_NL, Q5_0). threads: Numba threads."""
+    entries are used by the types that take them (IQ3_XXS, IQ4_NL, Q5_0). threads: Numba threads.
+    llamacpp_exact: IQ3_XXS tensors as llama.cpp writes them (no refinement pass, docs/quantize.md)."""
     t0 = time.perf_counter()
     log = sys.stderr if log is None else log
     qtarget = parse_target(target)
@@ -98,7 +99,7 @@ def quantize_file(in_path, out_path, target: str, imatrix: dict | None = None, t
                   file=log) as bar:
             for info in infos:
                 bar.set_postfix_str(f"{info.name} -> {plan[info.name].qtype.name}", refresh=False)
-                data, used = _quantize_tensor(gf, info, plan[info.name].qtype, imatrix, bar)
+                data, used = _quantize_tensor(gf, info, plan[info.name].qtype, imatrix, bar, llamacpp_exact)
                 w.write_tensor_data(data)
                 report.imatrix_used += used
                 entry = report.by_type.setdefault(plan[info.name].qtype.name, [0, 0, 0])
@@ -156,7 +157,8 @@ def _copy_metadata(gf: GGUFFile, w: GGUFWriter, target: QType, imatrix: dict | N
         w.data_alignment = int(align)
 
 
-def _quantize_tensor(gf: GGUFFile, info, qt: QType, imatrix: dict | None, bar) -> tuple[np.ndarray, int]:
+def _quantize_tensor(gf: GGUFFile, info, qt: QType, imatrix: dict | None, bar,
+                     llamacpp_exact: bool = False) -> tuple[np.ndarray, int]:
     """-> (uint8 bytes of the tensor in type qt, 1 if an importance entry was used)."""
     raw = gf.rows(info.name)
     n_rows, n_cols = raw.shape[0], int(info.shape[0])
@@ -174,6 +176,6 @@ def _quantize_tensor(gf: GGUFFile, info, qt: QType, imatrix: dict | None, bar) -
             raise GGUFError(gf.path, f"tensor {info.name!r}: {e}") from None
         if len(info.shape) == 1:
             x = x.reshape(1, -1)
-        out[lo:hi] = quantize_rows(qt, x, im)
+        out[lo:hi] = quantize_rows(qt, x, im, llamacpp_exact=llamacpp_exact)
         bar.update((hi - lo) * n_cols)
     return out.reshape(-1), int(im is not None)

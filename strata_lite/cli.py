@@ -78,7 +78,8 @@ def cmd_quantize(args) -> int:
         from .loader.imatrix_file import load_imatrix
         imatrix = load_imatrix(args.imatrix).weights()
         print(f"imatrix {args.imatrix}: {len(imatrix)} entries", file=sys.stderr)
-    quantize_file(args.input, args.output, args.type, imatrix=imatrix, threads=args.threads, pure=args.pure)
+    quantize_file(args.input, args.output, args.type, imatrix=imatrix, threads=args.threads, pure=args.pure,
+                  llamacpp_exact=args.llamacpp_exact)
     return 0
 
 
@@ -143,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--type", required=True, help="target type: IQ3_XXS, IQ4_NL, Q8_0, Q5_0, Q4_0 (or F16, F32)")
     q.add_argument("--imatrix", default=None, help="importance matrix (GGUF imatrix or .npz)")
     q.add_argument("--pure", action="store_true", help="every matrix in the target type (no mix)")
+    q.add_argument("--llamacpp-exact", action="store_true",
+                   help="IQ3_XXS: write llama.cpp's exact bytes (skip our refinement pass, higher error)")
     q.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)")
     q.set_defaults(func=cmd_quantize)
 

@@ -1,13 +1,14 @@
 """Row quantizers that write GGML block layouts (readable by gguf-py and llama.cpp).
 
-    quantize_rows(qtype, rows, imatrix=None) -> uint8 [n_rows, row_nbytes]
+    quantize_rows(qtype, rows, imatrix=None, llamacpp_exact=False) -> uint8 [n_rows, row_nbytes]
 
 rows: float32 [n_rows, n_cols]; imatrix: float32 [n_cols] (importance weights,
 llama-imatrix's mean of squared activations) or None.
 
 | type    | block        | matches                                         | imatrix            |
 |---------|--------------|-------------------------------------------------|--------------------|
-| IQ3_XXS | 256 w, 98 B  | llama.cpp quantize_iq3_xxs, bit-exact           | used (x^2 if None) |
+| IQ3_XXS | 256 w, 98 B  | llama.cpp quantize_iq3_xxs, bit-exact, then a   | used (x^2 if None) |
+|         |              | refinement pass (off with llamacpp_exact=True)  |                    |
 | IQ4_NL  | 32 w, 18 B   | llama.cpp quantize_iq4_nl (ntry = 7)            | used (x^2 if None) |
 | Q8_0    | 32 w, 34 B   | quantize_row_q8_0_ref / gguf-py, bit-exact      | ignored            |
 | Q4_0    | 32 w, 18 B   | quantize_row_q4_0_ref / gguf-py, bit-exact      | ignored            |
@@ -50,8 +51,11 @@ QUANTIZERS = {
 QUANTIZABLE_QTYPES = frozenset(QUANTIZERS)
 
 
-def quantize_rows(qtype, rows: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
+def quantize_rows(qtype, rows: np.ndarray, imatrix: np.ndarray | None = None,
+                  llamacpp_exact: bool = False) -> np.ndarray:
     """Quantize float32 rows [n_rows, n_cols] to GGML blocks: uint8 [n_rows, row_nbytes(qtype, n_cols)].
+    llamacpp_exact: IQ3_XXS without the refinement pass, i.e. llama.cpp's bytes (the other types are
+    llama.cpp's already).
 
     Raises UnsupportedQuantType for a type this module cannot produce or a row length that is not
     a multiple of the type's block size; ValueError for bad shapes.
@@ -72,7 +76,7 @@ def quantize_rows(qtype, rows: np.ndarray, imatrix: np.ndarray | None = None) ->
         imatrix = np.asarray(imatrix, dtype=np.float32).reshape(-1)
         if imatrix.shape[0] != rows.shape[1]:
             raise ValueError(f"imatrix has {imatrix.shape[0]} entries, rows have {rows.shape[1]}")
-    out = fn(rows, imatrix)
+    out = quantize_iq3_xxs(rows, imatrix, refine=not llamacpp_exact) if qt == QType.IQ3_XXS else fn(rows, imatrix)
     assert out.shape == (rows.shape[0], nbytes), (out.shape, nbytes)
     return out
 

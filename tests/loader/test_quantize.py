@@ -42,13 +42,14 @@ def weighted_rmse(x, y, w):
 def test_iq3_xxs_matches_llamacpp_05b_fixture():
     z = np.load(FIX_05B)
     x, im, ref = z["src_f32"], z["imatrix"], z["iq3_xxs_bytes"]
-    ours = quantize_rows(QT.IQ3_XXS, x, im)
-    assert ours.shape == ref.shape == (4, 1862)
-    exact = [bool(np.array_equal(ours[r], ref[r])) for r in range(len(x))]
+    exact_bytes = quantize_rows(QT.IQ3_XXS, x, im, llamacpp_exact=True)
+    assert exact_bytes.shape == ref.shape == (4, 1862)
+    exact = [bool(np.array_equal(exact_bytes[r], ref[r])) for r in range(len(x))]
     assert all(exact), f"bit-exact rows: {sum(exact)}/{len(exact)}"
-    r_ours = weighted_rmse(x, dequantize(ours, QT.IQ3_XXS), im)
+    # the default adds the refinement pass: lower weighted error on every row
+    r_ours = weighted_rmse(x, dequantize(quantize_rows(QT.IQ3_XXS, x, im), QT.IQ3_XXS), im)
     r_ref = weighted_rmse(x, dequantize(ref, QT.IQ3_XXS), im)
-    assert np.all(r_ours <= r_ref * (1 + 1e-12))
+    assert np.all(r_ours < r_ref)
 
 
 @pytest.mark.parametrize("tensor", ["ffn_gate", "ffn_down", "attn_q"])
@@ -61,17 +62,24 @@ def test_iq3_xxs_matches_llamacpp_15b_fixture(tensor):
     ours = quantize_rows(QT.IQ3_XXS, x, im)
     assert ours.shape == ref.shape
 
-    # quality: our imatrix-weighted RMSE <= llama.cpp's on >= 90 % of rows
+    # quality: our imatrix-weighted RMSE <= llama.cpp's on >= 90 % of rows (the bar); with
+    # the refinement pass it is lower on every row (measured -0.9 % .. -1.2 % on average)
     r_ours = weighted_rmse(x, dequantize(ours, QT.IQ3_XXS), im)
     r_ref = z[f"{tensor}__rmse_imatrix_weighted"]
     assert np.allclose(weighted_rmse(x, dequantize(ref, QT.IQ3_XXS), im), r_ref, rtol=1e-9, atol=0)
-    assert np.mean(r_ours <= r_ref * (1 + 1e-9)) >= 0.9, (r_ours, r_ref)
+    assert np.all(r_ours < r_ref), (r_ours, r_ref)
+    assert r_ours.mean() < 0.995 * r_ref.mean()
 
-    # and in fact bit-exact, with and without imatrix
-    exact = [bool(np.array_equal(ours[r], ref[r])) for r in range(8)]
-    assert all(exact), f"bit-exact rows: {sum(exact)}/8"
-    ours_noim = quantize_rows(QT.IQ3_XXS, x, None)
+    # without the pass: llama.cpp's bytes, with and without imatrix
+    exact = quantize_rows(QT.IQ3_XXS, x, im, llamacpp_exact=True)
+    same = [bool(np.array_equal(exact[r], ref[r])) for r in range(8)]
+    assert all(same), f"bit-exact rows: {sum(same)}/8"
+    ours_noim = quantize_rows(QT.IQ3_XXS, x, None, llamacpp_exact=True)
     assert np.array_equal(ours_noim, z[f"{tensor}__noimatrix_iq3_xxs_bytes"])
+    # and the pass lowers the no-imatrix error too (measured with the imatrix weights: -7.5 .. -7.9 %)
+    r_noim = weighted_rmse(x, dequantize(ours_noim, QT.IQ3_XXS), im)
+    r_noim_refined = weighted_rmse(x, dequantize(quantize_rows(QT.IQ3_XXS, x, None), QT.IQ3_XXS), im)
+    assert r_noim_refined.mean() < 0.97 * r_noim.mean()
 
 
 # ---------------------------------------------------------------------------------------- other types

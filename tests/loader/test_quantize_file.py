@@ -10,6 +10,7 @@ from strata_lite.kernels.cpu.dequant import dequantize
 from strata_lite.loader.errors import GGUFError
 from strata_lite.loader.gguf_file import GGUFFile
 from strata_lite.loader.quant_policy import FILE_TYPE, UnsupportedTarget, tensor_type
+from strata_lite.loader.quantize import quantize_rows
 from strata_lite.loader.quantize_file import quantize_file
 from tiny_model import write_tiny_model
 
@@ -174,3 +175,23 @@ def test_cli_quantize(src, tmp_path, capsys):
     assert "unsupported quantization type 'IQ2_S'" in capsys.readouterr().err
     assert main(["quantize", str(src), str(out), "--type", "IQ3_XXS", "--imatrix", str(tmp_path / "no.dat")]) == 2
     assert "no.dat: no such file" in capsys.readouterr().err
+
+
+def test_cli_llamacpp_exact_skips_the_iq3_xxs_refinement(src, tmp_path):
+    """--llamacpp-exact writes quantize_rows(..., llamacpp_exact=True) bytes (llama.cpp's, see the
+    fixture tests); the default refines them, which lowers the weighted error of every matrix."""
+    exact, refined = tmp_path / "exact.gguf", tmp_path / "refined.gguf"
+    assert main(["quantize", str(src), str(exact), "--type", "IQ3_XXS", "--pure", "--llamacpp-exact"]) == 0
+    assert main(["quantize", str(src), str(refined), "--type", "IQ3_XXS", "--pure"]) == 0
+    a, e, r = GGUFFile(src), GGUFFile(exact), GGUFFile(refined)
+    name = "blk.0.ffn_up.weight"
+    x = dequantize(QT.Q8_0, np.asarray(a.rows(name)), 256)
+    np.testing.assert_array_equal(np.asarray(e.rows(name)),
+                                  quantize_rows(QT.IQ3_XXS, x, None, llamacpp_exact=True))
+    x64 = x.astype(np.float64)      # rows of 256 = one block: the pass's no-imatrix weight per block
+    w = np.sqrt(2 * (x64 ** 2).mean(axis=1, keepdims=True) + x64 ** 2)
+
+    def werr(gf):
+        y = dequantize(QT.IQ3_XXS, np.asarray(gf.rows(name)), 256)
+        return float((w * (x - y) ** 2).sum())
+    assert werr(r) < werr(e)
