@@ -336,12 +336,12 @@ def _quantize_rows(rows, qw, has_qw, out, dvals, grid_levels, kmap, nb_start, nb
 # llama.cpp picks each sub-block's grid points at its own unrounded best scale, then rounds that scale
 # to 4 bits (and assumes magnitudes 2l+1 where the grid's largest is 15.5, byte 62): the points are
 # no longer the best ones for the scale actually stored. This pass keeps llama.cpp's scales and signs
-# and re-picks every group's grid point for the stored scale, minimising the same weighted squared
-# error llama.cpp minimises (so it can only lower it), among the grid points near the group's
-# lattice code. Measured (docs/quantize.md): 1.5B all-IQ3_XXS with our imatrix, mean KL vs Q4_K_M
-# 0.2386 -> 0.2264, PPL 4.6042 -> 4.6108. Re-choosing the 4-bit scales as well lowered the weighted
-# error further (-2 .. -5 % against -1 %) but raised the perplexity to 4.6660 (KL 0.2324): llama.cpp's
-# scales carry a deliberate 1.0125 fudge that a least-squares refit undoes, so the scales stay.
+# and re-picks every group's grid point for the stored scale, minimising the importance-weighted
+# squared error among the grid points near the group's lattice code (the current point competes, so
+# no row's error can rise). Measured (docs/quantize.md), 1.5B all-IQ3_XXS with our imatrix: PPL
+# 4.6042 -> 4.5793, mean KL vs Q4_K_M 0.2386 -> 0.2284. Re-fitting the 4-bit scales as well lowered
+# the weighted error more but raised the perplexity to 4.6660: llama.cpp stores d x 1.0125 on
+# purpose and a least-squares refit undoes that, so the scales stay.
 
 _IQ3_BYTES = np.array([4, 12, 20, 28, 36, 44, 52, 62], dtype=np.float32)   # magnitude of level l
 
