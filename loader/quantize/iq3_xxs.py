@@ -9,8 +9,9 @@ A grid point holds 4 magnitudes (2*l + 1) with l in 0..7; the 256 allowed
 points are the "iq3xxs" grid.
 
 The search follows llama.cpp's quantize_row_iq3_xxs_impl (grid size 256) step
-by step, in float32 and in the same order of operations, so that with an
-importance matrix the bytes are identical to llama.cpp's:
+by step, in float32 and in the same order of operations, so that its bytes are
+identical to llama.cpp's (quantize_iq3_xxs(..., refine=False)); by default a
+refinement pass (below) then re-picks grid points for the stored scales:
 
 * per 256-weight block: sigma2 = 2 * mean(x^2);
   per weight w = imatrix[j] * sqrt(sigma2 + x_j^2)  (w = x_j^2 without imatrix);
