@@ -93,7 +93,7 @@ def repack_iq3_xxs(raw: np.ndarray, n_cols: int, f16t) -> np.ndarray:
     return dst.reshape(n_rows, nb * BLOCK_BYTES)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def dq_row(blk, blk_f32, o, values):
     """One repacked row (n_blocks, 144), blk_f32 the same bytes (n_blocks, 36) -> float32 o (n_blocks * 256)."""
     for b in range(blk.shape[0]):
@@ -114,16 +114,10 @@ def _dq_rows(raw3, raw3_f32, out, values):
         dq_row(raw3[r], raw3_f32[r], out[r], values)
 
 
-@njit(cache=True, nogil=True)
-def _dq_rows_serial(raw3, raw3_f32, out, values):
-    for r in range(raw3.shape[0]):
-        dq_row(raw3[r], raw3_f32[r], out[r], values)
-
-
-def dequantize_into(raw: np.ndarray, out: np.ndarray, parallel: bool = True) -> None:
+def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
     """Repacked rows (uint8 (n, nb * 144), C-contiguous) -> float32 out (n, nb * 256)."""
     raw3 = raw.reshape(raw.shape[0], -1, BLOCK_BYTES)
-    (_dq_rows if parallel else _dq_rows_serial)(raw3, raw3.view(np.float32), out, IQ3_CODE_VALUES)
+    _dq_rows(raw3, raw3.view(np.float32), out, IQ3_CODE_VALUES)
 
 
 # ------------------------------------------------------------------------------------- activations
@@ -179,18 +173,14 @@ def _dot_avx2(typingctx, raw3, r0, xq, xd, t0, n_tok, out, table):
     out float32 (tokens, rows); table: IQ3_CODE_VALUES twice (32 int8, one copy per 128-bit lane)."""
     if not (L.c_arrays((raw3, types.uint8, 3), (xq, types.uint8, 3), (xd, types.float32, 2),
                        (out, types.float32, 2), (table, types.int8, 1))
-            and isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
-            and isinstance(n_tok, types.IntegerLiteral) and 1 <= n_tok.literal_value <= MAX_TOK):
+            and L.tile_args(r0, t0, n_tok, MAX_TOK)):
         return None
     sig = types.void(raw3, types.intp, xq, xd, types.intp, n_tok, out, table)
     T = n_tok.literal_value
     R = 4 if T == 1 else 1
 
     def codegen(context, builder, signature, args):
-        mod = builder.module
-        pshufb = mod.declare_intrinsic("llvm.x86.avx2.pshuf.b", (), ir.FunctionType(L.V32B, [L.V32B, L.V32B]))
-        maddubs = mod.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", (), ir.FunctionType(L.V16W, [L.V32B, L.V32B]))
-        maddwd = mod.declare_intrinsic("llvm.x86.avx2.pmadd.wd", (), ir.FunctionType(L.V8I, [L.V16W, L.V16W]))
+        pshufb, maddubs, maddwd = (L.avx2(builder, n) for n in ("pshuf.b", "pmadd.ub.sw", "pmadd.wd"))
         const = L.const
 
         def load(ptr, off, ty, align=1):
@@ -236,8 +226,9 @@ def _dot_avx2(typingctx, raw3, r0, xq, xd, t0, n_tok, out, table):
                                                                    ir.Constant(L.V16W, [4] * 16)), L.V32B), low4)
                     w_lo = builder.call(pshufb, [tab, lo])
                     w_hi = builder.call(pshufb, [tab, hi])
-                    s_lo = builder.shuffle_vector(scales[k], scales[k], ir.Constant(ir.VectorType(L.I32, 16), [2 * pair] * 16))
-                    s_hi = builder.shuffle_vector(scales[k], scales[k], ir.Constant(ir.VectorType(L.I32, 16), [2 * pair + 1] * 16))
+                    s_lo, s_hi = (builder.shuffle_vector(scales[k], scales[k],      # one sub-block's scale, all lanes
+                                                         ir.Constant(ir.VectorType(L.I32, 16), [i] * 16))
+                                  for i in (2 * pair, 2 * pair + 1))
                     for j in range(T):
                         m_lo = builder.call(maddwd, [builder.call(maddubs, [xa[j][0], w_lo]), s_lo])
                         m_hi = builder.call(maddwd, [builder.call(maddubs, [xa[j][1], w_hi]), s_hi])
@@ -254,12 +245,9 @@ def _dot_avx2(typingctx, raw3, r0, xq, xd, t0, n_tok, out, table):
                     cp = corr_ptr[k][j]
                     builder.store(builder.fadd(builder.fmul(s, c, flags=L.CONTRACT), builder.load(cp),
                                                flags=L.CONTRACT), cp)
-        for k in range(R):
-            for j in range(T):
-                total = builder.fsub(L.hsum(builder, builder.load(acc_ptr[k][j])),
-                                     builder.fmul(ir.Constant(L.F32, 128.0), builder.load(corr_ptr[k][j])))
-                off = builder.add(builder.mul(t_idx[j], ostr[0]), builder.mul(r_idx[k], ostr[1]))
-                L.store_f32(builder, pout, off, total)
+        L.store_tile(builder, pout, ostr, t_idx, r_idx, lambda k, j: builder.fsub(       # undo the +128 offset
+            L.hsum(builder, builder.load(acc_ptr[k][j])),
+            builder.fmul(ir.Constant(L.F32, 128.0), builder.load(corr_ptr[k][j]))))
         return context.get_dummy_value()
 
     return sig, codegen

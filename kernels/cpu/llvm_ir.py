@@ -24,6 +24,26 @@ def c_arrays(*specs) -> bool:
                for a, dt, nd in specs)
 
 
+def tile_args(r0, t0, n_tok, max_tok) -> bool:
+    """The (row, token, literal token count) arguments of a row-group x token-chunk kernel are valid."""
+    return (isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
+            and isinstance(n_tok, types.IntegerLiteral) and 1 <= n_tok.literal_value <= max_tok)
+
+
+_AVX2 = {   # name -> (result, operands) of the llvm.x86.avx2.* intrinsics the int8 kernels use
+    "pshuf.b": (V32B, (V32B, V32B)),
+    "psign.b": (V32B, (V32B, V32B)),
+    "pmadd.ub.sw": (V16W, (V32B, V32B)),
+    "pmadd.wd": (V8I, (V16W, V16W)),
+}
+
+
+def avx2(builder, name):
+    """Declared llvm.x86.avx2.<name> (see _AVX2) in the builder's module."""
+    res, ops = _AVX2[name]
+    return builder.module.declare_intrinsic("llvm.x86.avx2." + name, (), ir.FunctionType(res, list(ops)))
+
+
 def const(v, ty=I64):
     return ir.Constant(ty, v)
 
@@ -72,6 +92,14 @@ def clamped_rows(builder, r0, count, n_rows):
 
 def store_f32(builder, ptr, off, value):
     builder.store(value, builder.bitcast(builder.gep(ptr, [off]), F32.as_pointer()))
+
+
+def store_tile(builder, pout, out_strides, t_idx, r_idx, value):
+    """out[t, r] = value(k, j) (a float scalar) for every token t_idx[j] and row r_idx[k]."""
+    for k, r in enumerate(r_idx):
+        for j, t in enumerate(t_idx):
+            off = builder.add(builder.mul(t, out_strides[0]), builder.mul(r, out_strides[1]))
+            store_f32(builder, pout, off, value(k, j))
 
 
 def host_has_avx2() -> bool:

@@ -235,8 +235,7 @@ def _iq3_xxs_dot(typingctx, raw3, r0, x3, t0, n_tok, out, f16t, grid, signs, sca
     if not (L.c_arrays((raw3, types.uint8, 3), (x3, types.float32, 3), (out, types.float32, 2),
                        (f16t, types.float32, 1), (grid, types.float32, 2), (signs, types.uint32, 2),
                        (scales, types.float32, 1))
-            and isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
-            and isinstance(n_tok, types.IntegerLiteral) and 1 <= n_tok.literal_value <= IQ3_MAX_TOK):
+            and L.tile_args(r0, t0, n_tok, IQ3_MAX_TOK)):
         return None
     sig = types.void(raw3, types.intp, x3, types.intp, n_tok, out, f16t, grid, signs, scales)
     T = n_tok.literal_value
@@ -321,10 +320,7 @@ def _iq3_xxs_dot(typingctx, raw3, r0, x3, t0, n_tok, out, f16t, grid, signs, sca
                 for ar, vr in zip(acc_ptr, acc):
                     for a, v in zip(ar, vr):
                         builder.store(v, a)
-        for k in range(R):
-            for j in range(T):
-                off = builder.add(builder.mul(t_idx[j], ostr[0]), builder.mul(r_idx[k], ostr[1]))
-                L.store_f32(builder, pout, off, L.hsum(builder, builder.load(acc_ptr[k][j])))
+        L.store_tile(builder, pout, ostr, t_idx, r_idx, lambda k, j: L.hsum(builder, builder.load(acc_ptr[k][j])))
         return context.get_dummy_value()
 
     return sig, codegen

@@ -62,18 +62,14 @@ def _dot_avx2(typingctx, raw3, r0, xq, xd, t0, n_tok, out):
     out float32 (tokens, rows)."""
     if not (L.c_arrays((raw3, types.uint8, 3), (xq, types.int8, 3), (xd, types.float32, 2),
                        (out, types.float32, 2))
-            and isinstance(r0, types.Integer) and isinstance(t0, types.Integer)
-            and isinstance(n_tok, types.IntegerLiteral) and 1 <= n_tok.literal_value <= MAX_TOK):
+            and L.tile_args(r0, t0, n_tok, MAX_TOK)):
         return None
     sig = types.void(raw3, types.intp, xq, xd, types.intp, n_tok, out)
     T = n_tok.literal_value
     R = 4 if T == 1 else 1
 
     def codegen(context, builder, signature, args):
-        mod = builder.module
-        psign = mod.declare_intrinsic("llvm.x86.avx2.psign.b", (), ir.FunctionType(L.V32B, [L.V32B, L.V32B]))
-        maddubs = mod.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", (), ir.FunctionType(L.V16W, [L.V32B, L.V32B]))
-        maddwd = mod.declare_intrinsic("llvm.x86.avx2.pmadd.wd", (), ir.FunctionType(L.V8I, [L.V16W, L.V16W]))
+        psign, maddubs, maddwd = (L.avx2(builder, n) for n in ("psign.b", "pmadd.ub.sw", "pmadd.wd"))
         (praw, rstr, rshape), (pxq, qstr, _), (pxd, dstr, _), (pout, ostr, _) = (
             L.array_arg(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 6))
         ones = ir.Constant(L.V16W, [1] * 16)
@@ -102,10 +98,7 @@ def _dot_avx2(typingctx, raw3, r0, xq, xd, t0, n_tok, out):
                     a = acc_ptr[k][j]
                     builder.store(builder.fadd(builder.fmul(builder.sitofp(isum, L.V8F), s, flags=L.CONTRACT),
                                                builder.load(a), flags=L.CONTRACT), a)
-        for k in range(R):
-            for j in range(T):
-                off = builder.add(builder.mul(t_idx[j], ostr[0]), builder.mul(r_idx[k], ostr[1]))
-                L.store_f32(builder, pout, off, L.hsum(builder, builder.load(acc_ptr[k][j])))
+        L.store_tile(builder, pout, ostr, t_idx, r_idx, lambda k, j: L.hsum(builder, builder.load(acc_ptr[k][j])))
         return context.get_dummy_value()
 
     return sig, codegen
