@@ -22,7 +22,7 @@ from strata_lite.kernels.qtypes import UnsupportedQuantType, check_supported
 
 from .errors import GGUFError
 from .gguf_file import GGUFFile
-from .quant_policy import FILE_TYPE, TypeChoice, parse_target, tensor_type
+from .quant_policy import FILE_TYPE, TypeChoice, parse_target, plan_types
 from .quantize import quantize_rows
 
 CHUNK_FLOATS = 8 << 20          # float32 elements dequantized at a time (32 MiB)
@@ -51,11 +51,6 @@ class QuantizeReport:
         return "\n".join(lines)
 
 
-def plan_types(gf: GGUFFile, target: QType, pure: bool = False) -> dict[str, TypeChoice]:
-    has_output = "output.weight" in gf.tensors
-    return {name: tensor_type(name, info.shape, target, pure, has_output) for name, info in gf.tensors.items()}
-
-
 def quantize_file(in_path, out_path, target: str, imatrix: dict | None = None, threads: int | None = None,
                   progress: bool = True, pure: bool = False, log=None, llamacpp_exact: bool = False) -> QuantizeReport:
     """Write out_path: in_path's model quantized to `target` (IQ3_XXS, IQ4_NL, Q8_0, Q5_0, Q4_0; F16, F32).
@@ -73,7 +68,7 @@ def quantize_file(in_path, out_path, target: str, imatrix: dict | None = None, t
     arch = gf.metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise GGUFError(in_path, "missing metadata field 'general.architecture'")
-    plan = plan_types(gf, qtarget, pure)
+    plan = plan_types({name: info.shape for name, info in gf.tensors.items()}, qtarget, pure)
     _check_inputs(gf, plan, imatrix)
     if threads:
         import numba

@@ -9,7 +9,7 @@ from strata_lite.cli import main
 from strata_lite.kernels.cpu.dequant import dequantize
 from strata_lite.loader.errors import GGUFError
 from strata_lite.loader.gguf_file import GGUFFile
-from strata_lite.loader.quant_policy import FILE_TYPE, UnsupportedTarget, tensor_type
+from strata_lite.loader.quant_policy import FILE_TYPE, UnsupportedTarget, plan_types, tensor_type
 from strata_lite.loader.quantize import quantize_rows
 from strata_lite.loader.quantize_file import quantize_file
 from tiny_model import write_tiny_model
@@ -68,10 +68,11 @@ def test_quantize_each_target(src, tmp_path, target, pure):
     a, b = GGUFFile(src), GGUFFile(out)
     _check_metadata_kept(a, b, target)
     assert list(b.tensors) == list(a.tensors)
+    plan = plan_types({name: info.shape for name, info in a.tensors.items()}, QT[target], pure)
     for name, info in a.tensors.items():
         got = b.tensors[name]
         assert got.shape == info.shape
-        assert got.qtype == tensor_type(name, info.shape, QT[target], pure).qtype == report.tensor_types[name].qtype
+        assert got.qtype == plan[name].qtype == report.tensor_types[name].qtype
         if len(info.shape) == 1:
             assert got.qtype == QT.F32
             assert np.array_equal(b.array(name), a.array(name))
@@ -91,15 +92,21 @@ def test_iq3_xxs_mix_policy(src, narrow, tmp_path):
         assert types[p + "attn_v.weight"] == QT.Q5_0
         assert types[p + "attn_norm.weight"] == types[p + "attn_q.bias"] == QT.F32
     assert types["token_embd.weight"] == QT.IQ3_XXS and types["output.weight"] == QT.Q5_0
-    # rows of 64: IQ3_XXS impossible -> IQ4_NL, except ffn_down (rows of 256)
+    # rows of 64: IQ3_XXS impossible -> IQ4_NL, except ffn_down (rows of 256) in --pure
     n = GGUFFile(quantize_file(narrow, tmp_path / "narrow.gguf", "IQ3_XXS", pure=True, progress=False).out_path)
     assert n.tensors["blk.0.ffn_gate.weight"].qtype == QT.IQ4_NL
     assert n.tensors["blk.0.ffn_down.weight"].qtype == QT.IQ3_XXS
     assert n.tensors["output.weight"].qtype == QT.IQ4_NL
+    # the mix raises ffn_down to its layer's ffn_gate/ffn_up type; the output matrix is Q5_0 anyway
+    report = quantize_file(narrow, tmp_path / "narrow_mix.gguf", "IQ3_XXS", progress=False)
+    m = GGUFFile(report.out_path)
+    assert m.tensors["blk.0.ffn_gate.weight"].qtype == m.tensors["blk.0.ffn_down.weight"].qtype == QT.IQ4_NL
+    assert report.tensor_types["blk.0.ffn_down.weight"].rule == "ffn_down>=ffn_up"
+    assert m.tensors["output.weight"].qtype == QT.Q5_0
     assert tensor_type("blk.0.ffn_up.weight", (48, 16), QT.IQ3_XXS).qtype == QT.F16   # not even 32-blocks
     assert tensor_type("token_embd.weight", (256, 300), QT.IQ3_XXS, has_output=False).qtype == QT.Q5_0  # tied
-    # llama.cpp's rule: an output matrix whose rows are not 256-blocks gets Q8_0
-    assert tensor_type("output.weight", (896, 300), QT.IQ3_XXS).qtype == QT.Q8_0
+    # unlike llama.cpp (Q8_0), an output matrix whose rows are not 256-blocks is Q5_0 too
+    assert tensor_type("output.weight", (896, 300), QT.IQ3_XXS).qtype == QT.Q5_0
     assert tensor_type("blk.3.attn_v.weight", (896, 128), QT.IQ3_XXS).qtype == QT.Q5_0
 
 
