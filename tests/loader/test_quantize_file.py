@@ -102,6 +102,7 @@ def test_iq3_xxs_mix_policy(src, narrow, tmp_path):
     m = GGUFFile(report.out_path)
     assert m.tensors["blk.0.ffn_gate.weight"].qtype == m.tensors["blk.0.ffn_down.weight"].qtype == QT.IQ4_NL
     assert report.tensor_types["blk.0.ffn_down.weight"].rule == "ffn_down>=ffn_up"
+    assert "ffn_down>=ffn_up x2" in report.summary()
     assert m.tensors["output.weight"].qtype == QT.Q5_0
     assert tensor_type("blk.0.ffn_up.weight", (48, 16), QT.IQ3_XXS).qtype == QT.F16   # not even 32-blocks
     assert tensor_type("token_embd.weight", (256, 300), QT.IQ3_XXS, has_output=False).qtype == QT.Q5_0  # tied
@@ -175,6 +176,7 @@ def test_cli_quantize(src, tmp_path, capsys):
     assert main(["quantize", str(src), str(out), "--type", "q4_0", "--threads", "1"]) == 0
     err = capsys.readouterr().err
     assert "Q4_0" in err and "bits/weight" in err and "total" in err
+    assert "rules: target x" in err and "output x1" in err
     assert GGUFFile(out).tensors["blk.0.ffn_up.weight"].qtype == QT.Q4_0
     assert main(["quantize", str(tmp_path / "nope.gguf"), str(out), "--type", "IQ3_XXS"]) == 2
     assert "strata-lite: error:" in capsys.readouterr().err
