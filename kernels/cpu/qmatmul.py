@@ -17,12 +17,12 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from . import iq3_int8, q8_0_int8
+from . import q8_0_int8
 from . import matvec as mv
 from .act_quant import round_activations
 from .dequant import (QK, QK_HALF, F16_TABLE, IQ3XXS_GRID, IQ4NL_VALUES, check_raw,
                       dequantize_into, dequantize_into_serial)
-from .repack import IQ3_I8
+from .repack import INT8_LAYOUTS
 from ..qtypes import block_geometry
 
 # Largest n_tok that uses the fused kernels (measured crossover on 2 Zen 4 cores, see bench).
@@ -78,8 +78,9 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
     here (cheap attribute tests), and n_tok <= MATVEC_MAX_TOK goes straight to the fused kernel.
     x: float32 activations. llama.cpp rounds them to Q8_0 / Q8_K before quantized mat-muls and so do
     we (act_quant.py): the int8 kernels quantize x to those int8 values themselves, the float kernels
-    get the rounded values. The IQ3_I8 layout takes the int8 kernel for any n_tok: it beats
-    dequantize + BLAS on prompts too (1536x8960 / 8960x1536, 512 tokens: 100 / 91 ms vs 87 / 147 ms)."""
+    get the rounded values. The IQ3_I8 / Q4K_I8 layouts take the int8 kernel for any n_tok: it beats
+    dequantize + BLAS on prompts too (IQ3_XXS 1536x8960 / 8960x1536, 512 tokens: 100 / 91 ms vs
+    87 / 147 ms)."""
     if (type(x) is not np.ndarray or x.dtype != _F32 or x.ndim != 2 or x.shape[1] != w.n_in
             or not x.flags.c_contiguous):
         _check_x(x, w.n_in)
@@ -92,8 +93,8 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
     if n_tok == 0 or w.n_out == 0:
         return out
     qtype = w.qtype
-    if w.layout == IQ3_I8:
-        iq3_int8.mv_avx2(w.raw3, x.reshape(n_tok, w.nb, iq3_int8.QK), out, iq3_int8.CODE_TABLE)
+    if w.layout in INT8_LAYOUTS:
+        INT8_LAYOUTS[w.layout][1].matvec(w.raw3, x.reshape(n_tok, w.nb, w.elems), out)
         return out
     if w.int8 and n_tok <= MATVEC_MAX_TOK:
         q8_0_int8.mv_avx2(w.raw3, x.reshape(n_tok, w.nb, q8_0_int8.QK), out)

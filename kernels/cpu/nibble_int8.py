@@ -1,0 +1,246 @@
+"""The AVX2 int8 mat-vec shared by the 4-bit-code layouts (iq3_int8.py: IQ3_XXS, q4_k_int8.py: Q4_K).
+
+Both layouts keep 256 weights per block as 4-bit codes in ggml's nibble order and start with the same
+144 bytes:
+  [0:128)   codes: byte 32p + j holds weight 64p + j in its low nibble, 64p + 32 + j in its high one
+  [128:136) 8 sub-block scales (uint8), sub-block s = weights 32s .. 32s + 31
+  [136:140) float32 d (the block's scale)
+  [140:144) int32 C = sum over sub-blocks of scale * (sum of the sub-block's weight values)
+and a weight is d * scale[s] * value(code) (- dmin * min[s] for Q4_K, whose block adds
+  [144:152) 8 sub-block mins (uint8), [152:156) float32 dmin, [156:160) padding).
+value(code) is a 16-entry int8 table looked up with pshufb (IQ3_XXS: a sign and one of 8 grid levels)
+or the code itself (Q4_K: 0..15).
+
+Activations are rounded like llama.cpp's Q8_K (per 256: int8 q = rint(-127 x / x_signed_max), the
+rounding act_quant.py reproduces) and stored offset by +128 as uint8, because pmaddubsw multiplies
+unsigned by signed bytes: sum (q + 128) w = sum q w + 128 sum w, the second term is 128 C per block.
+The Q4_K mins need each sub-block's activation sum (`bsums`, int32, without the offset).
+No overflow: |pair sum| <= 2 * 255 * 62 < 2^15 (pmaddubsw saturates at int16), and the scaled int32
+sums stay below 2^27 per block.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import llvm_ir as L
+from .prefetch import emit_prefetch
+
+QK = 256
+MAX_TOK = 4       # tokens per kernel call
+
+
+# ------------------------------------------------------------------------------------- activations
+
+@njit(cache=True)
+def _quantize_block(x3, q, d, bs, t, b):
+    # x3[t, b] (256 float32) -> q[t, b] (q8 + 128, uint8), d[t, b], bs[t, b] (8 sub-block sums of q8):
+    # llama.cpp's Q8_K rounding
+    amax = np.float32(0.0)
+    mx = np.float32(0.0)
+    for j in range(QK):
+        a = abs(x3[t, b, j])
+        if a > amax:
+            amax, mx = a, x3[t, b, j]
+    if amax == 0:
+        d[t, b] = 0.0
+        for j in range(QK):
+            q[t, b, j] = 128
+        for s in range(8):
+            bs[t, b, s] = 0
+        return
+    iscale = np.float32(-127.0) / mx
+    d[t, b] = np.float32(1.0) / iscale
+    for s in range(8):
+        acc = 0
+        for j in range(32 * s, 32 * s + 32):
+            v = np.int32(min(np.float32(127.0), np.rint(iscale * x3[t, b, j])))
+            q[t, b, j] = np.uint8(v + 128)
+            acc += v
+        bs[t, b, s] = acc
+
+
+@njit(cache=True, parallel=True)
+def quantize_q8_k(x3, q, d, bs):
+    nb = x3.shape[1]
+    if x3.shape[0] == 1:          # one token: a few microseconds, less than waking the thread pool
+        for b in range(nb):
+            _quantize_block(x3, q, d, bs, 0, b)
+    else:
+        for i in prange(x3.shape[0] * nb):
+            _quantize_block(x3, q, d, bs, i // nb, i % nb)
+
+
+def quantize_activations(x: np.ndarray):
+    """x float32 (n_tok, n_cols), n_cols % 256 == 0 -> (q uint8 (n_tok, nb, 256) = q8 + 128,
+    d float32 (n_tok, nb), bsums int32 (n_tok, nb, 8))."""
+    n_tok, n_cols = x.shape
+    x3 = x.reshape(n_tok, n_cols // QK, QK)
+    q = np.empty(x3.shape, dtype=np.uint8)
+    d = np.empty(x3.shape[:2], dtype=np.float32)
+    bs = np.empty(x3.shape[:2] + (8,), dtype=np.int32)
+    quantize_q8_k(x3, q, d, bs)
+    return q, d, bs
+
+
+# ------------------------------------------------------------------------------------------ kernel
+
+def make_dot(lookup: bool, mins: bool):
+    """The intrinsic dot(raw3, r0, xq, xd, xb, t0, n_tok, out, table): out[t0 + j, r] = W[r] . x[t0 + j]
+    for j < n_tok (a literal 1..MAX_TOK) and rows r0 .. r0 + R - 1 (R = 4 for one token, else 1; rows
+    past the last are clamped to it, i.e. computed again).
+    raw3 uint8 (rows, blocks, block bytes); xq uint8 (tokens, blocks, 256); xd float32 (tokens, blocks);
+    xb int32 (tokens, blocks, 8) bsums (read when `mins`); out float32 (tokens, rows);
+    table: 16 int8 code values twice, one copy per 128-bit lane (used when `lookup`)."""
+
+    @intrinsic
+    def dot(typingctx, raw3, r0, xq, xd, xb, t0, n_tok, out, table):
+        if not (L.c_arrays((raw3, types.uint8, 3), (xq, types.uint8, 3), (xd, types.float32, 2),
+                           (xb, types.int32, 3), (out, types.float32, 2), (table, types.int8, 1))
+                and L.tile_args(r0, t0, n_tok, MAX_TOK)):
+            return None
+        sig = types.void(raw3, types.intp, xq, xd, xb, types.intp, n_tok, out, table)
+        T = n_tok.literal_value
+        R = 4 if T == 1 else 1
+
+        def codegen(context, builder, signature, args):
+            pshufb, maddubs, maddwd = (L.avx2(builder, n) for n in ("pshuf.b", "pmadd.ub.sw", "pmadd.wd"))
+            const = L.const
+
+            def load(ptr, off, ty, align=1):
+                return L.load(builder, ptr, off, ty, align)
+
+            (praw, rstr, rshape), (pxq, qstr, _), (pxd, dstr, _), (pxb, bstr, _), (pout, ostr, _), \
+                (ptab, _, _) = (L.array_arg(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 4, 7, 8))
+            tab = load(ptab, 0, L.V32B)
+            low4 = ir.Constant(L.V32B, [15] * 32)
+            r_idx = L.clamped_rows(builder, args[1], R, rshape[0])
+            t_idx = [builder.add(args[5], const(j)) for j in range(T)]
+            row0 = [builder.gep(praw, [builder.mul(r, rstr[0])]) for r in r_idx]
+            xq0 = [builder.gep(pxq, [builder.mul(t, qstr[0])]) for t in t_idx]
+            xd0 = [builder.gep(pxd, [builder.mul(t, dstr[0])]) for t in t_idx]
+            xb0 = [builder.gep(pxb, [builder.mul(t, bstr[0])]) for t in t_idx]
+
+            def accumulators(ty, value):
+                return [[cgutils.alloca_once_value(builder, ir.Constant(ty, value)) for _ in range(T)]
+                        for _ in range(R)]
+
+            acc_ptr, corr_ptr, min_ptr = accumulators(L.V8F, None), accumulators(L.F32, 0.0), accumulators(L.V8F, None)
+            # software prefetch of the rows this thread reads two calls from now (prange hands each thread a
+            # contiguous range; rows of ~1 KB are too short a stream for the hardware prefetcher) into L2.
+            # Streaming 28 distinct 17920x1536 IQ3_XXS matrices on 2 threads: no prefetch 12.9 G weights/s,
+            # next group into L1 (prefetcht0, as matvec.py) 29.0, into L2 (prefetcht1) 52.3, two groups
+            # ahead into L2 57.2 (32 GB/s; a plain read loop reaches 24), four 55.7.
+            ahead = builder.mul(const(2 * R), rstr[0])
+            with cgutils.for_range(builder, rshape[1]) as blk:
+                rows = [builder.gep(p, [builder.mul(blk.index, rstr[1])]) for p in row0]
+                for p in rows:          # a 144- or 160-byte block spans at most 3 cache lines
+                    for o in (0, 64, 128):
+                        emit_prefetch(builder, builder.gep(p, [builder.add(ahead, const(o))]), locality=2)
+                xqb = [builder.gep(p, [builder.mul(blk.index, qstr[1])]) for p in xq0]
+                da = [load(p, builder.mul(blk.index, dstr[1]), L.F32, 4) for p in xd0]
+                isum = [[ir.Constant(L.V8I, None)] * T for _ in range(R)]
+                scales = []
+                for p in rows:          # 8 sub-block scales -> <8 x i16>
+                    scales.append(builder.zext(load(p, 128, ir.VectorType(L.I8, 8)), ir.VectorType(L.I16, 8)))
+                for pair in range(4):
+                    xa = [(load(p, 64 * pair, L.V32B), load(p, 64 * pair + 32, L.V32B)) for p in xqb]
+                    for k, p in enumerate(rows):
+                        codes = load(p, 32 * pair, L.V32B)
+                        w_lo = builder.and_(codes, low4)
+                        w_hi = builder.and_(builder.bitcast(builder.lshr(builder.bitcast(codes, L.V16W),
+                                                                         ir.Constant(L.V16W, [4] * 16)), L.V32B), low4)
+                        if lookup:
+                            w_lo, w_hi = builder.call(pshufb, [tab, w_lo]), builder.call(pshufb, [tab, w_hi])
+                        s_lo, s_hi = (builder.shuffle_vector(scales[k], scales[k],    # one sub-block's scale, all lanes
+                                                             ir.Constant(ir.VectorType(L.I32, 16), [i] * 16))
+                                      for i in (2 * pair, 2 * pair + 1))
+                        for j in range(T):
+                            m_lo = builder.call(maddwd, [builder.call(maddubs, [xa[j][0], w_lo]), s_lo])
+                            m_hi = builder.call(maddwd, [builder.call(maddubs, [xa[j][1], w_hi]), s_hi])
+                            isum[k][j] = builder.add(isum[k][j], builder.add(m_lo, m_hi))
+                for k, p in enumerate(rows):
+                    dw = load(p, 136, L.F32)
+                    c = builder.sitofp(load(p, 140, L.I32), L.F32)
+                    if mins:
+                        mins8 = builder.zext(load(p, 144, ir.VectorType(L.I8, 8)), L.V8I)
+                        dmin = load(p, 152, L.F32)
+                    for j in range(T):
+                        s = builder.fmul(dw, da[j])
+                        a = acc_ptr[k][j]
+                        builder.store(builder.fadd(builder.fmul(builder.sitofp(isum[k][j], L.V8F),
+                                                                L.splat(builder, s, L.V8F), flags=L.CONTRACT),
+                                                   builder.load(a), flags=L.CONTRACT), a)
+                        cp = corr_ptr[k][j]
+                        builder.store(builder.fadd(builder.fmul(s, c, flags=L.CONTRACT), builder.load(cp),
+                                                   flags=L.CONTRACT), cp)
+                        if mins:        # sum over sub-blocks of min * (activation sum), scaled by dmin * da
+                            bsum = load(xb0[j], builder.mul(blk.index, bstr[1]), L.V8I)
+                            mp = min_ptr[k][j]
+                            builder.store(builder.fadd(
+                                builder.fmul(builder.sitofp(builder.mul(mins8, bsum), L.V8F),
+                                             L.splat(builder, builder.fmul(dmin, da[j]), L.V8F), flags=L.CONTRACT),
+                                builder.load(mp), flags=L.CONTRACT), mp)
+
+            def result(k, j):           # undo the +128 offset, subtract the mins
+                v = builder.fsub(L.hsum(builder, builder.load(acc_ptr[k][j])),
+                                 builder.fmul(ir.Constant(L.F32, 128.0), builder.load(corr_ptr[k][j])))
+                return builder.fsub(v, L.hsum(builder, builder.load(min_ptr[k][j]))) if mins else v
+
+            L.store_tile(builder, pout, ostr, t_idx, r_idx, result)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dot
+
+
+DOT_LOOKUP = make_dot(lookup=True, mins=False)     # IQ3_XXS codes
+DOT_MINS = make_dot(lookup=False, mins=True)       # Q4_K nibbles and mins
+
+
+@njit(cache=True, inline="always")
+def _tile(mins, raw3, r0, xq, xd, xb, t0, nt, out, table):
+    # the intrinsics need a literal token count
+    if mins:
+        if nt == 1:
+            DOT_MINS(raw3, r0, xq, xd, xb, t0, 1, out, table)
+        elif nt == 2:
+            DOT_MINS(raw3, r0, xq, xd, xb, t0, 2, out, table)
+        elif nt == 3:
+            DOT_MINS(raw3, r0, xq, xd, xb, t0, 3, out, table)
+        else:
+            DOT_MINS(raw3, r0, xq, xd, xb, t0, 4, out, table)
+    else:
+        if nt == 1:
+            DOT_LOOKUP(raw3, r0, xq, xd, xb, t0, 1, out, table)
+        elif nt == 2:
+            DOT_LOOKUP(raw3, r0, xq, xd, xb, t0, 2, out, table)
+        elif nt == 3:
+            DOT_LOOKUP(raw3, r0, xq, xd, xb, t0, 3, out, table)
+        else:
+            DOT_LOOKUP(raw3, r0, xq, xd, xb, t0, 4, out, table)
+
+
+@njit(cache=True, parallel=True)
+def matvec(raw3, x3, out, table, mins):
+    """out (n_tok, n_rows) = x @ W.T; W a 4-bit-code layout (n_rows, nb, block bytes), x float32
+    (n_tok, nb, 256) quantized here (one compiled call per mat-mul: the rounding costs no extra launch).
+    table: the code values (lookup layouts); mins: the layout has Q4_K mins (DOT_MINS) or not (DOT_LOOKUP)."""
+    n, n_tok = raw3.shape[0], x3.shape[0]
+    xq = np.empty(x3.shape, dtype=np.uint8)
+    xd = np.empty(x3.shape[:2], dtype=np.float32)
+    xb = np.empty(x3.shape[:2] + (8,), dtype=np.int32)
+    quantize_q8_k(x3, xq, xd, xb)
+    if n_tok == 1:
+        for g in prange((n + 3) // 4):
+            _tile(mins, raw3, 4 * g, xq, xd, xb, 0, 1, out, table)
+    else:
+        n_chunks = (n_tok + MAX_TOK - 1) // MAX_TOK      # chunks of 2..4 tokens, as even as possible
+        for g in prange(n):
+            for c in range(n_chunks):
+                t0 = n_tok * c // n_chunks
+                _tile(mins, raw3, g, xq, xd, xb, t0, n_tok * (c + 1) // n_chunks - t0, out, table)

@@ -1,0 +1,139 @@
+"""IQ3_XXS and Q4_K repacked for the AVX2 int8 kernel (iq3_int8.py, q4_k_int8.py, nibble_int8.py), against
+gguf.quants and float64.
+
+Tolerances: the repacking is exact in integers; a dequantized weight is a product of float32 scales
+where gguf computes the same value in another order (IQ3_XXS: (d/4) * (2 ls + 1) * value vs
+d * (ls + 0.5) * 0.5 * value; Q4_K: the same products), a couple of float32 roundings apart (rtol
+2**-22, plus 2**-22 of the block's min term for Q4_K's subtraction). The kernel's integer sums are
+exact; its only error is float32 rounding of the per-block products and their sum (measured ~1e-7
+of sum |W| |x|): 1e-5 of that sum catches any wrong code, scale, sign, min or offset term (each
+moves results by O(1) of it).
+"""
+import gguf.quants
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QType
+
+from strata_lite.kernels.cpu import iq3_int8, nibble_int8, q4_k_int8
+from strata_lite.kernels.cpu.act_quant import round_activations
+from strata_lite.kernels.cpu.backend import CpuBackend
+from strata_lite.kernels.cpu.dequant import F16_TABLE
+from strata_lite.kernels.cpu.llvm_ir import host_has_avx2
+from strata_lite.kernels.cpu.repack import GGML, IQ3_I8, Q4K_I8
+from test_dequant import random_rows
+
+needs_avx2 = pytest.mark.skipif(not host_has_avx2(), reason="the int8 kernels need an AVX2 CPU")
+RTOL = 1e-5
+LAYOUTS = {QType.IQ3_XXS: iq3_int8, QType.Q4_K: q4_k_int8}
+by_layout = pytest.mark.parametrize("qtype", list(LAYOUTS), ids=[t.name for t in LAYOUTS])
+
+
+def _reference(raw, x, qtype=QType.IQ3_XXS):
+    w = gguf.quants.dequantize(raw, qtype).astype(np.float64)
+    xr = round_activations(qtype, x).astype(np.float64)      # llama.cpp's Q8_K rounding
+    return xr @ w.T, np.abs(xr) @ np.abs(w).T
+
+
+@by_layout
+def test_repacked_rows_dequantize_like_gguf(qtype):
+    mod = LAYOUTS[qtype]
+    raw = random_rows(qtype, 13, 1024, seed=2)
+    packed = mod.repack(raw, 1024, F16_TABLE)
+    assert packed.shape == (13, 4 * mod.BLOCK_BYTES)
+    out = np.empty((13, 1024), np.float32)
+    mod.dequantize_into(packed, out)
+    ref = gguf.quants.dequantize(raw, qtype)
+    np.testing.assert_allclose(out, ref, rtol=2.0 ** -22, atol=2.0 ** -22 * float(np.abs(ref).max()))
+
+
+def test_activation_quantization_is_llama_cpp_q8_k_rounding():
+    x = np.random.default_rng(0).standard_normal((3, 768), dtype=np.float32) * 5
+    x[1, 256:512] = 0                                             # an all-zero block
+    q, d, bsums = nibble_int8.quantize_activations(x)
+    q8 = q.astype(np.int32) - 128
+    ours = (q8.astype(np.float32) * d[:, :, None]).reshape(x.shape)
+    np.testing.assert_array_equal(ours, round_activations(QType.IQ3_XXS, x))
+    np.testing.assert_array_equal(bsums, q8.reshape(3, 3, 8, 32).sum(axis=3))
+
+
+@needs_avx2
+@by_layout
+@pytest.mark.parametrize("n_out", [1, 2, 3, 4, 5, 9])
+def test_int8_kernel_every_row_tail_and_token_count(qtype, n_out):
+    """Decode works on groups of 4 rows (a short last group repeats its last row), several tokens on
+    chunks of 2..4: every row tail, token counts 1..9 and a prompt-sized 40."""
+    mod = LAYOUTS[qtype]
+    raw = random_rows(qtype, n_out, 768, seed=n_out)
+    raw3 = mod.repack(raw, 768, F16_TABLE).reshape(n_out, 3, mod.BLOCK_BYTES)
+    for n_tok in list(range(1, 10)) + [40]:
+        x = np.random.default_rng(n_tok).standard_normal((n_tok, 768), dtype=np.float32)
+        x[0, :256] = 0                                            # zero block: scale 0, offset term 0
+        ref, scale = _reference(raw, x, qtype)
+        out = np.full((n_tok, n_out), np.nan, np.float32)
+        mod.matvec(raw3, x.reshape(n_tok, 3, 256), out)
+        err = np.abs(out - ref)
+        assert np.all(err <= RTOL * scale + 1e-30), f"n_tok {n_tok}: max rel err {np.max(err / scale):.3g}"
+
+
+@needs_avx2
+def test_int8_kernel_extreme_values_do_not_saturate():
+    """The largest grid levels and scale (31) against activations of +-127: pmaddubsw's int16 pair sums
+    stay below 2**15 only because |value| <= 62, so this is the case that would overflow first."""
+    raw = random_rows(QType.IQ3_XXS, 4, 256, seed=9).reshape(4, 98)
+    raw[:, 2:66] = int(np.argmax(iq3_int8.IQ3XXS_GRID.sum(axis=1)))   # the grid row of largest levels
+    raw[:, 66:98] = 0xFF                                               # scale 15 -> 31, sign index 127
+    x = np.where(np.arange(256) % 2 == 0, 3.0, -3.0).astype(np.float32)[None, :]
+    ref, scale = _reference(raw, x)
+    q, _, _ = nibble_int8.quantize_activations(x)
+    assert q.min() == 1 and q.max() == 255
+    out = np.empty((1, 4), np.float32)
+    iq3_int8.matvec(iq3_int8.repack(raw, 256, F16_TABLE).reshape(4, 1, -1), x.reshape(1, 1, 256), out)
+    assert np.all(np.abs(out - ref) <= RTOL * scale)
+
+
+@needs_avx2
+def test_q4_k_kernel_extreme_values_do_not_saturate():
+    """Codes 15 with scale and min 63 against activations of +-127: the largest pair sums and scaled
+    sums the Q4_K layout can produce."""
+    raw = random_rows(QType.Q4_K, 4, 512, seed=9).reshape(4, 2, 144)
+    raw[:, :, 4:16] = 0xFF                                             # every 6-bit scale and min 63
+    raw[:, :, 16:] = 0xFF                                              # every code 15
+    raw = raw.reshape(4, 288)
+    x = np.where(np.arange(512) % 2 == 0, 3.0, -3.0).astype(np.float32)[None, :]
+    x[0, 256:] = np.abs(x[0, 256:])                                    # one block of all-positive activations
+    ref, scale = _reference(raw, x, QType.Q4_K)
+    out = np.empty((1, 4), np.float32)
+    q4_k_int8.matvec(q4_k_int8.repack(raw, 512, F16_TABLE).reshape(4, 2, -1), x.reshape(1, 2, 256), out)
+    assert np.all(np.abs(out - ref) <= RTOL * scale)
+
+
+@needs_avx2
+@by_layout
+def test_backend_uploads_in_the_int8_layout_and_fuses_it(qtype, monkeypatch):
+    class W:
+        def __init__(self, name, raw, n_in):
+            self.name, self.qtype, self.n_out, self.n_in, self.raw = name, qtype, raw.shape[0], n_in, raw
+
+    mod, layout = LAYOUTS[qtype], {QType.IQ3_XXS: IQ3_I8, QType.Q4_K: Q4K_I8}[qtype]
+    a, b = random_rows(qtype, 6, 512, seed=1), random_rows(qtype, 3, 512, seed=2)
+    be = CpuBackend()
+    wa, wb = be.upload_weight(W("a", a, 512)), be.upload_weight(W("b", b, 512))
+    assert wa.layout == layout and wa.qtype == qtype and wa.nbytes == 6 * 2 * mod.BLOCK_BYTES
+    fused = be.fuse_rows([wa, wb])
+    assert fused.layout == layout and fused.n_out == 9
+    for n_tok in (1, 2, 12):             # decode, speculative verification, a prompt chunk
+        x = np.random.default_rng(n_tok).standard_normal((n_tok, 512), dtype=np.float32)
+        ref, scale = _reference(np.concatenate([a, b]), x, qtype)
+        assert np.all(np.abs(be.qmatmul(fused, x) - ref) <= RTOL * scale)
+
+    monkeypatch.setenv("STRATA_LITE_INT8", "0")        # opt out: the file's layout, the float kernel
+    plain = CpuBackend().upload_weight(W("a", a, 512))
+    assert plain.layout == GGML and plain.nbytes == a.nbytes
+
+
+def test_layout_rejects_wrong_row_bytes():
+    from strata_lite.kernels.cpu.repack import PackedWeight
+    with pytest.raises(ValueError, match="not repacked IQ3_XXS"):
+        PackedWeight("w", QType.IQ3_XXS, 2, 512, np.zeros((2, 196), np.uint8), layout=IQ3_I8)
+    with pytest.raises(ValueError, match="not repacked Q4_K"):
+        PackedWeight("w", QType.Q4_K, 2, 512, np.zeros((2, 288), np.uint8), layout=Q4K_I8)
