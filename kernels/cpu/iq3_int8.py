@@ -117,4 +117,4 @@ CODE_TABLE = np.concatenate([IQ3_CODE_VALUES, IQ3_CODE_VALUES])      # one copy 
 
 def matvec(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray) -> None:
     """out (n_tok, n_rows) = x @ W.T; W repacked (n_rows, nb, 144), x float32 (n_tok, nb, 256)."""
-    nibble_int8.matvec(raw3, x3, out, CODE_TABLE, False)
+    nibble_int8.matvec(raw3, x3, out, CODE_TABLE, nibble_int8.IQ3)

@@ -88,13 +88,16 @@ def quantize_activations(x: np.ndarray):
 
 # ------------------------------------------------------------------------------------------ kernel
 
-def make_dot(lookup: bool, mins: bool):
+def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False):
     """The intrinsic dot(raw3, r0, xq, xd, xb, t0, n_tok, out, table): out[t0 + j, r] = W[r] . x[t0 + j]
     for j < n_tok (a literal 1..MAX_TOK) and rows r0 .. r0 + R - 1 (R = 4 for one token, else 1; rows
     past the last are clamped to it, i.e. computed again).
     raw3 uint8 (rows, blocks, block bytes); xq uint8 (tokens, blocks, 256); xd float32 (tokens, blocks);
     xb int32 (tokens, blocks, 8) bsums (read when `mins`); out float32 (tokens, rows);
-    table: 16 int8 code values twice, one copy per 128-bit lane (used when `lookup`)."""
+    table: 16 int8 code values twice, one copy per 128-bit lane (used when `lookup`).
+    wide: the Q6_K layout (q6_k_int8.py): int8 weights instead of codes, 16 int8 scales (one per 16
+    weights) at byte 256, d at 272, C at 276."""
+    scale_off, d_off, c_off = (256, 272, 276) if wide else (128, 136, 140)
 
     @intrinsic
     def dot(typingctx, raw3, r0, xq, xd, xb, t0, n_tok, out, table):
@@ -144,27 +147,37 @@ def make_dot(lookup: bool, mins: bool):
                 da = [load(p, builder.mul(blk.index, dstr[1]), L.F32, 4) for p in xd0]
                 isum = [[ir.Constant(L.V8I, None)] * T for _ in range(R)]
                 scales = []
-                for p in rows:          # 8 sub-block scales -> <8 x i16>
-                    scales.append(builder.zext(load(p, 128, ir.VectorType(L.I8, 8)), ir.VectorType(L.I16, 8)))
+                for p in rows:          # 8 sub-block scales (uint8) or 16 scales of 16 weights (int8) -> i16
+                    if wide:
+                        scales.append(builder.sext(load(p, scale_off, ir.VectorType(L.I8, 16)), L.V16W))
+                    else:
+                        scales.append(builder.zext(load(p, scale_off, ir.VectorType(L.I8, 8)), ir.VectorType(L.I16, 8)))
+
+                def lanes(k, sub):      # <16 x i16>: the scale of each pair of products of sub-block `sub`
+                    idx = [2 * sub] * 8 + [2 * sub + 1] * 8 if wide else [sub] * 16
+                    return builder.shuffle_vector(scales[k], scales[k], ir.Constant(ir.VectorType(L.I32, 16), idx))
+
                 for pair in range(4):
                     xa = [(load(p, 64 * pair, L.V32B), load(p, 64 * pair + 32, L.V32B)) for p in xqb]
                     for k, p in enumerate(rows):
-                        codes = load(p, 32 * pair, L.V32B)
-                        w_lo = builder.and_(codes, low4)
-                        w_hi = builder.and_(builder.bitcast(builder.lshr(builder.bitcast(codes, L.V16W),
-                                                                         ir.Constant(L.V16W, [4] * 16)), L.V32B), low4)
+                        if wide:
+                            w_lo, w_hi = load(p, 64 * pair, L.V32B), load(p, 64 * pair + 32, L.V32B)
+                        else:
+                            codes = load(p, 32 * pair, L.V32B)
+                            w_lo = builder.and_(codes, low4)
+                            w_hi = builder.and_(builder.bitcast(builder.lshr(builder.bitcast(codes, L.V16W),
+                                                                             ir.Constant(L.V16W, [4] * 16)), L.V32B),
+                                                low4)
                         if lookup:
                             w_lo, w_hi = builder.call(pshufb, [tab, w_lo]), builder.call(pshufb, [tab, w_hi])
-                        s_lo, s_hi = (builder.shuffle_vector(scales[k], scales[k],    # one sub-block's scale, all lanes
-                                                             ir.Constant(ir.VectorType(L.I32, 16), [i] * 16))
-                                      for i in (2 * pair, 2 * pair + 1))
+                        s_lo, s_hi = lanes(k, 2 * pair), lanes(k, 2 * pair + 1)
                         for j in range(T):
                             m_lo = builder.call(maddwd, [builder.call(maddubs, [xa[j][0], w_lo]), s_lo])
                             m_hi = builder.call(maddwd, [builder.call(maddubs, [xa[j][1], w_hi]), s_hi])
                             isum[k][j] = builder.add(isum[k][j], builder.add(m_lo, m_hi))
                 for k, p in enumerate(rows):
-                    dw = load(p, 136, L.F32)
-                    c = builder.sitofp(load(p, 140, L.I32), L.F32)
+                    dw = load(p, d_off, L.F32)
+                    c = builder.sitofp(load(p, c_off, L.I32), L.F32)
                     if mins:
                         mins8 = builder.zext(load(p, 144, ir.VectorType(L.I8, 8)), L.V8I)
                         dmin = load(p, 152, L.F32)
@@ -198,38 +211,50 @@ def make_dot(lookup: bool, mins: bool):
     return dot
 
 
-DOT_LOOKUP = make_dot(lookup=True, mins=False)     # IQ3_XXS codes
-DOT_MINS = make_dot(lookup=False, mins=True)       # Q4_K nibbles and mins
+# the layouts, by the `kind` argument of matvec
+IQ3, Q4K, Q6K = 0, 1, 2
+_DOT_IQ3 = make_dot(lookup=True)        # IQ3_XXS codes through the table
+_DOT_Q4K = make_dot(mins=True)          # Q4_K codes and mins
+_DOT_Q6K = make_dot(wide=True)          # Q6_K int8 weights, scales per 16
 
 
 @njit(cache=True, inline="always")
-def _tile(mins, raw3, r0, xq, xd, xb, t0, nt, out, table):
+def _dot(kind, raw3, r0, xq, xd, xb, t0, nt, out, table):
     # the intrinsics need a literal token count
-    if mins:
+    if kind == IQ3:
         if nt == 1:
-            DOT_MINS(raw3, r0, xq, xd, xb, t0, 1, out, table)
+            _DOT_IQ3(raw3, r0, xq, xd, xb, t0, 1, out, table)
         elif nt == 2:
-            DOT_MINS(raw3, r0, xq, xd, xb, t0, 2, out, table)
+            _DOT_IQ3(raw3, r0, xq, xd, xb, t0, 2, out, table)
         elif nt == 3:
-            DOT_MINS(raw3, r0, xq, xd, xb, t0, 3, out, table)
+            _DOT_IQ3(raw3, r0, xq, xd, xb, t0, 3, out, table)
         else:
-            DOT_MINS(raw3, r0, xq, xd, xb, t0, 4, out, table)
+            _DOT_IQ3(raw3, r0, xq, xd, xb, t0, 4, out, table)
+    elif kind == Q4K:
+        if nt == 1:
+            _DOT_Q4K(raw3, r0, xq, xd, xb, t0, 1, out, table)
+        elif nt == 2:
+            _DOT_Q4K(raw3, r0, xq, xd, xb, t0, 2, out, table)
+        elif nt == 3:
+            _DOT_Q4K(raw3, r0, xq, xd, xb, t0, 3, out, table)
+        else:
+            _DOT_Q4K(raw3, r0, xq, xd, xb, t0, 4, out, table)
     else:
         if nt == 1:
-            DOT_LOOKUP(raw3, r0, xq, xd, xb, t0, 1, out, table)
+            _DOT_Q6K(raw3, r0, xq, xd, xb, t0, 1, out, table)
         elif nt == 2:
-            DOT_LOOKUP(raw3, r0, xq, xd, xb, t0, 2, out, table)
+            _DOT_Q6K(raw3, r0, xq, xd, xb, t0, 2, out, table)
         elif nt == 3:
-            DOT_LOOKUP(raw3, r0, xq, xd, xb, t0, 3, out, table)
+            _DOT_Q6K(raw3, r0, xq, xd, xb, t0, 3, out, table)
         else:
-            DOT_LOOKUP(raw3, r0, xq, xd, xb, t0, 4, out, table)
+            _DOT_Q6K(raw3, r0, xq, xd, xb, t0, 4, out, table)
 
 
 @njit(cache=True, parallel=True)
-def matvec(raw3, x3, out, table, mins):
-    """out (n_tok, n_rows) = x @ W.T; W a 4-bit-code layout (n_rows, nb, block bytes), x float32
-    (n_tok, nb, 256) quantized here (one compiled call per mat-mul: the rounding costs no extra launch).
-    table: the code values (lookup layouts); mins: the layout has Q4_K mins (DOT_MINS) or not (DOT_LOOKUP)."""
+def matvec(raw3, x3, out, table, kind):
+    """out (n_tok, n_rows) = x @ W.T; W in layout `kind` (IQ3, Q4K, Q6K) as (n_rows, nb, block bytes), x
+    float32 (n_tok, nb, 256) quantized here (one compiled call per mat-mul: the rounding costs no extra
+    launch). table: the code values of the IQ3 layout (ignored by the others)."""
     n, n_tok = raw3.shape[0], x3.shape[0]
     xq = np.empty(x3.shape, dtype=np.uint8)
     xd = np.empty(x3.shape[:2], dtype=np.float32)
@@ -237,10 +262,10 @@ def matvec(raw3, x3, out, table, mins):
     quantize_q8_k(x3, xq, xd, xb)
     if n_tok == 1:
         for g in prange((n + 3) // 4):
-            _tile(mins, raw3, 4 * g, xq, xd, xb, 0, 1, out, table)
+            _dot(kind, raw3, 4 * g, xq, xd, xb, 0, 1, out, table)
     else:
         n_chunks = (n_tok + MAX_TOK - 1) // MAX_TOK      # chunks of 2..4 tokens, as even as possible
         for g in prange(n):
             for c in range(n_chunks):
                 t0 = n_tok * c // n_chunks
-                _tile(mins, raw3, g, xq, xd, xb, t0, n_tok * (c + 1) // n_chunks - t0, out, table)
+                _dot(kind, raw3, g, xq, xd, xb, t0, n_tok * (c + 1) // n_chunks - t0, out, table)

@@ -84,4 +84,4 @@ def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
 
 def matvec(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray) -> None:
     """out (n_tok, n_rows) = x @ W.T; W repacked (n_rows, nb, 160), x float32 (n_tok, nb, 256)."""
-    nibble_int8.matvec(raw3, x3, out, _NO_TABLE, True)
+    nibble_int8.matvec(raw3, x3, out, _NO_TABLE, nibble_int8.Q4K)

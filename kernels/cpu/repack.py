@@ -7,13 +7,11 @@ bits/weight). gguf dequantizes both as one float32 product ``d * float32(q)``, s
 dequantizes bit-identically, and every such matrix runs the Q8_0 kernels (5-8x faster per weight than
 the Q5_0 one, whose 5th-bit unpacking does not vectorize).
 
-When the CPU has AVX2, IQ3_XXS and Q4_K are repacked for the int8 kernel of nibble_int8.py, whose
-layouts keep 4-bit codes and unpacked scales (lossless): IQ3_XXS in iq3_int8.py (4.5 instead of 3.06
-bits/weight, 3x less work per weight; layout IQ3_I8), Q4_K in q4_k_int8.py (5 instead of 4.5 bits/weight;
-layout Q4K_I8). Those layouts run the int8 kernel for every token count.
-
-Q6_K is not repacked: an int8 + exact-scale layout needs 8.56 bits/weight (256 int8 + 16 int8 scales +
-f16 d) against the file's 6.56.
+When the CPU has AVX2, IQ3_XXS, Q4_K and Q6_K are repacked losslessly for the int8 kernel of
+nibble_int8.py: IQ3_XXS as 4-bit codes (iq3_int8.py: 4.5 instead of 3.06 bits/weight, 3x less work per
+weight; layout IQ3_I8), Q4_K with its scales unpacked (q4_k_int8.py: 5 instead of 4.5; Q4K_I8), Q6_K as
+int8 values (q6_k_int8.py: 8.75 instead of 6.56; Q6K_I8). Those layouts run the int8 kernel for every
+token count.
 
 `PackedWeight` is a drop-in for the loader's QuantTensor (name, qtype, n_out, n_in, raw, nbytes), so
 embed() / dequantize() keep working on it; it also keeps the reshaped views the matvec kernels take,
@@ -27,7 +25,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QType
 from numba import njit, prange
 
-from . import iq3_int8, q4_k_int8
+from . import iq3_int8, q4_k_int8, q6_k_int8
 from .dequant import F16_TABLE, IQ4NL_VALUES, check_raw
 from ..qtypes import block_geometry
 
@@ -97,8 +95,8 @@ class PackedWeight:
     """A weight matrix prepared for the CPU kernels; same attributes as loader.weights.QuantTensor.
 
     qtype / raw are what the kernels read (Q8_0 for repacked types); src_qtype is the file's type.
-    layout: GGML (raw holds GGML blocks of qtype), IQ3_I8 or Q4K_I8 (IQ3_XXS / Q4_K repacked for
-    nibble_int8.py by iq3_int8.py / q4_k_int8.py).
+    layout: GGML (raw holds GGML blocks of qtype), IQ3_I8, Q4K_I8 or Q6K_I8 (IQ3_XXS / Q4_K / Q6_K
+    repacked for nibble_int8.py by iq3_int8.py / q4_k_int8.py / q6_k_int8.py).
     raw3 is raw viewed (n_out, n_blocks, block_nbytes) for the fused kernels (None for float types).
     """
     __slots__ = ("name", "qtype", "n_out", "n_in", "raw", "src_qtype", "layout", "raw3", "nb", "elems", "small",
@@ -129,7 +127,7 @@ class PackedWeight:
         self.small = raw.nbytes < SMALL_BYTES
         # False: kept in a repackable layout on purpose (row lookups only); qmatmul repacks a copy
         self.final = bool(final)
-        # the AVX2 int8 kernels serve it (nibble_int8.py: the IQ3_I8 and Q4K_I8 layouts; q8_0_int8.py: Q8_0
+        # the AVX2 int8 kernels serve it (nibble_int8.py: the repacked layouts; q8_0_int8.py: Q8_0
         # up to MATVEC_MAX_TOK tokens, not for small matrices, which run the serial float kernel)
         self.int8 = self.layout in INT8_LAYOUTS or (bool(int8) and qtype == QType.Q8_0 and not self.small)
 
@@ -146,8 +144,10 @@ class PackedWeight:
 GGML = "ggml"
 IQ3_I8 = "iq3_xxs_i8"
 Q4K_I8 = "q4_k_i8"
+Q6K_I8 = "q6_k_i8"
 # layout -> (the file's type, the module with QK, BLOCK_BYTES, repack(raw, n_cols, f16 table), matvec)
-INT8_LAYOUTS = {IQ3_I8: (QType.IQ3_XXS, iq3_int8), Q4K_I8: (QType.Q4_K, q4_k_int8)}
+INT8_LAYOUTS = {IQ3_I8: (QType.IQ3_XXS, iq3_int8), Q4K_I8: (QType.Q4_K, q4_k_int8),
+                Q6K_I8: (QType.Q6_K, q6_k_int8)}
 _INT8_LAYOUT_OF = {qtype: layout for layout, (qtype, _) in INT8_LAYOUTS.items()}
 
 # below this many weight bytes the matvec runs on the calling thread only
@@ -156,8 +156,8 @@ SMALL_BYTES = 160 * 1024
 
 def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool = False) -> PackedWeight:
     """QuantTensor-like w -> PackedWeight, repacked to Q8_0 when that is lossless (and `repack`); with
-    `int8` (an AVX2 CPU) IQ3_XXS and Q4_K are repacked for nibble_int8.py (and `repack`) and Q8_0 is
-    served by q8_0_int8.py.
+    `int8` (an AVX2 CPU) IQ3_XXS, Q4_K and Q6_K are repacked for nibble_int8.py (and `repack`) and Q8_0
+    is served by q8_0_int8.py.
 
     With release_source, the pages of the original (memory-mapped) bytes of a repacked matrix are
     dropped from the process (madvise MADV_DONTNEED): they were read once and are not needed again

@@ -1,5 +1,5 @@
-"""IQ3_XXS and Q4_K repacked for the AVX2 int8 kernel (iq3_int8.py, q4_k_int8.py, nibble_int8.py), against
-gguf.quants and float64.
+"""IQ3_XXS, Q4_K and Q6_K repacked for the AVX2 int8 kernel (iq3_int8.py, q4_k_int8.py, q6_k_int8.py,
+nibble_int8.py), against gguf.quants and float64.
 
 Tolerances: the repacking is exact in integers; a dequantized weight is a product of float32 scales
 where gguf computes the same value in another order (IQ3_XXS: (d/4) * (2 ls + 1) * value vs
@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
 
-from strata_lite.kernels.cpu import iq3_int8, nibble_int8, q4_k_int8
+from strata_lite.kernels.cpu import iq3_int8, nibble_int8, q4_k_int8, q6_k_int8
 from strata_lite.kernels.cpu.act_quant import round_activations
 from strata_lite.kernels.cpu.backend import CpuBackend
 from strata_lite.kernels.cpu.dequant import F16_TABLE
 from strata_lite.kernels.cpu.llvm_ir import host_has_avx2
-from strata_lite.kernels.cpu.repack import GGML, IQ3_I8, Q4K_I8
+from strata_lite.kernels.cpu.repack import GGML, IQ3_I8, Q4K_I8, Q6K_I8
 from test_dequant import random_rows
 
 needs_avx2 = pytest.mark.skipif(not host_has_avx2(), reason="the int8 kernels need an AVX2 CPU")
 RTOL = 1e-5
-LAYOUTS = {QType.IQ3_XXS: iq3_int8, QType.Q4_K: q4_k_int8}
+LAYOUTS = {QType.IQ3_XXS: iq3_int8, QType.Q4_K: q4_k_int8, QType.Q6_K: q6_k_int8}
 by_layout = pytest.mark.parametrize("qtype", list(LAYOUTS), ids=[t.name for t in LAYOUTS])
 
 
@@ -108,13 +108,26 @@ def test_q4_k_kernel_extreme_values_do_not_saturate():
 
 
 @needs_avx2
+def test_q6_k_kernel_extreme_values_do_not_saturate():
+    """Values -32 (the largest magnitude) with scales -128 and 127 against activations of +-127."""
+    raw = random_rows(QType.Q6_K, 4, 256, seed=9).reshape(4, 210)
+    raw[:, 0:192] = 0                                                  # every code 0: value -32
+    raw[:, 192:208] = np.array([0x80, 0x7F] * 8, dtype=np.uint8)       # scales -128, 127, ...
+    x = np.where(np.arange(256) % 2 == 0, 3.0, -3.0).astype(np.float32)[None, :]
+    ref, scale = _reference(raw, x, QType.Q6_K)
+    out = np.empty((1, 4), np.float32)
+    q6_k_int8.matvec(q6_k_int8.repack(raw, 256, F16_TABLE).reshape(4, 1, -1), x.reshape(1, 1, 256), out)
+    assert np.all(np.abs(out - ref) <= RTOL * scale)
+
+
+@needs_avx2
 @by_layout
 def test_backend_uploads_in_the_int8_layout_and_fuses_it(qtype, monkeypatch):
     class W:
         def __init__(self, name, raw, n_in):
             self.name, self.qtype, self.n_out, self.n_in, self.raw = name, qtype, raw.shape[0], n_in, raw
 
-    mod, layout = LAYOUTS[qtype], {QType.IQ3_XXS: IQ3_I8, QType.Q4_K: Q4K_I8}[qtype]
+    mod, layout = LAYOUTS[qtype], {QType.IQ3_XXS: IQ3_I8, QType.Q4_K: Q4K_I8, QType.Q6_K: Q6K_I8}[qtype]
     a, b = random_rows(qtype, 6, 512, seed=1), random_rows(qtype, 3, 512, seed=2)
     be = CpuBackend()
     wa, wb = be.upload_weight(W("a", a, 512)), be.upload_weight(W("b", b, 512))
@@ -137,3 +150,5 @@ def test_layout_rejects_wrong_row_bytes():
         PackedWeight("w", QType.IQ3_XXS, 2, 512, np.zeros((2, 196), np.uint8), layout=IQ3_I8)
     with pytest.raises(ValueError, match="not repacked Q4_K"):
         PackedWeight("w", QType.Q4_K, 2, 512, np.zeros((2, 288), np.uint8), layout=Q4K_I8)
+    with pytest.raises(ValueError, match="not repacked Q6_K"):
+        PackedWeight("w", QType.Q6_K, 2, 512, np.zeros((2, 420), np.uint8), layout=Q6K_I8)
