@@ -15,9 +15,9 @@
   test_packed_call_overhead the fixed cost of one call on a 16x64 matrix (serial and parallel
   kernel); test_packed_matmul_512 the prompt path with "GFLOP/s" and numpy's sgemm on the same
   shape ("sgemm GFLOP/s", a float32 weight already in memory) for comparison.
-* test_iq3_xxs_stream: the 1.5B model's fused gate/up shape (1536 -> 17920) for 28 distinct matrices
-  in a row, so the weights come from DRAM as in a decode step; the int8 layout (iq3_int8.py) against
-  the file layout's float kernel ("G w/s", "GB/s" of the layout's bytes).
+* test_stream: the 1.5B model's fused gate/up shape (1536 -> 17920) for 28 distinct matrices in a
+  row, so the weights come from DRAM as in a decode step; IQ3_XXS, Q4_K and Q6_K in the int8 layouts
+  (nibble_int8.py) against the file layout's float kernels ("G w/s", "GB/s" of the layout's bytes).
 Weights are random valid blocks (random bytes, f16 scales in 1e-3..1e-2).
 Under load compare single-threaded runs: NUMBA_NUM_THREADS=1 python -m pytest ... (timings are wall
 clock; pytest-benchmark's min over rounds is the least disturbed one).
@@ -141,14 +141,15 @@ def _timed(f):
 
 
 @pytest.mark.parametrize("int8_layout", [True, False], ids=["int8", "file-layout"])
-def test_iq3_xxs_stream(benchmark, int8_layout, monkeypatch):
+@pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q6_K], ids=lambda t: t.name)
+def test_stream(benchmark, qtype, int8_layout, monkeypatch):
     if int8_layout and not _BE.int8:
         pytest.skip("no AVX2: the int8 layout is not used on this CPU")
     monkeypatch.setenv("STRATA_LITE_INT8", "1" if int8_layout else "0")
     be = CpuBackend()
     n_cols, n_out, n_mats = 1536, 17920, 28
-    base = random_rows(QType.IQ3_XXS, 256, n_cols, seed=1)
-    ws = [be.upload_weight(SimpleNamespace(name=f"w{i}", qtype=QType.IQ3_XXS, n_out=n_out, n_in=n_cols,
+    base = random_rows(qtype, 256, n_cols, seed=1)
+    ws = [be.upload_weight(SimpleNamespace(name=f"w{i}", qtype=qtype, n_out=n_out, n_in=n_cols,
                                            raw=np.tile(np.roll(base, i, axis=0), (n_out // 256, 1))))
           for i in range(n_mats)]
     x = np.random.default_rng(2).standard_normal((1, n_cols), dtype=np.float32)

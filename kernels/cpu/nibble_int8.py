@@ -140,8 +140,8 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False):
             ahead = builder.mul(const(2 * R), rstr[0])
             with cgutils.for_range(builder, rshape[1]) as blk:
                 rows = [builder.gep(p, [builder.mul(blk.index, rstr[1])]) for p in row0]
-                for p in rows:          # a 144- or 160-byte block spans at most 3 cache lines
-                    for o in (0, 64, 128):
+                for p in rows:          # every cache line of the block (144/160 bytes: 3, 280: 5)
+                    for o in range(0, 280 if wide else 160, 64):
                         emit_prefetch(builder, builder.gep(p, [builder.add(ahead, const(o))]), locality=2)
                 xqb = [builder.gep(p, [builder.mul(blk.index, qstr[1])]) for p in xq0]
                 da = [load(p, builder.mul(blk.index, dstr[1]), L.F32, 4) for p in xd0]
