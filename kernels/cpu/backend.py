@@ -33,9 +33,9 @@ class CpuBackend(Backend):
             numba.set_num_threads(min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
         self.n_threads = numba.get_num_threads()
         self.repack = True            # lossless Q4_0/Q5_0/IQ4_NL -> Q8_0 at upload (repack.py)
-        # AVX2 int8 kernels (docs/design.md): IQ3_XXS repacked to 4-bit codes (iq3_int8.py: 3x faster
-        # per weight, 1.47x the bytes) and Q8_0 mat-vecs in int8 (q8_0_int8.py: 2x). STRATA_LITE_INT8=0
-        # keeps the float kernels and IQ3_XXS at the file's 3.06 bits/weight.
+        # AVX2 int8 kernels (docs/design.md): IQ3_XXS, Q4_K and Q6_K repacked losslessly for nibble_int8.py
+        # (3-5x faster per weight than the float kernels, 1.11-1.47x the bytes) and Q8_0 mat-vecs in int8
+        # (q8_0_int8.py: 2x). STRATA_LITE_INT8=0 keeps the float kernels and the file's layouts.
         self.int8 = host_has_avx2() and os.environ.get("STRATA_LITE_INT8", "1") != "0"
         self._matmul_cache = {}       # id(weight) -> (weight, PackedWeight) for _packed_for_matmul
 
