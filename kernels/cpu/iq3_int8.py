@@ -100,9 +100,9 @@ def dq_row(blk, blk_f32, o, values):
                 o[base + 32 + j] = s1 * np.float32(values[v >> 4])
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)        # serial: the prompt path calls it from one thread per row range
 def _dq_rows(raw3, raw3_f32, out, values):
-    for r in prange(raw3.shape[0]):
+    for r in range(raw3.shape[0]):
         dq_row(raw3[r], raw3_f32[r], out[r], values)
 
 

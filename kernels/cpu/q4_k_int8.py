@@ -60,9 +60,9 @@ def repack(raw: np.ndarray, n_cols: int, f16t) -> np.ndarray:
     return dst.reshape(n_rows, nb * BLOCK_BYTES)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)        # serial: the prompt path calls it from one thread per row range
 def _dq_rows(raw3, raw3_f32, out):
-    for r in prange(raw3.shape[0]):
+    for r in range(raw3.shape[0]):
         for b in range(raw3.shape[1]):
             d, dmin = raw3_f32[r, b, 34], raw3_f32[r, b, 38]
             for p in range(4):

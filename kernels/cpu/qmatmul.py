@@ -22,11 +22,18 @@ from . import matvec as mv
 from .act_quant import round_activations
 from .dequant import (QK, QK_HALF, F16_TABLE, IQ3XXS_GRID, IQ4NL_VALUES, check_raw,
                       dequantize_into, dequantize_into_serial)
-from .repack import INT8_LAYOUTS
+from .repack import INT8_LAYOUTS, IQ3_I8, Q4K_I8
 from ..qtypes import block_geometry
 
 # Largest n_tok that uses the fused kernels (measured crossover on 2 Zen 4 cores, see bench).
 MATVEC_MAX_TOK = 8
+# Repacked int8 layouts: from this many tokens, rows of at most PROMPT_TILE_MAX_IN weights take
+# dequantize + BLAS instead of the int8 kernel. Measured on this 2-core AVX2 VM (ms, int8 / tiles):
+# IQ3_XXS 1536 -> 8960: 64 tokens 16.8 / 17.3, 128: 34.7 / 26.9, 512: 139 / 93; Q4_K 1536 -> 8960: 64
+# 16.0 / 17.5, 128: 32.6 / 28.1, 512: 138 / 92. Long rows (8960 -> 1536) favour the int8 kernel at every
+# size (512: 136 / 169), and so does Q6_K (1536 -> 8960, 256 tokens: 42 / 48; 512: 94 / 91).
+PROMPT_TILE_MIN_TOK = {IQ3_I8: 128, Q4K_I8: 128}
+PROMPT_TILE_MAX_IN = 4096
 # The tile path dequantizes about this many float32 bytes at a time (fits L2).
 TILE_BYTES = 1 << 20
 
@@ -78,9 +85,8 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
     here (cheap attribute tests), and n_tok <= MATVEC_MAX_TOK goes straight to the fused kernel.
     x: float32 activations. llama.cpp rounds them to Q8_0 / Q8_K before quantized mat-muls and so do
     we (act_quant.py): the int8 kernels quantize x to those int8 values themselves, the float kernels
-    get the rounded values. The repacked int8 layouts (IQ3_XXS, Q4_K, Q6_K) take the int8 kernel for any n_tok: it beats
-    dequantize + BLAS on prompts too (IQ3_XXS 1536x8960 / 8960x1536, 512 tokens: 100 / 91 ms vs
-    87 / 147 ms)."""
+    get the rounded values. The repacked int8 layouts (IQ3_XXS, Q4_K, Q6_K) take the int8 kernel, except
+    prompt chunks of short rows (PROMPT_TILE_MIN_TOK, PROMPT_TILE_MAX_IN), where dequantize + BLAS wins."""
     if (type(x) is not np.ndarray or x.dtype != _F32 or x.ndim != 2 or x.shape[1] != w.n_in
             or not x.flags.c_contiguous):
         _check_x(x, w.n_in)
@@ -94,7 +100,12 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
         return out
     qtype = w.qtype
     if w.layout in INT8_LAYOUTS:
-        INT8_LAYOUTS[w.layout][1].matvec(w.raw3, x.reshape(n_tok, w.nb, w.elems), out)
+        module = INT8_LAYOUTS[w.layout][1]
+        if n_tok >= PROMPT_TILE_MIN_TOK.get(w.layout, 1 << 62) and w.n_in <= PROMPT_TILE_MAX_IN:
+            matmul_tiled(w.qtype, w.raw, round_activations(w.src_qtype, x), out,
+                         lambda _qtype, rows, scratch: module.dequantize_into(rows, scratch))
+        else:
+            module.matvec(w.raw3, x.reshape(n_tok, w.nb, w.elems), out)
         return out
     if w.int8 and n_tok <= MATVEC_MAX_TOK:
         q8_0_int8.mv_avx2(w.raw3, x.reshape(n_tok, w.nb, q8_0_int8.QK), out)
@@ -148,8 +159,9 @@ def matvec_fused(qtype, raw, x, out):
             raise AssertionError(qtype)
 
 
-def matmul_tiled(qtype, raw, x, out):
-    """Dequantize row tiles to float32 and multiply them with BLAS.
+def matmul_tiled(qtype, raw, x, out, dq_serial=None):
+    """Dequantize row tiles to float32 and multiply them with BLAS. dq_serial(qtype, rows, out): the
+    dequantizer for each thread's tiles (default: GGML rows of qtype).
 
     With n > 1 Numba threads the output rows are split into n contiguous parts, one per thread (the
     caller + a persistent pool): each dequantizes its own tiles (GIL-free serial Numba) into its own
@@ -161,14 +173,15 @@ def matmul_tiled(qtype, raw, x, out):
     tile = max(16, min(n_out, TILE_BYTES // (4 * n_cols)) // 16 * 16)
     n_par = min(numba.get_num_threads(), max(1, n_out // tile))
     if n_par <= 1:
-        _tiles(qtype, raw, x, out, 0, n_out, tile, dequantize_into)
+        _tiles(qtype, raw, x, out, 0, n_out, tile, dq_serial or dequantize_into)
         return
+    dq_serial = dq_serial or dequantize_into_serial
     _blas_single_thread()
     bounds = [n_out * i // n_par // 16 * 16 for i in range(n_par)] + [n_out]
     pool = _pool(n_par - 1)
-    futs = [pool.submit(_tiles, qtype, raw, x, out, bounds[i], bounds[i + 1], tile, dequantize_into_serial)
+    futs = [pool.submit(_tiles, qtype, raw, x, out, bounds[i], bounds[i + 1], tile, dq_serial)
             for i in range(1, n_par)]
-    _tiles(qtype, raw, x, out, bounds[0], bounds[1], tile, dequantize_into_serial)
+    _tiles(qtype, raw, x, out, bounds[0], bounds[1], tile, dq_serial)
     for f in futs:
         f.result()
 

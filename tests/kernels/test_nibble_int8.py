@@ -134,7 +134,9 @@ def test_backend_uploads_in_the_int8_layout_and_fuses_it(qtype, monkeypatch):
     assert wa.layout == layout and wa.qtype == qtype and wa.nbytes == 6 * 2 * mod.BLOCK_BYTES
     fused = be.fuse_rows([wa, wb])
     assert fused.layout == layout and fused.n_out == 9
-    for n_tok in (1, 2, 12):             # decode, speculative verification, a prompt chunk
+    # decode, speculative verification, a prompt chunk, and one long enough for the IQ3_XXS / Q4_K
+    # prompt path (dequantize the repacked rows + BLAS, qmatmul.PROMPT_TILE_MIN_TOK)
+    for n_tok in (1, 2, 12, 130):
         x = np.random.default_rng(n_tok).standard_normal((n_tok, 512), dtype=np.float32)
         ref, scale = _reference(np.concatenate([a, b]), x, qtype)
         assert np.all(np.abs(be.qmatmul(fused, x) - ref) <= RTOL * scale)
