@@ -18,6 +18,8 @@
 * test_stream: the 1.5B model's fused gate/up shape (1536 -> 17920) for 28 distinct matrices in a
   row, so the weights come from DRAM as in a decode step; IQ3_XXS, Q4_K and Q6_K in the int8 layouts
   (nibble_int8.py) against the file layout's float kernels ("G w/s", "GB/s" of the layout's bytes).
+* test_attention_decode: one decode token's attention over 4K / 32K cached keys of one layer at the
+  1.5B model's head shape ("us/key", "GB/s" of the int8 K/V cache read).
 Weights are random valid blocks (random bytes, f16 scales in 1e-3..1e-2).
 Under load compare single-threaded runs: NUMBA_NUM_THREADS=1 python -m pytest ... (timings are wall
 clock; pytest-benchmark's min over rounds is the least disturbed one).
@@ -163,3 +165,27 @@ def test_stream(benchmark, qtype, int8_layout, monkeypatch):
     t = benchmark.stats.stats.min
     benchmark.extra_info["G w/s"] = round(n_mats * n_out * n_cols / t / 1e9, 1)
     benchmark.extra_info["GB/s"] = round(sum(w.nbytes for w in ws) / t / 1e9, 1)
+
+
+@pytest.mark.parametrize("n_keys", [4096, 32768])
+def test_attention_decode(benchmark, n_keys):
+    """One decode token of Qwen2.5-Coder-1.5B's attention (12 query heads over 2 KV heads of 128) over
+    n_keys cached positions of one layer: "us/key" per cached key, "GB/s" of int8 K/V + scales read."""
+    from strata_lite.kernels.cpu.attention import attention
+    from strata_lite.kernels.kv_layout import kv_shapes
+    n_heads, n_kv, hd, page = 12, 2, 128, 256
+    n_pages = n_keys // page
+    pages, scales = kv_shapes(1, n_pages, page, n_kv, hd)
+    rng = np.random.default_rng(0)
+    k_pages, v_pages = (rng.integers(-127, 128, pages[1:], dtype=np.int8) for _ in range(2))
+    k_scales, v_scales = (rng.uniform(0.001, 0.01, scales[1:]).astype(np.float32) for _ in range(2))
+    page_tables = np.arange(n_pages, dtype=np.int32)[None, :]
+    q = rng.standard_normal((1, n_heads, hd), dtype=np.float32)
+    out = np.empty_like(q)
+    args = (q, np.zeros(1, np.int32), np.array([n_keys - 1], np.int32), page_tables, k_pages, k_scales,
+            v_pages, v_scales, hd ** -0.5, out)
+    attention(*args)
+    benchmark(attention, *args)
+    t = benchmark.stats.stats.min
+    benchmark.extra_info["us/key"] = round(t / n_keys * 1e6, 4)
+    benchmark.extra_info["GB/s"] = round((k_pages.nbytes + v_pages.nbytes + k_scales.nbytes + v_scales.nbytes) / t / 1e9, 1)
