@@ -75,11 +75,11 @@ def tensor_type(name: str, shape, target: QType, pure: bool = False, has_output:
     if pure:
         choice = TypeChoice(target, "pure")
     else:
-        choice = _mix(name, target, has_output, int(shape[0]))
+        choice = _mix(name, target, has_output)
     return _fit(choice, int(shape[0]))
 
 
-def _mix(name: str, target: QType, has_output: bool, row_len: int) -> TypeChoice:
+def _mix(name: str, target: QType, has_output: bool) -> TypeChoice:
     short = _BLK.sub("", name)
     if not has_output and short == "token_embd.weight":
         short = "output.weight"
