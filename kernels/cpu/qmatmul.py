@@ -31,7 +31,11 @@ MATVEC_MAX_TOK = 8
 # dequantize + BLAS instead of the int8 kernel. Measured on this 2-core AVX2 VM (ms, int8 / tiles):
 # IQ3_XXS 1536 -> 8960: 64 tokens 16.8 / 17.3, 128: 34.7 / 26.9, 512: 139 / 93; Q4_K 1536 -> 8960: 64
 # 16.0 / 17.5, 128: 32.6 / 28.1, 512: 138 / 92. Long rows (8960 -> 1536) favour the int8 kernel at every
-# size (512: 136 / 169), and so does Q6_K (1536 -> 8960, 256 tokens: 42 / 48; 512: 94 / 91).
+# size (512: 136 / 169), and so does Q6_K (1536 -> 8960, 256 tokens: 42 / 48; 512: 94 / 91). These
+# micro-timings vary run to run on the VM (a later run had the int8 kernel ahead up to 256 tokens);
+# the deciding measurement is end to end, alternating runs: 1.5B Q4_K_M prompt (512 tokens, chunks as
+# the engine schedules them) 44.0-44.8 tok/s with the int8 kernel only, 51.0-52.7 with this rule
+# (a 4 MiB TILE_BYTES: 51.9-52.6, no change).
 PROMPT_TILE_MIN_TOK = {IQ3_I8: 128, Q4K_I8: 128}
 PROMPT_TILE_MAX_IN = 4096
 # The tile path dequantizes about this many float32 bytes at a time (fits L2).
