@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,12 +47,9 @@ class QuantizeReport:
             tot_b, tot_e = tot_b + nbytes, tot_e + elems
         lines.append(f"{'total':<8} {sum(v[0] for v in self.by_type.values()):>7} {tot_b:>15,} "
                      f"{8 * tot_b / max(tot_e, 1):>11.3f}")
-        rules = {}
-        for choice in self.tensor_types.values():
-            if choice.rule != "1-D":
-                rules[choice.rule] = rules.get(choice.rule, 0) + 1
+        rules = Counter(c.rule for c in self.tensor_types.values() if c.rule != "1-D")
         if rules:     # why the matrices got their types (docs/quantize.md, type policy)
-            lines.append("rules: " + ", ".join(f"{r} x{n}" for r, n in sorted(rules.items(), key=lambda kv: -kv[1])))
+            lines.append("rules: " + ", ".join(f"{r} x{n}" for r, n in rules.most_common()))
         lines.append(f"file {self.out_path}: {self.nbytes:,} bytes, {self.seconds:.1f} s, "
                      f"{self.imatrix_used} tensors with importance weights")
         return "\n".join(lines)

@@ -22,15 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+from strata_lite.perplexity import log_softmax
+
 CHUNK, FIRST = 512, 256
 GOLDEN_TEXT = Path(os.environ.get("STRATA_GOLDEN", "/work/shared/golden")) / \
     "qwen2.5-coder-0.5b-instruct-q4_k_m" / "heapq.py"
-
-
-def log_softmax64(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max(axis=1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
 
 
 def scored_logprobs(llama_cpp, path: str, ids: list[int], threads: int):
@@ -45,7 +41,7 @@ def scored_logprobs(llama_cpp, path: str, ids: list[int], threads: int):
             llm.reset()
             llm.eval(toks)
             logits = np.array(llm.scores[FIRST - 1:CHUNK - 1, :], dtype=np.float32)
-            yield log_softmax64(logits), np.asarray(toks[FIRST:CHUNK])
+            yield log_softmax(logits), np.asarray(toks[FIRST:CHUNK])
     finally:
         llm.close()
 

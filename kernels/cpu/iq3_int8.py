@@ -31,6 +31,7 @@ from . import nibble_int8
 from .dequant import IQ2_KSIGNS, IQ3XXS_GRID, f16_at
 
 BLOCK_BYTES = 144
+SRC_BLOCK_BYTES = 98
 QK = 256
 IQ3_LEVELS = np.array([4, 12, 20, 28, 36, 44, 52, 62], dtype=np.int8)
 IQ3_CODE_VALUES = np.concatenate([IQ3_LEVELS, -IQ3_LEVELS]).astype(np.int8)   # code -> signed value
@@ -76,40 +77,28 @@ def _repack(src, dst, dst_f32, dst_i32, f16t, grid, ksigns, level_of):
 
 def repack(raw: np.ndarray, n_cols: int, f16t) -> np.ndarray:
     """IQ3_XXS rows (uint8 (n_rows, n_cols // 256 * 98)) -> this layout (uint8 (n_rows, n_cols // 256 * 144))."""
-    nb = n_cols // QK
-    n_rows = raw.shape[0]
-    dst = np.zeros((n_rows * nb, BLOCK_BYTES), dtype=np.uint8)
-    if n_rows * nb:
-        _repack(np.ascontiguousarray(raw).reshape(n_rows * nb, 98), dst, dst.view(np.float32), dst.view(np.int32),
-                f16t, _GRID_U8, IQ2_KSIGNS, _LEVEL_OF)
-    return dst.reshape(n_rows, nb * BLOCK_BYTES)
-
-
-@njit(cache=True)
-def dq_row(blk, blk_f32, o, values):
-    """One repacked row (n_blocks, 144), blk_f32 the same bytes (n_blocks, 36) -> float32 o (n_blocks * 256)."""
-    for b in range(blk.shape[0]):
-        d = blk_f32[b, 34]
-        for p in range(4):
-            s0 = d * np.float32(blk[b, 128 + 2 * p])
-            s1 = d * np.float32(blk[b, 129 + 2 * p])
-            base = 256 * b + 64 * p
-            for j in range(32):
-                v = blk[b, 32 * p + j]
-                o[base + j] = s0 * np.float32(values[v & 15])
-                o[base + 32 + j] = s1 * np.float32(values[v >> 4])
+    return nibble_int8.repack_rows(raw, n_cols, SRC_BLOCK_BYTES, BLOCK_BYTES, _repack, f16t, _GRID_U8, IQ2_KSIGNS,
+                                   _LEVEL_OF)
 
 
 @njit(cache=True)        # serial: the prompt path calls it from one thread per row range
 def _dq_rows(raw3, raw3_f32, out, values):
     for r in range(raw3.shape[0]):
-        dq_row(raw3[r], raw3_f32[r], out[r], values)
+        for b in range(raw3.shape[1]):
+            d = raw3_f32[r, b, 34]
+            for p in range(4):
+                s0 = d * np.float32(raw3[r, b, 128 + 2 * p])
+                s1 = d * np.float32(raw3[r, b, 129 + 2 * p])
+                base = 256 * b + 64 * p
+                for j in range(32):
+                    v = raw3[r, b, 32 * p + j]
+                    out[r, base + j] = s0 * np.float32(values[v & 15])
+                    out[r, base + 32 + j] = s1 * np.float32(values[v >> 4])
 
 
 def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
     """Repacked rows (uint8 (n, nb * 144), C-contiguous) -> float32 out (n, nb * 256)."""
-    raw3 = raw.reshape(raw.shape[0], -1, BLOCK_BYTES)
-    _dq_rows(raw3, raw3.view(np.float32), out, IQ3_CODE_VALUES)
+    nibble_int8.dequantize_rows(raw, out, BLOCK_BYTES, _dq_rows, IQ3_CODE_VALUES)
 
 
 CODE_TABLE = np.concatenate([IQ3_CODE_VALUES, IQ3_CODE_VALUES])      # one copy per 128-bit lane

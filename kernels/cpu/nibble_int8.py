@@ -33,6 +33,28 @@ QK = 256
 MAX_TOK = 4       # tokens per kernel call
 
 
+# -------------------------------------------------------------------------------- layout plumbing
+
+def repack_rows(raw: np.ndarray, n_cols: int, src_block_bytes: int, block_bytes: int, kernel, *tables) -> np.ndarray:
+    """File rows (uint8 (n_rows, n_cols // 256 * src_block_bytes)) -> a layout's rows (uint8 (n_rows,
+    n_cols // 256 * block_bytes)) by kernel(src blocks, dst blocks, the same bytes as float32 and as
+    int32, *tables), one 256-weight block per row of those views."""
+    nb = n_cols // QK
+    n_rows = raw.shape[0]
+    dst = np.zeros((n_rows * nb, block_bytes), dtype=np.uint8)
+    if n_rows * nb:
+        kernel(np.ascontiguousarray(raw).reshape(n_rows * nb, src_block_bytes), dst, dst.view(np.float32),
+               dst.view(np.int32), *tables)
+    return dst.reshape(n_rows, nb * block_bytes)
+
+
+def dequantize_rows(raw: np.ndarray, out: np.ndarray, block_bytes: int, kernel, *tables) -> None:
+    """A layout's rows (uint8 (n, nb * block_bytes), C-contiguous) -> float32 out (n, nb * 256) by
+    kernel(raw (n, nb, block_bytes), the same bytes as float32, out, *tables)."""
+    raw3 = raw.reshape(raw.shape[0], -1, block_bytes)
+    kernel(raw3, raw3.view(np.float32), out, *tables)
+
+
 # ------------------------------------------------------------------------------------- activations
 
 @njit(cache=True)
@@ -211,43 +233,37 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False):
     return dot
 
 
+def _by_token_count(dot):
+    """An inlined caller of intrinsic `dot` taking the token count as a runtime value (the intrinsic
+    needs a literal)."""
+    @njit(cache=True, inline="always")
+    def call(raw3, r0, xq, xd, xb, t0, nt, out, table):
+        if nt == 1:
+            dot(raw3, r0, xq, xd, xb, t0, 1, out, table)
+        elif nt == 2:
+            dot(raw3, r0, xq, xd, xb, t0, 2, out, table)
+        elif nt == 3:
+            dot(raw3, r0, xq, xd, xb, t0, 3, out, table)
+        else:
+            dot(raw3, r0, xq, xd, xb, t0, 4, out, table)
+    return call
+
+
 # the layouts, by the `kind` argument of matvec
 IQ3, Q4K, Q6K = 0, 1, 2
-_DOT_IQ3 = make_dot(lookup=True)        # IQ3_XXS codes through the table
-_DOT_Q4K = make_dot(mins=True)          # Q4_K codes and mins
-_DOT_Q6K = make_dot(wide=True)          # Q6_K int8 weights, scales per 16
+_DOT_IQ3 = _by_token_count(make_dot(lookup=True))     # IQ3_XXS codes through the table
+_DOT_Q4K = _by_token_count(make_dot(mins=True))       # Q4_K codes and mins
+_DOT_Q6K = _by_token_count(make_dot(wide=True))       # Q6_K int8 weights, scales per 16
 
 
 @njit(cache=True, inline="always")
 def _dot(kind, raw3, r0, xq, xd, xb, t0, nt, out, table):
-    # the intrinsics need a literal token count
     if kind == IQ3:
-        if nt == 1:
-            _DOT_IQ3(raw3, r0, xq, xd, xb, t0, 1, out, table)
-        elif nt == 2:
-            _DOT_IQ3(raw3, r0, xq, xd, xb, t0, 2, out, table)
-        elif nt == 3:
-            _DOT_IQ3(raw3, r0, xq, xd, xb, t0, 3, out, table)
-        else:
-            _DOT_IQ3(raw3, r0, xq, xd, xb, t0, 4, out, table)
+        _DOT_IQ3(raw3, r0, xq, xd, xb, t0, nt, out, table)
     elif kind == Q4K:
-        if nt == 1:
-            _DOT_Q4K(raw3, r0, xq, xd, xb, t0, 1, out, table)
-        elif nt == 2:
-            _DOT_Q4K(raw3, r0, xq, xd, xb, t0, 2, out, table)
-        elif nt == 3:
-            _DOT_Q4K(raw3, r0, xq, xd, xb, t0, 3, out, table)
-        else:
-            _DOT_Q4K(raw3, r0, xq, xd, xb, t0, 4, out, table)
+        _DOT_Q4K(raw3, r0, xq, xd, xb, t0, nt, out, table)
     else:
-        if nt == 1:
-            _DOT_Q6K(raw3, r0, xq, xd, xb, t0, 1, out, table)
-        elif nt == 2:
-            _DOT_Q6K(raw3, r0, xq, xd, xb, t0, 2, out, table)
-        elif nt == 3:
-            _DOT_Q6K(raw3, r0, xq, xd, xb, t0, 3, out, table)
-        else:
-            _DOT_Q6K(raw3, r0, xq, xd, xb, t0, 4, out, table)
+        _DOT_Q6K(raw3, r0, xq, xd, xb, t0, nt, out, table)
 
 
 @njit(cache=True, parallel=True)

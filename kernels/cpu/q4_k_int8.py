@@ -51,13 +51,7 @@ def _repack(src, dst, dst_f32, dst_i32, f16t):
 
 def repack(raw: np.ndarray, n_cols: int, f16t) -> np.ndarray:
     """Q4_K rows (uint8 (n_rows, n_cols // 256 * 144)) -> this layout (uint8 (n_rows, n_cols // 256 * 160))."""
-    nb = n_cols // QK
-    n_rows = raw.shape[0]
-    dst = np.zeros((n_rows * nb, BLOCK_BYTES), dtype=np.uint8)
-    if n_rows * nb:
-        _repack(np.ascontiguousarray(raw).reshape(n_rows * nb, SRC_BLOCK_BYTES), dst, dst.view(np.float32),
-                dst.view(np.int32), f16t)
-    return dst.reshape(n_rows, nb * BLOCK_BYTES)
+    return nibble_int8.repack_rows(raw, n_cols, SRC_BLOCK_BYTES, BLOCK_BYTES, _repack, f16t)
 
 
 @njit(cache=True)        # serial: the prompt path calls it from one thread per row range
@@ -78,8 +72,7 @@ def _dq_rows(raw3, raw3_f32, out):
 
 def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
     """Repacked rows (uint8 (n, nb * 160), C-contiguous) -> float32 out (n, nb * 256)."""
-    raw3 = raw.reshape(raw.shape[0], -1, BLOCK_BYTES)
-    _dq_rows(raw3, raw3.view(np.float32), out)
+    nibble_int8.dequantize_rows(raw, out, BLOCK_BYTES, _dq_rows)
 
 
 def matvec(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray) -> None:
