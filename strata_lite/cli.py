@@ -1,4 +1,4 @@
-"""`strata-lite` command line: generate, perplexity, quantize, imatrix, kld."""
+"""`strata-lite` command line: generate, perplexity, quantize, imatrix, kld, synth."""
 from __future__ import annotations
 
 import argparse
@@ -115,6 +115,13 @@ def cmd_kld(args) -> int:
     return 0
 
 
+def cmd_synth(args) -> int:
+    from .loader.synth import synth_model
+    report = synth_model(args.out, args.preset, arch=args.arch, quant=args.quant, seed=args.seed, blocks=args.blocks)
+    print(report.summary())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata-lite", description="LLM inference for quantized GGUF models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -163,6 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("file", help="text file (UTF-8)")
     k.add_argument("--ctx", type=int, default=512, help="chunk size in tokens")
     k.set_defaults(func=cmd_kld)
+    sy = sub.add_parser("synth", help="write a GGUF model of real shapes with random valid weights (docs/synth.md)")
+    sy.add_argument("--preset", required=True, help="model shapes: qwen2.5-0.5b, llama-8b-layers")
+    sy.add_argument("--arch", default=None, help="architecture: qwen2, qwen3, llama (default: the preset's)")
+    sy.add_argument("--quant", default="q4_k_m",
+                    help="type mix: q4_k_m, iq3_xxs, or one type for every matrix: f16, q8_0, q4_k, q6_k, iq3_xxs-pure")
+    sy.add_argument("--seed", type=int, default=0)
+    sy.add_argument("--blocks", type=int, default=None, help="number of blocks (default: the preset's)")
+    sy.add_argument("--out", "-o", required=True, help="output GGUF file")
+    sy.set_defaults(func=cmd_synth)
     from .server.cli_serve import add_serve_parser   # the CLI sits above the server (layering exemption)
     add_serve_parser(sub)
     return parser

@@ -1,0 +1,77 @@
+"""CuPy access for the CUDA launchers: lazy import, compile-once modules from the .cu files next to this
+file, and the stream every launch goes to.
+
+Host/device placement: launchers take cupy arrays (device) for data and Python ints/floats (host) for
+sizes; they never copy to the host. Kernels run on CuPy's current stream, which the graph capture in
+graphs.py swaps for its capturing stream.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+from .. import BackendUnavailable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NVRTC_OPTIONS = ("--std=c++17", f"-I{HERE}")   # no --use_fast_math: the KV store must match the CPU bit for bit
+
+
+@functools.lru_cache(maxsize=None)
+def cupy():
+    """The cupy module, or BackendUnavailable naming the install command."""
+    try:
+        import cupy as cp
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception as e:   # ImportError, CUDARuntimeError (no driver), ...
+        raise BackendUnavailable(
+            f"the CUDA backend needs CuPy and an NVIDIA GPU ({type(e).__name__}: {e}); "
+            "install with pip install -e \".[cuda12]\" or \".[cuda13]\" (see README)") from None
+    if n < 1:
+        raise BackendUnavailable("the CUDA backend found no NVIDIA GPU")
+    return cp
+
+
+def source(name: str) -> str:
+    with open(os.path.join(HERE, name), encoding="utf-8") as f:
+        return f.read()
+
+
+@functools.lru_cache(maxsize=None)
+def module(cu_file: str):
+    """The compiled RawModule of one .cu file (NVRTC; CuPy caches the binary on disk)."""
+    cp = cupy()
+    return cp.RawModule(code=source(cu_file), options=NVRTC_OPTIONS)
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(cu_file: str, name: str):
+    """An `extern "C"` kernel of one .cu file."""
+    return module(cu_file).get_function(name)
+
+
+def launch(cu_file: str, name: str, grid, block, args, shared_mem: int = 0) -> None:
+    """Launch on CuPy's current stream; grid/block are int tuples, args cupy arrays and numpy scalars."""
+    kernel(cu_file, name)(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def numba_cuda():
+    """numba.cuda, configured for CuPy arrays captured into graphs: importing a CuPy array must not
+    synchronize its stream (CUDA_ARRAY_INTERFACE_SYNC), which a capturing stream forbids; ordering
+    comes from launching every kernel on CuPy's current stream."""
+    os.environ.setdefault("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "0")
+    from numba import cuda
+    try:
+        from numba.cuda.core import config as cuda_config      # numba-cuda >= 0.2x
+    except ImportError:                                          # numba's built-in target
+        from numba.core import config as cuda_config
+    cuda_config.CUDA_ARRAY_INTERFACE_SYNC = False
+    return cuda
+
+
+def numba_stream():
+    """CuPy's current stream as a Numba stream (launch target of every Numba CUDA kernel)."""
+    return numba_cuda().external_stream(cupy().cuda.get_current_stream().ptr)
