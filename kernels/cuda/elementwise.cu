@@ -1,0 +1,150 @@
+// Elementwise / per-row kernels of the CUDA backend: rmsnorm, rope (+ K-smoothing channel scales),
+// silu_mul, add (same shape or bias), and a row/column copy (take_rows, split_cols). Launchers:
+// elementwise.py. All data float32 C-contiguous; sizes are ints passed from the host.
+//
+// These are memory-bound: the *_x4 variants move 16 bytes per access (F4) and are chosen by the
+// launcher when widths and addresses are multiples of 4 floats. No reduction here depends on how many
+// rows share a launch (batch invariance): rmsnorm reduces one row per CTA in a fixed order.
+#include "common.cuh"
+
+struct alignas(16) F4 { float x, y, z, w; };
+
+#define NORM_MAX_WARPS 32
+
+// ----------------------------------------------------------------------------- rmsnorm
+// out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w, one CTA per row r (grid n, block a multiple of
+// 32 that depends only on d). Sum of squares in float32: each thread sums its strided elements in
+// ascending order, then a fixed xor-shuffle tree per warp, then the warp sums in warp order.
+// out may alias x: each element is read and written by the same thread, after the reduction.
+__device__ __forceinline__ float block_sum_fixed(float v) {
+    __shared__ float part[NORM_MAX_WARPS];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
+    v = warp_sum(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < n_warps; ++i) s += part[i];   // every thread, same order
+    return s;
+}
+
+__device__ __forceinline__ float row_scale(float ss, int d, double eps) {
+    return (float)(1.0 / sqrt((double)ss / d + eps));  // one double op per row, as the CPU kernel
+}
+
+extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, double eps, float* out, int d) {
+    const i64 base = (i64)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) { float v = x[base + j]; ss += v * v; }
+    const float sc = row_scale(block_sum_fixed(ss), d, eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) out[base + j] = x[base + j] * sc * w[j];
+}
+
+extern "C" __global__ void rmsnorm_f32_x4(const float* x, const float* w, double eps, float* out, int d) {
+    const F4* x4 = (const F4*)(x + (i64)blockIdx.x * d);
+    const F4* w4 = (const F4*)w;
+    F4* o4 = (F4*)(out + (i64)blockIdx.x * d);
+    const int d4 = d / 4;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < d4; j += blockDim.x) {
+        F4 v = x4[j];
+        ss += v.x * v.x; ss += v.y * v.y; ss += v.z * v.z; ss += v.w * v.w;
+    }
+    const float sc = row_scale(block_sum_fixed(ss), d, eps);
+    for (int j = threadIdx.x; j < d4; j += blockDim.x) {
+        F4 v = x4[j], g = w4[j];
+        o4[j] = F4{v.x * sc * g.x, v.y * sc * g.y, v.z * sc * g.z, v.w * sc * g.w};
+    }
+}
+
+// ----------------------------------------------------------------------------- rope
+// In place on x (n_tok, n_heads, head_dim), one CTA per token (grid n_tok). As the CPU kernel:
+// theta_i = pos * freq_base^((-2 i) / n_rot) and its cos/sin in double, rounded to float once per
+// (token, i) into shared memory, then a float rotation of each pair: (i, i + n_rot/2) when neox,
+// else (2i, 2i+1). channel_scale (n_heads, head_dim) or null: afterwards every channel of the token
+// (rotated or not) is multiplied by its factor (K smoothing folded into rope).
+#define ROPE_MAX_HALF 256
+
+extern "C" __global__ void rope_f32(float* x, const i32* positions, double freq_base, int n_heads,
+                                    int head_dim, int n_rot, int neox, const float* channel_scale) {
+    __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    const int half = n_rot / 2;
+    const double p = (double)positions[blockIdx.x];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double th = p * pow(freq_base, (-2.0 * i) / (double)n_rot);
+        cs[i] = (float)cos(th);
+        sn[i] = (float)sin(th);
+    }
+    __syncthreads();
+    float* xt = x + (i64)blockIdx.x * n_heads * head_dim;
+    for (int k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
+        const int h = k / half, i = k % half;
+        const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float* xh = xt + h * head_dim;
+        const float a = xh[i0], b = xh[i1], c = cs[i], s = sn[i];
+        float r0 = a * c - b * s, r1 = a * s + b * c;
+        if (channel_scale) {
+            r0 *= channel_scale[h * head_dim + i0];
+            r1 *= channel_scale[h * head_dim + i1];
+        }
+        xh[i0] = r0;
+        xh[i1] = r1;
+    }
+    if (channel_scale && n_rot < head_dim) {      // the channels rope leaves alone
+        const int rest = head_dim - n_rot;
+        for (int k = threadIdx.x; k < n_heads * rest; k += blockDim.x) {
+            const int h = k / rest, j = n_rot + k % rest;
+            xt[h * head_dim + j] *= channel_scale[h * head_dim + j];
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------- silu_mul, add
+// Flat over n elements (n4 = n / 4 vectors for the _x4 variants); grid = ceil(n / block).
+// silu(g) * u = g / (1 + exp(-g)) * u with IEEE expf (no fast math): exp(-g) = inf gives -0.
+// out may alias either input: every element is read before it is written, by one thread.
+__device__ __forceinline__ float silu_mul1(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+extern "C" __global__ void silu_mul_f32(const float* gate, const float* up, float* out, i64 n) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = silu_mul1(gate[i], up[i]);
+}
+
+extern "C" __global__ void silu_mul_f32_x4(const F4* gate, const F4* up, F4* out, i64 n4) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    const F4 g = gate[i], u = up[i];
+    out[i] = F4{silu_mul1(g.x, u.x), silu_mul1(g.y, u.y), silu_mul1(g.z, u.z), silu_mul1(g.w, u.w)};
+}
+
+// out = a + b where b has nb elements repeated over a's n (nb == n: same shape; nb == n_cols: bias).
+extern "C" __global__ void add_f32(const float* a, const float* b, float* out, i64 n, i64 nb) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i % nb];
+}
+
+extern "C" __global__ void add_f32_x4(const F4* a, const F4* b, F4* out, i64 n4, i64 nb4) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    const F4 u = a[i], v = b[i % nb4];
+    out[i] = F4{u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w};
+}
+
+// ----------------------------------------------------------------------------- row / column copy
+// out[r, j] = x[src, start + j] for j < width, src = rows[r] (take_rows) or r when rows is null
+// (split_cols); x has x_cols columns. One CTA per output row (grid m). The _x4 variant needs x_cols,
+// start and width multiples of 4 (passed in floats, used in F4 units).
+extern "C" __global__ void copy_rows_f32(const float* x, const i32* rows, i64 x_cols, i64 start,
+                                         float* out, int width) {
+    const i64 src = rows ? (i64)rows[blockIdx.x] : (i64)blockIdx.x;
+    const float* xr = x + src * x_cols + start;
+    float* o = out + (i64)blockIdx.x * width;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) o[j] = xr[j];
+}
+
+extern "C" __global__ void copy_rows_f32_x4(const float* x, const i32* rows, i64 x_cols, i64 start,
+                                            float* out, int width) {
+    const i64 src = rows ? (i64)rows[blockIdx.x] : (i64)blockIdx.x;
+    const F4* xr = (const F4*)(x + src * x_cols + start);
+    F4* o = (F4*)(out + (i64)blockIdx.x * width);
+    for (int j = threadIdx.x; j < width / 4; j += blockDim.x) o[j] = xr[j];
+}

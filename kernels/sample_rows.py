@@ -1,0 +1,95 @@
+"""What `Backend.sample` takes per logit row (SampleRows) and gives back (Sampled); host numpy only.
+
+Sampling semantics, implemented exactly by every backend (row r of logits (m, n_vocab) float32):
+  z = logits[r]
+  if count_rows[r] >= 0: c = counts[count_rows[r]]; z -= frequency[r] * c + presence[r] * (c > 0)
+  logprobs are the log-softmax of the RAW logits (no penalties, no temperature)
+  greedy (temperature[r] == 0): token = argmax(z), lowest id on ties; uniform[r] is ignored
+  else:
+    z /= temperature[r]
+    candidates = the top_k[r] largest of z (all when top_k is 0 or >= n_vocab), sorted descending,
+                 ties lower id first
+    p = softmax over the candidates
+    keep = len(candidates)
+    if top_p[r] < 1: keep = min(keep, searchsorted(cumsum(p), top_p[r], 'left') + 1)
+    if min_p[r] > 0: keep = min(keep, max(1, count(p >= min_p[r] * p[0])))
+    p = p[:keep] renormalized; cum = cumsum(p)
+    token = candidates[first i < keep with cum[i] > uniform[r] * cum[keep - 1]] (clamped to keep - 1)
+  This equals numpy's Generator.choice(keep, p=p) when uniform is the generator's next random().
+Logprobs (n_logprobs[r]): -1 none; 0 the chosen token's only; n > 0 also the n best tokens of the raw
+log-softmax, best first, ties lower id first. Sampled pads rows asking for fewer with -1 / NaN.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+_DTYPES = {"temperature": np.float32, "top_k": np.int32, "top_p": np.float32, "min_p": np.float32,
+           "presence": np.float32, "frequency": np.float32, "uniform": np.float64,
+           "count_rows": np.int32, "n_logprobs": np.int32}
+
+
+@dataclass(frozen=True)
+class SampleRows:
+    """Per-row sampling parameters, host numpy arrays of shape (m,) (dtypes in _DTYPES)."""
+    temperature: np.ndarray     # float32, 0 = greedy
+    top_k: np.ndarray           # int32, 0 = off
+    top_p: np.ndarray           # float32, 1 = off
+    min_p: np.ndarray           # float32, 0 = off
+    presence: np.ndarray        # float32 presence penalty
+    frequency: np.ndarray       # float32 frequency penalty
+    uniform: np.ndarray         # float64 U[0,1) draw from the request's own seeded generator
+    count_rows: np.ndarray      # int32 row of the backend's token-count table, -1 = no penalties
+    n_logprobs: np.ndarray      # int32, -1 none, 0 chosen token only, n > 0 also the n best
+
+    def __post_init__(self):
+        m = None
+        for f in fields(self):
+            a = np.ascontiguousarray(getattr(self, f.name), dtype=_DTYPES[f.name])
+            if a.ndim != 1 or (m is not None and len(a) != m):
+                raise ValueError(f"SampleRows.{f.name}: expected shape ({m},), got {a.shape}")
+            m = len(a)
+            object.__setattr__(self, f.name, a)
+
+    def __len__(self) -> int:
+        return len(self.temperature)
+
+    @property
+    def n_top(self) -> int:
+        """Width of Sampled.top_ids: the most alternatives any row asks for."""
+        return max(0, int(self.n_logprobs.max())) if len(self) else 0
+
+    @classmethod
+    def greedy(cls, m: int) -> "SampleRows":
+        """m rows of plain argmax, no penalties, no logprobs."""
+        return cls.from_rows([{}] * m)
+
+    @classmethod
+    def from_rows(cls, rows) -> "SampleRows":
+        """From a list of dicts of per-row values; missing keys take the 'off' defaults."""
+        default = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "presence": 0.0,
+                   "frequency": 0.0, "uniform": 0.0, "count_rows": -1, "n_logprobs": -1}
+        unknown = {k for r in rows for k in r} - default.keys()
+        if unknown:
+            raise ValueError(f"unknown SampleRows fields {sorted(unknown)}")
+        return cls(**{k: np.array([r.get(k, d) for r in rows], dtype=_DTYPES[k]) for k, d in default.items()})
+
+
+@dataclass
+class Sampled:
+    """Host results of Backend.sample for m rows."""
+    ids: np.ndarray             # (m,) int32 chosen tokens
+    logprob: np.ndarray         # (m,) float32 raw log-softmax of the chosen token, NaN where not asked
+    top_ids: np.ndarray         # (m, n_top) int32 best tokens, best first, ties lower id; -1 padding
+    top_logprobs: np.ndarray    # (m, n_top) float32 their logprobs; NaN padding
+
+    @classmethod
+    def empty(cls, m: int, n_top: int) -> "Sampled":
+        """Poisoned result arrays to fill: ids 0, logprobs NaN, top_ids -1."""
+        return cls(ids=np.zeros(m, np.int32), logprob=np.full(m, np.nan, np.float32),
+                   top_ids=np.full((m, n_top), -1, np.int32),
+                   top_logprobs=np.full((m, n_top), np.nan, np.float32))
+
+    def __len__(self) -> int:
+        return len(self.ids)
