@@ -1,8 +1,16 @@
-"""The one interface the model code computes through; CpuBackend and (later) CudaBackend implement it.
+"""The one interface the model code computes through; CpuBackend and CudaBackend implement it.
 
-Weight matrices are passed as objects with `qtype`, `raw` (uint8 block rows), `n_out`, `n_in`
-(the loader's QuantTensor), so kernels never import the loader. Arrays are the backend's own
-(numpy here, cupy for CUDA); the model never touches them with anything but these methods.
+Placement: "device" arrays are the backend's own (numpy for the CPU, cupy for CUDA), made by `empty`,
+`from_host` or another method; "host" means numpy arrays and Python numbers. The model and the engine
+touch device arrays only through these methods (and `.shape` / `.reshape` of contiguous arrays), so
+they never branch on the device. Sizes and scalars are always host Python ints/floats; a method that
+launches device work never copies device data to the host unless its docstring says so (`to_host`,
+`sample`), so a decode step can be captured into a CUDA graph and replayed.
+
+Weight matrices come in as objects with `name`, `qtype`, `raw` (host uint8 block rows), `n_out`, `n_in`
+(the loader's QuantTensor), so kernels never import the loader; `upload_weight` turns one into the
+backend's device object. Index arrays (token ids, positions, page tables, rows) are validated on the
+host by the caller (`Batch.validate`), so device kernels need not check them.
 """
 from __future__ import annotations
 
@@ -12,54 +20,93 @@ from abc import ABC, abstractmethod
 class Backend(ABC):
     name: str
 
-    # memory
+    # ----------------------------------------------------------------------------- memory
     @abstractmethod
-    def empty(self, shape, dtype="float32"): ...
+    def empty(self, shape, dtype="float32"):
+        """A new uninitialized device array; shape is a host tuple of ints."""
     @abstractmethod
-    def to_host(self, arr): ...
+    def to_host(self, arr):
+        """Device array -> host numpy array (synchronizes; a copy unless the device is the host)."""
     @abstractmethod
-    def from_host(self, arr): ...
+    def from_host(self, arr):
+        """Host numpy array -> C-contiguous device array of the same dtype and shape."""
     @abstractmethod
     def upload_weight(self, w):
-        """Make a weight matrix (QuantTensor) usable by this backend; returns what `qmatmul` takes."""
-
+        """Host QuantTensor -> the device weight object that `embed` / `qmatmul` take."""
     @abstractmethod
     def fuse_rows(self, weights):
-        """One weight holding the rows of `weights` in order (for matrices that read the same input),
-        or None when they cannot share one kernel."""
+        """Device weights (from upload_weight) that read the same input -> one device weight holding
+        their rows in order, or None when they cannot share one kernel."""
+    def reserve(self, max_tokens: int, max_width: int, n_heads: int, head_dim: int, max_keys: int,
+                n_vocab: int, max_rows: int) -> None:
+        """Size long-lived workspaces once (host ints), before the first forward: forwards of up to
+        max_tokens tokens whose widest mat-mul input is max_width, attention of n_heads x head_dim over up
+        to max_keys positions, sampling of up to max_rows rows of n_vocab. A later call replaces them
+        (never while a captured graph uses them). The CPU needs none."""
 
-    # compute (outputs are returned newly allocated unless `out` is given)
+    # ----------------------------------------------------------------------------- compute
+    # Every array argument and result below is a device float32 C-contiguous array unless said
+    # otherwise; results are newly allocated unless `out` (a device array of the result's shape) is given.
     @abstractmethod
     def embed(self, w, token_ids):
-        """(n,) int32 ids -> (n, n_in) float32 rows of the embedding matrix."""
+        """Device int32 ids (n,) -> (n, w.n_in) rows of the device embedding weight w."""
     @abstractmethod
     def qmatmul(self, w, x, out=None):
-        """x (n, w.n_in) float32 -> (n, w.n_out) = x @ W.T."""
+        """x (n, w.n_in) -> (n, w.n_out) = x @ W.T (activations rounded as ggml does for W's type)."""
     @abstractmethod
-    def rmsnorm(self, x, weight, eps: float, out=None): ...
+    def rmsnorm(self, x, weight, eps: float, out=None):
+        """x (n, d) / sqrt(mean(x^2) + eps) * weight (d,); eps host float."""
     @abstractmethod
-    def rope(self, x, positions, freq_base: float, n_rot: int, neox: bool) -> None:
-        """In place on x (n, n_heads, head_dim)."""
+    def rope(self, x, positions, freq_base: float, n_rot: int, neox: bool, channel_scale=None) -> None:
+        """In place on x (n, n_heads, head_dim): rotary embedding at device int32 positions (n,)
+        (theta_i = pos * freq_base^(-2i/n_rot), i < n_rot/2; pairs (i, i + n_rot/2) when neox, else
+        (2i, 2i+1); dims >= n_rot untouched), then, when channel_scale (device (n_heads, head_dim)) is
+        given, every channel of every token multiplied by it. freq_base, n_rot, neox are host values."""
     @abstractmethod
-    def silu_mul(self, gate, up, out=None): ...
+    def silu_mul(self, gate, up, out=None):
+        """silu(gate) * up, both (n, d); out may be gate."""
     @abstractmethod
     def add(self, a, b, out=None):
-        """a + b; b may be a bias vector broadcast over rows."""
+        """a (n, d) + b, b either (n, d) or a bias vector (d,) broadcast over rows; out may be a."""
     @abstractmethod
-    def mul(self, a, b, out=None):
-        """a * b with numpy broadcasting (per-channel factors over rows)."""
-    @abstractmethod
-    def take_rows(self, x, rows): ...
+    def take_rows(self, x, rows):
+        """x (n, d), device int32 row indices (m,) -> (m, d) copy of those rows."""
     @abstractmethod
     def split_cols(self, x, widths):
-        """(n, sum(widths)) -> contiguous (n, w) pieces, in order."""
+        """(n, sum(widths)) -> contiguous (n, w) pieces, in order; widths host ints."""
 
-    # KV cache: arrays per layer, layout kv_layout.py (int8 pages + per-group float32 scales)
+    # ----------------------------------------------------------------------------- KV cache
+    # Arrays per layer, layout kv_layout.py (int8 pages + per-group float32 scales), all on the device.
     @abstractmethod
     def kv_arrays(self, n_layers: int, n_pages: int, page_size: int, n_kv_heads: int, head_dim: int):
-        """-> (k_pages, k_scales, v_pages, v_scales) with a leading layer axis."""
+        """-> zeroed device (k_pages, k_scales, v_pages, v_scales) with a leading layer axis."""
     @abstractmethod
-    def kv_store(self, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales) -> None: ...
+    def kv_store(self, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales) -> None:
+        """Quantize k, v (n, n_kv_heads, head_dim) and store token t at sequence token_seq[t], position
+        token_pos[t] (device int32 (n,)), page_tables device int32 (n_seqs, max_pages); in place on the
+        layer's device pages / scales."""
     @abstractmethod
     def attention(self, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
-                  scale: float, out=None): ...
+                  scale: float, out=None, max_keys: int | None = None):
+        """Causal attention of q (n, n_heads, head_dim) over positions 0..token_pos[t] of sequence
+        token_seq[t] (already stored); index arrays as kv_store; scale host float -> (n, n_heads, head_dim).
+        max_keys: host int >= every token_pos + 1 (Batch.max_pos), sizing the launch; None = the
+        reserved maximum. A backend may ignore it."""
+
+    # ----------------------------------------------------------------------------- sampling
+    # Semantics: kernels/sample_rows.py. The token-count table holds, per row, how often each token
+    # was generated by the request owning that row (presence / frequency penalties).
+    @abstractmethod
+    def sample(self, logits, rows, counts):
+        """Device logits (m, n_vocab) float32 (left unchanged), host SampleRows of m rows, device counts
+        table (from token_counts; may be None when every rows.count_rows is -1) -> host Sampled."""
+    @abstractmethod
+    def token_counts(self, n_rows: int, n_vocab: int):
+        """-> device int32 (n_rows, n_vocab) table of zeros."""
+    @abstractmethod
+    def add_counts(self, counts, count_rows, ids) -> None:
+        """counts[count_rows[i], ids[i]] += 1 for every i with count_rows[i] >= 0 (repeats add up);
+        count_rows and ids are host int32 (m,)."""
+    @abstractmethod
+    def reset_counts(self, counts, row: int) -> None:
+        """Zero one row (host int) of the device table."""

@@ -11,9 +11,10 @@ from typing import Iterator
 import numpy as np
 
 from .batch import Batch
+from .kernels.sample_rows import SampleRows
 from .kv_cache import KVCache
 from .runner import load_model
-from .sampling import InvalidRequest, Sampler, SamplingParams
+from .sampling import InvalidRequest, SamplingParams, needs_counts, sample_row
 from .text_stream import TextStream
 
 PAGE_SIZE = 64
@@ -41,6 +42,7 @@ class LLM:
         self.kv = KVCache(self.backend, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
                           n_pages=math.ceil(self.n_ctx / PAGE_SIZE), page_size=PAGE_SIZE)
         self._pages = list(range(self.kv.n_pages))   # the single sequence owns every page, in order
+        self.model.reserve(self.n_batch, self.n_ctx, 1)
 
     # text <-> ids
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -69,8 +71,21 @@ class LLM:
             hi = min(lo + self.n_batch, len(ids))
             sel = (logit_rows >= lo) & (logit_rows < hi)
             batch = Batch.single(ids[lo:hi], start_pos + lo, self._pages, logit_rows[sel] - lo)
-            out[sel] = self.backend.to_host(self.model.forward(batch, self.kv))
+            out[sel] = self.backend.to_host(self.forward(batch))
         return out
+
+    def forward(self, batch: Batch, observer=None):
+        """Device logits of one validated batch over this LLM's KV cache (observer: Transformer.forward)."""
+        batch.validate(self.kv.n_pages, self.kv.page_size, self.config.n_vocab)
+        return self.model.forward(batch, self.kv, observer=observer)
+
+    def _last_logits(self, ids, start_pos: int):
+        """Device logits (1, n_vocab) after the last of ids, run at start_pos.. in chunks of n_batch."""
+        for lo in range(0, len(ids), self.n_batch):
+            hi = min(lo + self.n_batch, len(ids))
+            logits = self.forward(Batch.single(ids[lo:hi], start_pos + lo, self._pages,
+                                               [hi - lo - 1] if hi == len(ids) else []))
+        return logits
 
     def generate(self, prompt, max_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  min_p: float = 0.0, seed: int | None = None, stop=None) -> GenerationOutput:
@@ -112,13 +127,16 @@ class Generation:
         self.output: GenerationOutput | None = None
 
     def __iter__(self) -> Iterator[str]:
-        llm, tok = self.llm, self.llm.tokenizer
-        sampler, text = Sampler(self.params, llm.config.n_vocab), TextStream(tok, self.params.stop)
+        llm, tok, be = self.llm, self.llm.tokenizer, self.llm.backend
+        text, rng = TextStream(tok, self.params.stop), np.random.default_rng(self.params.seed)
+        counts = be.token_counts(1, llm.config.n_vocab) if needs_counts(self.params) else None
         generated, finish = [], "length"
-        logits = llm.eval(self.prompt_ids, 0, [len(self.prompt_ids) - 1])[0]
+        logits = llm._last_logits(self.prompt_ids, 0)
         for step in range(max(self.max_tokens, 0)):
-            token = sampler(logits)
-            sampler.accept(token)
+            rows = SampleRows.from_rows([sample_row(self.params, rng, count_row=0)])
+            token = int(be.sample(logits, rows, counts).ids[0])
+            if counts is not None:
+                be.add_counts(counts, rows.count_rows, np.array([token], np.int32))
             generated.append(token)
             if token in tok.eog_ids:
                 finish = "stop"
@@ -130,7 +148,7 @@ class Generation:
                 finish = "stop"
                 break
             if step + 1 < self.max_tokens:
-                logits = llm.eval([token], len(self.prompt_ids) + step, [0])[0]
+                logits = llm._last_logits([token], len(self.prompt_ids) + step)
         tail = text.finish()
         if tail:
             yield tail

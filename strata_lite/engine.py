@@ -3,8 +3,8 @@
 Other threads only `submit()` (validated, queued FIFO), read events from their RequestHandle, and
 `cancel()`. The engine thread loops: take new requests and cancellations, then one step:
 
-    plan = sched.plan_step(); logits = model.forward(plan.batch, kv); sample per logit row;
-    sched.complete_step(plan, tokens)
+    plan = sched.plan_step(); logits = runner.forward(plan.batch) (on the device);
+    sampled = runner.sample(logits, one row per logit row); sched.complete_step(plan, tokens)
 
 Every step decodes one token of every running sequence plus at most step_tokens prompt tokens.
 A failure inside a step ends only the requests of that step (ErrorEvent); the engine keeps serving.
@@ -18,16 +18,16 @@ import time
 from collections import deque
 from pathlib import Path
 
-import numpy as np
-
 from .config import EngineConfig
 from .engine_events import (DoneEvent, EngineNotReady, ErrorEvent, PromptTooLong, QueueFull, RequestHandle,
                             TokenEvent)
+from .kernels.sample_rows import SampleRows
 from .loader.known_models import DEFAULT_MODEL, KNOWN_MODELS
 from .metrics import ActivityLog, EngineMetrics, idle_slot, slot_snapshot
-from .runner import ModelRunner, RequestState, load_model, log_softmax
+from .perplexity import log_softmax
+from .runner import ModelRunner, RequestState, load_model
 from .scheduler import Scheduler
-from .sampling import InvalidRequest
+from .sampling import InvalidRequest, needs_counts
 from .sequence import Request, SeqStatus
 
 __all__ = ["Engine", "EngineConfig", "RequestHandle", "PromptTooLong", "QueueFull", "EngineNotReady", "InvalidRequest",
@@ -165,7 +165,10 @@ class Engine:
     def _load(self) -> None:
         cfg, t0 = self.config, time.perf_counter()
         loaded = load_model(cfg.model, cfg.backend, cfg.threads)
-        self._runner = runner = ModelRunner(loaded, cfg.device_kv_tokens, cfg.page_size, cfg.host_kv_bytes())
+        # every request the engine may hold (running + queued, see submit) can own a penalty count row
+        self._runner = runner = ModelRunner(loaded, cfg.device_kv_tokens, cfg.page_size, cfg.host_kv_bytes(),
+                                            n_ctx=cfg.n_ctx, max_step_tokens=cfg.step_tokens + cfg.parallel,
+                                            max_seqs=cfg.parallel, count_rows=cfg.parallel + cfg.max_queue)
         self._sched = Scheduler(runner.kv, runner.host, runner.copier, n_slots=cfg.parallel,
                                 step_tokens=cfg.step_tokens, eog_ids=loaded.tokenizer.eog_ids,
                                 max_seq_len=cfg.n_ctx, clock=self.clock, decode_share=cfg.decode_share or None,
@@ -197,7 +200,8 @@ class Engine:
                     self._ids.discard(h.id)
                     h._put(ErrorEvent(str(e)))
                     continue
-                self._active[h.id] = RequestState(h, seq, self.tokenizer, self._runner.n_vocab)
+                row = self._runner.take_count_row() if needs_counts(h.request.params) else -1
+                self._active[h.id] = RequestState(h, seq, self.tokenizer, row)
             for h in cancels:
                 act = self._active.get(h.id)
                 if act is not None:
@@ -231,16 +235,13 @@ class Engine:
             log.exception("the forward pass failed")
             self._abort_plan(plan, f"the forward pass failed: {e}")
             return
-        tokens, failed = [], {}
+        try:
+            tokens, failed = self._sample_step(plan, logits)
+        except Exception as e:               # noqa: BLE001
+            log.exception("sampling failed")
+            self._abort_plan(plan, f"sampling failed: {e}")
+            return
         slot_of = {seq.id: seq.slot for seq in plan.logit_seqs}   # complete_step frees the slots of finished ones
-        for seq, row in zip(plan.logit_seqs, logits):
-            act = self._active[seq.id]
-            try:
-                tokens.append(self._sample(act, row))
-            except Exception as e:           # noqa: BLE001
-                log.exception("%s: sampling failed", seq.id)
-                failed[seq.id] = f"sampling failed: {e}"
-                tokens.append(0)             # appended but never computed: the KV stays clean
         for ev in self._sched.complete_step(plan, tokens):
             act = self._active[ev.seq.id]
             try:
@@ -262,8 +263,27 @@ class Engine:
         with self._cond:
             self._publish()
 
-    def _sample(self, act: RequestState, row: np.ndarray) -> int:
-        return act.sample(row)
+    def _sample_step(self, plan, logits) -> tuple[list[int], dict[str, str]]:
+        """One backend sampling call for every logit row, then each request takes its token (and logprobs);
+        a request failing there gets token 0 (appended but never computed: the KV stays clean) and an
+        error message in the returned dict. The taken tokens are counted for the penalties."""
+        acts = [self._active[seq.id] for seq in plan.logit_seqs]
+        if not acts:
+            return [], {}
+        sampled = self._runner.sample(logits, SampleRows.from_rows([a.sample_row() for a in acts]))
+        tokens, failed = [], {}
+        for i, act in enumerate(acts):
+            try:
+                tokens.append(self._sample(act, sampled, i))
+            except Exception as e:           # noqa: BLE001
+                log.exception("%s: sampling failed", act.handle.id)
+                failed[act.handle.id] = f"sampling failed: {e}"
+                tokens.append(0)
+        self._runner.add_counts([-1 if a.handle.id in failed else a.count_row for a in acts], tokens)
+        return tokens, failed
+
+    def _sample(self, act: RequestState, sampled, i: int) -> int:
+        return act.took(sampled, i)
 
     def _on_token(self, act: RequestState, token: int, reason: str | None, slot: int) -> None:
         now, seq = self.clock(), act.seq
@@ -300,7 +320,8 @@ class Engine:
         self._drop(act)
 
     def _drop(self, act: RequestState) -> None:
-        self._active.pop(act.handle.id, None)
+        if self._active.pop(act.handle.id, None) is act and act.count_row >= 0:
+            self._runner.free_count_row(act.count_row)
         self._activity.forget(act.handle.id)
         with self._cond:
             self._ids.discard(act.handle.id)

@@ -38,7 +38,7 @@ def collect_imatrix(llm, text: str, ctx: int = 512, chunks: int | None = None, p
         for lo in range(0, ctx, llm.n_batch):
             hi = min(lo + llm.n_batch, ctx)
             batch = Batch.single(chunk[lo:hi], lo, pages)          # logits for every row
-            logits = llm.backend.to_host(llm.model.forward(batch, llm.kv, observer=data.add))
+            logits = llm.backend.to_host(llm.forward(batch, observer=data.add))
             rows = np.arange(max(lo, first - 1), min(hi, ctx - 1))   # logits at row r predict token r+1 >= first
             if len(rows):
                 lp = log_softmax(logits[rows - lo])

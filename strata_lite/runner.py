@@ -13,6 +13,7 @@ import numpy as np
 from .batch import Batch
 from .host_pool import ArrayKVCopier, HostPool
 from .kernels import get_backend
+from .kernels.sample_rows import Sampled, SampleRows
 from .kv_cache import KVCache
 from .loader.chat_template import ChatTemplate
 from .loader.errors import GGUFError
@@ -22,7 +23,7 @@ from .loader.model_config import config_from_metadata
 from .loader.tokenizer import Tokenizer
 from .loader.weights import load_weights
 from .models import MODELS
-from .sampling import Sampler
+from .sampling import sample_row
 from .text_stream import TextStream
 
 
@@ -85,9 +86,13 @@ class TimedCopier:
 
 
 class ModelRunner:
-    """Owns the device KV cache (kv_tokens rounded up to pages) and the host pool (host_bytes)."""
+    """Owns the device state of the engine: the KV cache (kv_tokens rounded up to pages), the host pool
+    (host_bytes) and the token-count table of the presence / frequency penalties (count_rows rows, handed
+    out by take_count_row). The backend's workspaces are sized for forwards of up to max_step_tokens tokens
+    at positions < n_ctx, sampling up to max_seqs rows."""
 
-    def __init__(self, loaded: LoadedModel, kv_tokens: int, page_size: int, host_bytes: int):
+    def __init__(self, loaded: LoadedModel, kv_tokens: int, page_size: int, host_bytes: int, n_ctx: int,
+                 max_step_tokens: int, max_seqs: int, count_rows: int = 0):
         cfg, self.loaded = loaded.config, loaded
         self.backend, self.model = loaded.backend, loaded.model
         self.n_vocab = cfg.n_vocab
@@ -95,13 +100,34 @@ class ModelRunner:
                           n_pages=math.ceil(kv_tokens / page_size), page_size=page_size)
         self.host = HostPool.like(self.kv, host_bytes)
         self.copier = TimedCopier(ArrayKVCopier(self.kv, self.host, self.backend))
+        self.model.reserve(max_step_tokens, n_ctx, max_seqs)
+        self.counts = self.backend.token_counts(count_rows, cfg.n_vocab) if count_rows else None
+        self._free_count_rows = list(range(count_rows - 1, -1, -1))
 
-    def forward(self, batch: Batch) -> np.ndarray:
-        """float32 host logits, one row per batch.logit_rows entry."""
-        if not len(batch.logit_rows):
-            self.model.forward(batch, self.kv)
-            return np.empty((0, self.n_vocab), np.float32)
-        return np.asarray(self.backend.to_host(self.model.forward(batch, self.kv)), dtype=np.float32)
+    def forward(self, batch: Batch):
+        """Device float32 logits (len(batch.logit_rows), n_vocab); ValueError for a bad batch."""
+        batch.validate(self.kv.n_pages, self.kv.page_size, self.n_vocab)
+        return self.model.forward(batch, self.kv)
+
+    def sample(self, logits, rows: SampleRows) -> Sampled:
+        """Host tokens (and logprobs) for device logits, one SampleRows row per logit row."""
+        return self.backend.sample(logits, rows, self.counts)
+
+    def add_counts(self, count_rows, ids) -> None:
+        """Count the accepted tokens ids[i] in count row count_rows[i] (-1: none)."""
+        count_rows = np.asarray(count_rows, np.int32)
+        if len(count_rows) and count_rows.max() >= 0:
+            self.backend.add_counts(self.counts, count_rows, np.asarray(ids, np.int32))
+
+    def take_count_row(self) -> int:
+        """A zeroed row of the count table; there is one for every request the engine may hold."""
+        assert self._free_count_rows, "more requests with penalties than count rows"
+        row = self._free_count_rows.pop()
+        self.backend.reset_counts(self.counts, row)
+        return row
+
+    def free_count_row(self, row: int) -> None:
+        self._free_count_rows.append(row)
 
     @property
     def kv_usage(self) -> float:
@@ -113,33 +139,35 @@ class ModelRunner:
 
 
 class RequestState:
-    """Engine-thread state of one request: its sampler, logprobs and text stream (stop strings)."""
+    """Engine-thread state of one request: its random generator and count row (sampling), logprobs and
+    text stream (stop strings)."""
 
-    def __init__(self, handle, seq, tokenizer, n_vocab: int):
+    def __init__(self, handle, seq, tokenizer, count_row: int = -1):
         self.handle, self.seq, self.request, self.tokenizer = handle, seq, handle.request, tokenizer
-        self.sampler = Sampler(self.request.params, n_vocab)
+        self.rng = np.random.default_rng(self.request.params.seed)
+        self.count_row = count_row              # row of the runner's token-count table, -1 = no penalties
         self.stream = TextStream(tokenizer, self.request.params.stop)
         self.text = ""                          # everything emitted so far
         self.t_first: float | None = None
         self.t_last: float | None = None
         self.logprobs: tuple = (None, None)     # (logprob, top) of the token sampled last
 
-    def sample(self, row: np.ndarray) -> int:
-        """The next token from one row of raw logits; with request.logprobs = n, also its log-softmax
-        (float64, of the raw logits) and the n best (id, token text, logprob), best first."""
-        token = self.sampler(row)
-        self.sampler.accept(token)
+    def sample_row(self) -> dict:
+        """This step's SampleRows row (draws this request's uniform)."""
+        n = self.request.logprobs
+        return sample_row(self.request.params, self.rng, self.count_row, -1 if n is None else n)
+
+    def took(self, sampled: Sampled, i: int) -> int:
+        """The token of row i of the step's Sampled; with request.logprobs = n, also keeps its log-softmax
+        (of the raw logits) and the n best (id, token text, logprob), best first."""
+        token = int(sampled.ids[i])
         n = self.request.logprobs
         if n is None:
             self.logprobs = (None, None)
-            return token
-        lp = log_softmax(row)
-        top = []
-        if n:
-            ids = np.argpartition(-lp, n - 1)[:n] if n < len(lp) else np.arange(len(lp))
-            ids = sorted(ids.tolist(), key=lambda i: (-lp[i], i))
-            top = [(i, self.tokenizer.token_text(i), float(lp[i])) for i in ids]
-        self.logprobs = (float(lp[token]), top)
+        else:
+            top = [(int(t), self.tokenizer.token_text(int(t)), float(v))     # -1: fewer tokens than n
+                   for t, v in zip(sampled.top_ids[i, :n], sampled.top_logprobs[i, :n]) if t >= 0]
+            self.logprobs = (float(sampled.logprob[i]), top)
         return token
 
     def push(self, token: int, finishing: bool) -> str:
@@ -159,9 +187,3 @@ class RequestState:
     def decode_tok_s(self) -> float:
         n = self.seq.n_generated - 1
         return n / (self.t_last - self.t_first) if n > 0 and self.t_last > self.t_first else 0.0
-
-
-def log_softmax(row) -> np.ndarray:
-    z = np.asarray(row, np.float64)
-    z = z - z.max()
-    return z - np.log(np.exp(z).sum())

@@ -1,4 +1,5 @@
-"""SamplingParams and the sampler: host-side numpy over one row of logits."""
+"""SamplingParams (validated user input) and the per-row parameters they give the backend's sampler
+(kernels/sample_rows.py has the semantics; the backend samples all rows of a step in one call)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,37 +40,15 @@ class SamplingParams:
                 raise InvalidRequest(f"{name} {why}, got {getattr(self, name)!r}", param=name)
 
 
-class Sampler:
-    """Picks the next token of one sequence; owns its random generator and token counts."""
+def needs_counts(params: SamplingParams) -> bool:
+    """Whether the request needs a row of the token-count table (presence / frequency penalties)."""
+    return bool(params.presence_penalty or params.frequency_penalty)
 
-    def __init__(self, params: SamplingParams, n_vocab: int):
-        self.p = params
-        self.rng = np.random.default_rng(params.seed)
-        self.counts = np.zeros(n_vocab, dtype=np.int32) if (params.presence_penalty or params.frequency_penalty) else None
 
-    def __call__(self, logits: np.ndarray) -> int:
-        """logits: (n_vocab,) float32 -> token id."""
-        p = self.p
-        if self.counts is not None:
-            logits = logits - p.frequency_penalty * self.counts - p.presence_penalty * (self.counts > 0)
-        if p.temperature == 0.0:
-            return int(np.argmax(logits))
-        z = logits.astype(np.float64) / p.temperature
-        if p.top_k and p.top_k < len(z):
-            idx = np.argpartition(-z, p.top_k - 1)[:p.top_k]
-        else:
-            idx = np.arange(len(z))
-        idx = idx[np.argsort(-z[idx], kind="stable")]        # descending
-        probs = np.exp(z[idx] - z[idx[0]])
-        probs /= probs.sum()
-        keep = len(idx)
-        if p.top_p < 1.0:
-            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
-        if p.min_p > 0.0:
-            keep = min(keep, max(1, int(np.count_nonzero(probs >= p.min_p * probs[0]))))
-        probs = probs[:keep] / probs[:keep].sum()
-        return int(idx[self.rng.choice(keep, p=probs)])
-
-    def accept(self, token: int) -> None:
-        if self.counts is not None:
-            self.counts[token] += 1
+def sample_row(params: SamplingParams, rng: np.random.Generator, count_row: int = -1, n_logprobs: int = -1) -> dict:
+    """One SampleRows row (SampleRows.from_rows) for the next token. Draws the row's uniform from the
+    request's generator only when it samples (temperature > 0), as numpy's rng.choice did before."""
+    return dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
+                presence=params.presence_penalty, frequency=params.frequency_penalty,
+                uniform=rng.random() if params.temperature > 0 else 0.0,
+                count_rows=count_row if needs_counts(params) else -1, n_logprobs=n_logprobs)

@@ -15,6 +15,7 @@ from .llvm_ir import host_has_avx2
 from .elementwise import add, rmsnorm, rope, silu_mul
 from .qmatmul import qmatmul_packed
 from .repack import PackedWeight, pack_weight, release_pages
+from .sampling import add_counts, sample
 
 
 class _Raw:
@@ -70,8 +71,7 @@ class CpuBackend(Backend):
                             src_qtype=ws[0].src_qtype, layout=ws[0].layout, int8=self.int8)
 
     def embed(self, w, token_ids):
-        ids = np.asarray(token_ids, dtype=np.int64)
-        return dequantize(w.qtype, np.asarray(w.raw[ids]), w.n_in)
+        return dequantize(w.qtype, np.asarray(w.raw[token_ids]), w.n_in)
 
     def qmatmul(self, w, x, out=None):
         if type(w) is not PackedWeight or not w.final:
@@ -95,8 +95,8 @@ class CpuBackend(Backend):
         rmsnorm(x, weight, eps, out)
         return out
 
-    def rope(self, x, positions, freq_base, n_rot, neox):
-        rope(x, positions, freq_base, n_rot, neox)
+    def rope(self, x, positions, freq_base, n_rot, neox, channel_scale=None):
+        rope(x, positions, freq_base, n_rot, neox, channel_scale)
 
     def silu_mul(self, gate, up, out=None):
         if out is None:
@@ -113,9 +113,6 @@ class CpuBackend(Backend):
             add(a, b, out)
         return out
 
-    def mul(self, a, b, out=None):
-        return np.multiply(a, b, out=out)
-
     def split_cols(self, x, widths):
         out, at = [], 0
         for w in widths:
@@ -124,7 +121,7 @@ class CpuBackend(Backend):
         return out
 
     def take_rows(self, x, rows):
-        return np.ascontiguousarray(x[np.asarray(rows, dtype=np.int64)])
+        return np.ascontiguousarray(x[rows])
 
     def kv_arrays(self, n_layers, n_pages, page_size, n_kv_heads, head_dim):
         pages, scales = kv_shapes(n_layers, n_pages, page_size, n_kv_heads, head_dim)
@@ -134,8 +131,21 @@ class CpuBackend(Backend):
     def kv_store(self, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales):
         kv_store(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales)
 
-    def attention(self, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out=None):
+    def attention(self, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out=None,
+                  max_keys=None):
         if out is None:
             out = np.empty_like(q)
         attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out)
         return out
+
+    def sample(self, logits, rows, counts):
+        return sample(logits, rows, counts)
+
+    def token_counts(self, n_rows, n_vocab):
+        return np.zeros((n_rows, n_vocab), np.int32)
+
+    def add_counts(self, counts, count_rows, ids):
+        add_counts(counts, count_rows, ids)
+
+    def reset_counts(self, counts, row):
+        counts[row] = 0

@@ -116,7 +116,7 @@ def rmsnorm(x, weight, eps, out):
 # ----------------------------------------------------------------------------- rope
 
 @njit(cache=True, fastmath=_FM, inline="always")
-def _rope_tok(x, positions, inv_freq, n_rot, neox, t, cs, sn):
+def _rope_tok(x, positions, inv_freq, n_rot, neox, scale, has_scale, t, cs, sn):
     half = n_rot // 2
     p = np.float64(positions[t])
     for i in range(half):
@@ -136,24 +136,27 @@ def _rope_tok(x, positions, inv_freq, n_rot, neox, t, cs, sn):
                 b = x[t, h, 2 * i + 1]
                 x[t, h, 2 * i] = a * cs[i] - b * sn[i]
                 x[t, h, 2 * i + 1] = a * sn[i] + b * cs[i]
+        if has_scale:               # the head's row is still in L1: the per-channel factor costs ~nothing
+            for d in range(x.shape[2]):
+                x[t, h, d] *= scale[h, d]
 
 
 @njit(cache=True, fastmath=_FM, parallel=True)
-def _rope_par(x, positions, inv_freq, n_rot, neox):
+def _rope_par(x, positions, inv_freq, n_rot, neox, scale, has_scale):
     half = n_rot // 2
     for t in prange(x.shape[0]):
         cs = np.empty(half, np.float32)
         sn = np.empty(half, np.float32)
-        _rope_tok(x, positions, inv_freq, n_rot, neox, t, cs, sn)
+        _rope_tok(x, positions, inv_freq, n_rot, neox, scale, has_scale, t, cs, sn)
 
 
 @njit(cache=True, fastmath=_FM)
-def _rope_ser(x, positions, inv_freq, n_rot, neox):
+def _rope_ser(x, positions, inv_freq, n_rot, neox, scale, has_scale):
     half = n_rot // 2
     cs = np.empty(half, np.float32)
     sn = np.empty(half, np.float32)
     for t in range(x.shape[0]):
-        _rope_tok(x, positions, inv_freq, n_rot, neox, t, cs, sn)
+        _rope_tok(x, positions, inv_freq, n_rot, neox, scale, has_scale, t, cs, sn)
 
 
 _inv_freq_cache = {}
@@ -169,8 +172,12 @@ def _inv_freq(freq_base, n_rot):
     return inv
 
 
-def rope(x, positions, freq_base, n_rot, neox):
-    """Rotary embedding, in place on x (n_tok, n_heads, head_dim) float32.
+_NO_SCALE = np.ones((1, 1), np.float32)
+
+
+def rope(x, positions, freq_base, n_rot, neox, channel_scale=None):
+    """Rotary embedding, in place on x (n_tok, n_heads, head_dim) float32; then, if channel_scale
+    (n_heads, head_dim) float32 is given, every channel multiplied by it (K smoothing, k_smoothing.py).
 
     theta_i = positions[t] * freq_base**(-2i/n_rot), i < n_rot/2; neox=True rotates pairs
     (i, i + n_rot/2) (qwen2/qwen3), neox=False pairs (2i, 2i+1) (llama "normal"); dims >=
@@ -186,11 +193,16 @@ def rope(x, positions, freq_base, n_rot, neox):
     n_rot = int(n_rot)
     if n_rot <= 0 or n_rot % 2 or n_rot > hd:
         raise ValueError(f"n_rot={n_rot} must be even and in (0, head_dim={hd}]")
+    if channel_scale is not None:
+        _req(channel_scale, "channel_scale", 2)
+        if channel_scale.shape != (n_heads, hd):
+            raise ValueError(f"channel_scale {channel_scale.shape} must be (n_heads, head_dim) = {(n_heads, hd)}")
     if n_tok == 0:
         return
     inv = _inv_freq(freq_base, n_rot)
     fn = _rope_par if x.size >= _PAR_MIN and n_tok > 1 else _rope_ser
-    fn(x, positions, inv, n_rot, bool(neox))
+    scale = _NO_SCALE if channel_scale is None else channel_scale
+    fn(x, positions, inv, n_rot, bool(neox), scale, channel_scale is not None)
 
 
 # ----------------------------------------------------------------------------- silu_mul

@@ -11,14 +11,16 @@ With it the same input moves by at most 0.81 (llama.cpp's own code paths differ 
 from __future__ import annotations
 
 import numpy as np
+from gguf.quants import dequantize
 
 
-def k_channel_scales(cfg, layer, dequantize) -> np.ndarray:
-    """float32 (n_kv_heads, head_dim) divisor for K, >= a small floor."""
+def k_channel_scales(cfg, layer) -> np.ndarray:
+    """float32 (n_kv_heads, head_dim) divisor for K, >= a small floor. Host numpy from the host weights
+    (gguf.quants dequantizes bit-exactly as the kernels do, so no kernel module is imported here)."""
     if cfg.qk_norm:   # normalized per head: magnitude is the norm weight
         m = np.tile(np.abs(layer.attn_k_norm.astype(np.float64)), (cfg.n_kv_heads, 1))
     else:
-        w = dequantize(layer.attn_k.qtype, np.asarray(layer.attn_k.raw), layer.attn_k.n_in).astype(np.float64)
+        w = dequantize(np.asarray(layer.attn_k.raw), layer.attn_k.qtype).astype(np.float64)   # (kv_dim, n_embd)
         m = np.sqrt(((w * layer.attn_norm) ** 2).sum(axis=1))
         if layer.attn_k_bias is not None:
             m = m + np.abs(layer.attn_k_bias)

@@ -9,7 +9,6 @@ import math
 import numpy as np
 
 from ..batch import Batch
-from ..kernels.cpu.dequant import dequantize
 from .k_smoothing import k_channel_scales
 
 
@@ -19,25 +18,34 @@ class Transformer:
         be, group = backend, cfg.n_heads // cfg.n_kv_heads
         self.layers = [_Layer(be, lw) for lw in weights.layers]
         self.token_embd = be.upload_weight(weights.token_embd)
-        self.output = be.upload_weight(weights.output)
+        tied = weights.output is weights.token_embd       # loader/weights.py: the same QuantTensor when tied
+        self.output = self.token_embd if tied else be.upload_weight(weights.output)
         self.output_norm = be.from_host(weights.output_norm)
-        self.k_scales = [k_channel_scales(cfg, lw, dequantize) for lw in weights.layers]  # host copies, for tests
+        self.k_scales = [k_channel_scales(cfg, lw) for lw in weights.layers]  # host copies, for tests
         for layer, s in zip(self.layers, self.k_scales):
-            layer.k_inv_scale = be.from_host((1.0 / s).astype(np.float32))
-            layer.q_scale = be.from_host(np.repeat(s, group, axis=0))
+            layer.k_inv_scale = be.from_host((1.0 / s).astype(np.float32))       # (n_kv_heads, head_dim)
+            layer.q_scale = be.from_host(np.repeat(s, group, axis=0))            # (n_heads, head_dim)
+
+    def reserve(self, max_tokens: int, max_keys: int, max_rows: int) -> None:
+        """Let the backend size its workspaces once for forwards of up to max_tokens tokens at positions
+        < max_keys, sampling up to max_rows logit rows per call."""
+        cfg = self.cfg
+        width = max(cfg.n_embd, cfg.n_ff, cfg.n_heads * cfg.head_dim)     # the widest mat-mul input
+        self.backend.reserve(max_tokens, width, cfg.n_heads, cfg.head_dim, max_keys, cfg.n_vocab, max_rows)
 
     def forward(self, batch: Batch, kv, observer=None):
-        """-> logits (len(batch.logit_rows), n_vocab) float32, on the backend.
+        """-> logits (len(batch.logit_rows), n_vocab) float32, on the device. The batch was validated
+        (Batch.validate) by the caller; its arrays may be host numpy or already on the device.
 
         observer: optional callable(weight_name, x) called before each weight mat-mul with that weight's
         GGUF tensor name and its input activations x (host float32 (n_tok, n_in)); used by the imatrix."""
         be, cfg = self.backend, self.cfg
         obs = _observe(be, observer)
         n = len(batch.token_ids)
-        pos = be.from_host(batch.positions)
+        ids, pos = be.from_host(batch.token_ids), be.from_host(batch.positions)
         seq, tables = be.from_host(batch.token_seq), be.from_host(batch.page_tables)
-        attn_scale = 1.0 / math.sqrt(cfg.head_dim)
-        x = be.embed(self.token_embd, batch.token_ids)                  # (n, n_embd)
+        attn_scale, max_keys = 1.0 / math.sqrt(cfg.head_dim), batch.max_pos
+        x = be.embed(self.token_embd, ids)                              # (n, n_embd)
         for i, (lw, hw) in enumerate(zip(self.layers, self.weights.layers)):
             h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps)
             obs(h, hw.attn_q, hw.attn_k, hw.attn_v)
@@ -45,13 +53,13 @@ class Transformer:
             if cfg.qk_norm:
                 q = be.rmsnorm(q.reshape(-1, cfg.head_dim), lw.attn_q_norm, cfg.rms_eps).reshape(q.shape)
                 k = be.rmsnorm(k.reshape(-1, cfg.head_dim), lw.attn_k_norm, cfg.rms_eps).reshape(k.shape)
-            be.rope(q, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
-            be.rope(k, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
-            be.mul(q, lw.q_scale, out=q)            # K smoothing (k_smoothing.py): q*s . k/s = q . k
-            be.mul(k, lw.k_inv_scale, out=k)
+            # K smoothing (k_smoothing.py) folded into rope: q*s . k/s = q . k
+            be.rope(q, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox, channel_scale=lw.q_scale)
+            be.rope(k, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox, channel_scale=lw.k_inv_scale)
             layer_kv = kv.layer(i)
             be.kv_store(k, v, seq, pos, tables, *layer_kv)
-            a = be.attention(q, seq, pos, tables, *layer_kv, attn_scale)    # (n, n_heads, head_dim)
+            a = be.attention(q, seq, pos, tables, *layer_kv, attn_scale,
+                             max_keys=max_keys)                       # (n, n_heads, head_dim)
             a = a.reshape(n, cfg.n_heads * cfg.head_dim)
             obs(a, hw.attn_output)
             o = be.qmatmul(lw.attn_output, a)
@@ -65,7 +73,10 @@ class Transformer:
             act = be.silu_mul(g, u, out=g)
             obs(act, hw.ffn_down)
             be.add(x, be.qmatmul(lw.ffn_down, act), out=x)
-        x = be.take_rows(x, batch.logit_rows) if len(batch.logit_rows) != n else x
+        if len(batch.logit_rows) == 0:                                  # a prompt chunk that ends mid-prompt
+            return be.empty((0, cfg.n_vocab))
+        if len(batch.logit_rows) != n:                                  # all rows: no copy
+            x = be.take_rows(x, be.from_host(batch.logit_rows))
         x = be.rmsnorm(x, self.output_norm, cfg.rms_eps)
         obs(x, self.weights.output)
         return be.qmatmul(self.output, x)

@@ -234,6 +234,25 @@ def test_logprobs(engine, llm):
     assert all(e.logprob is None and e.top_logprobs is None for e in toks)
 
 
+def test_penalties_follow_the_generated_tokens(engine, llm):
+    """Greedy with presence / frequency penalties = argmax of logits - 2 count - 2 (count > 0) over the
+    tokens generated so far (not the prompt's); count rows go back to the pool when requests end."""
+    free = len(engine._runner._free_count_rows)
+    p = prompt_of(97, 10)                          # its plain greedy chain repeats a token three times
+    plain = llm.generate(p, max_tokens=8).token_ids
+    ids, _ = run(engine, p, max_tokens=8, frequency_penalty=2.0, presence_penalty=2.0)
+    assert ids != plain
+    counts, ctx = np.zeros(llm.config.n_vocab), list(p)
+    for t in ids:
+        row = llm.logits(ctx)[-1] - 2.0 * counts - 2.0 * (counts > 0)
+        best = int(np.argmax(row))
+        assert t == best or row[best] - row[t] <= LOGIT_TOL * np.abs(row).max()
+        counts[t] += 1
+        ctx.append(t)
+    wait_idle(engine)
+    assert len(engine._runner._free_count_rows) == free
+
+
 def test_metrics_move(engine, caplog):
     caplog.set_level(logging.INFO, logger="strata_lite")
     reg = engine.metrics_registry
@@ -288,10 +307,10 @@ def test_forward_error_fails_the_step_not_the_engine(engine, llm):
 def test_sampling_error_fails_one_request(engine, llm):
     real = engine._sample
 
-    def sample(act, row):
+    def sample(act, sampled, i):          # a request's own part of the step's one sampling call
         if act.request.id == "bad":
             raise ValueError("injected")
-        return real(act, row)
+        return real(act, sampled, i)
 
     engine._sample = sample
     try:

@@ -62,6 +62,24 @@ def test_rope(neox, n_tok, n_heads, hd, n_rot):
     np.testing.assert_array_equal(y[pos == 0], x[pos == 0])            # position 0 = identity
 
 
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("n_tok", [1, 300])                         # serial and parallel paths
+def test_rope_channel_scale(neox, n_tok):
+    """rope then a per-(head, channel) factor, dims >= n_rot included: the rotation's ~3 ulp plus one
+    float32 multiply."""
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((n_tok, 4, 128)).astype(np.float32)
+    s = rng.uniform(0.01, 30, (4, 128)).astype(np.float32)
+    pos = rng.integers(0, 40000, n_tok).astype(np.int32)
+    want = ref.rope(x, pos, 1e4, 96, neox) * s
+    y = x.copy()
+    rope(y, pos, 1e4, 96, neox, channel_scale=s)
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-6 * np.abs(want).max())
+    np.testing.assert_array_equal(y[..., 96:], x[..., 96:] * s[:, 96:])
+    with pytest.raises(ValueError, match="channel_scale"):
+        rope(y, pos, 1e4, 96, neox, channel_scale=s[:2])
+
+
 def test_rope_pairing():
     """neox pairs (i, i+n_rot/2); normal pairs (2i, 2i+1): check one rotated pair by hand."""
     x = np.zeros((1, 1, 8), np.float32)
