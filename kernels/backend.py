@@ -110,3 +110,24 @@ class Backend(ABC):
     @abstractmethod
     def reset_counts(self, counts, row: int) -> None:
         """Zero one row (host int) of the device table."""
+
+    # ----------------------------------------------------------------------------- optional services
+    # A backend without them returns None and the engine uses its generic path.
+    uses_scratch_page = False   # True: decode_graphs wants one KV page of its own for padded rows
+
+    def kv_copier(self, dev_arrays, host_arrays):
+        """A KVCopier (strata_lite/host_pool.py) between the device KV arrays (k_pages, k_scales, v_pages,
+        v_scales) and the host pool's numpy arrays of the same layout, or None for the generic one."""
+        return None
+
+    def decode_graphs(self, forward, max_pages: int, max_keys: int, scratch_page: int):
+        """Captured decode steps (kernels/cuda/graphs.py: accepts(batch), run(batch) -> device logits) for
+        forward(batch) -> device logits, or None where the backend does not capture."""
+        return None
+
+    def synchronize(self) -> None:
+        """Wait for all queued device work; a device fault surfaces here."""
+
+    def describe(self) -> str:
+        """One line for the start-up log: the backend and the device it runs on."""
+        return self.name + (f" ({self.auto_reason})" if getattr(self, "auto_reason", None) else "")

@@ -66,6 +66,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"require 'Authorization: Bearer KEY' on every endpoint but /health "
                         f"(default: ${API_KEY_ENV} if set)")
     p.add_argument("--threads", "-t", type=_positive_int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--vram-reserve-mib", type=int, default=1024,
+                   help="CUDA: GPU memory (MiB) left free when weights, KV cache and workspaces are planned "
+                        "at start-up (default 1024)")
     p.add_argument("--http-threads", type=_positive_int, default=None,
                    help="HTTP worker threads (default: parallel + max-queue + 4, at least 8, at most 128)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -77,7 +80,8 @@ def config_from_args(args):
     from strata_lite.config import EngineConfig
     return EngineConfig(model=args.model, backend=args.backend, n_ctx=args.ctx_size, parallel=args.parallel,
                         kv_tokens=args.kv_tokens, step_tokens=args.step_tokens, decode_share=args.decode_share, host_kv_gib=args.host_kv_gib,
-                        max_queue=args.max_queue, threads=args.threads)
+                        max_queue=args.max_queue, threads=args.threads,
+                        vram_reserve_mib=args.vram_reserve_mib)
 
 
 def api_key_from_args(args) -> str | None:

@@ -83,11 +83,19 @@ def _restore_signals(old: dict) -> None:
             pass
 
 
-def _report_load(engine, poll_s: float = 0.5) -> None:
+def _report_load(engine, http, failed: threading.Event, poll_s: float = 0.5) -> None:
+    """Log when the model is ready. A backend that cannot start (no GPU, not enough GPU memory) stops the
+    server: it could never answer. Other load errors (a bad file) keep it up, /health reporting them."""
+    from strata_lite.kernels import BackendUnavailable
     while not engine.ready.wait(poll_s):
         if engine.load_error is not None:
-            log.error("the model failed to load: %s (the server stays up; /health reports the error)",
-                      engine.load_error)
+            if isinstance(engine.load_error, BackendUnavailable):
+                log.error("cannot start: %s", engine.load_error)
+                failed.set()
+                http.stop()
+            else:
+                log.error("the model failed to load: %s (the server stays up; /health reports the error)",
+                          engine.load_error)
             return
     log.info("model %s ready (n_ctx %s)", engine.model_id, engine.n_ctx)
 
@@ -95,7 +103,8 @@ def _report_load(engine, poll_s: float = 0.5) -> None:
 def serve(config, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
           threads: int | None = None, *, engine_factory=None) -> int:
     """Serve `config` (an EngineConfig) on host:port until interrupted; `threads` is the number of HTTP
-    worker threads (default: default_http_threads(config)). Returns 0 on a clean stop.
+    worker threads (default: default_http_threads(config)). Returns 0 on a clean stop, 1 when the
+    backend cannot start.
     `engine_factory(config)` replaces strata_lite.engine.Engine (tests)."""
     if engine_factory is None:
         from strata_lite.engine import Engine as engine_factory
@@ -104,9 +113,11 @@ def serve(config, host: str = "127.0.0.1", port: int = 8080, api_key: str | None
     app, state = build_app(engine, api_key)
     http = HTTPServer(app, host, port, threads or default_http_threads(config))   # bind before loading
     old = _install_stop_signals()
+    failed = threading.Event()
     try:
         engine.start()
-        threading.Thread(target=_report_load, args=(engine,), name="strata-load-watch", daemon=True).start()
+        threading.Thread(target=_report_load, args=(engine, http, failed), name="strata-load-watch",
+                         daemon=True).start()
         log.info("strata_lite serving %s on %s (model loading; GET /health says when ready)%s",
                  engine.model_id, http.url, ", API key required" if api_key else "")
         http.run()
@@ -119,4 +130,4 @@ def serve(config, host: str = "127.0.0.1", port: int = 8080, api_key: str | None
         finally:
             http.close()
             _restore_signals(old)
-    return 0
+    return 1 if failed.is_set() else 0

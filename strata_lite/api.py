@@ -30,8 +30,8 @@ class GenerationOutput:
 
 class LLM:
     def __init__(self, model: str | None = None, backend: str = "auto", n_ctx: int = 4096,
-                 n_threads: int | None = None, n_batch: int = 512):
-        loaded = load_model(model, backend, n_threads)
+                 n_threads: int | None = None, n_batch: int = 512, vram_reserve_mib: int = 1024):
+        loaded = load_model(model, backend, n_threads, vram_reserve_mib)
         self.model_path, self.config, self.tokenizer = loaded.path, loaded.config, loaded.tokenizer
         self.chat_template, self.backend = loaded.chat_template, loaded.backend
         self.weights, self.model = loaded.weights, loaded.model

@@ -19,14 +19,17 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help=f"GGUF file or known model ({', '.join(KNOWN_MODELS)}); default: the 0.5B model")
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--vram-reserve-mib", type=int, default=1024,
+                   help="CUDA: GPU memory (MiB) left free when the model and KV cache are planned (default 1024)")
 
 
 def _load(args, n_ctx: int):
     from .api import LLM
     t0 = time.perf_counter()
-    llm = LLM(args.model, backend=args.backend, n_ctx=n_ctx, n_threads=args.threads)
+    llm = LLM(args.model, backend=args.backend, n_ctx=n_ctx, n_threads=args.threads,
+              vram_reserve_mib=args.vram_reserve_mib)
     print(f"loaded {llm.model_path} ({llm.config.arch}, {llm.weights.nbytes / 2**20:,.0f} MiB of weights) "
-          f"on {llm.backend.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+          f"on {llm.backend.describe()} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return llm
 
 

@@ -20,6 +20,7 @@ class EngineConfig:
     host_kv_gib: float | None = None  # host pool limit; default: 25% of available RAM at start
     max_queue: int = 64               # waiting requests beyond this -> QueueFull
     threads: int | None = None
+    vram_reserve_mib: int = 1024      # CUDA: GPU memory left free when planning weights, KV and workspaces
     page_size: int = 64
 
     def __post_init__(self):
@@ -36,6 +37,8 @@ class EngineConfig:
             raise ValueError(f"kv_tokens ({self.kv_tokens}) must hold one full sequence (n_ctx = {self.n_ctx})")
         if self.host_kv_gib is not None and self.host_kv_gib < 0:
             raise ValueError(f"host_kv_gib must be >= 0, got {self.host_kv_gib!r}")
+        if self.vram_reserve_mib < 0:
+            raise ValueError(f"vram_reserve_mib must be >= 0, got {self.vram_reserve_mib!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads!r}")
 

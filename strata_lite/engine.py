@@ -164,7 +164,7 @@ class Engine:
 
     def _load(self) -> None:
         cfg, t0 = self.config, time.perf_counter()
-        loaded = load_model(cfg.model, cfg.backend, cfg.threads)
+        loaded = load_model(cfg.model, cfg.backend, cfg.threads, cfg.vram_reserve_mib)
         # every request the engine may hold (running + queued, see submit) can own a penalty count row
         self._runner = runner = ModelRunner(loaded, cfg.device_kv_tokens, cfg.page_size, cfg.host_kv_bytes(),
                                             n_ctx=cfg.n_ctx, max_step_tokens=cfg.step_tokens + cfg.parallel,
@@ -176,7 +176,7 @@ class Engine:
         self.tokenizer, self.chat_template = loaded.tokenizer, loaded.chat_template
         self.model_id = Path(loaded.path).stem
         log.info("loaded %s (%s) on %s in %.1f s; KV: %d tokens on the device (%.0f MiB), host pool %.2f GiB; "
-                 "%d slots, n_ctx %d", loaded.path, loaded.config.arch, loaded.backend.name,
+                 "%d slots, n_ctx %d", loaded.path, loaded.config.arch, loaded.backend.describe(),
                  time.perf_counter() - t0, runner.kv.n_pages * runner.kv.page_size, runner.kv.nbytes / 2**20,
                  runner.host.nbytes / 2**30, cfg.parallel, cfg.n_ctx)
 

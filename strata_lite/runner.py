@@ -38,8 +38,10 @@ class LoadedModel:
     model: Any               # has forward(batch, kv) -> logits on the backend
 
 
-def load_model(model: str | None = None, backend: str = "auto", n_threads: int | None = None) -> LoadedModel:
-    """Resolve (a path, a known model key, None = the default model), read and map a GGUF model."""
+def load_model(model: str | None = None, backend: str = "auto", n_threads: int | None = None,
+               vram_reserve_mib: int = 1024) -> LoadedModel:
+    """Resolve (a path, a known model key, None = the default model), read and map a GGUF model.
+    vram_reserve_mib: GPU memory kept free when planning the CUDA backend's allocations."""
     path = resolve_model(model)
     gguf = GGUFFile(path)
     meta = gguf.metadata
@@ -47,7 +49,7 @@ def load_model(model: str | None = None, backend: str = "auto", n_threads: int |
     if config.arch not in MODELS:
         raise GGUFError(path, f"architecture {config.arch!r} has no forward pass")
     tokenizer = Tokenizer.from_gguf_metadata(meta, source=path)
-    be = get_backend(backend, n_threads)
+    be = get_backend(backend, n_threads, vram_reserve_mib=vram_reserve_mib)
     weights = load_weights(gguf, config)
     return LoadedModel(path, config, tokenizer, chat_template_of(meta, tokenizer), be, weights,
                        MODELS[config.arch](be, config, weights))
@@ -96,17 +98,28 @@ class ModelRunner:
         cfg, self.loaded = loaded.config, loaded
         self.backend, self.model = loaded.backend, loaded.model
         self.n_vocab = cfg.n_vocab
+        scratch = 1 if self.backend.uses_scratch_page else 0
         self.kv = KVCache(self.backend, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
-                          n_pages=math.ceil(kv_tokens / page_size), page_size=page_size)
+                          n_pages=math.ceil(kv_tokens / page_size) + scratch, page_size=page_size)
         self.host = HostPool.like(self.kv, host_bytes)
-        self.copier = TimedCopier(ArrayKVCopier(self.kv, self.host, self.backend))
+        dev_arrays = (self.kv.k_pages, self.kv.k_scales, self.kv.v_pages, self.kv.v_scales)
+        copier = self.backend.kv_copier(dev_arrays, self.host.arrays())
+        self.copier = copier or TimedCopier(ArrayKVCopier(self.kv, self.host, self.backend))
         self.model.reserve(max_step_tokens, n_ctx, max_seqs)
+        # decode steps replayed as captured graphs where the backend captures them; padded rows of a
+        # graph's batch-size bucket read and write only the scratch page, which no sequence ever gets
+        self.scratch_page = self.kv.alloc(1)[0] if scratch else -1
+        self.graphs = self.backend.decode_graphs(lambda b: self.model.forward(b, self.kv),
+                                                 max_pages=math.ceil(n_ctx / page_size), max_keys=n_ctx,
+                                                 scratch_page=self.scratch_page)
         self.counts = self.backend.token_counts(count_rows, cfg.n_vocab) if count_rows else None
         self._free_count_rows = list(range(count_rows - 1, -1, -1))
 
     def forward(self, batch: Batch):
         """Device float32 logits (len(batch.logit_rows), n_vocab); ValueError for a bad batch."""
         batch.validate(self.kv.n_pages, self.kv.page_size, self.n_vocab)
+        if self.graphs is not None and self.graphs.accepts(batch):
+            return self.graphs.run(batch)
         return self.model.forward(batch, self.kv)
 
     def sample(self, logits, rows: SampleRows) -> Sampled:
@@ -131,7 +144,8 @@ class ModelRunner:
 
     @property
     def kv_usage(self) -> float:
-        return 1.0 - self.kv.n_free / max(1, self.kv.n_pages)
+        usable = self.kv.n_pages - (self.scratch_page >= 0)
+        return 1.0 - self.kv.n_free / max(1, usable)
 
     @property
     def host_bytes_used(self) -> int:

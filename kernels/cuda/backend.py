@@ -1,0 +1,180 @@
+"""CudaBackend: cupy arrays on one GPU, CuPy RawKernels (.cu files here) and Numba CUDA kernels.
+
+Every kernel runs on the backend's own non-blocking stream (graph capture needs one). Arrays returned by the
+compute methods are newly allocated from CuPy's memory pool unless `out` is given; while a decode step is
+being captured (graphs.py) that pool is the graph's private one, so the step's intermediates keep fixed
+addresses for every replay. Long-lived buffers (activation rounding, attention partials, sampling scratch)
+are allocated once by `reserve` from the sizes the runner plans, before anything is captured.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..backend import Backend
+from ..kv_layout import kv_shapes
+from . import attention as attn_k
+from . import elementwise as ew
+from . import qmatmul as qm
+from . import sampling as smp
+from .kv_store import kv_store
+from .memory import VramPlan
+from .runtime import cupy
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    uses_scratch_page = True
+
+    def __init__(self, device: int = 0, vram_reserve_mib: int = 1024):
+        cp = self.cp = cupy()
+        self.device = cp.cuda.Device(int(device))
+        self.device.use()
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.stream.use()                 # CuPy's current stream for this thread: every launch goes here
+        props = cp.cuda.runtime.getDeviceProperties(self.device.id)
+        self.device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self.plan = VramPlan(self.device, vram_reserve_mib)
+        self._act = self._attn_ws = self._sample_ws = None
+
+    def describe(self) -> str:
+        free, total = self.cp.cuda.runtime.memGetInfo()
+        return f"cuda:{self.device.id} ({self.device_name}, {free / 2**30:.1f} of {total / 2**30:.1f} GiB free)"
+
+    # ------------------------------------------------------------------ memory
+    def empty(self, shape, dtype="float32"):
+        return self.cp.empty(shape, dtype=dtype)
+
+    def to_host(self, arr):
+        if isinstance(arr, np.ndarray):
+            return arr
+        return self.cp.asnumpy(arr, stream=self.stream)   # ordered after the work that produced it
+
+    def from_host(self, arr):
+        if isinstance(arr, self.cp.ndarray):
+            return arr
+        return self.cp.asarray(np.ascontiguousarray(arr))
+
+    def upload_weight(self, w):
+        """A QuantTensor's raw blocks copied to the device as they are in the file (no repack)."""
+        self.plan.check_fits(w.raw.nbytes, f"weight {w.name}")
+        return qm.upload(w)
+
+    def fuse_rows(self, weights):
+        return qm.concat_rows(list(weights))
+
+    def reserve(self, max_tokens: int, max_width: int, n_heads: int, head_dim: int, max_keys: int,
+                n_vocab: int, max_rows: int) -> None:
+        """Allocate the long-lived workspaces for forwards of up to max_tokens tokens whose widest matrix
+        input is max_width, attention over up to max_keys keys, and sampling of up to max_rows rows."""
+        self._act = qm.ActBuffers(max_tokens, max_width)
+        self._attn_ws = attn_k.attention_workspace(max_tokens, n_heads, head_dim, max_keys)
+        self._sample_ws = smp.sampling_workspace(max_rows, n_vocab)
+        self.max_tokens, self.max_keys = int(max_tokens), int(max_keys)
+
+    # ------------------------------------------------------------------ compute
+    def embed(self, w, token_ids):
+        ids = self.from_host(np.asarray(token_ids, np.int32) if isinstance(token_ids, np.ndarray) else token_ids)
+        out = self.cp.empty((ids.shape[0], w.n_in), dtype=self.cp.float32)
+        qm.dequant_rows(w, ids, out)
+        return out
+
+    def qmatmul(self, w, x, out=None):
+        if out is None:
+            out = self.cp.empty((x.shape[0], w.n_out), dtype=self.cp.float32)
+        qm.matmul(w, x, out, self._workspace_act(x.shape[0]))
+        return out
+
+    def _workspace_act(self, n):
+        if self._act is None or n > self.max_tokens:
+            raise ValueError(f"a forward of {n} tokens exceeds the reserved workspace "
+                             f"({0 if self._act is None else self.max_tokens} tokens); call reserve() first")
+        return self._act
+
+    def rmsnorm(self, x, weight, eps, out=None):
+        if out is None:
+            out = self.cp.empty_like(x)
+        ew.rmsnorm(x, weight, float(eps), out)
+        return out
+
+    def rope(self, x, positions, freq_base, n_rot, neox, channel_scale=None):
+        ew.rope(x, self.from_host(positions), float(freq_base), int(n_rot), bool(neox), channel_scale)
+
+    def silu_mul(self, gate, up, out=None):
+        if out is None:
+            out = self.cp.empty_like(gate)
+        ew.silu_mul(gate, up, out)
+        return out
+
+    def add(self, a, b, out=None):
+        if out is None:
+            out = self.cp.empty_like(a)
+        ew.add(a, b, out)
+        return out
+
+    def take_rows(self, x, rows):
+        rows = self.from_host(np.asarray(rows, np.int32) if isinstance(rows, np.ndarray) else rows)
+        out = self.cp.empty((rows.shape[0], x.shape[1]), dtype=x.dtype)
+        ew.take_rows(x, rows, out)
+        return out
+
+    def split_cols(self, x, widths):
+        pieces, at = [], 0
+        for w in widths:
+            out = self.cp.empty((x.shape[0], w), dtype=x.dtype)
+            ew.copy_cols(x, at, w, out)
+            pieces.append(out)
+            at += w
+        return pieces
+
+    # ------------------------------------------------------------------ KV cache
+    def kv_arrays(self, n_layers, n_pages, page_size, n_kv_heads, head_dim):
+        pages, scales = kv_shapes(n_layers, n_pages, page_size, n_kv_heads, head_dim)
+        need = 2 * (int(np.prod(pages)) + 4 * int(np.prod(scales)))
+        self.plan.check_fits(need, f"the KV cache ({n_pages} pages of {page_size} tokens)")
+        cp = self.cp
+        return (cp.zeros(pages, cp.int8), cp.zeros(scales, cp.float32),
+                cp.zeros(pages, cp.int8), cp.zeros(scales, cp.float32))
+
+    def kv_store(self, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales):
+        kv_store(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales)
+
+    def attention(self, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale,
+                  out=None, max_keys=None):
+        if out is None:
+            out = self.cp.empty_like(q)
+        if self._attn_ws is None:
+            raise ValueError("attention before reserve(): no workspace")
+        keys = self.max_keys if max_keys is None else int(max_keys)
+        attn_k.attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                         float(scale), out, self._attn_ws, keys)
+        return out
+
+    # ------------------------------------------------------------------ sampling
+    def token_counts(self, n_rows, n_vocab):
+        return self.cp.zeros((int(n_rows), int(n_vocab)), dtype=self.cp.int32)
+
+    def add_counts(self, counts, count_rows, ids):
+        smp.add_counts(counts, np.asarray(count_rows, np.int32), np.asarray(ids, np.int32))
+
+    def reset_counts(self, counts, row):
+        counts[int(row)].fill(0)
+
+    def sample(self, logits, rows, counts):
+        return smp.sample(logits, rows, counts, self._sample_ws)
+
+    # ------------------------------------------------------------------ services
+    def kv_copier(self, dev_arrays, host_arrays):
+        from .kv_copy import CudaKVCopier
+        return CudaKVCopier(dev_arrays, host_arrays)
+
+    def decode_graphs(self, forward, max_pages, max_keys, scratch_page):
+        if os.environ.get("STRATA_LITE_CUDA_GRAPHS", "1") == "0":
+            return None
+        from .graphs import StepGraphs
+        return StepGraphs(forward, max_pages, max_keys, scratch_page)
+
+    def synchronize(self) -> None:
+        """Wait for the stream; a CUDA fault raised by earlier kernels surfaces here."""
+        self.stream.synchronize()

@@ -1,0 +1,98 @@
+"""Decode steps captured as CUDA graphs, one per batch-size bucket, replayed with one launch from Python.
+
+A decode step has one token per sequence. Its inputs are copied into static device buffers of the
+bucket (the smallest bucket >= the number of tokens): token ids, positions, and one page-table row per
+token; rows past the real tokens are padding that reads and writes only the scratch page, whose contents
+nobody reads. Attention is captured for `max_keys` keys (the context length), so one graph serves every
+position. Each graph allocates its intermediates from a private CuPy memory pool during capture; the pool
+lives as long as the graph and nothing else allocates from it, so replays write to the addresses that were
+captured. The forward is run once eagerly in that pool before capture, so the capture itself allocates
+nothing new (kernels compiled, pool blocks cached).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .runtime import cupy
+
+
+class _StaticBatch:
+    """The Batch shape the model reads, over static device buffers (bucket size b)."""
+
+    def __init__(self, cp, b: int, max_pages: int, max_keys: int, scratch_page: int):
+        self.token_ids = cp.zeros(b, cp.int32)
+        self.positions = cp.zeros(b, cp.int32)
+        self.token_seq = cp.arange(b, dtype=cp.int32)               # token i reads page-table row i
+        self.page_tables = cp.full((b, max_pages), scratch_page, cp.int32)
+        self.logit_rows = cp.arange(b, dtype=cp.int32)
+        self.max_pos = max_keys
+        self._host_tables = np.full((b, max_pages), scratch_page, np.int32)
+        self._host_vec = np.zeros((2, b), np.int32)
+        self.scratch_page = scratch_page
+
+    def fill(self, cp, batch) -> None:
+        """Copy a host decode Batch of n <= b tokens in; the other rows point at the scratch page."""
+        n = len(batch.token_ids)
+        hv, ht = self._host_vec, self._host_tables
+        hv[:] = 0
+        hv[0, :n] = batch.token_ids
+        hv[1, :n] = batch.positions
+        ht[:] = self.scratch_page
+        rows = batch.page_tables[batch.token_seq]                   # (n, width) the pages of each token
+        ht[:n, :rows.shape[1]] = rows
+        self.token_ids.set(hv[0])
+        self.positions.set(hv[1])
+        self.page_tables.set(ht)
+
+
+class StepGraphs:
+    """forward(batch) -> logits (device, (n, n_vocab)) is the model's forward over the engine's KV cache."""
+
+    def __init__(self, forward, max_pages: int, max_keys: int, scratch_page: int, buckets=(1, 2, 4, 8, 16)):
+        self.cp = cp = cupy()
+        self.buckets = tuple(sorted(int(b) for b in buckets))
+        self.max_pages = int(max_pages)
+        self._graphs = {}
+        stream = cp.cuda.get_current_stream()
+        if stream.ptr == 0:
+            raise RuntimeError("graph capture needs a non-default stream (CudaBackend sets one)")
+        for b in self.buckets:
+            static = _StaticBatch(cp, b, self.max_pages, int(max_keys), int(scratch_page))
+            pool = cp.cuda.MemoryPool()
+            with cp.cuda.using_allocator(pool.malloc):
+                forward(static)                                     # warm-up: compile, fill the pool
+                stream.synchronize()
+                stream.begin_capture()
+                try:
+                    logits = forward(static)
+                finally:
+                    graph = stream.end_capture()
+            graph.upload(stream)
+            self._graphs[b] = (graph, static, logits, pool)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.buckets[-1]
+
+    def accepts(self, batch) -> bool:
+        """A decode step that fits: one token per sequence, logits for every token, in bucket range."""
+        n = len(batch.token_ids)
+        if n == 0 or n > self.buckets[-1] or len(batch.logit_rows) != n:
+            return False
+        if batch.page_tables.shape[1] > self.max_pages:
+            return False
+        return (np.array_equal(batch.logit_rows, np.arange(n))
+                and len(np.unique(batch.token_seq)) == n)
+
+    def run(self, batch):
+        """Replay the bucket's graph for a host Batch that `accepts`; -> logits (n, n_vocab) device view."""
+        n = len(batch.token_ids)
+        b = next(b for b in self.buckets if b >= n)
+        graph, static, logits, _ = self._graphs[b]
+        static.fill(self.cp, batch)
+        graph.launch(self.cp.cuda.get_current_stream())
+        return logits[:n]
+
+    def nbytes(self) -> int:
+        """Device bytes held by the graphs' private pools."""
+        return sum(pool.total_bytes() for _, _, _, pool in self._graphs.values())

@@ -1,0 +1,210 @@
+"""CUDA backend speed on the GPU: kernels as a fraction of the card's copy bandwidth measured in the same run,
+and end-to-end prompt / decode tokens/s on synthetic models of real shapes (`strata-lite synth`).
+
+Kernels: median of timed launches (CUDA events), weights rotated through >= 1 GiB of distinct copies so they
+come from HBM, not L2 (as the reference figures in the README were measured). Bytes moved = weight bytes +
+activations + outputs (matmuls), K/V bytes + scales (attention).
+End to end: decode steps are the captured graphs (one replay per step) plus greedy sampling, at batch 1 and 4
+with every sequence at context 4K or 32K (the KV pages hold whatever is there: the work does not depend on it);
+prompt = one eager forward of 512 tokens.
+
+usage: python perf/bench_gpu.py [--models DIR] [--quick] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+ROTATE_BYTES = 1 << 30
+
+
+def timed(cp, fn, n_iter=50, warm=5):
+    """Median seconds of fn() over n_iter runs, timed with events around each call."""
+    for _ in range(warm):
+        fn()
+    cp.cuda.get_current_stream().synchronize()
+    times = []
+    for _ in range(n_iter):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
+    return float(np.median(times))
+
+
+def copy_bandwidth(cp):
+    """Device-to-device copy of 2 GiB: (bytes read + written) / time."""
+    n = 1 << 31
+    src, dst = cp.empty(n, cp.uint8), cp.empty(n, cp.uint8)
+    src.fill(1)
+    t = timed(cp, lambda: cp.copyto(dst, src), n_iter=10)
+    del src, dst
+    return 2 * n / t
+
+
+def bench_matmul(cp, qm, qtype, n_out, n_in, n_tok):
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
+
+    qt = QT[qtype]
+    elems, bsize = GGML_QUANT_SIZES[qt]
+    row_bytes = n_in // elems * bsize
+    nbytes = n_out * row_bytes
+    copies = max(1, math.ceil(ROTATE_BYTES / nbytes))
+    rng = np.random.default_rng(0)
+    host = rng.integers(0, 256, size=(n_out, row_bytes), dtype=np.uint8)
+    w = SimpleNamespace(name="bench", qtype=qt, n_out=n_out, n_in=n_in, raw=host)
+    ws = [qm.upload(w) for _ in range(copies)]
+    x = cp.asarray(rng.standard_normal((n_tok, n_in), dtype=np.float32))
+    out = cp.empty((n_tok, n_out), cp.float32)
+    act = qm.ActBuffers(max(n_tok, 16), n_in)
+    it = iter(range(1 << 62))
+    t = timed(cp, lambda: qm.matmul(ws[next(it) % copies], x, out, act), n_iter=100)
+    moved = nbytes + x.nbytes + out.nbytes
+    del ws
+    return t, moved
+
+
+def bench_attention(cp, n_keys, n_heads=32, n_kv=8, hd=128, page_size=64):
+    from strata_lite.kernels.cuda import attention as ak
+    from strata_lite.kernels.kv_layout import kv_shapes
+    n_pages = n_keys // page_size
+    pages, scales = kv_shapes(1, n_pages, page_size, n_kv, hd)
+    rng = np.random.default_rng(1)
+    kp = cp.asarray(rng.integers(-127, 128, size=pages[1:], dtype=np.int8))
+    vp = cp.asarray(rng.integers(-127, 128, size=pages[1:], dtype=np.int8))
+    ks = cp.asarray(rng.random(scales[1:], dtype=np.float32) * 0.01)
+    vs = cp.asarray(rng.random(scales[1:], dtype=np.float32) * 0.01)
+    q = cp.asarray(rng.standard_normal((1, n_heads, hd), dtype=np.float32))
+    out = cp.empty_like(q)
+    seq = cp.zeros(1, cp.int32)
+    pos = cp.full(1, n_keys - 1, cp.int32)
+    tables = cp.arange(n_pages, dtype=cp.int32)[None, :]
+    ws = ak.attention_workspace(1, n_heads, hd, n_keys)
+    t = timed(cp, lambda: ak.attention(q, seq, pos, tables, kp, ks, vp, vs, 1 / math.sqrt(hd), out, ws, n_keys),
+              n_iter=100)
+    moved = kp.nbytes + vp.nbytes + ks.nbytes + vs.nbytes
+    return t, moved
+
+
+KERNELS = [  # (label, qtype, n_out, n_in, n_tok) -- the shapes of the llama.cpp reference table
+    ("IQ3_XXS 4096x14336 n=1", "IQ3_XXS", 14336, 4096, 1),
+    ("IQ3_XXS 4096x14336 n=2", "IQ3_XXS", 14336, 4096, 2),
+    ("IQ3_XXS 4096x14336 n=4", "IQ3_XXS", 14336, 4096, 4),
+    ("IQ3_XXS 4096x14336 n=8", "IQ3_XXS", 14336, 4096, 8),
+    ("IQ3_XXS 14336x4096 n=1", "IQ3_XXS", 4096, 14336, 1),
+    ("Q4_K 4096x14336 n=1", "Q4_K", 14336, 4096, 1),
+    ("Q4_K 4096x14336 n=8", "Q4_K", 14336, 4096, 8),
+    ("Q8_0 4096x14336 n=1", "Q8_0", 14336, 4096, 1),
+    ("F16 4096x14336 n=1", "F16", 14336, 4096, 1),
+]
+
+
+def kernel_rows(cp, copy_bw):
+    from strata_lite.kernels.cuda import qmatmul as qm
+    rows = []
+    for label, qtype, n_out, n_in, n_tok in KERNELS:
+        t, moved = bench_matmul(cp, qm, qtype, n_out, n_in, n_tok)
+        rows.append((label, t * 1e6, moved / t / 1e9, moved / t / copy_bw))
+    for keys in (4096, 32768):
+        t, moved = bench_attention(cp, keys)
+        rows.append((f"attention decode D=128 32/8 heads {keys} keys", t * 1e6, moved / t / 1e9, moved / t / copy_bw))
+    return rows
+
+
+def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_steps=64):
+    """(label, tok/s) rows for one GGUF file on the CUDA backend."""
+    from strata_lite.batch import Batch
+    from strata_lite.kernels.sample_rows import SampleRows
+    from strata_lite.runner import ModelRunner, load_model
+    import cupy as cp
+
+    loaded = load_model(model_path, backend="cuda")
+    name = os.path.basename(model_path)
+    rows = []
+    ctx_max = max(contexts)
+    runner = ModelRunner(loaded, kv_tokens=ctx_max * max(batches) + n_pp, page_size=64, host_bytes=0,
+                         n_ctx=ctx_max, max_step_tokens=n_pp, max_seqs=max(batches))
+    be, ps = runner.backend, 64
+    pages_per_seq = ctx_max // ps
+    # prompt: one eager forward of n_pp tokens from position 0
+    ids = np.random.default_rng(2).integers(0, loaded.config.n_vocab, n_pp).astype(np.int32)
+    pp_batch = Batch.single(ids, 0, list(range(n_pp // ps + 1)), logit_rows=[n_pp - 1])
+    t = timed(cp, lambda: runner.forward(pp_batch), n_iter=5, warm=2)
+    rows.append((f"{name} prompt {n_pp}", n_pp / t))
+    for ctx in contexts:
+        for b in batches:
+            tables = np.stack([np.arange(s * pages_per_seq, (s + 1) * pages_per_seq, dtype=np.int32)
+                               for s in range(b)])
+            batch = Batch(ids[:b].copy(), np.full(b, ctx - 1, np.int32), np.arange(b, dtype=np.int32), tables,
+                          np.arange(b, dtype=np.int64))
+            greedy = SampleRows.greedy(b)
+
+            def step():
+                return runner.sample(runner.forward(batch), greedy)
+
+            for _ in range(3):
+                step()
+            be.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n_steps):
+                step()                       # sampling returns host ids: every step ends in a sync
+            dt = (time.perf_counter() - t0) / n_steps
+            rows.append((f"{name} decode batch {b} ctx {ctx // 1024}K", b / dt))
+    return rows
+
+
+def synth_models(out_dir, quick):
+    specs = [("qwen2", "qwen2.5-0.5b", "q4_k_m"), ("llama", "llama-8b-layers", "q4_k_m"),
+             ("llama", "llama-8b-layers", "iq3_xxs")]
+    if quick:
+        specs = specs[:1]
+    paths = []
+    for arch, preset, mix in specs:
+        path = os.path.join(out_dir, f"synth-{preset}-{mix}.gguf")
+        if not os.path.exists(path):
+            subprocess.run([sys.executable, "-m", "strata_lite.cli", "synth", "--arch", arch, "--preset", preset,
+                            "--quant", mix, "--out", path], check=True)
+        paths.append(path)
+    return paths
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="/dev/shm/strata-synth", help="folder for the synthetic GGUF files")
+    ap.add_argument("--quick", action="store_true", help="one model, fewer kernels")
+    ap.add_argument("--json", default=None, help="also write every figure to this file")
+    args = ap.parse_args(argv)
+    import cupy as cp
+    from strata_lite.kernels.cuda.backend import CudaBackend
+    be = CudaBackend()
+    copy_bw = copy_bandwidth(cp)
+    krows = kernel_rows(cp, copy_bw)
+    os.makedirs(args.models, exist_ok=True)
+    erows = []
+    for path in synth_models(args.models, args.quick):
+        erows += e2e_rows(path)
+    print(f"\n{be.describe()}; copy bandwidth {copy_bw / 1e9:,.0f} GB/s (read + write)")
+    print(f"{'kernel':48s} {'us':>9s} {'GB/s':>8s} {'of copy bw':>10s}")
+    for label, us, gbs, frac in krows:
+        print(f"{label:48s} {us:9.1f} {gbs:8.0f} {frac:9.0%}")
+    print(f"\n{'end to end (synthetic weights)':60s} {'tok/s':>9s}")
+    for label, tps in erows:
+        print(f"{label:60s} {tps:9.0f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": be.describe(), "copy_bw": copy_bw, "kernels": krows, "e2e": erows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One command for the GPU machine (no network there): install the wheels brought in .whl/ (made here with
+# ../shared/device/get-wheels.sh, see docs/cuda.md), run the GPU tests, then the GPU benchmark; the table last.
+# usage: perf/gpu_run.sh [pytest args...]   (env: SKIP_TESTS=1, SKIP_BENCH=1, BENCH_ARGS="--quick")
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/strata-out}; mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+fi
+# the package maps kernels/ loader/ server/ into strata_lite.* (setup.cfg); a tree of links does the same
+# without pip. Python then runs from /tmp, so the checkout's own strata_lite/ folder does not shadow it.
+ROOT=$PWD; rm -rf /tmp/sl; mkdir -p /tmp/sl/strata_lite
+for f in strata_lite/*; do ln -s "$ROOT/$f" /tmp/sl/strata_lite/; done
+for d in kernels loader server; do ln -s "$ROOT/$d" /tmp/sl/strata_lite/$d; done
+export PYTHONPATH=/tmp/site:/tmp/sl
+cd /tmp
+export PYTHONUNBUFFERED=1
+python3 - <<'PY'
+import cupy, numba, numpy
+print("cupy", cupy.__version__, "numba", numba.__version__, "numpy", numpy.__version__,
+      cupy.cuda.runtime.getDeviceProperties(0)["name"])
+PY
+rc=0
+if [ -z "${SKIP_TESTS:-}" ]; then
+  python3 -m pytest -q -m gpu -p no:cacheprovider "$ROOT/tests" "$@" 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 60
+  rc=${PIPESTATUS[0]}
+fi
+if [ -z "${SKIP_BENCH:-}" ]; then
+  python3 "$ROOT/perf/bench_gpu.py" ${BENCH_ARGS:-} --json "$OUT/bench_gpu.json" 2>&1 | tee "$OUT/bench_gpu.log" | tail -n 40
+fi
+exit $rc
