@@ -1,0 +1,111 @@
+"""End to end on the GPU: the CUDA backend against the CPU backend on synthetic models of the two benchmark
+shapes (`strata-lite synth`: the Qwen2.5-0.5B shape and 8 blocks of the Llama-8B shape), the decode graphs
+against the eager forward, and greedy generation (the engine and server on the GPU:
+tests/server/test_cuda_server.py).
+
+Bars (the issue's): argmax agreement >= 99% and mean KL(cpu || cuda) <= 0.01 over every position of a
+prompt. Both backends round activations the same way (ggml's Q8_0 / Q8_K) and differ only in float
+summation order, so their logits differ by ~1e-4 relative; random-weight models have small top-2
+margins (~0.2 logits over 150K tokens), which is why the argmax bar is a rate, not equality.
+"""
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+N_TOK = 200
+MODELS = [("qwen2.5-0.5b", "q4_k_m"), ("llama-8b-layers", "q4_k_m"), ("llama-8b-layers", "iq3_xxs")]
+
+
+@pytest.fixture(scope="module", params=MODELS, ids=["-".join(m) for m in MODELS])
+def synth_path(request, tmp_path_factory):
+    from strata_lite.loader.synth import synth_model
+    preset, mix = request.param
+    path = tmp_path_factory.mktemp("synth") / f"{preset}-{mix}.gguf"
+    synth_model(path, preset, quant=mix, progress=False)
+    return str(path)
+
+
+def _prompt(n_vocab, n=N_TOK, seed=0):
+    return np.random.default_rng(seed).integers(0, n_vocab, n).astype(np.int32)
+
+
+def _kl(p_logits, q_logits):
+    """Mean over rows of KL(softmax p || softmax q), float64."""
+    p = p_logits.astype(np.float64)
+    q = q_logits.astype(np.float64)
+    lp = p - p.max(1, keepdims=True)
+    lp -= np.log(np.exp(lp).sum(1, keepdims=True))
+    lq = q - q.max(1, keepdims=True)
+    lq -= np.log(np.exp(lq).sum(1, keepdims=True))
+    return float((np.exp(lp) * (lp - lq)).sum(1).mean())
+
+
+def test_cuda_logits_match_cpu(synth_path):
+    from strata_lite import LLM
+    cpu = LLM(synth_path, backend="cpu", n_ctx=256, n_batch=64)
+    ids = _prompt(cpu.config.n_vocab)
+    ref = cpu.logits(ids)
+    del cpu
+    gpu = LLM(synth_path, backend="cuda", n_ctx=256, n_batch=64)
+    got = gpu.logits(ids)
+    assert np.isfinite(got).all()
+    agree = float((ref.argmax(1) == got.argmax(1)).mean())
+    kl = _kl(ref, got)
+    rel = float(np.abs(ref - got).max() / np.abs(ref).max())
+    print(f"{synth_path}: argmax agreement {agree:.4f}, mean KL {kl:.2e}, max |diff| / max |logit| {rel:.2e}")
+    assert agree >= 0.99
+    assert kl <= 0.01
+
+
+def test_prompt_chunks_and_decode_graphs_are_batch_invariant(synth_path):
+    """A token's logits are the same bits whether it is read in a 200-token prompt chunk, in a 64-token
+    chunk, or decoded alone through a captured graph next to padded rows (every kernel computes each token
+    with a fixed order of its own)."""
+    from strata_lite.batch import Batch
+    from strata_lite.runner import ModelRunner, load_model
+    loaded = load_model(synth_path, backend="cuda")
+    runner = ModelRunner(loaded, kv_tokens=512, page_size=64, host_bytes=0, n_ctx=512,
+                         max_step_tokens=N_TOK, max_seqs=4)
+    assert runner.graphs is not None
+    be = runner.backend
+    ids = _prompt(loaded.config.n_vocab, seed=1)
+    pages = runner.kv.alloc(4)
+    whole = be.to_host(runner.forward(Batch.single(ids, 0, pages)))                   # one chunk of 200
+    chunked = np.concatenate([be.to_host(runner.forward(Batch.single(ids[i:i + 64], i, pages)))
+                              for i in range(0, N_TOK, 64)])                           # 64-token chunks
+    np.testing.assert_array_equal(whole, chunked)
+    runner.forward(Batch.single(ids[:-1], 0, pages, logit_rows=[]))                   # cache = all but the last
+    one = Batch.single(ids[-1:], N_TOK - 1, pages)
+    assert runner.graphs.accepts(one)
+    decoded = be.to_host(runner.forward(one))                                          # graph, bucket 1
+    np.testing.assert_array_equal(decoded[0], whole[-1])
+    # the same token as row 2 of a 3-token decode step (bucket 4, one padded row), beside two others
+    other = runner.kv.alloc(8)
+    runner.forward(Batch.single(ids[:100], 0, other[:4], logit_rows=[]))
+    runner.forward(Batch.single(ids[:50], 0, other[4:], logit_rows=[]))
+    tables = np.stack([np.asarray(pages, np.int32), np.asarray(other[:4], np.int32), np.asarray(other[4:], np.int32)])
+    step = Batch(np.array([ids[100], ids[50], ids[-1]], np.int32), np.array([100, 50, N_TOK - 1], np.int32),
+                 np.array([1, 2, 0], np.int32), tables, np.arange(3))
+    assert runner.graphs.accepts(step)
+    three = be.to_host(runner.forward(step))
+    np.testing.assert_array_equal(three[2], whole[-1])
+
+
+def test_generate_greedy_on_cuda_equals_cpu_greedy_prefix(synth_path):
+    """LLM.generate on the CUDA backend (device sampling): its greedy tokens agree with the CPU backend's up
+    to the first position where the CPU's top-2 margin is below 0.05 logits."""
+    from strata_lite import LLM
+    prompt = [int(t) for t in _prompt(1000, n=24, seed=2)]
+    outs = {}
+    for be in ("cpu", "cuda"):
+        llm = LLM(synth_path, backend=be, n_ctx=128)
+        outs[be] = llm.generate(prompt, max_tokens=16, temperature=0.0).token_ids
+        if be == "cpu":
+            logits = llm.logits(prompt + list(outs["cpu"]))[len(prompt) - 1:]
+        del llm
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    margins = top2[:, 1] - top2[:, 0]
+    n_safe = next((i for i, m in enumerate(margins) if m < 0.05), len(margins))
+    n_cmp = min(n_safe, len(outs["cpu"]), len(outs["cuda"]))
+    assert outs["cuda"][:n_cmp] == outs["cpu"][:n_cmp]
