@@ -22,12 +22,17 @@ import cupy, numba, numpy
 print("cupy", cupy.__version__, "numba", numba.__version__, "numpy", numpy.__version__,
       cupy.cuda.runtime.getDeviceProperties(0)["name"])
 PY
+# each phase under its own time limit (seconds), so one that hangs cannot take the other's turn
 rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then
-  python3 -m pytest -q -m gpu -p no:cacheprovider "$ROOT/tests" "$@" 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 60
-  rc=${PIPESTATUS[0]}
+  timeout "${TEST_LIMIT:-1800}" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE "$ROOT/tests" "$@" \
+    > "$OUT/gpu_tests.log" 2>&1
+  rc=$?
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -n 40
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
-  python3 "$ROOT/perf/bench_gpu.py" ${BENCH_ARGS:-} --json "$OUT/bench_gpu.json" 2>&1 | tee "$OUT/bench_gpu.log" | tail -n 40
+  timeout "${BENCH_LIMIT:-1200}" python3 "$ROOT/perf/bench_gpu.py" ${BENCH_ARGS:-} --json "$OUT/bench_gpu.json" \
+    > "$OUT/bench_gpu.log" 2>&1
+  tail -n 30 "$OUT/bench_gpu.log"
 fi
 exit $rc
