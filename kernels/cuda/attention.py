@@ -1,0 +1,132 @@
+"""Causal GQA attention over the paged int8 KV cache (CUDA C in attention.cu).
+
+Cache layout per layer (kernels/kv_layout.py): k_pages/v_pages int8 (n_pages, page_size, n_kv_heads, head_dim),
+k_scales/v_scales float32 (n_pages, page_size, n_kv_heads, head_dim // 32). Semantics match
+kernels/cpu/attention.attention: token t attends to positions 0..token_pos[t] of sequence token_seq[t].
+
+Flash-decoding with a FIXED number of keys per split (`keys_per_split`): a token's splits, and the order
+they are folded in, depend only on its own position, never on the batch (batch invariance). Two modes,
+chosen from host ints, give the same bits (attention.cu explains why):
+  * split-parallel (n_tok <= ws.split_tokens): grid (n_tok, n_kv_heads * head tiles, ceil(max_keys / KPS)),
+    partials to the workspace, then attn_merge folds each token's own splits;
+  * looped (more tokens, or max_keys <= keys_per_split): one CTA per (token, kv head, head tile) walks its
+    splits; no workspace traffic, no merge.
+CTAs past a token's key count exit at once, so a graph captured with max_keys = context length replays
+for any positions. Index validity (token_seq, token_pos, page_tables) is the caller's, checked when the
+batch is built; `max_keys` must be >= token_pos + 1 of every token.
+
+Host/device placement: arrays are cupy (device); sizes, scale and max_keys are host numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import runtime
+from ..kv_layout import kv_scale_groups
+
+__all__ = ["keys_per_split", "AttentionWorkspace", "attention_workspace", "attention"]
+
+keys_per_split = 128        # KPS in attention.cu
+_CU = "attention.cu"
+_THREADS = 128              # NT in attention.cu
+_HEAD_DIMS = (64, 128, 256)
+_SPLIT_TOKENS = 64          # default cap on tokens run split-parallel (bounds the workspace)
+_LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class AttentionWorkspace:
+    """Split partials for up to `split_tokens` tokens of one launch (reused by every layer)."""
+    acc: object             # (split_tokens, n_splits, n_heads, head_dim) float32
+    ml: object              # (split_tokens, n_splits, n_heads, 2) float32: running max (log2 units), sum
+    max_tokens: int
+    split_tokens: int
+    n_heads: int
+    head_dim: int
+    max_keys: int
+    n_splits: int
+
+
+def attention_workspace(max_tokens: int, n_heads: int, head_dim: int, max_keys: int,
+                        split_tokens: int = _SPLIT_TOKENS) -> AttentionWorkspace:
+    """Allocate once (cupy) for launches of up to max_tokens tokens and max_keys keys. Launches of more than
+    `split_tokens` tokens run looped (same results), so the buffers stay
+    min(max_tokens, split_tokens) * ceil(max_keys / keys_per_split) * n_heads * (head_dim + 2) floats."""
+    if min(max_tokens, n_heads, head_dim, max_keys, split_tokens) < 1:
+        raise ValueError("attention_workspace sizes must be >= 1")
+    cp = runtime.cupy()
+    st = min(max_tokens, split_tokens)
+    ns = runtime.cdiv(max_keys, keys_per_split)
+    return AttentionWorkspace(acc=cp.empty((st, ns, n_heads, head_dim), cp.float32),
+                              ml=cp.empty((st, ns, n_heads, 2), cp.float32),
+                              max_tokens=max_tokens, split_tokens=st, n_heads=n_heads, head_dim=head_dim,
+                              max_keys=max_keys, n_splits=ns)
+
+
+def _head_tile(group: int, head_dim: int) -> int:
+    """Query heads per CTA: the group rounded up to a power of two, at most 8 (4 for head_dim 256)."""
+    cap = 4 if head_dim == 256 else 8
+    return min(cap, 1 << (group - 1).bit_length())
+
+
+def _check(name, arr, dtype, shape_or_ndim):
+    if arr.dtype != np.dtype(dtype):
+        raise ValueError(f"{name} must be {np.dtype(dtype).name}, got {arr.dtype}")
+    nd = shape_or_ndim if isinstance(shape_or_ndim, int) else len(shape_or_ndim)
+    if arr.ndim != nd or (not isinstance(shape_or_ndim, int) and arr.shape != tuple(shape_or_ndim)):
+        raise ValueError(f"{name} has shape {arr.shape}, expected {shape_or_ndim}")
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+
+
+def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale: float,
+              out, ws: AttentionWorkspace, max_keys: int) -> None:
+    """out (n_tok, n_heads, head_dim) float32 = causal attention of q (same shape) over the int8 cache.
+
+    token_seq, token_pos (n_tok,) int32; page_tables (n_seqs, max_pages) int32; pages/scales of one layer.
+    Query head h reads kv head h // (n_heads // n_kv_heads). `scale` multiplies q.k (e.g. head_dim**-0.5).
+    `max_keys` (host int, >= every token_pos + 1, <= ws.max_keys) sizes the grid."""
+    if q.ndim != 3:
+        raise ValueError(f"q must be 3-D (n_tok, n_heads, head_dim), got shape {q.shape}")
+    n_tok, n_heads, hd = q.shape
+    _check("q", q, np.float32, 3)
+    _check("out", out, np.float32, q.shape)
+    _check("token_seq", token_seq, np.int32, (n_tok,))
+    _check("token_pos", token_pos, np.int32, (n_tok,))
+    _check("page_tables", page_tables, np.int32, 2)
+    _check("k_pages", k_pages, np.int8, 4)
+    n_pages, page_size, n_kv, _ = k_pages.shape
+    _check("k_pages", k_pages, np.int8, (n_pages, page_size, n_kv, hd))
+    _check("v_pages", v_pages, np.int8, k_pages.shape)
+    scales_shape = (n_pages, page_size, n_kv, kv_scale_groups(hd))
+    _check("k_scales", k_scales, np.float32, scales_shape)
+    _check("v_scales", v_scales, np.float32, scales_shape)
+    if hd not in _HEAD_DIMS:
+        raise ValueError(f"head_dim {hd} not supported by the CUDA attention (one of {_HEAD_DIMS})")
+    if n_kv < 1 or n_heads % n_kv:
+        raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv}")
+    if (ws.n_heads, ws.head_dim) != (n_heads, hd) or n_tok > ws.max_tokens:
+        raise ValueError(f"workspace for {ws.max_tokens} tokens x {ws.n_heads} heads x {ws.head_dim} does not "
+                         f"fit q {q.shape}")
+    if not 1 <= max_keys <= ws.max_keys:
+        raise ValueError(f"max_keys={max_keys} must be in [1, {ws.max_keys}] (the workspace's)")
+    if runtime.cdiv(max_keys, keys_per_split) > 65535:
+        raise ValueError(f"max_keys={max_keys} needs more than 65535 splits")
+    if n_tok == 0:
+        return
+    group = n_heads // n_kv
+    ht = _head_tile(group, hd)
+    n_ht = runtime.cdiv(group, ht)
+    n_split = runtime.cdiv(max_keys, keys_per_split)
+    looped = n_tok > ws.split_tokens or n_split == 1
+    qscale = np.float32(float(scale) * _LOG2E)
+    runtime.launch(_CU, f"attn_d{hd}_h{ht}", (n_tok, n_kv * n_ht, 1 if looped else n_split), (_THREADS,),
+                   (q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, out,
+                    ws.acc, ws.ml, qscale, np.int32(n_heads), np.int32(n_kv), np.int32(group), np.int32(n_ht),
+                    np.int32(page_size), np.int32(page_tables.shape[1]), np.int32(ws.n_splits),
+                    np.int32(looped)))
+    if not looped:
+        runtime.launch(_CU, "attn_merge", (n_tok, n_heads, hd // 32), (_THREADS,),
+                       (ws.acc, ws.ml, token_pos, out, np.int32(n_heads), np.int32(hd), np.int32(ws.n_splits)))

@@ -1,0 +1,210 @@
+"""CUDA attention over the paged int8 cache against the float64 reference (tests/kernels/reference.py) and
+the CPU backend's attention on the same cache; batch invariance; split-parallel vs looped; graph replay.
+
+Tolerances: the reference runs in float64 on the *same* dequantized int8 cache, so the only differences
+are float32 rounding in the kernel: q.k over head_dim products (~sqrt(head_dim) * 6e-8 relative), exp2f
+(2 ulp), p @ v over up to a few thousand keys and the fold of the splits' partials. All of that stays
+well under 1e-5 of the output scale: |out - ref| <= 1e-5 * |ref| + 1e-5 * max|ref| (an absolute floor
+relative to the output magnitude, since single outputs can be near zero). Against the CPU backend (also
+float32, different order) the bound is the sum of both errors: 2e-5.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from strata_lite.kernels.cpu.attention import attention as cpu_attention, kv_store as cpu_kv_store
+from strata_lite.kernels.kv_layout import kv_scale_groups
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))       # tests/kernels: reference.py
+import reference as ref  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+RTOL = 1e-5
+
+
+class Cache:
+    """A random int8 cache for a few sequences on non-contiguous pages, host (numpy) and device (cupy)."""
+
+    def __init__(self, cp, rng, lens, n_kv, hd, page_size=16, amp=1.0):
+        self.cp, self.hd, self.n_kv = cp, hd, n_kv
+        max_pages = max(-(-n // page_size) for n in lens) + 1
+        n_pages = len(lens) * max_pages + 5
+        self.pt = rng.permutation(n_pages)[: len(lens) * max_pages].reshape(len(lens), max_pages).astype(np.int32)
+        ng = kv_scale_groups(hd)
+        pages = np.zeros((n_pages, page_size, n_kv, hd), np.int8)
+        scales = np.zeros((n_pages, page_size, n_kv, ng), np.float32)
+        self.host = [pages, scales, pages.copy(), scales.copy()]
+        for s, n in enumerate(lens):
+            k = (rng.standard_normal((n, n_kv, hd)) * amp).astype(np.float32)
+            v = rng.standard_normal((n, n_kv, hd)).astype(np.float32)
+            cpu_kv_store(k, v, np.full(n, s, np.int32), np.arange(n, dtype=np.int32), self.pt, *self.host)
+        self.dev = [cp.asarray(a) for a in self.host]
+        self.dpt = cp.asarray(self.pt)
+
+
+def run_cuda(c, q, seq, pos, scale, max_keys, split_tokens=64, ws=None):
+    """out (numpy) of the CUDA attention, `out` poisoned with NaN first."""
+    from strata_lite.kernels.cuda.attention import attention, attention_workspace
+    cp = c.cp
+    n, n_heads, hd = q.shape
+    if ws is None:
+        ws = attention_workspace(max(n, 1), n_heads, hd, max_keys, split_tokens=split_tokens)
+    out = cp.full(q.shape, np.nan, cp.float32)
+    attention(cp.asarray(q), cp.asarray(np.asarray(seq, np.int32)), cp.asarray(np.asarray(pos, np.int32)),
+              c.dpt, *c.dev, scale, out, ws, max_keys)
+    return out.get()
+
+
+def check_against_refs(c, q, seq, pos, scale, got):
+    seq = np.asarray(seq, np.int32)
+    pos = np.asarray(pos, np.int32)
+    assert np.all(np.isfinite(got))
+    want = ref.attention(q, seq, pos, c.pt, *c.host, scale)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * np.abs(want).max())
+    cpu = np.full_like(q, np.nan)
+    cpu_attention(q, seq, pos, c.pt, *c.host, scale, cpu)
+    np.testing.assert_allclose(got, cpu, rtol=2 * RTOL, atol=2 * RTOL * np.abs(want).max())
+
+
+# (n_heads, n_kv, head_dim): GQA groups 7 (the 0.5B model), 1, 2, 4 (8B-like), 12 (two head tiles, the second
+# partial) and 16 at head_dim 256 (four tiles of 4)
+SHAPES = [(14, 2, 64), (8, 8, 128), (8, 4, 64), (32, 8, 128), (12, 1, 128), (16, 1, 256)]
+
+
+@pytest.mark.parametrize("n_heads,n_kv,hd", SHAPES)
+def test_mixed_batch(n_heads, n_kv, hd):
+    """Two sequences: a 40-token prompt chunk of sequence 0 crossing page (16) and split (keys_per_split)
+    boundaries, interleaved with decode tokens (positions 0, 1, a page end and > 2 splits); both modes, bit-equal."""
+    import cupy as cp
+    rng = np.random.default_rng(hd * 100 + n_heads)
+    c = Cache(cp, rng, [560, 700], n_kv, hd)
+    chunk = list(range(490, 530))
+    seq = [1] + [0] * 20 + [1, 0] + [0] * 20 + [1]
+    pos = [699] + chunk[:20] + [0, 1] + chunk[20:] + [255]
+    q = rng.standard_normal((len(seq), n_heads, hd)).astype(np.float32)
+    scale = hd ** -0.5
+    par = run_cuda(c, q, seq, pos, scale, max_keys=1024)           # split-parallel (44 <= 64 tokens)
+    check_against_refs(c, q, seq, pos, scale, par)
+    looped = run_cuda(c, q, seq, pos, scale, max_keys=1024, split_tokens=1)
+    np.testing.assert_array_equal(looped.view(np.uint32), par.view(np.uint32))
+
+
+def test_batch_invariance():
+    """A token's output is the same bits alone, in a batch, at another place in the batch, and under a larger
+    grid (max_keys); also in looped mode."""
+    import cupy as cp
+    rng = np.random.default_rng(11)
+    n_heads, n_kv, hd = 14, 2, 64
+    c = Cache(cp, rng, [1500, 300, 40], n_kv, hd)
+    seq = [0, 1, 2, 0, 0, 1]
+    pos = [1499, 299, 39, 700, 256, 0]
+    q = rng.standard_normal((len(seq), n_heads, hd)).astype(np.float32)
+    scale = hd ** -0.5
+    batch = run_cuda(c, q, seq, pos, scale, max_keys=1500)
+    check_against_refs(c, q, seq, pos, scale, batch)
+    perm = rng.permutation(len(seq))
+    shuffled = run_cuda(c, q[perm], np.asarray(seq)[perm], np.asarray(pos)[perm], scale, max_keys=4096)
+    np.testing.assert_array_equal(shuffled.view(np.uint32), batch[perm].view(np.uint32))
+    for t in range(len(seq)):
+        alone = run_cuda(c, q[t:t + 1], seq[t:t + 1], pos[t:t + 1], scale, max_keys=pos[t] + 1)
+        np.testing.assert_array_equal(alone.view(np.uint32), batch[t:t + 1].view(np.uint32))
+    looped = run_cuda(c, q, seq, pos, scale, max_keys=1500, split_tokens=2)
+    np.testing.assert_array_equal(looped.view(np.uint32), batch.view(np.uint32))
+
+
+def test_long_context_sharp_softmax():
+    """Large scores across many splits (the fold rescales partials whose maxima differ a lot)."""
+    import cupy as cp
+    rng = np.random.default_rng(12)
+    n_heads, n_kv, hd = 32, 8, 128
+    n = 3000
+    c = Cache(cp, rng, [n], n_kv, hd, page_size=32, amp=3.0)
+    q = (rng.standard_normal((3, n_heads, hd)) * 3).astype(np.float32)
+    seq, pos = [0, 0, 0], [n - 1, 1000, 5]
+    got = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=n)
+    check_against_refs(c, q, seq, pos, hd ** -0.5, got)
+
+
+def test_merge_over_many_splits():
+    """More splits than the merge folds per chunk (256): the running max carries across chunks."""
+    import cupy as cp
+    from strata_lite.kernels.cuda.attention import keys_per_split
+    rng = np.random.default_rng(15)
+    n_heads, n_kv, hd = 4, 1, 64
+    n = 257 * keys_per_split + 100
+    c = Cache(cp, rng, [n], n_kv, hd, page_size=64, amp=2.0)
+    q = (rng.standard_normal((3, n_heads, hd)) * 2).astype(np.float32)
+    seq, pos = [0, 0, 0], [n - 1, 256 * keys_per_split - 1, 256 * keys_per_split]   # 258, 256, 257 splits
+    par = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=n)
+    check_against_refs(c, q, seq, pos, hd ** -0.5, par)
+    looped = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=n, split_tokens=1)
+    np.testing.assert_array_equal(looped.view(np.uint32), par.view(np.uint32))
+
+
+def test_graph_replay_any_positions():
+    """Captured once with max_keys = the context length, replayed for decode tokens at other positions."""
+    import cupy as cp
+    from strata_lite.kernels.cuda.attention import attention, attention_workspace
+    rng = np.random.default_rng(13)
+    n_heads, n_kv, hd, ctx = 32, 8, 128, 2048
+    c = Cache(cp, rng, [ctx, ctx], n_kv, hd)
+    scale = hd ** -0.5
+    ws = attention_workspace(2, n_heads, hd, ctx)
+    dq = cp.zeros((2, n_heads, hd), cp.float32)
+    dseq = cp.asarray(np.array([0, 1], np.int32))
+    dpos = cp.zeros(2, cp.int32)
+    out = cp.full(dq.shape, np.nan, cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        attention(dq, dseq, dpos, c.dpt, *c.dev, scale, out, ws, ctx)   # compile outside the capture
+        stream.begin_capture()
+        attention(dq, dseq, dpos, c.dpt, *c.dev, scale, out, ws, ctx)
+        graph = stream.end_capture()
+    for pos in ([5, 2047], [1024, 300], [0, 255]):
+        q = rng.standard_normal((2, n_heads, hd)).astype(np.float32)
+        with stream:
+            dq.set(q)
+            dpos.set(np.array(pos, np.int32))
+            out.fill(np.nan)
+            graph.launch(stream)
+        stream.synchronize()
+        got = out.get()
+        check_against_refs(c, q, [0, 1], pos, scale, got)
+        direct = run_cuda(c, q, [0, 1], pos, scale, max_keys=ctx)
+        np.testing.assert_array_equal(got.view(np.uint32), direct.view(np.uint32))
+
+
+def test_validation():
+    import cupy as cp
+    from strata_lite.kernels.cuda.attention import attention, attention_workspace
+    rng = np.random.default_rng(14)
+    n_heads, n_kv, hd = 4, 2, 64
+    c = Cache(cp, rng, [20], n_kv, hd)
+    ws = attention_workspace(3, n_heads, hd, 64)
+    q = cp.asarray(rng.standard_normal((3, n_heads, hd)).astype(np.float32))
+    seq = cp.zeros(3, cp.int32)
+    pos = cp.arange(3, dtype=cp.int32)
+    out = cp.empty_like(q)
+    attention(q, seq, pos, c.dpt, *c.dev, 0.125, out, ws, 64)                      # valid call
+    kp, ks, vp, vs = c.dev
+    bad = [
+        lambda: attention(q, seq, pos, c.dpt, *c.dev, 0.125, cp.empty((3, n_heads, hd + 1), cp.float32), ws, 64),
+        lambda: attention(q.astype(cp.float64), seq, pos, c.dpt, *c.dev, 0.125, out, ws, 64),
+        lambda: attention(q, seq[:2], pos, c.dpt, *c.dev, 0.125, out, ws, 64),
+        lambda: attention(q, seq.astype(cp.int64), pos, c.dpt, *c.dev, 0.125, out, ws, 64),
+        lambda: attention(q, seq, pos, c.dpt, kp, ks, vp[:3], vs, 0.125, out, ws, 64),
+        lambda: attention(q, seq, pos, c.dpt, kp, ks[..., :1], vp, vs, 0.125, out, ws, 64),
+        lambda: attention(q, seq, pos, c.dpt, *c.dev, 0.125, out, ws, 65),          # beyond the workspace
+        lambda: attention(q, seq, pos, c.dpt, *c.dev, 0.125, out, attention_workspace(2, n_heads, hd, 64), 64),
+        lambda: attention(q[:, :3].copy(), seq, pos, c.dpt, *c.dev, 0.125, out[:, :3].copy(), ws, 64),
+    ]
+    for call in bad:
+        with pytest.raises(ValueError):
+            call()
+    q80 = cp.zeros((3, 2, 80), cp.float32)                                          # head_dim 80: unsupported
+    c80 = Cache(cp, rng, [4], 1, 80)
+    with pytest.raises(ValueError):
+        attention(q80, seq, pos, c80.dpt, *c80.dev, 0.1, q80.copy(), attention_workspace(3, 2, 80, 64), 64)

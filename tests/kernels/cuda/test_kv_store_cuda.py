@@ -1,0 +1,137 @@
+"""CUDA kv_store (Numba CUDA) against the CPU kv_store: bit-exact (same float32 division, same rounding).
+
+The tests without a marker run wherever Numba CUDA runs: in numba-cuda's simulator on CI (tests/conftest.py
+sets NUMBA_ENABLE_CUDASIM=1 when no GPU is visible; numpy arrays, tiny sizes) and on a GPU (cupy arrays).
+The `gpu` tests add sizes the simulator is too slow for and a CUDA-graph capture.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from strata_lite.kernels.cpu.attention import kv_store as cpu_kv_store
+from strata_lite.kernels.kv_layout import kv_scale_groups
+
+
+def _simulated():
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+
+
+@pytest.fixture
+def xp():
+    """numpy under the simulator, cupy on a GPU; skip where Numba CUDA has neither."""
+    from numba import cuda
+    if not cuda.is_available():
+        pytest.skip("neither a CUDA GPU nor the Numba CUDA simulator")
+    if _simulated():
+        return np
+    import cupy
+    return cupy
+
+
+def _host(a):
+    return a if isinstance(a, np.ndarray) else a.get()
+
+
+def _case(rng, n_tok, n_kv, hd, n_seqs=2, page_size=4):
+    """Random k, v with the corner cases planted, tokens scattered over non-contiguous pages, and a cache
+    poisoned with 0x7f / NaN (slots not written must keep the poison on both backends)."""
+    ng = kv_scale_groups(hd)
+    gs = hd // ng
+    max_pages = 4
+    n_pages = n_seqs * max_pages + 3
+    pt = rng.permutation(n_pages)[: n_seqs * max_pages].reshape(n_seqs, max_pages).astype(np.int32)
+    seq = rng.integers(0, n_seqs, n_tok).astype(np.int32)
+    pos = rng.permutation(max_pages * page_size)[:n_tok].astype(np.int32)     # distinct slots per sequence too
+    k = (rng.standard_normal((n_tok, n_kv, hd)) * rng.uniform(0.01, 10, (n_tok, n_kv, 1))).astype(np.float32)
+    v = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
+    s = np.float32(0.25)                               # scale = (127 s) / 127 = s exactly: y = m + 0.5 exactly
+    half = (rng.integers(-127, 127, gs) + 0.5).astype(np.float32) * s
+    half[0] = 127 * s
+    half[1], half[2] = -126.5 * s, 126.5 * s           # round away, then stay inside +-127
+    k[0, 0, :gs] = half
+    v[0, n_kv - 1, hd - gs:] = -half
+    k[n_tok - 1, n_kv - 1, :gs] = 0.0                  # all-zero group: scale 0, q 0
+    v[n_tok - 1, 0, hd - gs:] = 0.0
+    if n_tok > 1:
+        v[1, 0, :gs] *= np.float32(1e-37)              # denormal scale: no flush to zero on either side
+    cache = [np.full((n_pages, page_size, n_kv, hd), 0x7F, np.int8),
+             np.full((n_pages, page_size, n_kv, ng), np.nan, np.float32)]
+    cache = cache + [c.copy() for c in cache]
+    return k, v, seq, pos, pt, cache
+
+
+def _check_store(xp, k, v, seq, pos, pt, cache):
+    from strata_lite.kernels.cuda.kv_store import kv_store
+    want = [c.copy() for c in cache]
+    cpu_kv_store(k, v, seq, pos, pt, *want)
+    dev = [xp.asarray(c) for c in cache]
+    kv_store(xp.asarray(k), xp.asarray(v), xp.asarray(seq), xp.asarray(pos), xp.asarray(pt), *dev)
+    for name, got, exp in zip(("k_pages", "k_scales", "v_pages", "v_scales"), dev, want):
+        got = _host(got)
+        bits = np.uint8 if got.dtype == np.int8 else np.uint32      # NaN poison and -0 compared as bits
+        np.testing.assert_array_equal(got.view(bits), exp.view(bits), err_msg=name)
+    assert np.abs(want[0].astype(np.int32)).max() <= 127
+
+
+@pytest.mark.parametrize("n_tok,n_kv,hd", [(3, 2, 64), (2, 1, 128), (3, 1, 40)])
+def test_kv_store_bit_exact_small(xp, n_tok, n_kv, hd):
+    """Simulator-sized: 64 and 128 channels (2 and 4 scale groups) and 40 (one group of 40)."""
+    _check_store(xp, *_case(np.random.default_rng(hd), n_tok, n_kv, hd))
+
+
+def test_kv_store_validation(xp):
+    from strata_lite.kernels.cuda.kv_store import kv_store
+    k, v, seq, pos, pt, cache = _case(np.random.default_rng(0), 2, 1, 64)
+    d = [xp.asarray(a) for a in (k, v, seq, pos, pt, *cache)]
+    with pytest.raises(ValueError):
+        kv_store(d[0], d[1][:, :, :32].copy(), *d[2:])                  # v shape != k shape
+    with pytest.raises(ValueError):
+        kv_store(d[0].astype(xp.float64), d[1], *d[2:])
+    with pytest.raises(ValueError):
+        kv_store(d[0], d[1], d[2].astype(xp.int64), *d[3:])
+    with pytest.raises(ValueError):
+        kv_store(d[0], d[1], d[2][:1].copy(), *d[3:])                     # token_seq too short
+    with pytest.raises(ValueError):
+        kv_store(d[0], d[1], *d[2:6], d[6][..., :1].copy(), *d[7:])       # k_scales: 1 group, need 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_kv,hd", [(2, 64), (8, 128), (4, 40), (2, 256)])
+def test_kv_store_bit_exact_gpu(n_kv, hd):
+    import cupy
+    rng = np.random.default_rng(100 + hd)
+    _check_store(cupy, *_case(rng, 48, n_kv, hd, n_seqs=3, page_size=16))
+
+
+@pytest.mark.gpu
+def test_kv_store_in_cuda_graph():
+    """Captured on a non-default stream and replayed with new rows and new positions (the decode step)."""
+    import cupy
+    from strata_lite.kernels.cuda.kv_store import kv_store
+    rng = np.random.default_rng(7)
+    k, v, seq, pos, pt, cache = _case(rng, 4, 2, 128, n_seqs=2, page_size=16)
+    dk, dv, dseq, dpos, dpt = (cupy.asarray(a) for a in (k, v, seq, pos, pt))
+    dev = [cupy.asarray(c) for c in cache]
+    want = [c.copy() for c in cache]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        kv_store(dk, dv, dseq, dpos, dpt, *dev)          # compile / warm up outside the capture
+        stream.begin_capture()
+        kv_store(dk, dv, dseq, dpos, dpt, *dev)
+        graph = stream.end_capture()
+    cpu_kv_store(k, v, seq, pos, pt, *want)
+    for step in range(2):
+        k2 = rng.standard_normal(k.shape).astype(np.float32)
+        v2 = rng.standard_normal(v.shape).astype(np.float32)
+        pos2 = ((pos + 17 * (step + 1)) % (pt.shape[1] * 16)).astype(np.int32)   # still distinct slots
+        with stream:                                     # inputs change in place, ordered before the replay
+            dk.set(k2)
+            dv.set(v2)
+            dpos.set(pos2)
+            graph.launch(stream)
+        stream.synchronize()
+        cpu_kv_store(k2, v2, seq, pos2, pt, *want)
+        for got, exp in zip(dev, want):
+            bits = np.uint8 if exp.dtype == np.int8 else np.uint32
+            np.testing.assert_array_equal(got.get().view(bits), exp.view(bits))
