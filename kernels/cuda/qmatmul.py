@@ -1,0 +1,197 @@
+"""Quantized mat-mul on the GPU: weights stay raw GGUF blocks on the device (uploaded once), activations are
+rounded to int8 the way ggml does (Q8_0 / Q8_K, bit-exact with kernels/cpu/act_quant.py) and dotted with
+the weights' int8 values by __dp4a. Kernels in qmatmul.cu.
+
+Host/device placement: DeviceWeight.raw, x, xq, xd, ids and out are cupy arrays (device); sizes are Python
+ints read from shapes. Launchers allocate nothing and never sync, so they can be captured in a CUDA graph.
+
+Batch invariance: each output is computed by one warp in a fixed order (lane-strided units, warp_sum),
+whatever the number of tokens in the launch or the token tile size chosen for it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as QType
+
+from ..cpu.act_quant import Q8_0_ACT, Q8_K_ACT
+from ..qtypes import check_supported, row_nbytes
+from .runtime import cdiv, cupy, launch
+
+CU = "qmatmul.cu"
+ROWS_PER_CTA = 8            # output rows (warps) per CTA of the mat-mul (8 measured a little faster than 4 on an H200)
+TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>); a launch takes the smallest >= n
+ACT_WARPS = 8               # quantization blocks (warps) per CTA
+DQ_THREADS = 128            # units per CTA of dequant_rows
+MAX_GRID_Y = 65535
+
+_KNAME = {QType.Q8_0: "q8_0", QType.Q4_0: "q4_0", QType.Q5_0: "q5_0", QType.IQ4_NL: "iq4_nl",
+          QType.Q4_K: "q4_k", QType.Q5_K: "q5_k", QType.Q6_K: "q6_k", QType.IQ3_XXS: "iq3_xxs",
+          QType.F32: "f32", QType.F16: "f16", QType.BF16: "bf16"}
+_FLOAT = frozenset({QType.F32, QType.F16, QType.BF16})
+_UNIT = {QType.Q4_K: 64, QType.Q5_K: 64, QType.F32: 8, QType.F16: 8, QType.BF16: 8}   # weights per kernel unit; else 32
+XBLOCK = {"q8_0": 32, "q8_k": 256}   # activations per scale
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceWeight:
+    """A weight matrix on the device: raw (n_out, row_bytes) cupy uint8, the GGUF file's own block rows."""
+    name: str
+    qtype: QType
+    n_out: int
+    n_in: int
+    raw: object
+
+
+def _check_geometry(qtype, n_out: int, n_in: int) -> int:
+    qtype = check_supported(qtype)
+    nbytes = row_nbytes(qtype, n_in)           # raises for n_in not a whole number of blocks
+    if n_out < 1 or n_in < 1 or (qtype in _FLOAT and n_in % 8):
+        raise ValueError(f"{qtype.name} weight of shape ({n_out}, {n_in}): needs n_out, n_in >= 1 "
+                         "(and n_in % 8 == 0 for float types)")
+    return nbytes
+
+
+def upload(w) -> DeviceWeight:
+    """w: .name .qtype .n_out .n_in .raw (numpy uint8 (n_out, row_bytes), a memmap is fine) -> DeviceWeight."""
+    qtype = check_supported(w.qtype)
+    n_out, n_in = int(w.n_out), int(w.n_in)
+    nbytes = _check_geometry(qtype, n_out, n_in)
+    raw = np.asarray(w.raw)
+    if raw.dtype != np.uint8 or raw.shape != (n_out, nbytes):
+        raise ValueError(f"{w.name}: raw must be uint8 ({n_out}, {nbytes}), got {raw.dtype} {raw.shape}")
+    return DeviceWeight(str(w.name), qtype, n_out, n_in, cupy().asarray(np.ascontiguousarray(raw)))
+
+
+def concat_rows(ws) -> DeviceWeight | None:
+    """One weight holding the rows of ws in order (a new device copy), or None unless all share qtype and n_in."""
+    ws = list(ws)
+    if not ws or any(w.qtype != ws[0].qtype or w.n_in != ws[0].n_in for w in ws):
+        return None
+    raw = cupy().concatenate([w.raw for w in ws], axis=0)
+    return DeviceWeight("+".join(w.name for w in ws), ws[0].qtype, int(raw.shape[0]), ws[0].n_in, raw)
+
+
+def act_format(qtype) -> str | None:
+    """How activations are rounded for this weight type: "q8_0", "q8_k", or None (float activations)."""
+    qtype = QType(int(qtype))
+    return "q8_0" if qtype in Q8_0_ACT else "q8_k" if qtype in Q8_K_ACT else None
+
+
+class ActBuffers:
+    """Preallocated int8 activations and their scales, one set per format (both can be live for one x):
+    views(fmt, n, k) -> xq (n, k) int8, xd (n, k / XBLOCK[fmt]) float32, slices of the same buffers each call."""
+
+    def __init__(self, max_tokens: int, max_n_in: int):
+        cp = cupy()
+        self.max_tokens, self.max_n_in = int(max_tokens), int(max_n_in)
+        n = self.max_tokens * self.max_n_in
+        self._xq = {f: cp.empty(n, dtype=cp.int8) for f in XBLOCK}
+        self._xd = {f: cp.empty(self.max_tokens * (self.max_n_in // b), dtype=cp.float32) for f, b in XBLOCK.items()}
+
+    def views(self, fmt: str, n: int, k: int):
+        xb = XBLOCK[fmt]
+        if not (0 <= n <= self.max_tokens and 0 < k <= self.max_n_in and k % xb == 0):
+            raise ValueError(f"{fmt} activations ({n}, {k}) do not fit ActBuffers({self.max_tokens}, "
+                             f"{self.max_n_in}) or k is not a multiple of {xb}")
+        return self._xq[fmt][:n * k].reshape(n, k), self._xd[fmt][:n * k // xb].reshape(n, k // xb)
+
+
+def _check(name: str, a, shape, dtype, align: int = 1) -> None:
+    cp = cupy()
+    if not isinstance(a, cp.ndarray) or a.dtype != dtype or a.shape != tuple(shape) or not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be a C-contiguous cupy {np.dtype(dtype).name} array of shape {tuple(shape)}, "
+                         f"got {type(a).__name__} {getattr(a, 'dtype', None)} {getattr(a, 'shape', None)}")
+    if a.data.ptr % align:
+        raise ValueError(f"{name} must be {align}-byte aligned")
+
+
+def _x_shape(x) -> tuple[int, int]:
+    if getattr(x, "ndim", 0) != 2:
+        raise ValueError(f"activations must be 2-D (n, k), got shape {getattr(x, 'shape', None)}")
+    return int(x.shape[0]), int(x.shape[1])
+
+
+def quantize_activations(fmt: str, x, xq, xd) -> None:
+    """x (n, k) float32 -> xq (n, k) int8, xd (n, k / XBLOCK[fmt]) float32: ggml's quantize_row_q8_0 / q8_K."""
+    if fmt not in XBLOCK:
+        raise ValueError(f"unknown activation format {fmt!r}")
+    n, k = _x_shape(x)
+    xb = XBLOCK[fmt]
+    if k % xb:
+        raise ValueError(f"{fmt} needs k % {xb} == 0, got k = {k}")
+    _check("x", x, (n, k), np.float32)
+    _check("xq", xq, (n, k), np.int8)
+    _check("xd", xd, (n, k // xb), np.float32)
+    n_blocks = n * k // xb
+    if n_blocks:
+        launch(CU, f"quant_{fmt}", (cdiv(n_blocks, ACT_WARPS),), (32, ACT_WARPS),
+               (x, xq, xd, np.int32(n_blocks)))
+
+
+def _grid(w: DeviceWeight, n: int) -> tuple[tuple[int, int], int]:
+    tile = next((t for t in TOKEN_TILES if t >= n), TOKEN_TILES[-1])
+    if cdiv(n, tile) > MAX_GRID_Y:
+        raise ValueError(f"{n} tokens exceed one launch ({MAX_GRID_Y * tile} at most)")
+    return (cdiv(w.n_out, ROWS_PER_CTA), cdiv(n, tile)), tile
+
+
+def _check_weight(w: DeviceWeight) -> int:
+    nbytes = _check_geometry(w.qtype, w.n_out, w.n_in)
+    _check("w.raw", w.raw, (w.n_out, nbytes), np.uint8, align=16)
+    return nbytes
+
+
+def matmul_prequantized(w: DeviceWeight, xq, xd, out) -> None:
+    """out (n, w.n_out) float32 = x @ W.T from x already quantized to act_format(w.qtype):
+    xq (n, w.n_in) int8 (16-byte aligned), xd (n, w.n_in / XBLOCK) float32."""
+    fmt = act_format(w.qtype)
+    if fmt is None:
+        raise ValueError(f"{w.qtype.name} weights take float activations: use matmul")
+    nbytes = _check_weight(w)
+    n, _ = _x_shape(xq)
+    _check("xq", xq, (n, w.n_in), np.int8, align=16)
+    _check("xd", xd, (n, w.n_in // XBLOCK[fmt]), np.float32)
+    _check("out", out, (n, w.n_out), np.float32)
+    if n == 0:
+        return
+    grid, tile = _grid(w, n)
+    launch(CU, f"mm_{_KNAME[w.qtype]}_t{tile}", grid, (32, ROWS_PER_CTA),
+           (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), xq, xd, out, np.int32(n)))
+
+
+def matmul(w: DeviceWeight, x, out, act: ActBuffers) -> None:
+    """out (n, w.n_out) float32 = x @ W.T, x (n, w.n_in) float32 (16-byte aligned); quantized weights
+    first round x into act's buffers (ggml's activation rounding), float weights use x as it is."""
+    fmt = act_format(w.qtype)
+    n, _ = _x_shape(x)
+    if fmt is not None:
+        xq, xd = act.views(fmt, n, w.n_in)
+        quantize_activations(fmt, x, xq, xd)
+        matmul_prequantized(w, xq, xd, out)
+        return
+    nbytes = _check_weight(w)
+    _check("x", x, (n, w.n_in), np.float32, align=16)
+    _check("out", out, (n, w.n_out), np.float32)
+    if n == 0:
+        return
+    grid, tile = _grid(w, n)
+    launch(CU, f"mm_{_KNAME[w.qtype]}_t{tile}", grid, (32, ROWS_PER_CTA),
+           (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), x, out, np.int32(n)))
+
+
+def dequant_rows(w: DeviceWeight, ids, out) -> None:
+    """out (m, w.n_in) float32 = rows ids (m,) int32 of W as floats (embedding lookup), bit-exact with
+    gguf.quants.dequantize; an id outside [0, n_out) gives a row of NaN (ids stay on the device: not checked here)."""
+    nbytes = _check_weight(w)
+    if getattr(ids, "ndim", 0) != 1:
+        raise ValueError("ids must be 1-D")
+    m = int(ids.shape[0])
+    _check("ids", ids, (m,), np.int32)
+    _check("out", out, (m, w.n_in), np.float32, align=16)
+    if m == 0:
+        return
+    units = w.n_in // _UNIT.get(w.qtype, 32)
+    launch(CU, f"dq_{_KNAME[w.qtype]}", (m, cdiv(units, DQ_THREADS)), (DQ_THREADS,),
+           (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), ids, out))

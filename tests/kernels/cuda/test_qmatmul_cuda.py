@@ -1,0 +1,228 @@
+"""CUDA quantized mat-mul, activation rounding and row dequantization (kernels/cuda/qmatmul.py) against
+float64 numpy references, gguf.quants and the CPU backend's activation rounding.
+
+Mat-mul tolerance: the kernel rounds x exactly as tests/act_reference.py does (checked bit for bit below),
+dots int8 weights with int8 activations exactly (integers), and rounds only when scaling each unit's
+integer sum (a couple of float32 products per unit) and adding the units' partial sums (n_in/32 + 5
+additions). The float64 reference uses gguf's float32 weights, which round d*sc*q - dmin*m per weight in
+another order. Both errors are ~2**-24 relative per term and add up like a random walk, so
+|err| ~ sqrt(n_in) * 2**-24 * sum_k |x_k W_k| (~2e-6 of it at n_in = 1024); we allow 3e-5 of it (>10x
+that; any indexing, nibble or scale bug gives errors of order 1 of it). Float weights: n_in float32 fmas
+per output, the same bound.
+"""
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import gguf.quants
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QType
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/kernels: test_dequant.random_rows
+from act_reference import round_like_ggml  # noqa: E402
+from test_dequant import random_rows  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+QUANT_TYPES = [QType.IQ3_XXS, QType.IQ4_NL, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q4_0, QType.Q5_0, QType.Q8_0]
+FLOAT_TYPES = [QType.F16, QType.BF16, QType.F32]
+ALL_TYPES = QUANT_TYPES + FLOAT_TYPES
+N_TOKENS = [1, 2, 3, 8, 9, 16, 17, 40]
+RTOL = 3e-5
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def qm():
+    from strata_lite.kernels.cuda import qmatmul
+    return qmatmul
+
+
+def _shapes(qtype):
+    """(n_out, n_in): row counts that are not multiples of the CTA's 8 rows; for 32-blocks n_in not a
+    multiple of 256; for float types n_in not a multiple of 32."""
+    bs = gguf.GGML_QUANT_SIZES[qtype][0]
+    if bs == 256:
+        return [(37, 512), (6, 1280)]
+    if bs == 32:
+        return [(37, 160), (70, 1056)]
+    return [(37, 168), (5, 1024)]
+
+
+def _weight(qm, qtype, n_out, n_in, seed):
+    raw = random_rows(qtype, n_out, n_in, seed=seed)
+    w = qm.upload(SimpleNamespace(name=f"w{seed}", qtype=qtype, n_out=n_out, n_in=n_in, raw=raw))
+    return w, raw
+
+
+def _x(n, k, seed, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal((n, k)) * scale).astype(np.float32)
+
+
+def _run(cp, qm, w, x_host, act):
+    x = cp.asarray(x_host)
+    out = cp.full((x_host.shape[0], w.n_out), np.nan, dtype=cp.float32)
+    qm.matmul(w, x, out, act)
+    return out.get()
+
+
+def _check_vs_float64(qtype, raw, x_host, got):
+    w64 = gguf.quants.dequantize(raw, qtype).astype(np.float64)
+    xr = round_like_ggml(qtype, x_host).astype(np.float64)
+    ref = xr @ w64.T
+    scale = np.abs(xr) @ np.abs(w64).T
+    err = np.abs(got.astype(np.float64) - ref)
+    assert np.all(np.isfinite(got))
+    assert np.all(err <= RTOL * scale + 1e-30), f"max err / scale {np.max(err / (scale + 1e-300)):.3g}"
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_matches_float64(cp, qm, qtype):
+    act = qm.ActBuffers(40, 1280)
+    for si, (n_out, n_in) in enumerate(_shapes(qtype)):
+        w, raw = _weight(qm, qtype, n_out, n_in, seed=10 * si + int(qtype))
+        for n in N_TOKENS:
+            x = _x(n, n_in, seed=1000 * si + n)
+            _check_vs_float64(qtype, raw, x, _run(cp, qm, w, x, act))
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_batch_invariant(cp, qm, qtype):
+    """Each token of a 40-token launch is bit-equal to a launch with that token alone, and to 3-token launches
+    (other token tile sizes and slots)."""
+    n_out, n_in = _shapes(qtype)[1]
+    w, _ = _weight(qm, qtype, n_out, n_in, seed=3)
+    act = qm.ActBuffers(40, n_in)
+    x = _x(40, n_in, seed=4)
+    x[5] *= 1e3                                     # neighbours of very different size must not matter
+    full = _run(cp, qm, w, x, act)
+    for i in range(40):
+        assert np.array_equal(full[i], _run(cp, qm, w, x[i:i + 1], act)[0]), f"token {i}"
+    for i in range(0, 38, 7):
+        assert np.array_equal(full[i:i + 3], _run(cp, qm, w, x[i:i + 3], act))
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_extreme_activations(cp, qm, qtype):
+    """Large magnitudes, tiny ones, all-zero quantization blocks and an all-zero token."""
+    n_out, n_in = _shapes(qtype)[1]
+    w, raw = _weight(qm, qtype, n_out, n_in, seed=7)
+    x = _x(6, n_in, seed=8)
+    x[0] *= 1e4
+    x[1] *= 1e-5
+    x[2, :256] = 0                                  # zero blocks of both activation formats
+    x[3] = 0
+    x[4, 37] = 3e4                                  # one outlier dominating its blocks' scales
+    got = _run(cp, qm, w, x, qm.ActBuffers(8, n_in))
+    assert np.all(got[3] == 0)
+    _check_vs_float64(qtype, raw, x, got)
+
+
+@pytest.mark.parametrize("fmt,qtype", [("q8_0", QType.Q8_0), ("q8_k", QType.Q4_K)])
+@pytest.mark.parametrize("scale", [1.0, 1e-5, 3e-6, 1e3])
+def test_quantize_activations_bit_exact(cp, qm, fmt, qtype, scale):
+    from strata_lite.kernels.cpu.act_quant import round_activations
+    xb = qm.XBLOCK[fmt]
+    x = _x(7, 1024, seed=int(scale * 1e6) % 1000) * np.float32(scale)
+    x[0, :256] = 0                                  # all-zero blocks
+    x[1, 10], x[1, 100] = -5 * scale, 5 * scale     # ties of |x|: the first (negative) one sets the q8_k scale
+    x[1, 11:100] = 0
+    x[2, 3] = 0.5 * np.float32(scale)               # values near rounding ties
+    xq = cp.full((7, 1024), 0x7f, dtype=cp.int8)
+    xd = cp.full((7, 1024 // xb), np.nan, dtype=cp.float32)
+    qm.quantize_activations(fmt, cp.asarray(x), xq, xd)
+    q, d = xq.get(), xd.get()
+    values = q.astype(np.float32) * np.repeat(d, xb, axis=1)
+    want = round_activations(qtype, x)
+    assert np.array_equal(values.view(np.uint32), want.view(np.uint32)) or np.array_equal(values, want)
+    # the scales themselves, as ggml computes them
+    b = x.reshape(7, -1, xb)
+    if fmt == "q8_0":
+        want_d = (np.abs(b).max(-1) / np.float32(127)).astype(np.float16).astype(np.float32)
+    else:
+        mx = np.take_along_axis(b, np.abs(b).argmax(-1)[..., None], -1)[..., 0]
+        with np.errstate(divide="ignore"):
+            want_d = np.where(mx != 0, np.float32(1) / (np.float32(-127) / mx), 0).astype(np.float32)
+        assert d[1, 0] > 0                          # mx = -5 * scale: iscale > 0
+    assert np.array_equal(d, want_d)
+    assert np.abs(q.astype(np.int32)).max() <= 127
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_prequantized_reuses_one_quantization(cp, qm, qtype):
+    fmt = qm.act_format(qtype)
+    n_out, n_in = _shapes(qtype)[0]
+    w, raw = _weight(qm, qtype, n_out, n_in, seed=11)
+    if fmt is None:
+        assert qtype in FLOAT_TYPES
+        with pytest.raises(ValueError):
+            qm.matmul_prequantized(w, cp.zeros((1, n_in), cp.int8), cp.zeros((1, n_in // 32), cp.float32),
+                                   cp.zeros((1, n_out), cp.float32))
+        return
+    x = _x(5, n_in, seed=12)
+    xq, xd = qm.ActBuffers(5, n_in).views(fmt, 5, n_in)
+    qm.quantize_activations(fmt, cp.asarray(x), xq, xd)
+    out = cp.full((5, n_out), np.nan, dtype=cp.float32)
+    qm.matmul_prequantized(w, xq, xd, out)
+    assert np.array_equal(out.get(), _run(cp, qm, w, x, qm.ActBuffers(5, n_in)))
+    _check_vs_float64(qtype, raw, x, out.get())
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_dequant_rows_bit_exact(cp, qm, qtype):
+    for si, (n_out, n_in) in enumerate(_shapes(qtype)):
+        w, raw = _weight(qm, qtype, n_out, n_in, seed=20 + si)
+        ids = np.array([3, 0, 3, n_out - 1, 1, 2], dtype=np.int32)
+        out = cp.full((ids.size, n_in), np.nan, dtype=cp.float32)
+        qm.dequant_rows(w, cp.asarray(ids), out)
+        want = gguf.quants.dequantize(raw, qtype).astype(np.float32, copy=False)[ids]
+        assert np.array_equal(out.get().view(np.uint32), want.view(np.uint32))
+
+
+def test_dequant_rows_bad_id_gives_nan(cp, qm):
+    w, raw = _weight(qm, QType.Q6_K, 4, 256, seed=1)
+    out = cp.zeros((2, 256), dtype=cp.float32)
+    qm.dequant_rows(w, cp.asarray(np.array([1, 4], dtype=np.int32)), out)
+    got = out.get()
+    assert np.array_equal(got[0], gguf.quants.dequantize(raw, QType.Q6_K)[1]) and np.all(np.isnan(got[1]))
+
+
+def test_concat_rows(cp, qm):
+    qtype, n_in = QType.Q4_K, 512
+    (a, _), (b, _) = _weight(qm, qtype, 5, n_in, seed=1), _weight(qm, qtype, 7, n_in, seed=2)
+    ab = qm.concat_rows([a, b])
+    assert (ab.n_out, ab.n_in, ab.qtype) == (12, n_in, qtype)
+    act = qm.ActBuffers(3, n_in)
+    x = _x(3, n_in, seed=5)
+    assert np.array_equal(_run(cp, qm, ab, x, act), np.concatenate([_run(cp, qm, a, x, act), _run(cp, qm, b, x, act)], 1))
+    c, _ = _weight(qm, QType.Q6_K, 5, n_in, seed=3)
+    d, _ = _weight(qm, qtype, 5, 2 * n_in, seed=4)
+    assert qm.concat_rows([a, c]) is None and qm.concat_rows([a, d]) is None and qm.concat_rows([]) is None
+
+
+def test_act_format(qm):
+    assert [qm.act_format(t) for t in (QType.Q8_0, QType.IQ4_NL, QType.Q6_K, QType.IQ3_XXS, QType.F16)] == \
+        ["q8_0", "q8_0", "q8_k", "q8_k", None]
+
+
+def test_upload_readonly_and_bad_shapes(cp, qm):
+    raw = random_rows(QType.Q8_0, 3, 64)
+    raw.flags.writeable = False
+    w = qm.upload(SimpleNamespace(name="w", qtype=QType.Q8_0, n_out=3, n_in=64, raw=raw))
+    assert w.raw.shape == (3, 68) and np.array_equal(w.raw.get(), raw)
+    with pytest.raises(ValueError):
+        qm.upload(SimpleNamespace(name="w", qtype=QType.Q8_0, n_out=3, n_in=96, raw=raw))
+    act = qm.ActBuffers(4, 64)
+    out = cp.zeros((2, 3), cp.float32)
+    for x, o in [(cp.zeros((2, 96), cp.float32), out), (cp.zeros((2, 64), cp.float64), out),
+                 (cp.zeros((2, 64), cp.float32), cp.zeros((2, 4), cp.float32)),
+                 (cp.zeros((5, 64), cp.float32), cp.zeros((5, 3), cp.float32)),     # more tokens than act holds
+                 (cp.zeros((64, 2), cp.float32).T, out)]:
+        with pytest.raises(ValueError):
+            qm.matmul(w, x, o, act)
