@@ -12,6 +12,11 @@ class BackendUnavailable(RuntimeError):
     """The asked-for backend cannot run on this machine."""
 
 
+class DeviceFault(RuntimeError):
+    """The device reported an error that leaves it unusable for this process (CUDA errors are sticky:
+    after an illegal address every later call fails), so the engine stops instead of serving on."""
+
+
 def cuda_unavailable_reason() -> str | None:
     """None when CuPy imports and sees a GPU, else why not (checked without raising)."""
     try:

@@ -128,6 +128,11 @@ class Backend(ABC):
     def synchronize(self) -> None:
         """Wait for all queued device work; a device fault surfaces here."""
 
+    def is_fault(self, exc: BaseException) -> bool:
+        """True when exc came from the device itself (not from bad input) and the device state can no longer
+        be trusted: the engine then fails every request and stops."""
+        return False
+
     def describe(self) -> str:
         """One line for the start-up log: the backend and the device it runs on."""
         return self.name + (f" ({self.auto_reason})" if getattr(self, "auto_reason", None) else "")

@@ -460,10 +460,15 @@ class _Health:
     def on_get(self, req, resp):
         e = self.s.engine
         err = getattr(e, "load_error", None)
+        fatal = getattr(e, "fatal_error", None)
         if err is not None:
             _send_json(resp, {"status": "error", "error": {"message": f"the model failed to load: {err}",
                                                            "type": SERVER_ERROR, "param": None,
                                                            "code": "load_error"}}, 500)
+        elif fatal is not None:
+            _send_json(resp, {"status": "error", "error": {"message": f"the engine stopped: {fatal}",
+                                                           "type": SERVER_ERROR, "param": None,
+                                                           "code": "engine_failed"}}, 500)
         elif not e.ready.is_set():
             resp.set_header("Retry-After", "5")
             _send_json(resp, {"status": "loading", "error": {"message": "the model is loading",

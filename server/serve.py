@@ -83,9 +83,11 @@ def _restore_signals(old: dict) -> None:
             pass
 
 
-def _report_load(engine, http, failed: threading.Event, poll_s: float = 0.5) -> None:
+def _watch_engine(engine, http, failed: threading.Event, poll_s: float = 0.5) -> None:
     """Log when the model is ready. A backend that cannot start (no GPU, not enough GPU memory) stops the
-    server: it could never answer. Other load errors (a bad file) keep it up, /health reporting them."""
+    server: it could never answer. Other load errors (a bad file) keep it up, /health reporting them.
+    Once serving, an engine stopped by a device fault (or a bug in its loop) stops the server too, so the
+    process exits 1 and a supervisor can restart it, instead of answering as if healthy."""
     from strata_lite.kernels import BackendUnavailable
     while not engine.ready.wait(poll_s):
         if engine.load_error is not None:
@@ -98,13 +100,22 @@ def _report_load(engine, http, failed: threading.Event, poll_s: float = 0.5) -> 
                           engine.load_error)
             return
     log.info("model %s ready (n_ctx %s)", engine.model_id, engine.n_ctx)
+    stopped = getattr(engine, "stopped", None)
+    if not isinstance(stopped, threading.Event):        # an engine without a stop event to watch (tests)
+        return
+    while not stopped.wait(poll_s):
+        pass
+    if getattr(engine, "fatal_error", None) is not None:
+        log.error("the engine stopped: %s; exiting", engine.fatal_error)
+        failed.set()
+        http.stop()
 
 
 def serve(config, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
           threads: int | None = None, *, engine_factory=None) -> int:
     """Serve `config` (an EngineConfig) on host:port until interrupted; `threads` is the number of HTTP
     worker threads (default: default_http_threads(config)). Returns 0 on a clean stop, 1 when the
-    backend cannot start.
+    backend cannot start or the engine stopped on a device fault.
     `engine_factory(config)` replaces strata_lite.engine.Engine (tests)."""
     if engine_factory is None:
         from strata_lite.engine import Engine as engine_factory
@@ -116,7 +127,7 @@ def serve(config, host: str = "127.0.0.1", port: int = 8080, api_key: str | None
     failed = threading.Event()
     try:
         engine.start()
-        threading.Thread(target=_report_load, args=(engine, http, failed), name="strata-load-watch",
+        threading.Thread(target=_watch_engine, args=(engine, http, failed), name="strata-engine-watch",
                          daemon=True).start()
         log.info("strata_lite serving %s on %s (model loading; GET /health says when ready)%s",
                  engine.model_id, http.url, ", API key required" if api_key else "")

@@ -21,6 +21,7 @@ from pathlib import Path
 from .config import EngineConfig
 from .engine_events import (DoneEvent, EngineNotReady, ErrorEvent, PromptTooLong, QueueFull, RequestHandle,
                             TokenEvent)
+from .kernels import DeviceFault
 from .kernels.sample_rows import SampleRows
 from .loader.known_models import DEFAULT_MODEL, KNOWN_MODELS
 from .metrics import ActivityLog, EngineMetrics, idle_slot, slot_snapshot
@@ -44,6 +45,7 @@ class Engine:
         self.model_id = _model_id(config.model)
         self.ready, self.stopped = threading.Event(), threading.Event()
         self.load_error: Exception | None = None
+        self.fatal_error: BaseException | None = None     # what stopped the engine thread, if anything did
         self.tokenizer = self.chat_template = None
         self.metrics = EngineMetrics()
         self.metrics_registry = self.metrics.registry
@@ -151,8 +153,9 @@ class Engine:
                 if self._sched.has_work:
                     self._step()
                 self._activity.tick()
-        except BaseException:                # noqa: BLE001 - a bug in the loop itself: fail everyone
+        except BaseException as e:           # noqa: BLE001 - a bug in the loop itself or a device fault
             log.exception("the engine thread failed")
+            self.fatal_error = e
         finally:
             with self._cond:
                 self._stopping = True
@@ -232,12 +235,14 @@ class Engine:
         try:
             logits = self._runner.forward(plan.batch)
         except Exception as e:               # noqa: BLE001
+            self._raise_if_device_fault(e)
             log.exception("the forward pass failed")
             self._abort_plan(plan, f"the forward pass failed: {e}")
             return
         try:
             tokens, failed = self._sample_step(plan, logits)
         except Exception as e:               # noqa: BLE001
+            self._raise_if_device_fault(e)
             log.exception("sampling failed")
             self._abort_plan(plan, f"sampling failed: {e}")
             return
@@ -325,6 +330,11 @@ class Engine:
         self._activity.forget(act.handle.id)
         with self._cond:
             self._ids.discard(act.handle.id)
+
+    def _raise_if_device_fault(self, e: Exception) -> None:
+        """A device fault ends the engine (every request fails, /health reports it, `serve` exits 1)."""
+        if self._runner.backend.is_fault(e):
+            raise DeviceFault(f"the {self._runner.backend.name} device failed: {e}") from e
 
     def _abort_plan(self, plan, message: str) -> None:
         """The forward failed: nothing of the plan counts (n_computed unchanged, so no KV written in this

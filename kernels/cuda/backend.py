@@ -175,6 +175,12 @@ class CudaBackend(Backend):
         from .graphs import StepGraphs
         return StepGraphs(forward, max_pages, max_keys, scratch_page)
 
+    def is_fault(self, exc):
+        """Every CUDA runtime / driver error: CuPy raises them for faults of earlier kernels too, and the
+        common ones (illegal address, launch failure) are sticky for the whole context."""
+        from cupy_backends.cuda.api import driver, runtime
+        return isinstance(exc, (runtime.CUDARuntimeError, driver.CUDADriverError))
+
     def synchronize(self) -> None:
         """Wait for the stream; a CUDA fault raised by earlier kernels surfaces here."""
         self.stream.synchronize()
