@@ -1,4 +1,4 @@
-"""Every CUDA C source of the CUDA backend compiles with nvcc (no GPU needed) for the data-centre target
+"""Every CUDA C source of the CUDA backend compiles, with nvcc and with NVRTC (no GPU needed), for the data-centre target
 (sm_90, H100/H200) and the consumer ones (sm_86, sm_89, sm_120), warning-free. Users never need nvcc (CuPy
 compiles the same files through NVRTC at run time); this catches errors before a GPU machine sees them."""
 import shutil
@@ -26,3 +26,32 @@ def test_cu_compiles_with_nvcc(src, tmp_path):
            "-c", str(src), "-o", str(tmp_path / "out.o")]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+        nvrtc.nvrtcVersion()                     # loads libnvrtc (the pip package of the test extra)
+        return nvrtc
+    except Exception:
+        return None
+
+
+NVRTC = _nvrtc()
+
+
+@pytest.mark.skipif(NVRTC is None, reason="NVRTC (cuda-bindings + nvidia-cuda-nvrtc) not installed")
+@pytest.mark.parametrize("src", SOURCES, ids=[p.name for p in SOURCES])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cu_compiles_with_nvrtc(src, arch):
+    """The run-time path: NVRTC, with the options the CUDA backend gives CuPy and no system headers."""
+    from strata_lite.kernels.cuda.runtime import NVRTC_OPTIONS
+    err, prog = NVRTC.nvrtcCreateProgram(src.read_bytes(), src.name.encode(), 0, [], [])
+    assert err == NVRTC.nvrtcResult.NVRTC_SUCCESS
+    opts = [o.encode() for o in NVRTC_OPTIONS] + [f"--gpu-architecture={arch}".encode()]
+    (result,) = NVRTC.nvrtcCompileProgram(prog, len(opts), opts)
+    _, size = NVRTC.nvrtcGetProgramLogSize(prog)
+    log = b" " * size
+    NVRTC.nvrtcGetProgramLog(prog, log)
+    NVRTC.nvrtcDestroyProgram(prog)
+    assert result == NVRTC.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")
