@@ -93,3 +93,18 @@ class Sampled:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+def count_pairs(table_shape, count_rows, ids):
+    """The (row, id) pairs that add_counts increments: host int64 arrays (rows, ids) for the entries with
+    count_rows >= 0, or None when there are none; ValueError for mismatched shapes or out-of-range values."""
+    count_rows, ids = np.asarray(count_rows, np.int64), np.asarray(ids, np.int64)
+    if count_rows.shape != ids.shape or count_rows.ndim != 1:
+        raise ValueError(f"count_rows {count_rows.shape} and ids {ids.shape} must be equal 1-D shapes")
+    sel = count_rows >= 0
+    if not sel.any():
+        return None
+    rows, ids = count_rows[sel], ids[sel]
+    if rows.max() >= table_shape[0] or ids.min() < 0 or ids.max() >= table_shape[1]:
+        raise ValueError(f"count rows / ids out of range of the {tuple(table_shape)} table")
+    return rows, ids

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sample_rows import SampleRows, Sampled
+from ..sample_rows import SampleRows, Sampled, count_pairs
 
 __all__ = ["sample", "add_counts", "top_ids", "log_softmax"]
 
@@ -89,13 +89,6 @@ def log_softmax(row: np.ndarray) -> np.ndarray:
 
 def add_counts(counts: np.ndarray, count_rows: np.ndarray, ids: np.ndarray) -> None:
     """counts[count_rows[i], ids[i]] += 1 where count_rows[i] >= 0 (repeats add up)."""
-    count_rows, ids = np.asarray(count_rows, np.int64), np.asarray(ids, np.int64)
-    if count_rows.shape != ids.shape or count_rows.ndim != 1:
-        raise ValueError(f"count_rows {count_rows.shape} and ids {ids.shape} must be equal 1-D shapes")
-    sel = count_rows >= 0
-    if not sel.any():
-        return
-    r, t = count_rows[sel], ids[sel]
-    if r.max() >= counts.shape[0] or t.min() < 0 or t.max() >= counts.shape[1]:
-        raise ValueError(f"count rows / ids out of range of the {counts.shape} table")
-    np.add.at(counts, (r, t), 1)
+    pairs = count_pairs(counts.shape, count_rows, ids)
+    if pairs is not None:
+        np.add.at(counts, pairs, 1)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sample_rows import SampleRows, Sampled
+from ..sample_rows import SampleRows, Sampled, count_pairs
 from .runtime import cdiv, cupy
 
 __all__ = ["SamplingWorkspace", "sampling_workspace", "sample", "add_counts"]
@@ -215,14 +215,9 @@ def _with_logprobs(xp, logits, rows: SampleRows, ids, stats) -> Sampled:
 def add_counts(counts, count_rows: np.ndarray, ids: np.ndarray) -> None:
     """counts (device int32 (n_rows, n_vocab))[count_rows[i], ids[i]] += 1 where count_rows[i] >= 0;
     count_rows, ids host int32 (m,). Repeats add up (atomic adds)."""
-    count_rows, ids = np.asarray(count_rows, np.int64), np.asarray(ids, np.int64)
-    if count_rows.shape != ids.shape or count_rows.ndim != 1:
-        raise ValueError(f"count_rows {count_rows.shape} and ids {ids.shape} must be equal 1-D shapes")
-    sel = count_rows >= 0
-    if not sel.any():
+    found = count_pairs(counts.shape, count_rows, ids)
+    if found is None:
         return
-    pairs = np.stack([count_rows[sel], ids[sel]], axis=1).astype(np.int32)
-    if pairs[:, 0].max() >= counts.shape[0] or pairs[:, 1].min() < 0 or pairs[:, 1].max() >= counts.shape[1]:
-        raise ValueError(f"count rows / ids out of range of the {counts.shape} table")
+    pairs = np.stack(found, axis=1).astype(np.int32)                  # (k, 2): row, id
     xp = np if isinstance(counts, np.ndarray) else cupy()
     _launch(_kernels().add_pairs, cdiv(len(pairs), 128), 128, _view(counts), _view(xp.asarray(pairs)))

@@ -25,12 +25,6 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def cp():
-    import cupy
-    return cupy
-
-
-@pytest.fixture(scope="module")
 def ew():
     from strata_lite.kernels.cuda import elementwise
     return elementwise

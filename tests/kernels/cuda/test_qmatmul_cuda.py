@@ -33,12 +33,6 @@ RTOL = 3e-5
 
 
 @pytest.fixture(scope="module")
-def cp():
-    import cupy
-    return cupy
-
-
-@pytest.fixture(scope="module")
 def qm():
     from strata_lite.kernels.cuda import qmatmul
     return qmatmul

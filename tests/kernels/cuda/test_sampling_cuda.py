@@ -67,12 +67,6 @@ def check_against_references(got, logits, rows, counts_host):
 # ----------------------------------------------------------------------------- GPU
 
 @pytest.fixture(scope="module")
-def cp():
-    import cupy
-    return cupy
-
-
-@pytest.fixture(scope="module")
 def smp():
     from strata_lite.kernels.cuda import sampling
     return sampling
