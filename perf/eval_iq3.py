@@ -13,7 +13,7 @@ Steps (every product is kept in --out and reused on a second run unless --redo):
 4. one table, with llama.cpp's figures for the same model from the golden reference JSON.
 
 Models: "qwen2.5-coder-0.5b-instruct-q4_k_m" (default) or "qwen2.5-coder-1.5b-instruct-q4_k_m"
-(pip install 'strata_lite[model-1.5b]'). Run time on the 2-core machine: see docs/quantize.md.
+(pip install -e ".[model-1-5b]"). Run time on the 2-core machine: see docs/quantize.md.
 """
 from __future__ import annotations
 
