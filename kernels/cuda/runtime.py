@@ -8,6 +8,7 @@ graphs.py swaps for its capturing stream.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 
 from .. import BackendUnavailable
@@ -32,8 +33,20 @@ def cupy():
 
 
 def source(name: str) -> str:
+    """A .cu file's text plus a digest of the headers it may include: CuPy keys its on-disk kernel cache by
+    the source string alone, so a changed header must change the string too."""
     with open(os.path.join(HERE, name), encoding="utf-8") as f:
-        return f.read()
+        text = f.read()
+    return text + f"\n// headers {_headers_digest()}\n"
+
+
+@functools.lru_cache(maxsize=None)
+def _headers_digest() -> str:
+    digest = hashlib.sha256()
+    for header in sorted(n for n in os.listdir(HERE) if n.endswith(".cuh")):
+        with open(os.path.join(HERE, header), "rb") as f:
+            digest.update(header.encode() + b"\0" + f.read())
+    return digest.hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,367 @@
+// GGUF weight types for the quantized mat-mul (qmatmul.cu): the lookup tables, bit helpers and, per type,
+// how a unit of a row decodes into packed int8 weights and scales, dots with int8 activations and
+// dequantizes to floats (bit-exact with gguf.quants).
+#pragma once
+#include "common.cuh"
+
+// ---------------------------------------------------------------------------------------- tables
+// ggml's iq3xxs_grid: 256 entries of 4 unsigned bytes (the magnitudes 4..62 of 4 weights).
+__constant__ u32 IQ3XXS_GRID[256] = {
+    0x04040404, 0x04040414, 0x04040424, 0x04040c0c, 0x04040c1c, 0x04040c3e, 0x04041404, 0x04041414,
+    0x04041c0c, 0x04042414, 0x04043e1c, 0x04043e2c, 0x040c040c, 0x040c041c, 0x040c0c04, 0x040c0c14,
+    0x040c140c, 0x040c142c, 0x040c1c04, 0x040c1c14, 0x040c240c, 0x040c2c24, 0x040c3e04, 0x04140404,
+    0x04140414, 0x04140424, 0x04140c0c, 0x04141404, 0x04141414, 0x04141c0c, 0x04141c1c, 0x04141c3e,
+    0x04142c0c, 0x04142c3e, 0x04143e2c, 0x041c040c, 0x041c043e, 0x041c0c04, 0x041c0c14, 0x041c142c,
+    0x041c3e04, 0x04240c1c, 0x04241c3e, 0x04242424, 0x04242c3e, 0x04243e1c, 0x04243e2c, 0x042c040c,
+    0x042c043e, 0x042c1c14, 0x042c2c14, 0x04341c2c, 0x04343424, 0x043e0c04, 0x043e0c24, 0x043e0c34,
+    0x043e241c, 0x043e340c, 0x0c04040c, 0x0c04041c, 0x0c040c04, 0x0c040c14, 0x0c04140c, 0x0c04141c,
+    0x0c041c04, 0x0c041c14, 0x0c041c24, 0x0c04243e, 0x0c042c04, 0x0c0c0404, 0x0c0c0414, 0x0c0c0c0c,
+    0x0c0c1404, 0x0c0c1414, 0x0c14040c, 0x0c14041c, 0x0c140c04, 0x0c140c14, 0x0c14140c, 0x0c141c04,
+    0x0c143e14, 0x0c1c0404, 0x0c1c0414, 0x0c1c1404, 0x0c1c1c0c, 0x0c1c2434, 0x0c1c3434, 0x0c24040c,
+    0x0c24042c, 0x0c242c04, 0x0c2c1404, 0x0c2c1424, 0x0c2c2434, 0x0c2c3e0c, 0x0c34042c, 0x0c3e1414,
+    0x0c3e2404, 0x14040404, 0x14040414, 0x14040c0c, 0x14040c1c, 0x14041404, 0x14041414, 0x14041434,
+    0x14041c0c, 0x14042414, 0x140c040c, 0x140c041c, 0x140c042c, 0x140c0c04, 0x140c0c14, 0x140c140c,
+    0x140c1c04, 0x140c341c, 0x140c343e, 0x140c3e04, 0x14140404, 0x14140414, 0x14140c0c, 0x14140c3e,
+    0x14141404, 0x14141414, 0x14141c3e, 0x14142404, 0x14142c2c, 0x141c040c, 0x141c0c04, 0x141c0c24,
+    0x141c3e04, 0x141c3e24, 0x14241c2c, 0x14242c1c, 0x142c041c, 0x142c143e, 0x142c240c, 0x142c3e24,
+    0x143e040c, 0x143e041c, 0x143e0c34, 0x143e242c, 0x1c04040c, 0x1c040c04, 0x1c040c14, 0x1c04140c,
+    0x1c04141c, 0x1c042c04, 0x1c04342c, 0x1c043e14, 0x1c0c0404, 0x1c0c0414, 0x1c0c1404, 0x1c0c1c0c,
+    0x1c0c2424, 0x1c0c2434, 0x1c14040c, 0x1c14041c, 0x1c140c04, 0x1c14142c, 0x1c142c14, 0x1c143e14,
+    0x1c1c0c0c, 0x1c1c1c1c, 0x1c241c04, 0x1c24243e, 0x1c243e14, 0x1c2c0404, 0x1c2c0434, 0x1c2c1414,
+    0x1c2c2c2c, 0x1c340c24, 0x1c341c34, 0x1c34341c, 0x1c3e1c1c, 0x1c3e3404, 0x24040424, 0x24040c3e,
+    0x24041c2c, 0x24041c3e, 0x24042c1c, 0x24042c3e, 0x240c3e24, 0x24141404, 0x24141c3e, 0x24142404,
+    0x24143404, 0x24143434, 0x241c043e, 0x241c242c, 0x24240424, 0x24242c0c, 0x24243424, 0x242c142c,
+    0x242c241c, 0x242c3e04, 0x243e042c, 0x243e0c04, 0x243e0c14, 0x243e1c04, 0x2c040c14, 0x2c04240c,
+    0x2c043e04, 0x2c0c0404, 0x2c0c0434, 0x2c0c1434, 0x2c0c2c2c, 0x2c140c24, 0x2c141c14, 0x2c143e14,
+    0x2c1c0414, 0x2c1c2c1c, 0x2c240c04, 0x2c24141c, 0x2c24143e, 0x2c243e14, 0x2c2c0414, 0x2c2c1c0c,
+    0x2c342c04, 0x2c3e1424, 0x2c3e2414, 0x34041424, 0x34042424, 0x34042434, 0x34043424, 0x340c140c,
+    0x340c340c, 0x34140c3e, 0x34143424, 0x341c1c04, 0x341c1c34, 0x34242424, 0x342c042c, 0x342c2c14,
+    0x34341c1c, 0x343e041c, 0x343e140c, 0x3e04041c, 0x3e04042c, 0x3e04043e, 0x3e040c04, 0x3e041c14,
+    0x3e042c14, 0x3e0c1434, 0x3e0c2404, 0x3e140c14, 0x3e14242c, 0x3e142c14, 0x3e1c0404, 0x3e1c0c2c,
+    0x3e1c1c1c, 0x3e1c3404, 0x3e24140c, 0x3e24240c, 0x3e2c0404, 0x3e2c0414, 0x3e2c1424, 0x3e341c04,
+};
+// ggml's kvalues_iq4nl (int8) packed little-endian, 4 per word: -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113
+__constant__ u32 IQ4NL_VALUES[4] = {0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u};
+// ggml's ksigns_iq2xs[i] (the 8 sign bits of 8 weights) is i | parity(i) << 7: computed, not tabled.
+
+// ------------------------------------------------------------------------------------- helpers
+// Weight loads go through __ldg (read-only path, and keeps the global address space that an address
+// rounded through an integer would lose: generic loads otherwise).
+__device__ __forceinline__ u16 ld16(const u8* p) { return __ldg((const unsigned short*)p); }   // p 2-byte aligned
+__device__ __forceinline__ float ldf16(const u8* p) { return f16_to_f32(ld16(p)); }
+
+// N little-endian words from a 2-byte aligned address: aligned 4-byte loads and a funnel shift. The word
+// past the end is only read when p is misaligned (then it still lies inside the data's last word).
+template <int N>
+__device__ __forceinline__ void load_a2(const u8* p, u32* out) {
+    const u32 mis = (u32)(unsigned long long)p & 2u;
+    const unsigned int* q = (const unsigned int*)(p - mis);
+    const u32 sh = mis * 8u;
+    u32 w[N + 1];
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = __ldg(q + i);
+    w[N] = sh ? __ldg(q + N) : 0u;
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+template <int N>   // N words from a 16-byte aligned address (N a multiple of 4)
+__device__ __forceinline__ void load_a16(const void* p, u32* out) {
+    const uint4* q = (const uint4*)p;
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+        const uint4 v = __ldg(q + i);
+        out[4 * i] = v.x; out[4 * i + 1] = v.y; out[4 * i + 2] = v.z; out[4 * i + 3] = v.w;
+    }
+}
+// bit i of n (i < 4) -> bit 0 of byte i
+__device__ __forceinline__ u32 spread4(u32 n) { return (n * 0x00204081u) & 0x01010101u; }
+// byte k of the result = byte k of g when bit k of s4 (< 16) is clear, -(byte k) when set. Needs bytes
+// 0 < g < 128 (the IQ3_XXS grid's 4..62): then ~g + 1 stays inside its byte. The 0xff byte masks come from
+// prmt's sign-replicating mode after a multiply puts bit k at the top of byte k.
+__device__ __forceinline__ u32 neg_bytes(u32 g, u32 s4) {
+    u32 m;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m) : "r"(s4 * 0x10204080u), "r"(0u), "r"(0xba98u));
+    return (g ^ m) + (m & 0x01010101u);
+}
+// bytes v in [0, 2H) -> v - H as int8 (H = 8, 16, 32): flip bit H, then set the bits above it where the
+// result is negative (v < H); a few logic ops where the byte-SIMD subtraction is emulated on sm_70+.
+template <u32 H>
+__device__ __forceinline__ u32 recentre(u32 v) {
+    const u32 h = H * 0x01010101u;
+    return (v ^ h) | ((~v & h) * ((256u - 2u * H) / H));
+}
+__device__ __forceinline__ i32 dot8w(const u32* w, const i32* x, int nw) {
+    i32 s = 0;
+    for (int i = 0; i < nw; ++i) s = __dp4a((i32)w[i], x[i], s);
+    return s;
+}
+__device__ __forceinline__ i32 sum_bytes(const i32* x, int nw) {   // sum of nw*4 int8
+    i32 s = 0;
+    for (int i = 0; i < nw; ++i) s = __dp4a(0x01010101, x[i], s);
+    return s;
+}
+// 6-bit scales and mins of sub-blocks 2jj and 2jj+1 of a Q4_K/Q5_K block from its 12 scale bytes s[3]
+// (ggml's get_scale_min_k4), a pair at once: byte 0 of each 16-bit pair is sub-block 2jj's.
+__device__ __forceinline__ void k4_scale_min2(const u32* s, int jj, int* sc, int* m) {
+    const u32 sh = 16u * (jj & 1);
+    const u32 a = s[0] >> sh, b = s[1] >> sh, c = s[2] >> sh;
+    const u32 scp = jj < 2 ? a & 0x3f3fu : (c & 0x0f0fu) | ((a >> 2) & 0x3030u);
+    const u32 mp = jj < 2 ? b & 0x3f3fu : ((c >> 4) & 0x0f0fu) | ((b >> 2) & 0x3030u);
+    sc[0] = scp & 0xffu;
+    sc[1] = (scp >> 8) & 0xffu;
+    m[0] = mp & 0xffu;
+    m[1] = (mp >> 8) & 0xffu;
+}
+// 16-entry int8 table lookup of the 8 nibbles of q: lo = entries of the low nibbles of bytes 0..3, hi = of
+// the high nibbles (ggml's get_int_from_table_16). Selector nibbles are masked to 3 bits for the first
+// perms (no prmt sign mode); bit 3 picks between the two table halves.
+__device__ __forceinline__ void lookup16(u32 q, const u32* t, u32& lo, u32& hi) {
+    u32 tmp[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u32 sel = (q >> (16 * i)) & 0xffffu;
+        const u32 a = __byte_perm(t[0], t[1], sel & 0x7777u);
+        const u32 b = __byte_perm(t[2], t[3], sel & 0x7777u);
+        tmp[i] = __byte_perm(a, b, 0x3210u | ((sel & 0x8888u) >> 1));
+    }
+    lo = __byte_perm(tmp[0], tmp[1], 0x6420u);
+    hi = __byte_perm(tmp[0], tmp[1], 0x7531u);
+}
+
+// --------------------------------------------------------------------------------- weight types
+// Each type (over TBase: UNIT, XB, NW, offset, xload): decode(row, u, tab, U&) -> the unit's weights as packed int8 words in the order of its activations and
+// its scales; dot(U, x words, token's xd, acc) -> acc plus the token's contribution; deq(U, row out +
+// offset(u)) -> gguf's float values of the unit.
+// `tab` is the CTA's shared copy of IQ3XXS_GRID (unused by the other types).
+
+// UNIT weights per unit, activations in blocks of XB, NW int8 words of activations per unit per token
+template <int UNIT_, int XB_, int NW_>
+struct TBase {
+    static constexpr int UNIT = UNIT_, XB = XB_, NW = NW_;
+    static constexpr bool GRID = false;            // decode reads the IQ3_XXS grid (from shared memory)
+    // offset of the unit's first weight in its row (= of its first activation in the token's row)
+    static __device__ __forceinline__ int offset(int u) { return u * UNIT_; }
+    // the unit's activations of one token row xr, in decode's weight order (contiguous for all but Q6_K)
+    static __device__ __forceinline__ void xload(const i8* xr, int u, i32* x) {
+        load_a16<NW_>(xr + offset(u), (u32*)x);
+    }
+};
+
+struct TQ8_0 : TBase<32, 32, 8> {
+    struct U { u32 w[8]; float d; };
+    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
+        const u8* b = row + (size_t)u * 34;
+        load_a2<8>(b + 2, v.w);
+        v.d = ldf16(b);
+    }
+    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
+        return __fmaf_rn(__fmul_rn(v.d, xd), (float)dot8w(v.w, x, 8), acc);
+    }
+    static __device__ __forceinline__ void deq(const U& v, float* o) {
+        for (int i = 0; i < 32; ++i) o[i] = __fmul_rn((float)(i8)(v.w[i >> 2] >> (8 * (i & 3))), v.d);
+    }
+};
+
+// Q4_0, IQ4_NL, Q5_0: weight j and j+16 of a block share byte j (low / high nibble)
+struct TQ4_0 : TBase<32, 32, 8> {
+    typedef TQ8_0::U U;
+    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
+        const u8* b = row + (size_t)u * 18;
+        u32 q[4];
+        load_a2<4>(b + 2, q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            v.w[i] = recentre<8>(q[i] & 0x0f0f0f0fu);
+            v.w[4 + i] = recentre<8>((q[i] >> 4) & 0x0f0f0f0fu);
+        }
+        v.d = ldf16(b);
+    }
+    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
+        return TQ8_0::dot(v, x, xd, acc);
+    }
+    static __device__ __forceinline__ void deq(const U& v, float* o) {
+        for (int i = 0; i < 32; ++i) o[i] = __fmul_rn(v.d, (float)(i8)(v.w[i >> 2] >> (8 * (i & 3))));
+    }
+};
+
+struct TIQ4_NL : TBase<32, 32, 8> {
+    typedef TQ4_0::U U;
+    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
+        const u8* b = row + (size_t)u * 18;
+        u32 q[4];
+        load_a2<4>(b + 2, q);
+        const u32 t[4] = {IQ4NL_VALUES[0], IQ4NL_VALUES[1], IQ4NL_VALUES[2], IQ4NL_VALUES[3]};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) lookup16(q[i], t, v.w[i], v.w[4 + i]);
+        v.d = ldf16(b);
+    }
+    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
+        return TQ4_0::dot(v, x, xd, acc);
+    }
+    static __device__ __forceinline__ void deq(const U& v, float* o) { TQ4_0::deq(v, o); }
+};
+
+struct TQ5_0 : TBase<32, 32, 8> {
+    typedef TQ4_0::U U;
+    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
+        const u8* b = row + (size_t)u * 22;
+        u32 q[5];                       // qh (bit j: 5th bit of weight j), then the 16 nibble bytes
+        load_a2<5>(b + 2, q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 lo = (q[1 + i] & 0x0f0f0f0fu) | (spread4((q[0] >> (4 * i)) & 15u) << 4);
+            const u32 hi = ((q[1 + i] >> 4) & 0x0f0f0f0fu) | (spread4((q[0] >> (16 + 4 * i)) & 15u) << 4);
+            v.w[i] = recentre<16>(lo);
+            v.w[4 + i] = recentre<16>(hi);
+        }
+        v.d = ldf16(b);
+    }
+    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
+        return TQ4_0::dot(v, x, xd, acc);
+    }
+    static __device__ __forceinline__ void deq(const U& v, float* o) { TQ4_0::deq(v, o); }
+};
+
+// Q4_K / Q5_K: unit = sub-blocks 2jj (w[0..7], low nibbles) and 2jj+1 (w[8..15], high nibbles) of a
+// 256-block; value = d*sc*q - dmin*m. Blocks are 144 / 176 bytes, so 16-byte aligned.
+struct KU { u32 w[16]; float d, dmin; int sc[2], m[2]; };
+__device__ __forceinline__ void k4_head(const u8* b, int jj, KU& v) {
+    const u32 dd = __ldg((const unsigned int*)b);
+    v.d = f16_to_f32((u16)(dd & 0xffffu));
+    v.dmin = f16_to_f32((u16)(dd >> 16));
+    const unsigned int* sp = (const unsigned int*)(b + 4);
+    const u32 s[3] = {__ldg(sp), __ldg(sp + 1), __ldg(sp + 2)};
+    k4_scale_min2(s, jj, v.sc, v.m);
+}
+__device__ __forceinline__ float k4_dot(const KU& v, const i32* x, float xd, float acc) {
+    const i32 isc = v.sc[0] * dot8w(v.w, x, 8) + v.sc[1] * dot8w(v.w + 8, x + 8, 8);
+    const i32 imn = v.m[0] * sum_bytes(x, 8) + v.m[1] * sum_bytes(x + 8, 8);
+    return __fmaf_rn(xd, __fsub_rn(__fmul_rn(v.d, (float)isc), __fmul_rn(v.dmin, (float)imn)), acc);
+}
+__device__ __forceinline__ void k4_deq(const KU& v, float* o) {
+    for (int h = 0; h < 2; ++h) {
+        const float ds = __fmul_rn(v.d, (float)v.sc[h]), dm = __fmul_rn(v.dmin, (float)v.m[h]);
+        for (int i = 0; i < 32; ++i) {
+            const float q = (float)((v.w[8 * h + (i >> 2)] >> (8 * (i & 3))) & 0xffu);
+            o[32 * h + i] = __fsub_rn(__fmul_rn(ds, q), dm);
+        }
+    }
+}
+
+struct TQ4_K : TBase<64, 256, 16> {
+    typedef KU U;
+    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
+        const int jj = u & 3;
+        const u8* b = row + (size_t)(u >> 2) * 144;
+        u32 q[8];
+        load_a16<8>(b + 16 + 32 * jj, q);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            v.w[i] = q[i] & 0x0f0f0f0fu;
+            v.w[8 + i] = (q[i] >> 4) & 0x0f0f0f0fu;
+        }
+        k4_head(b, jj, v);
+    }
+    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) { return k4_dot(v, x, xd, acc); }
+    static __device__ __forceinline__ void deq(const U& v, float* o) { k4_deq(v, o); }
+};
+
+struct TQ5_K : TBase<64, 256, 16> {
+    typedef KU U;
+    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
+        const int jj = u & 3;
+        const u8* b = row + (size_t)(u >> 2) * 176;
+        u32 q[8], h[8];                 // qs bytes of the pair; qh (bit j of byte k: 5th bit of weight k of sub-block j)
+        load_a16<8>(b + 48 + 32 * jj, q);
+        load_a16<8>(b + 16, h);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            v.w[i] = (q[i] & 0x0f0f0f0fu) | (((h[i] >> (2 * jj)) & 0x01010101u) << 4);
+            v.w[8 + i] = ((q[i] >> 4) & 0x0f0f0f0fu) | (((h[i] >> (2 * jj + 1)) & 0x01010101u) << 4);
+        }
+        k4_head(b, jj, v);
+    }
+    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) { return k4_dot(v, x, xd, acc); }
+    static __device__ __forceinline__ void deq(const U& v, float* o) { k4_deq(v, o); }
+};
+
+// Q6_K (210-byte blocks: ql[128] qh[64] int8 scales[16] d): unit (n, q) = u & 7 of block u >> 3 takes
+// positions 8q..8q+7 of the four 32-weight chunks c = 4n+0..3, i.e. block offsets 128n + 32c + 8q + 0..7,
+// so that its 24 bytes (8 of ql at 64n+8q, 8 at 64n+32+8q, 8 of qh at 128+32n+8q) are read by no other
+// unit. w[2c], w[2c+1]: chunk c's 8 weights (q - 32), sc[c] its 16-group scale 8n + 2c + (q >> 1).
+struct TQ6_K : TBase<32, 256, 8> {
+    struct U { u32 w[8]; float d; int sc[4]; };
+    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
+        const int n = (u >> 2) & 1, q = u & 3;
+        const u8* b = row + (size_t)(u >> 3) * 210;
+        u32 la[2], lb[2], h[2], s[2];
+        load_a2<2>(b + 64 * n + 8 * q, la);
+        load_a2<2>(b + 64 * n + 32 + 8 * q, lb);
+        load_a2<2>(b + 128 + 32 * n + 8 * q, h);
+        load_a2<2>(b + 192 + 8 * n, s);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const u32 l = c & 1 ? lb[i] : la[i];
+                const u32 ql = (c >> 1 ? l >> 4 : l) & 0x0f0f0f0fu;
+                const u32 qh = ((h[i] >> (2 * c)) & 0x03030303u) << 4;
+                v.w[2 * c + i] = recentre<32>(ql | qh);
+            }
+            const int sb = 2 * c + (q >> 1);                 // byte of the 8 scale bytes of this n
+            v.sc[c] = (int)(i8)((s[sb >> 2] >> (8 * (sb & 3))) & 0xffu);
+        }
+        v.d = ldf16(b + 208);
+    }
+    static __device__ __forceinline__ int offset(int u) { return (u >> 3) * 256 + 128 * ((u >> 2) & 1) + 8 * (u & 3); }
+    static __device__ __forceinline__ void xload(const i8* xr, int u, i32* x) {   // 4 runs of 8, in c order
+        const i8* p = xr + offset(u);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int2 r = *(const int2*)(p + 32 * c);
+            x[2 * c] = r.x;
+            x[2 * c + 1] = r.y;
+        }
+    }
+    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
+        i32 s = 0;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s += v.sc[c] * dot8w(v.w + 2 * c, x + 2 * c, 2);
+        return __fmaf_rn(__fmul_rn(v.d, xd), (float)s, acc);
+    }
+    static __device__ __forceinline__ void deq(const U& v, float* o) {   // o: the row at offset(u)
+        for (int c = 0; c < 4; ++c) {
+            const float ds = __fmul_rn(v.d, (float)v.sc[c]);
+            for (int i = 0; i < 8; ++i)
+                o[32 * c + i] = __fmul_rn(ds, (float)(i8)(v.w[2 * c + (i >> 2)] >> (8 * (i & 3))));
+        }
+    }
+};
+
+// IQ3_XXS (98-byte blocks: d, 64 grid indices, 8 words of 4x7 sign bits + 4-bit scale): unit = sub-block.
+struct TIQ3_XXS : TBase<32, 256, 8> {
+    static constexpr bool GRID = true;
+    struct U { u32 w[8]; float db; };
+    static __device__ __forceinline__ void decode(const u8* row, int u, const u32* grid, U& v) {
+        const int ib = u & 7;
+        const u8* b = row + (size_t)(u >> 3) * 98;
+        u32 q[2], aux;
+        load_a2<2>(b + 2 + 8 * ib, q);
+        load_a2<1>(b + 66 + 4 * ib, &aux);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            u32 sg = (aux >> (7 * l)) & 127u;
+            sg |= (__popc(sg) & 1u) << 7;               // ksigns_iq2xs[sg]
+            const u32 qq = q[l >> 1] >> (16 * (l & 1));  // grid indices of weights 8l..8l+3 and 8l+4..8l+7
+            v.w[2 * l] = neg_bytes(grid[qq & 0xffu], sg & 15u);
+            v.w[2 * l + 1] = neg_bytes(grid[(qq >> 8) & 0xffu], sg >> 4);
+        }
+        v.db = __fmul_rn(__fmul_rn(ldf16(b), __fadd_rn(0.5f, (float)(aux >> 28))), 0.5f);
+    }
+    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
+        return __fmaf_rn(__fmul_rn(v.db, xd), (float)dot8w(v.w, x, 8), acc);
+    }
+    static __device__ __forceinline__ void deq(const U& v, float* o) {   // db * grid, negated: exact as gguf's db*grid*sign
+        for (int i = 0; i < 32; ++i) o[i] = __fmul_rn(v.db, (float)(i8)(v.w[i >> 2] >> (8 * (i & 3))));
+    }
+};
