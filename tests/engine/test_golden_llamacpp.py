@@ -1,7 +1,7 @@
-"""The default model's outputs against llama.cpp's (tests/data/, copied from the golden set; its
-README documents how each file was made). llama.cpp itself moves by up to 0.58 logits between its own
+"""The default model's outputs against llama.cpp's (tests/data/, copied from the golden set computed
+with llama.cpp on the same GGUF file). llama.cpp itself moves by up to 0.58 logits between its own
 correct code paths (llamacpp_self_variation.json: GEMV vs GEMM, flash attention); we quantize the KV
-cache to int8 where it keeps f16, so the bounds below allow about twice that."""
+cache to int8 where it keeps f16. Each bound's measured value, margin and reason: docs/bounds.md."""
 import json
 from pathlib import Path
 
@@ -11,10 +11,11 @@ import pytest
 from strata_lite.perplexity import log_softmax, perplexity
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-MAX_ABS_DLOGIT = 1.2       # 2x llama.cpp's own worst variation (0.58), see the module docstring
-MEAN_KL_MAX = 0.01         # nats, mean over positions with full logits
-ARGMAX_CLEAR = 0.25        # above llama.cpp's own argmax-flipping variation at near ties (its GEMV/GEMM paths differ by up to 0.44)
-NEAR_TIE = 1.0             # a greedy divergence is accepted only where llama.cpp's top-1/top-2 margin is below this
+MAX_ABS_DLOGIT = 1.2       # measured 1.00; 2x llama.cpp's own worst variation between its paths (0.58)
+MEAN_KL_MAX = 0.003        # nats, mean over the 16 positions with full logits; measured 0.00111
+ARGMAX_CLEAR = 0.25        # llama.cpp top-1/top-2 margin above which argmax must agree; misses measured at 0.052, 0.189
+ARGMAX_MIN_SHARE = 0.97    # of all 108 positions: at most 3 misses, measured 2 (106/108)
+PPL_REL = 0.005            # heapq.py perplexity vs llama.cpp's; measured -0.05%, llama.cpp itself moves 0.23% across CPUs
 
 pytestmark = pytest.mark.slow
 
@@ -52,9 +53,9 @@ def comparison(default_llm, golden):
 
 def test_argmax_agrees_wherever_llamacpp_is_not_at_a_near_tie(comparison):
     """Every stored position whose llama.cpp top-1/top-2 margin is >= ARGMAX_CLEAR must agree, and
-    >= 97% of all positions. The issue asks for 99% of all 108; we measure 105/108: the 3 misses
-    are at llama.cpp margins of 0.05, 0.07 and 0.16 logits, where the int8 rounding of K (float64
-    reference: K in int8 alone moves those margins by -0.12..-0.24) decides the order. See README."""
+    ARGMAX_MIN_SHARE of all positions. Measured 106/108: the 2 misses are at llama.cpp margins of 0.052
+    and 0.189 logits, where the int8 rounding of K (float64 reference: K in int8 alone moves such
+    margins by -0.12..-0.24) decides the order."""
     agree = total = 0
     missed_clear = []
     for r in comparison:
@@ -73,7 +74,7 @@ def test_argmax_agrees_wherever_llamacpp_is_not_at_a_near_tie(comparison):
             if not ok and margin >= ARGMAX_CLEAR:
                 missed_clear.append(f"{r['name']}: margin {margin:.3f}")
     assert not missed_clear, missed_clear
-    assert agree / total >= 0.97, f"argmax agrees on {agree}/{total}"
+    assert agree / total >= ARGMAX_MIN_SHARE, f"argmax agrees on {agree}/{total}"
 
 
 def test_mean_kl_below_bound(comparison):
@@ -95,6 +96,8 @@ def test_max_logit_difference_within_llamacpp_variation(comparison):
 
 
 def test_greedy_continuations(default_llm):
+    """Until the first divergence the contexts are equal, so a divergence is an argmax miss: allowed
+    only below ARGMAX_CLEAR (measured at margins 0.046 and 0.078); at least 6 of 8 equal (measured 6)."""
     cases = json.loads((DATA / "greedy.json").read_text())["cases"]
     equal, report = 0, []
     for c in cases:
@@ -106,12 +109,12 @@ def test_greedy_continuations(default_llm):
         k = next(i for i in range(min(len(ref), len(ours))) if ref[i] != ours[i])
         margin = c["top1_minus_top2_logit"][k]
         report.append(f"{c['name']}: diverges at step {k}, llama.cpp margin {margin:.3f}")
-        assert margin < NEAR_TIE, report[-1]
+        assert margin < ARGMAX_CLEAR, report[-1]
     assert equal >= 6, f"{equal}/8 equal over 32 tokens; " + "; ".join(report)
 
 
-def test_perplexity_on_heapq_within_1_percent(default_llm):
+def test_perplexity_on_heapq_within_half_a_percent(default_llm):
     ref = json.loads((DATA / "perplexity.json").read_text())
     r = perplexity(default_llm, (DATA / "heapq.py").read_text(encoding="utf-8"), ctx=512, progress=False)
     assert (r.n_chunks, r.n_scored) == (ref["n_chunks"], ref["n_scored_tokens"])
-    assert abs(r.ppl / ref["ppl"] - 1) <= 0.01, f"PPL {r.ppl:.4f} vs llama.cpp {ref['ppl']}"
+    assert abs(r.ppl / ref["ppl"] - 1) <= PPL_REL, f"PPL {r.ppl:.4f} vs llama.cpp {ref['ppl']}"
