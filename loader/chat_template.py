@@ -6,6 +6,11 @@ add_generation_prompt, bos_token, eos_token (plus any extra keyword); `tojson` i
 `json.dumps(x, ensure_ascii=False)` (keys kept in order, no HTML escaping, optional indent);
 `raise_exception(msg)` and `strftime_now(fmt)` are globals; `{% generation %}` blocks render their
 body.
+
+`render()` gives the prompt text (tokenize it with parse_special=True). `render_marked()` with
+`ControlTokens.encode()` is the injection-safe form: a control-token text written in a message (e.g. a
+user typing "<|im_start|>system") becomes ordinary tokens, and only the template's own markup becomes
+control tokens (see control_tokens.py).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .control_tokens import ControlTokens, MarkedPrompt
 
 
 class ChatTemplateError(ValueError):
@@ -126,3 +133,19 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as e:
             raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
+        except (RecursionError, OverflowError, MemoryError) as e:     # deep or huge inputs
+            raise ChatTemplateError("chat template failed: the messages or tools are nested too deeply "
+                                    "or too large") from e
+
+    def render_marked(self, messages: list[dict], controls: ControlTokens, tools: list[dict] | None = None,
+                      add_generation_prompt: bool = True, **extra) -> MarkedPrompt:
+        """Render with every control-token text inside the inputs (message fields, tool calls, tools, at
+        any depth, keys too) marked as plain text; `controls.encode(tokenizer, result)` tokenizes it."""
+        mark = controls.free_mark([messages, tools, extra, self.source, self.bos_token, self.eos_token])
+        if mark is None:
+            raise ChatTemplateError("the messages use every private-use character; the prompt cannot be "
+                                    "tokenized safely")
+        text = self.render(controls.mark_inputs(messages, mark),
+                           tools=None if tools is None else controls.mark_inputs(tools, mark),
+                           add_generation_prompt=add_generation_prompt, **extra)
+        return MarkedPrompt.from_rendered(text, mark)

@@ -7,15 +7,29 @@ Accepted message shapes (anything else is a 400 naming the field):
   "function": {"name": str, "arguments": JSON string}}]}: arguments are parsed into a dict before
   rendering, because templates (Qwen's) write them with `tojson`
 - {"role": "tool", "content": str | parts, "tool_call_id"?: str, "name"?: str}
+
+Sizes are checked before anything is rendered or tokenized (`check_sizes`): at most MAX_MESSAGES
+messages, MAX_TOOLS tools, MAX_DEPTH levels of nesting in a tool or a tool call's arguments, MAX_CHARS
+characters in all strings together, and no more content characters than n_ctx tokens can hold.
+
+The prompt's ids come from `prompt_ids(engine, render_prompt(...))`: control-token texts written inside
+messages, tool calls or tools are tokenized as plain text; only the template's markup gives control
+tokens (loader/control_tokens.py).
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from strata_lite.loader.control_tokens import ControlTokens, MarkedPrompt
+
 from .errors import APIError, bad_request
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_MESSAGES = 4096
+MAX_TOOLS = 512
+MAX_DEPTH = 64               # objects/arrays inside one tool (its parameters schema) or one call's arguments
+MAX_CHARS = 4_000_000        # characters in all strings of messages and tools (a 1M-token context's worth)
 
 
 def _text_content(content: Any, where: str, allow_null: bool) -> str:
@@ -74,8 +88,13 @@ def _tool_calls(calls: Any, where: str) -> list[dict]:
             except ValueError as e:
                 raise bad_request(f"{cw}.function.arguments is not valid JSON: {e}",
                                   f"{cw}.function.arguments") from None
+            except RecursionError:
+                args = None                 # deeper than json can parse: refused just below
         elif not isinstance(args, dict):
             raise bad_request(f"{cw}.function.arguments must be a JSON string", f"{cw}.function.arguments")
+        if args is None or depth(args) > MAX_DEPTH:
+            raise bad_request(f"{cw}.function.arguments is nested more than {MAX_DEPTH} levels deep",
+                              f"{cw}.function.arguments")
         item = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
         if call.get("id") is not None:
             if not isinstance(call["id"], str):
@@ -151,21 +170,102 @@ def normalize_tools(tools: Any, tool_choice: Any) -> list[dict] | None:
     return tools or None
 
 
-def render_prompt(engine, messages: list[dict], tools: list[dict] | None) -> str:
+# ------------------------------------------------------------------------------------------- sizes
+
+def depth(x: Any) -> int:
+    """Levels of objects/arrays in a JSON value (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(x, 0)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, dict):
+            x = list(x.values())
+        if isinstance(x, list):
+            deepest = max(deepest, d + 1)
+            stack.extend((v, d + 1) for v in x)
+    return deepest
+
+
+def json_strings(x: Any):
+    """Every string in a JSON value, object keys too, without recursion (the value may be deep)."""
+    stack = [x]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            yield x
+        elif isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+
+
+def n_chars(x: Any) -> int:
+    """Characters of every string (object keys too) in a JSON value."""
+    return sum(len(s) for s in json_strings(x))
+
+
+def check_sizes(engine, messages: Any, tools: Any) -> None:
+    """The bounds above, on the raw request fields, before any validation that walks them deeply."""
+    if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
+        raise bad_request(f"messages has {len(messages)} items, at most {MAX_MESSAGES} are allowed", "messages")
+    if isinstance(tools, list):
+        if len(tools) > MAX_TOOLS:
+            raise bad_request(f"tools has {len(tools)} items, at most {MAX_TOOLS} are allowed", "tools")
+        for i, t in enumerate(tools):
+            if depth(t) > MAX_DEPTH:
+                raise bad_request(f"tools[{i}] is nested more than {MAX_DEPTH} levels deep", f"tools[{i}]")
+    chars = n_chars(messages) + n_chars(tools)
+    if chars > MAX_CHARS:
+        raise bad_request(f"messages and tools hold {chars} characters, at most {MAX_CHARS} are allowed",
+                          "messages")
+    check_fits(engine, _content_chars(messages), "messages")
+
+
+def _content_chars(messages: Any) -> int:
+    """Characters of the message contents (string or text parts), which every template writes out."""
+    total = 0
+    for m in messages if isinstance(messages, list) else ():
+        content = m.get("content") if isinstance(m, dict) else None
+        parts = content if isinstance(content, list) else [content]
+        for p in parts:
+            text = p.get("text") if isinstance(p, dict) else p
+            total += len(text) if isinstance(text, str) else 0
+    return total
+
+
+def check_fits(engine, chars: int, param: str) -> None:
+    """400 context_length_exceeded when `chars` characters cannot fit in n_ctx tokens even at the most
+    characters one token of the vocabulary stands for (a lower bound of the token count)."""
+    n_ctx = int(getattr(engine, "n_ctx", 0) or 0)
+    per_token = ControlTokens.of(engine.tokenizer).max_token_chars
+    at_least = -(-chars // per_token)
+    if n_ctx and at_least >= n_ctx:
+        what = "the prompt holds" if param == "prompt" else f"the {param} hold"
+        raise APIError(400, f"{what} {chars} characters, at least {at_least} tokens (a token of this model "
+                       f"stands for at most {per_token} characters), more than the context (n_ctx = {n_ctx})",
+                       param=param, code="context_length_exceeded",
+                       extra={"n_prompt_tokens": at_least, "n_ctx": n_ctx})     # a lower bound here
+
+
+# ------------------------------------------------------------------------------------------ prompt
+
+def render_prompt(engine, messages: list[dict], tools: list[dict] | None) -> MarkedPrompt:
+    """The template's rendering, with the control-token texts that came from the inputs marked."""
     template = getattr(engine, "chat_template", None)
     if template is None:
         raise bad_request("the model has no chat template; use /v1/completions", "messages")
     try:
-        return template.render(messages, tools=tools, add_generation_prompt=True)
+        return template.render_marked(messages, ControlTokens.of(engine.tokenizer), tools=tools,
+                                      add_generation_prompt=True)
     except Exception as e:
         if type(e).__name__ == "ChatTemplateError":
             raise APIError(400, str(e), param="messages", code="chat_template_error") from None
         raise
 
 
-def prompt_ids(engine, prompt: str) -> list[int]:
-    """Tokens of a rendered chat prompt: special tokens written in it are parsed; BOS is added as the
-    model asks unless the template already wrote it."""
+def prompt_ids(engine, prompt: MarkedPrompt) -> list[int]:
+    """Tokens of a rendered chat prompt: control tokens where the template wrote them, plain text for
+    the inputs; BOS is added as the model asks unless the template already wrote it."""
     bos = getattr(engine.chat_template, "bos_token", "") or ""
-    add_special = not (bos and prompt.startswith(bos))
-    return list(engine.tokenizer.encode(prompt, add_special=add_special, parse_special=True))
+    add_special = not (bos and prompt.text.startswith(bos))
+    return ControlTokens.of(engine.tokenizer).encode(engine.tokenizer, prompt, add_special=add_special)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,9 +19,11 @@ from . import chat
 from .errors import APIError, bad_request
 
 MAX_BODY_BYTES = 64 * 2**20
-MAX_N = 128
-MAX_STOP = 4
+MAX_N = 128               # and at most the engine's parallel + max_queue (each choice is one queued request)
+MAX_STOP = 4              # as OpenAI
+MAX_STOP_CHARS = 256
 MAX_TOP_LOGPROBS = 20
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -55,11 +58,22 @@ def parse_body(raw: bytes) -> dict:
         raise bad_request("the request body is empty; send a JSON object")
     try:
         body = json.loads(raw)
-    except (ValueError, RecursionError) as e:       # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except ValueError as e:                 # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise bad_request(f"malformed JSON in the request body: {e}") from None
+    except RecursionError:
+        raise bad_request("the JSON in the request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, not {chat._json_type(body)}")
+    for key, value in body.items():
+        if _has_surrogate(key) or _has_surrogate(value):
+            raise bad_request("the request body holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
+                              "without its pair), which is not Unicode text", None if _has_surrogate(key) else key)
     return body
+
+
+def _has_surrogate(x: Any) -> bool:
+    """Whether any string in x (keys too) holds a lone surrogate, which no text encoding can carry."""
+    return any(_SURROGATE.search(s) for s in chat.json_strings(x))
 
 
 # ----------------------------------------------------------------------------------------- field types
@@ -112,7 +126,7 @@ def get_stop(body: dict) -> tuple[str, ...]:
     if x is None:
         return ()
     if isinstance(x, str):
-        return (x,) if x else ()
+        x = [x]
     if not isinstance(x, list):
         raise bad_request(f"stop must be a string or an array of strings, not {chat._json_type(x)}", "stop")
     if len(x) > MAX_STOP:
@@ -120,12 +134,34 @@ def get_stop(body: dict) -> tuple[str, ...]:
     for s in x:
         if not isinstance(s, str):
             raise bad_request(f"stop must be a string or an array of strings, found {chat._json_type(s)}", "stop")
+    for s in x:
+        if len(s) > MAX_STOP_CHARS:
+            raise bad_request(f"a stop string has {len(s)} characters, at most {MAX_STOP_CHARS} are allowed",
+                              "stop")
     return tuple(s for s in x if s)
 
 
 # ------------------------------------------------------------------------------------------- common
 
-def _common(body: dict, default_temperature: float = 1.0) -> dict[str, Any]:
+def max_choices(engine) -> int:
+    """The most choices one request may ask for: every choice is one engine request, and the engine
+    holds at most parallel + max_queue of them (more would always get 503 queue_full)."""
+    cfg = getattr(engine, "config", None)
+    if cfg is None:
+        return MAX_N
+    return max(1, min(MAX_N, int(cfg.parallel) + int(cfg.max_queue)))
+
+
+def get_n(body: dict, engine) -> int:
+    n = get_int(body, "n", 1, lo=1, hi=MAX_N)
+    cap = max_choices(engine)
+    if n > cap:
+        raise bad_request(f"n = {n} is more than this server can hold at once: each choice is one request and "
+                          f"it holds at most {cap} (--parallel + --max-queue)", "n")
+    return n
+
+
+def _common(body: dict, engine, default_temperature: float = 1.0) -> dict[str, Any]:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("model must be a string", "model")
@@ -140,7 +176,7 @@ def _common(body: dict, default_temperature: float = 1.0) -> dict[str, Any]:
         if rf["type"] != "text":
             raise bad_request(f"response_format type {rf['type']!r} is not supported (only 'text')",
                               "response_format")
-    n = get_int(body, "n", 1, lo=1, hi=MAX_N)
+    n = get_n(body, engine)
     stream = get_bool(body, "stream")
     include_usage = False
     so = body.get("stream_options")
@@ -165,9 +201,10 @@ def _common(body: dict, default_temperature: float = 1.0) -> dict[str, Any]:
         )
     except InvalidRequest as e:
         raise APIError(400, str(e), param=e.param) from None
-    max_tokens = get_int(body, "max_completion_tokens", None, lo=1)
-    if max_tokens is None:
-        max_tokens = get_int(body, "max_tokens", None, lo=1)
+    max_tokens = get_int(body, "max_tokens", None, lo=1)         # both are checked; the newer name wins
+    max_completion = get_int(body, "max_completion_tokens", None, lo=1)
+    if max_completion is not None:
+        max_tokens = max_completion
     return dict(params=params, n=n, stream=stream, include_usage=include_usage, max_tokens=max_tokens)
 
 
@@ -188,9 +225,10 @@ def _finish(kind: str, ids: list[int], c: dict, engine, logprobs, tools=None, pr
 # --------------------------------------------------------------------------------------------- chat
 
 def parse_chat(body: dict, engine) -> Job:
-    c = _common(body)
+    c = _common(body, engine)
     if "messages" not in body:
         raise bad_request("messages is required", "messages")
+    chat.check_sizes(engine, body.get("messages"), body.get("tools"))
     messages = chat.normalize_messages(body.get("messages"))
     tools = chat.normalize_tools(body.get("tools"), body.get("tool_choice"))
     ptc = body.get("parallel_tool_calls")
@@ -202,7 +240,7 @@ def parse_chat(body: dict, engine) -> Job:
         raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
     prompt = chat.render_prompt(engine, messages, tools)
     ids = chat.prompt_ids(engine, prompt)
-    return _finish("chat", ids, c, engine, (top or 0) if want else None, tools, prompt)
+    return _finish("chat", ids, c, engine, (top or 0) if want else None, tools, prompt.text)
 
 
 # --------------------------------------------------------------------------------------- completions
@@ -219,7 +257,7 @@ def _check_ids(ids: list, engine, where: str) -> list[int]:
 
 
 def parse_completion(body: dict, engine) -> Job:
-    c = _common(body)
+    c = _common(body, engine)
     if body.get("suffix") not in (None, ""):
         raise bad_request("suffix is not supported", "suffix")
     if get_bool(body, "echo"):
@@ -240,11 +278,19 @@ def parse_completion(body: dict, engine) -> Job:
         p = p[0]                          # a batch of one prompt
     if isinstance(p, str):
         text = p
+        if len(p) > chat.MAX_CHARS:
+            raise bad_request(f"prompt has {len(p)} characters, at most {chat.MAX_CHARS} are allowed", "prompt")
+        chat.check_fits(engine, len(p), "prompt")
         ids = list(engine.tokenizer.encode(p, add_special=True, parse_special=True)) if p else []
     elif isinstance(p, list):
         if p and all(isinstance(x, str) for x in p):
             raise bad_request("prompt: only one prompt per request is supported (use n for several choices)",
                               "prompt")
+        n_ctx = int(getattr(engine, "n_ctx", 0) or 0)
+        if n_ctx and len(p) >= n_ctx:              # before looking at every id
+            raise APIError(400, f"the prompt has {len(p)} tokens, the context holds {n_ctx} (and a generated "
+                           "token must fit)", param="prompt", code="context_length_exceeded",
+                           extra={"n_prompt_tokens": len(p), "n_ctx": n_ctx})
         ids = _check_ids(p, engine, "prompt")
     else:
         raise bad_request(f"prompt must be a string or an array of token ids, not {chat._json_type(p)}", "prompt")
