@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import falcon
 
-from . import schemas, sse
+from . import openapi, schemas, sse
 from .errors import (INVALID_REQUEST, NOT_FOUND, SERVER_ERROR, UNAVAILABLE, APIError, from_engine_exception)
 from .tool_calls import ToolCallParser, parse_tool_calls
 
@@ -193,8 +193,9 @@ class OpenAIServer:
                     if _kind(ev) != "token":
                         return
                 q.put((i, _Error("generation ended without a result")))
-            except Exception as e:          # pragma: no cover - an engine bug
-                q.put((i, _Error(f"{type(e).__name__}: {e}")))
+            except Exception:               # pragma: no cover - an engine bug
+                log.exception("reading a request's events failed")
+                q.put((i, _Error("generation failed (an internal error; the server log has the details)")))
 
         for i, h in enumerate(handles):
             threading.Thread(target=pump, args=(i, h), daemon=True, name=f"sse-pump-{i}").start()
@@ -454,26 +455,37 @@ class _Models:
 
 
 class _Health:
+    """200 {"status": "ok", "engine": liveness} while the engine serves; 503 while the model loads, while
+    a step runs past the stuck-step bound (engine_stuck) or once the engine is stopped (engine_stopped);
+    500 when loading failed (load_error) or the engine thread died (engine_failed). An engine without
+    health() (test fakes) is judged by ready / load_error / fatal_error alone."""
+
     def __init__(self, s: OpenAIServer):
         self.s = s
+
+    @staticmethod
+    def _error(resp, status: int, state: str, message: str, code: str, etype: str) -> None:
+        if status == 503:
+            resp.set_header("Retry-After", "5")
+        _send_json(resp, {"status": state, "error": {"message": message, "type": etype, "param": None,
+                                                     "code": code}}, status)
 
     def on_get(self, req, resp):
         e = self.s.engine
         err = getattr(e, "load_error", None)
         fatal = getattr(e, "fatal_error", None)
+        live = e.health() if callable(getattr(e, "health", None)) else None
         if err is not None:
-            _send_json(resp, {"status": "error", "error": {"message": f"the model failed to load: {err}",
-                                                           "type": SERVER_ERROR, "param": None,
-                                                           "code": "load_error"}}, 500)
+            self._error(resp, 500, "error", f"the model failed to load: {err}", "load_error", SERVER_ERROR)
         elif fatal is not None:
-            _send_json(resp, {"status": "error", "error": {"message": f"the engine stopped: {fatal}",
-                                                           "type": SERVER_ERROR, "param": None,
-                                                           "code": "engine_failed"}}, 500)
+            self._error(resp, 500, "error", f"the engine stopped: {fatal}", "engine_failed", SERVER_ERROR)
         elif not e.ready.is_set():
-            resp.set_header("Retry-After", "5")
-            _send_json(resp, {"status": "loading", "error": {"message": "the model is loading",
-                                                             "type": UNAVAILABLE, "param": None,
-                                                             "code": "loading"}}, 503)
+            self._error(resp, 503, "loading", "the model is loading", "loading", UNAVAILABLE)
+        elif live is not None and live["state"] in ("stuck", "stopped"):
+            self._error(resp, 503, live["state"], live["reason"], "engine_" + live["state"], UNAVAILABLE)
+        elif live is not None:
+            engine = {k: v for k, v in live.items() if k not in ("state", "reason")}
+            _send_json(resp, {"status": "ok", "engine": engine})
         else:
             _send_json(resp, {"status": "ok"})
 
@@ -544,7 +556,7 @@ def _handle_exception(req, resp, ex, params):
     mapped = from_engine_exception(ex)
     if mapped is None:
         log.exception("unhandled error in %s %s", req.method, req.path)
-        mapped = APIError(500, f"internal server error: {type(ex).__name__}: {ex}", SERVER_ERROR)
+        mapped = APIError(500, "internal server error (the server log has the details)", SERVER_ERROR)
     _send_error(resp, mapped)
 
 
@@ -564,6 +576,7 @@ def build_app(engine, api_key: str | None = None) -> tuple[falcon.App, OpenAISer
         app.add_route(prefix + "/health", _Health(server))
     app.add_route("/metrics", _Metrics(server))
     app.add_route("/slots", _Slots(server))
+    app.add_route("/openapi.json", openapi.OpenAPIDocument())
     return app, server
 
 

@@ -29,6 +29,13 @@ def _nonneg_float(text: str) -> float:
     return x
 
 
+def _positive_float(text: str) -> float:
+    x = _nonneg_float(text)
+    if x == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return x
+
+
 def _port(text: str) -> int:
     try:
         n = int(text)
@@ -71,6 +78,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         "at start-up (default 1024)")
     p.add_argument("--http-threads", type=_positive_int, default=None,
                    help="HTTP worker threads (default: parallel + max-queue + 4, at least 8, at most 128)")
+    p.add_argument("--stuck-step-s", type=_positive_float, default=60.0,
+                   help="/health answers 503 engine_stuck while an engine step runs longer than this many seconds "
+                        "or 100x the median step, whichever is longer (default 60)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_serve)
     return p
@@ -81,7 +91,7 @@ def config_from_args(args):
     return EngineConfig(model=args.model, backend=args.backend, n_ctx=args.ctx_size, parallel=args.parallel,
                         kv_tokens=args.kv_tokens, step_tokens=args.step_tokens, decode_share=args.decode_share, host_kv_gib=args.host_kv_gib,
                         max_queue=args.max_queue, threads=args.threads,
-                        vram_reserve_mib=args.vram_reserve_mib)
+                        vram_reserve_mib=args.vram_reserve_mib, stuck_step_s=args.stuck_step_s)
 
 
 def api_key_from_args(args) -> str | None:

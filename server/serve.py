@@ -3,8 +3,11 @@ model loads in the background: /health answers 503 until it is ready) and serves
 until Ctrl+C (or SIGTERM / Ctrl+Break where the platform has them).
 
 Portable: waitress is pure Python with worker threads (no fork), and its event loop wakes at least once a
-second, so KeyboardInterrupt reaches the main thread on Windows too. On the way out, the requests in
-flight are cancelled, the engine is stopped and the worker threads are given a few seconds to finish.
+second, so KeyboardInterrupt reaches the main thread on Windows too. SIGINT gets its handler even when
+the process inherited it ignored (a background job of a script starts so; Python then never raises
+KeyboardInterrupt and Ctrl+C or `kill -INT` would do nothing). On the way out, the requests in flight
+are cancelled, the engine is given ENGINE_STOP_S to end its step (a model load in progress is not
+waited for) and the worker threads HTTP_STOP_S to finish; each wait is bounded.
 """
 from __future__ import annotations
 
@@ -17,8 +20,11 @@ import waitress
 from waitress import wasyncore
 
 from .app import build_app
+from .schemas import MAX_BODY_BYTES
 
 log = logging.getLogger("strata_lite.server")
+ENGINE_STOP_S = 10.0     # for the engine thread to end its current step on the way out
+HTTP_STOP_S = 5.0        # for the HTTP worker threads to finish
 
 
 def default_http_threads(config) -> int:
@@ -29,11 +35,14 @@ def default_http_threads(config) -> int:
 
 class HTTPServer:
     """A waitress server whose loop runs in the calling thread until stop() (from any thread) or
-    KeyboardInterrupt; `port` is the bound port (pass 0 to let the OS choose)."""
+    KeyboardInterrupt; `port` is the bound port (pass 0 to let the OS choose). waitress buffers a request
+    body before the app sees it, so its limit is the app's (MAX_BODY_BYTES, not waitress's 1 GiB): a
+    larger body is answered 413 by waitress itself, before it is read."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 8080, threads: int = 8, **adjustments: Any):
         self.map: dict = {}
         self._stop = threading.Event()
+        adjustments.setdefault("max_request_body_size", MAX_BODY_BYTES)
         self.server = waitress.create_server(app, map=self.map, host=host, port=port, threads=threads,
                                              ident="strata_lite", **adjustments)
         self.host, self.port = self.server.effective_host, int(self.server.effective_port)
@@ -50,7 +59,7 @@ class HTTPServer:
     def stop(self) -> None:
         self._stop.set()
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = HTTP_STOP_S) -> None:
         """Wait up to `timeout` s for the worker threads, then close every socket. Call it from the
         thread that ran run(), after it returned."""
         self.server.task_dispatcher.shutdown(cancel_pending=True, timeout=timeout)
@@ -58,13 +67,14 @@ class HTTPServer:
 
 
 def _install_stop_signals() -> dict:
-    """SIGTERM (and Ctrl+Break on Windows) raise KeyboardInterrupt like Ctrl+C, in the main thread only."""
+    """SIGINT (Ctrl+C), SIGTERM and Ctrl+Break on Windows raise KeyboardInterrupt, in the main thread only.
+    SIGINT too: a process started with it ignored (a script's background job) would not stop on it."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt
     old = {}
     if threading.current_thread() is not threading.main_thread():
         return old
-    for name in ("SIGTERM", "SIGBREAK"):
+    for name in ("SIGINT", "SIGTERM", "SIGBREAK"):
         sig = getattr(signal, name, None)
         if sig is None:
             continue
@@ -103,12 +113,25 @@ def _watch_engine(engine, http, failed: threading.Event, poll_s: float = 0.5) ->
     stopped = getattr(engine, "stopped", None)
     if not isinstance(stopped, threading.Event):        # an engine without a stop event to watch (tests)
         return
-    while not stopped.wait(poll_s):
-        pass
+    _watch_liveness(engine, stopped, poll_s)
     if getattr(engine, "fatal_error", None) is not None:
         log.error("the engine stopped: %s; exiting", engine.fatal_error)
         failed.set()
         http.stop()
+
+
+def _watch_liveness(engine, stopped: threading.Event, poll_s: float) -> None:
+    """Until the engine stops: log when /health turns to engine_stuck (a step past its bound) and back."""
+    health = getattr(engine, "health", None)
+    stuck = None
+    while not stopped.wait(poll_s):
+        now = health() if callable(health) else None
+        reason = now["reason"] if now is not None and now["state"] == "stuck" else None
+        if reason is not None and stuck is None:
+            log.error("%s; /health answers 503 engine_stuck until it ends", reason)
+        elif reason is None and stuck is not None:
+            log.warning("the stuck engine step ended; /health is ok again")
+        stuck = reason
 
 
 def serve(config, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
@@ -137,7 +160,7 @@ def serve(config, host: str = "127.0.0.1", port: int = 8080, api_key: str | None
     finally:
         try:
             state.inflight.cancel_all()
-            engine.stop()
+            engine.stop(timeout=ENGINE_STOP_S)
         finally:
             http.close()
             _restore_signals(old)

@@ -41,10 +41,10 @@ class SSEBody:
         except StopIteration:
             self._done = True
             return DONE
-        except Exception as e:            # headers are sent: report it in the stream, then end it
+        except Exception:            # headers are sent: report it in the stream, then end it
             log.exception("error while streaming a response")
             self._done = True
-            return event({"error": {"message": f"internal error: {type(e).__name__}: {e}",
+            return event({"error": {"message": "internal error (the server log has the details)",
                                     "type": "server_error", "param": None, "code": None}}) + DONE
         return event(obj)
 

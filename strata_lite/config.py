@@ -22,6 +22,7 @@ class EngineConfig:
     threads: int | None = None
     vram_reserve_mib: int = 1024      # CUDA: GPU memory left free when planning weights, KV and workspaces
     page_size: int = 64
+    stuck_step_s: float = 60.0        # /health: a step running longer than max(this, 100x the median step) is stuck
 
     def __post_init__(self):
         for name in ("n_ctx", "parallel", "step_tokens", "page_size"):
@@ -39,6 +40,8 @@ class EngineConfig:
             raise ValueError(f"host_kv_gib must be >= 0, got {self.host_kv_gib!r}")
         if self.vram_reserve_mib < 0:
             raise ValueError(f"vram_reserve_mib must be >= 0, got {self.vram_reserve_mib!r}")
+        if not self.stuck_step_s > 0:
+            raise ValueError(f"stuck_step_s must be > 0, got {self.stuck_step_s!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads!r}")
 

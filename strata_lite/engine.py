@@ -7,12 +7,20 @@ Other threads only `submit()` (validated, queued FIFO), read events from their R
     sampled = runner.sample(logits, one row per logit row); sched.complete_step(plan, tokens)
 
 Every step decodes one token of every running sequence plus at most step_tokens prompt tokens.
-A failure inside a step ends only the requests of that step (ErrorEvent); the engine keeps serving.
+
+Faults (docs/server.md, "Health and faults"): a failure inside a step ends only the requests of that
+step, and a failure tied to one request (taking it in, its token, its cancel) ends only that request
+(ErrorEvent); the engine keeps serving. The loop itself is supervised: an unexpected exception in it
+fails the requests in flight and restarts the loop after checking the KV page and trie accounting
+(dropping the prefix cache when it is wrong); a second failure before any step completes, or a device
+fault, stops the engine with `fatal_error` set (/health 500, `serve` exits 1). `health()` reports the
+step liveness (last step, stuck-step watchdog) to /health.
 """
 from __future__ import annotations
 
 import logging
 import math
+import numbers
 import threading
 import time
 from collections import deque
@@ -21,24 +29,24 @@ from pathlib import Path
 from .config import EngineConfig
 from .engine_events import (DoneEvent, EngineNotReady, ErrorEvent, PromptTooLong, QueueFull, RequestHandle,
                             TokenEvent)
+from .engine_loop import MAX_STEP_RATIO, StepLoop
 from .kernels import DeviceFault
-from .kernels.sample_rows import SampleRows
+from .liveness import Liveness
 from .loader.known_models import DEFAULT_MODEL, KNOWN_MODELS
-from .metrics import ActivityLog, EngineMetrics, idle_slot, slot_snapshot
+from .metrics import ActivityLog, EngineMetrics, idle_slot
 from .perplexity import log_softmax
 from .runner import ModelRunner, RequestState, load_model
 from .scheduler import Scheduler
-from .sampling import InvalidRequest, needs_counts
-from .sequence import Request, SeqStatus
+from .sampling import InvalidRequest
+from .sequence import Request
 
 __all__ = ["Engine", "EngineConfig", "RequestHandle", "PromptTooLong", "QueueFull", "EngineNotReady", "InvalidRequest",
            "TokenEvent", "DoneEvent", "ErrorEvent", "log_softmax"]
 log = logging.getLogger("strata_lite")
 MAX_LOGPROBS = 20
-MAX_STEP_RATIO = 3.0     # with the time budget on, no step takes longer than this many decode-only steps
 
 
-class Engine:
+class Engine(StepLoop):
     def __init__(self, config: EngineConfig):
         self.config = config
         self.n_ctx = config.n_ctx
@@ -62,6 +70,9 @@ class Engine:
         self._runner = self._sched = None
         self._active: dict[str, RequestState] = {}
         self._activity = ActivityLog(log, self.clock)
+        self._liveness = Liveness(self.clock, config.stuck_step_s)
+        self.restarts = 0                            # loop restarts after a failure (see _supervise)
+        self._steps_at_restart = -1                  # steps completed when the loop last restarted
 
     # lifecycle
     def start(self) -> None:
@@ -71,12 +82,15 @@ class Engine:
         self._thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
+        """Stop serving: the engine thread ends after its current step (requests left get ErrorEvent);
+        waits up to `timeout` s for it (None: until it ends). A model load or warm-up in progress is not
+        waited for: the thread (a daemon) ends by itself once it is done, without serving."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread is None:
             self.stopped.set()
-        elif self._thread is not threading.current_thread():
+        elif self._thread is not threading.current_thread() and self.ready.is_set():
             self._thread.join(timeout)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
@@ -93,12 +107,14 @@ class Engine:
 
     # requests (any thread)
     def submit(self, request: Request) -> RequestHandle:
-        if not self.ready.is_set() or self._stopping or self.stopped.is_set():
-            raise EngineNotReady("the model is still loading" if not self.stopped.is_set() and not self._stopping
-                                 else "the engine is stopped")
+        if not self.ready.is_set():
+            raise EngineNotReady("the engine is stopped" if self._stopping or self.stopped.is_set()
+                                 else "the model is still loading")
         self._validate(request)
-        handle = RequestHandle(request, self._cancel)
-        with self._cond:
+        handle = RequestHandle(request, self._cancel, alive=lambda: not self.stopped.is_set())
+        with self._cond:                     # under the lock: the engine thread drains the inbox under it
+            if self._stopping or self.stopped.is_set():
+                raise EngineNotReady("the engine is stopped")
             if request.id in self._ids:
                 raise InvalidRequest(f"request id {request.id!r} is already being served", param="id")
             running, waiting = self._counts
@@ -121,6 +137,9 @@ class Engine:
         if request.logprobs is not None and not 0 <= request.logprobs <= MAX_LOGPROBS:
             raise InvalidRequest(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {request.logprobs}",
                                  param="logprobs")
+        seed = request.params.seed           # numpy's default_rng takes non-negative integers only
+        if seed is not None and not (isinstance(seed, numbers.Integral) and seed >= 0):
+            raise InvalidRequest(f"seed must be a non-negative integer, got {seed!r}", param="seed")
 
     def _retry_after(self, behind: int) -> int:
         per = self._avg_request_s if self._avg_request_s is not None else 5.0
@@ -138,6 +157,22 @@ class Engine:
         current admission), decode_tok_s. A snapshot taken by the engine thread after each step."""
         return [dict(s) for s in self._slots]
 
+    def health(self) -> dict:
+        """For /health (any thread): state "loading" | "ok" | "stuck" | "stopped" | "failed", a reason
+        when not ok, restarts of the loop, and the step liveness (Liveness.snapshot)."""
+        stuck = self._liveness.stuck()
+        if self.load_error is not None or self.fatal_error is not None:
+            state, reason = "failed", str(self.load_error or self.fatal_error)
+        elif self.stopped.is_set() or (self._stopping and self.ready.is_set()):
+            state, reason = "stopped", "the engine is stopped"
+        elif not self.ready.is_set():
+            state, reason = "loading", "the model is loading"
+        elif stuck is not None:
+            state, reason = "stuck", stuck
+        else:
+            state, reason = "ok", None
+        return {"state": state, "reason": reason, "restarts": self.restarts, **self._liveness.snapshot()}
+
     # the engine thread
     def _run(self) -> None:
         try:
@@ -147,14 +182,14 @@ class Engine:
             self.load_error = e
             self.stopped.set()
             return
+        if self._stopping:                   # stop() came during the load: never serve
+            self.stopped.set()
+            return
         self.ready.set()
         try:
-            while self._intake():
-                if self._sched.has_work:
-                    self._step()
-                self._activity.tick()
-        except BaseException as e:           # noqa: BLE001 - a bug in the loop itself or a device fault
-            log.exception("the engine thread failed")
+            self._supervise()
+        except BaseException as e:           # noqa: BLE001 - a device fault, or the loop failing twice
+            log.exception("the engine thread stopped")
             self.fatal_error = e
         finally:
             with self._cond:
@@ -164,6 +199,62 @@ class Engine:
             for h in handles:
                 h._put(ErrorEvent("the engine stopped"))
             self.stopped.set()
+
+    def _supervise(self) -> None:
+        """Run the loop until stop(). An unexpected exception in it (not one of a request or a step,
+        which end only their requests) fails the requests in flight and restarts it (_restart); a
+        device fault, or a failure before any step completed since the last restart, is raised."""
+        while True:
+            try:
+                self._loop()
+                return
+            except DeviceFault:
+                raise
+            except Exception as e:           # noqa: BLE001
+                self._liveness.abandon()
+                if self._liveness.steps == self._steps_at_restart:
+                    raise RuntimeError(f"the engine loop failed again before completing a step after a "
+                                       f"restart: {type(e).__name__}: {e}") from e
+                log.exception("the engine loop failed; failing the requests in flight and restarting it")
+                self._restart(e)
+
+    def _loop(self) -> None:
+        while self._intake():
+            if self._sched.has_work:
+                self._liveness.begin()
+                self._step()
+                self._liveness.end()
+            self._activity.tick()
+
+    def _restart(self, error: Exception) -> None:
+        """Fail every request in flight, take every sequence out of the scheduler, then check the page
+        and trie accounting (TieredKV.audit); when it is wrong, forget the prefix cache (TieredKV.clear)
+        so that no page is ever owned twice. Requests still in the inbox are served after the restart."""
+        self.restarts += 1
+        self._steps_at_restart = self._liveness.steps
+        message = "the engine failed while serving this request (an internal error; the server log has the details)"
+        for act in list(self._active.values()):
+            act.handle._put(ErrorEvent(message))
+            self._drop(act)
+        sched, reserved = self._sched, self._reserved_pages()
+        sched._open = None
+        try:
+            for seq in list(sched.running) + list(sched.waiting):
+                sched.finish(seq, "error")
+            problems = sched.tiers.audit(reserved=reserved)
+        except Exception as e:               # noqa: BLE001 - the state was too broken to release
+            problems = [f"{type(e).__name__}: {e}"]
+        sched.running.clear()
+        sched.waiting.clear()
+        sched.by_id.clear()
+        if problems:
+            log.error("the KV accounting is wrong after the failure (%s): the prefix cache is dropped",
+                      "; ".join(problems))
+            sched.tiers.clear(reserved)
+        log.warning("the engine loop restarted (restart %d); KV accounting %s", self.restarts,
+                    "rebuilt" if problems else "checked")
+        with self._cond:
+            self._publish()
 
     def _load(self) -> None:
         cfg, t0 = self.config, time.perf_counter()
@@ -182,182 +273,13 @@ class Engine:
                  "%d slots, n_ctx %d", loaded.path, loaded.config.arch, loaded.backend.describe(),
                  time.perf_counter() - t0, runner.kv.n_pages * runner.kv.page_size, runner.kv.nbytes / 2**20,
                  runner.host.nbytes / 2**30, cfg.parallel, cfg.n_ctx)
-
-    def _intake(self) -> bool:
-        """New requests into the scheduler and cancellations applied; waits while idle. False: stop."""
-        with self._cond:
-            if not self._inbox and not self._cancels and not self._sched.has_work and not self._stopping:
-                self._cond.wait(1.0)
-            if self._stopping:
-                return False
-            cancels, self._cancels = self._cancels, []
-            while self._inbox:
-                h = self._inbox.popleft()
-                if h.cancelled:
-                    self._ids.discard(h.id)
-                    h._put(DoneEvent("cancelled", len(h.request.prompt_ids), 0, 0, ""))
-                    continue
-                try:
-                    seq = self._sched.add(h.request)
-                except InvalidRequest as e:
-                    self._ids.discard(h.id)
-                    h._put(ErrorEvent(str(e)))
-                    continue
-                row = self._runner.take_count_row() if needs_counts(h.request.params) else -1
-                self._active[h.id] = RequestState(h, seq, self.tokenizer, row)
-            for h in cancels:
-                act = self._active.get(h.id)
-                if act is not None:
-                    self._sched.cancel(h.id)
-                    self._finish(act, "cancelled")
-            self._publish()
-        return True
-
-    def _step(self) -> None:
-        t0, restore0 = time.perf_counter(), self._runner.copier.restore_s
-        try:
-            plan = self._sched.plan_step()
-        except Exception as e:               # noqa: BLE001
-            log.exception("planning a step failed")
-            for seq in list(self._sched.running):
-                self._fail(self._active[seq.id], f"the engine failed to schedule this request: {e}")
+        if self._stopping:
             return
-        records = self._sched.pop_records()
-        for rec in records:
-            self.metrics.admitted(rec)
-            self._activity.admitted(rec, self._runner.copier.restore_s - restore0)
-        if records:                          # /slots and the gauges show admitted requests while they read
-            with self._cond:
-                self._publish()
-        if plan is None:
-            self._unplaceable()
-            return
-        try:
-            logits = self._runner.forward(plan.batch)
-        except Exception as e:               # noqa: BLE001
-            self._raise_if_device_fault(e)
-            log.exception("the forward pass failed")
-            self._abort_plan(plan, f"the forward pass failed: {e}")
-            return
-        try:
-            tokens, failed = self._sample_step(plan, logits)
-        except Exception as e:               # noqa: BLE001
-            self._raise_if_device_fault(e)
-            log.exception("sampling failed")
-            self._abort_plan(plan, f"sampling failed: {e}")
-            return
-        slot_of = {seq.id: seq.slot for seq in plan.logit_seqs}   # complete_step frees the slots of finished ones
-        for ev in self._sched.complete_step(plan, tokens):
-            act = self._active[ev.seq.id]
-            try:
-                if ev.seq.id in failed:
-                    raise RuntimeError(failed[ev.seq.id])
-                self._on_token(act, ev.token, ev.finish_reason, slot_of.get(ev.seq.id, ev.seq.slot))
-            except Exception as e:           # noqa: BLE001
-                if ev.seq.id not in failed:
-                    log.exception("%s: handling its token failed", ev.seq.id)
-                self._fail(act, str(e))
-        self._activity.after_step(self._sched.running)
-        took = time.perf_counter() - t0
-        td = self._sched.t_decode
-        if plan.n_decode and td and took > 1.5 * MAX_STEP_RATIO * td:
-            log.info("slow step: %.0f ms (%d decodes + %d prompt tokens; decode step %.0f ms, %.1f ms/prompt token)",
-                     took * 1e3, plan.n_decode, plan.n_read, td * 1e3, (self._sched.t_read_token or 0) * 1e3)
-        self._sched.observe_step(plan, took - (self._runner.copier.restore_s - restore0))
-        self.metrics.step.observe(took)
-        with self._cond:
-            self._publish()
-
-    def _sample_step(self, plan, logits) -> tuple[list[int], dict[str, str]]:
-        """One backend sampling call for every logit row, then each request takes its token (and logprobs);
-        a request failing there gets token 0 (appended but never computed: the KV stays clean) and an
-        error message in the returned dict. The taken tokens are counted for the penalties."""
-        acts = [self._active[seq.id] for seq in plan.logit_seqs]
-        if not acts:
-            return [], {}
-        sampled = self._runner.sample(logits, SampleRows.from_rows([a.sample_row() for a in acts]))
-        tokens, failed = [], {}
-        for i, act in enumerate(acts):
-            try:
-                tokens.append(self._sample(act, sampled, i))
-            except Exception as e:           # noqa: BLE001
-                log.exception("%s: sampling failed", act.handle.id)
-                failed[act.handle.id] = f"sampling failed: {e}"
-                tokens.append(0)
-        self._runner.add_counts([-1 if a.handle.id in failed else a.count_row for a in acts], tokens)
-        return tokens, failed
-
-    def _sample(self, act: RequestState, sampled, i: int) -> int:
-        return act.took(sampled, i)
-
-    def _on_token(self, act: RequestState, token: int, reason: str | None, slot: int) -> None:
-        now, seq = self.clock(), act.seq
-        if act.t_first is None:
-            act.t_first = now
-            self.metrics.ttft.observe(now - act.request.arrival)
-        else:
-            self.metrics.inter_token.observe(now - act.t_last)
-        act.t_last = now
-        self.metrics.generated.inc()
-        self._activity.token(slot, seq.id)
-        piece = act.push(token, finishing=reason is not None)
-        if act.stopped:                      # a stop string (the text is cut before it)
-            if reason is None:
-                self._sched.finish(seq, "stop")
-            reason = "stop"
-        logprob, top = act.logprobs
-        act.handle._put(TokenEvent(token, piece, logprob, top))
-        if reason is not None:
-            self._finish(act, reason)
-
-    def _finish(self, act: RequestState, reason: str) -> None:
-        recs = act.seq.records
-        cached = recs[0].reused + recs[0].restored if recs else 0
-        act.handle._put(DoneEvent(reason, len(act.request.prompt_ids), act.seq.n_generated, cached, act.text))
-        took = self.clock() - act.request.arrival
-        self._avg_request_s = took if self._avg_request_s is None else 0.8 * self._avg_request_s + 0.2 * took
-        self._drop(act)
-
-    def _fail(self, act: RequestState, message: str) -> None:
-        if act.seq.status is not SeqStatus.FINISHED:
-            self._sched.finish(act.seq, "error")
-        act.handle._put(ErrorEvent(message))
-        self._drop(act)
-
-    def _drop(self, act: RequestState) -> None:
-        if self._active.pop(act.handle.id, None) is act and act.count_row >= 0:
-            self._runner.free_count_row(act.count_row)
-        self._activity.forget(act.handle.id)
-        with self._cond:
-            self._ids.discard(act.handle.id)
-
-    def _raise_if_device_fault(self, e: Exception) -> None:
-        """A device fault ends the engine (every request fails, /health reports it, `serve` exits 1)."""
-        if self._runner.backend.is_fault(e):
-            raise DeviceFault(f"the {self._runner.backend.name} device failed: {e}") from e
-
-    def _abort_plan(self, plan, message: str) -> None:
-        """The forward failed: nothing of the plan counts (n_computed unchanged, so no KV written in this
-        step is ever read); its sequences end with an error, their earlier KV stays in the trie.
-        TODO: a Scheduler.abort_step(plan) instead of clearing its open plan here."""
-        self._sched._open = None
-        for seq in plan.seqs:
-            self._fail(self._active[seq.id], message)
-
-    def _unplaceable(self) -> None:
-        """Nothing could be planned: with nobody running, the head of the queue cannot be placed."""
-        if not self._sched.running and self._sched.waiting:
-            seq = self._sched.waiting[0]
-            self._fail(self._active[seq.id], "the request does not fit in the KV cache")
-        else:
-            time.sleep(0.001)
-
-    def _publish(self) -> None:
-        """(Under self._cond.) Counts for submit's queue check, gauges and the slot snapshot."""
-        s, r = self._sched, self._runner
-        self._counts = (len(s.running), len(s.waiting))
-        self.metrics.gauges(len(s.running), len(s.waiting), r.kv_usage, r.host_bytes_used)
-        self._slots = slot_snapshot(self.config.parallel, s.running, self._active)
+        t0 = time.perf_counter()
+        log.info("warming up: compiling the kernels (or loading them from the cache) with a %d-token prompt "
+                 "chunk, decode steps and sampling", runner.warm_up_tokens(cfg.step_tokens))
+        runner.warm_up(cfg.step_tokens)
+        log.info("warm-up done in %.1f s", time.perf_counter() - t0)
 
 
 def _model_id(model: str | None) -> str:

@@ -7,6 +7,7 @@ end-of-generation token gets a TokenEvent too (text "", it counts in completion_
 from __future__ import annotations
 
 import queue
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -56,10 +57,15 @@ class EngineNotReady(RuntimeError):
 
 
 class RequestHandle:
-    """A submitted request's stream of events (filled by the engine thread)."""
+    """A submitted request's stream of events (filled by the engine thread). `alive()` says whether the
+    engine thread is still running: a handle whose engine stopped without giving it a last event ends
+    with an ErrorEvent instead of waiting forever."""
 
-    def __init__(self, request, on_cancel: Callable[["RequestHandle"], None]):
-        self.id, self.request, self._on_cancel = request.id, request, on_cancel
+    POLL_S = 1.0          # how often a waiting events() looks at alive()
+
+    def __init__(self, request, on_cancel: Callable[["RequestHandle"], None],
+                 alive: Callable[[], bool] | None = None):
+        self.id, self.request, self._on_cancel, self._alive = request.id, request, on_cancel, alive
         self._events: queue.Queue = queue.Queue()
         self.cancelled = False
 
@@ -67,13 +73,27 @@ class RequestHandle:
         """Blocks for each event; ends after DoneEvent / ErrorEvent. Raises TimeoutError when no event
         comes within `timeout` s (nothing is lost: call events() again to go on)."""
         while True:
-            try:
-                ev = self._events.get(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError(f"no event for {self.id} within {timeout} s") from None
+            ev = self._next(timeout)
             yield ev
             if isinstance(ev, (DoneEvent, ErrorEvent)):
                 return
+
+    def _next(self, timeout: float | None) -> Event:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"no event for {self.id} within {timeout} s")
+            wait = left if self._alive is None else min(self.POLL_S, left if left is not None else self.POLL_S)
+            try:
+                return self._events.get(timeout=wait)
+            except queue.Empty:
+                pass
+            if self._alive is not None and not self._alive():
+                try:                          # the engine's last events may have come just before it ended
+                    return self._events.get_nowait()
+                except queue.Empty:
+                    return ErrorEvent("the engine stopped")
 
     def cancel(self) -> None:
         """Thread-safe; the engine ends the sequence at its next step boundary (DoneEvent "cancelled")."""

@@ -8,6 +8,7 @@ their KV in the host pool first (dropped only when the host pool cannot hold it)
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from .host_pool import HostPool, KVCopier
@@ -50,7 +51,11 @@ class TieredKV:
         if host is None:
             host = self.alloc_host(len(dev))
             if host is not None:
-                self.copier.copy_pages_to_host(dev, host)
+                try:
+                    self.copier.copy_pages_to_host(dev, host)
+                except BaseException:         # the node keeps its device pages; the trie is unchanged
+                    self.host.free(host)
+                    raise
                 self.stats["pages_parked"] += len(dev)
             else:
                 self.stats["device_tokens_dropped"] += len(node.tokens)
@@ -106,21 +111,34 @@ class TieredKV:
             if rest + sum(len(n.host_pages) for n in restore) > self.device_headroom() - pinned - reserve:
                 return None
         held = below if below is not None else anchor
-        self.trie.lock(held)
-        dev = self.alloc_device(n_new)
-        if dev is None:
+        self.trie.lock(held)              # the matched path cannot be evicted while pages are allocated
+        try:
+            dev = self.alloc_device(n_new)
+            if dev is None:
+                return None
+            restored, reused = self._fill(restore, dev, source, below, b, usable)
+            self.trie.lock(anchor)
+        finally:
             self.trie.unlock(held)
-            return None
-        restored = self._restore(restore, dev)
-        reused = b - restored
-        if usable > b:
-            restored += self._copy_partial(source, below, b, usable - b, dev[-1])
-            reused = usable - restored
-        self.trie.lock(anchor)
-        self.trie.unlock(held)
         seq.node, seq.n_computed = anchor, usable
         seq.pages = [p for n in anchor.path() for p in n.dev_pages] + ([dev[-1]] if usable > b else [])
         return Placement(cached, reused, restored)
+
+    def _fill(self, restore: list[TrieNode], dev: list[int], source, below, b: int, usable: int) -> tuple[int, int]:
+        """Copy the restored pages and the partial page into `dev`; (restored, reused) tokens. A failed
+        copy frees the pages of `dev` that no trie node took, then raises."""
+        taken = 0
+        try:
+            restored = self._restore(restore, dev)
+            taken = sum(len(n.dev_pages) for n in restore)
+            reused = b - restored
+            if usable > b:
+                restored += self._copy_partial(source, below, b, usable - b, dev[-1])
+                reused = usable - restored
+        except BaseException:
+            self.kv.free(dev[taken:])
+            raise
+        return restored, reused
 
     def _restore(self, nodes: list[TrieNode], dev: list[int]) -> int:
         if not nodes:
@@ -186,3 +204,46 @@ class TieredKV:
             self.trie.lock(res.node)
             self.trie.unlock(seq.node)
             seq.node = res.node
+
+    # checks after a failure
+    def audit(self, running=(), reserved=()) -> list[str]:
+        """Page and reference accounting (empty list: consistent): every device page is free, reserved
+        (the runner's scratch page), in the trie or private to one running sequence, exactly once; every
+        host page free or in the trie, once; each trie node's ref equals the running sequences holding it."""
+        problems, refs = [], Counter()
+        dev, host = Counter(_free_pages(self.kv)), Counter(_free_pages(self.host))
+        dev.update(reserved)
+        for node in self.trie.nodes():
+            dev.update(node.dev_pages or ())
+            host.update(node.host_pages or ())
+        for seq in running:
+            chain = seq.node.path() if seq.node is not None else []
+            shared = sum(len(n.dev_pages or ()) for n in chain)
+            dev.update(seq.pages[shared:])
+            refs.update(id(n) for n in chain)
+        for name, seen, n_pages in (("device", dev, self.kv.n_pages), ("host", host, self.host.n_pages)):
+            missing = n_pages - len(seen)
+            twice = sum(1 for c in seen.values() if c > 1)
+            if missing or twice or any(not 0 <= p < n_pages for p in seen):
+                problems.append(f"{name} pages: {missing} unaccounted for, {twice} owned twice")
+        wrong = [n for n in self.trie.nodes() if n is not self.trie.root and n.ref != refs[id(n)]]
+        if wrong:
+            problems.append(f"{len(wrong)} trie nodes with a reference count that no sequence explains")
+        return problems
+
+    def clear(self, reserved=()) -> None:
+        """Forget every cached prefix: a new empty trie, every page free but `reserved`. For after a
+        failure left the accounting inconsistent (audit); nothing may be running."""
+        self.trie = PrefixTrie(self.P)
+        keep = set(reserved)
+        self.kv.alloc(self.kv.n_free)
+        self.kv.free([p for p in range(self.kv.n_pages) if p not in keep])
+        self.host.alloc(self.host.n_free)
+        self.host.free(range(self.host.n_pages))
+
+
+def _free_pages(pool) -> list[int]:
+    """The free page ids of a KVCache or HostPool (taken and given back in order: nothing changes)."""
+    pages = pool.alloc(pool.n_free)
+    pool.free(pages)
+    return pages

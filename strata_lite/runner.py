@@ -26,6 +26,11 @@ from .models import MODELS
 from .sampling import sample_row
 from .text_stream import TextStream
 
+WARM_UP_KEYS = 2048       # keys the far decode of the warm-up attends (long attention is split on the CPU)
+WARM_UP_PROMPT = 128      # tokens of the warm-up's prompt chunk at most: prompt mat-muls switch kernels at
+                          # 128 tokens on the CPU (qmatmul.PROMPT_TILE_MIN_TOK), nothing switches above
+WARM_UP_LOGPROBS = 5      # top logprobs asked in the warm-up's sampling
+
 
 @dataclass(frozen=True)
 class LoadedModel:
@@ -97,6 +102,7 @@ class ModelRunner:
                  max_step_tokens: int, max_seqs: int, count_rows: int = 0):
         cfg, self.loaded = loaded.config, loaded
         self.backend, self.model = loaded.backend, loaded.model
+        self.n_ctx, self.max_step_tokens, self.max_seqs = n_ctx, max_step_tokens, max_seqs
         self.n_vocab = cfg.n_vocab
         scratch = 1 if self.backend.uses_scratch_page else 0
         self.kv = KVCache(self.backend, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
@@ -142,6 +148,43 @@ class ModelRunner:
     def free_count_row(self, row: int) -> None:
         self._free_count_rows.append(row)
 
+    def warm_up_tokens(self, n_prompt: int) -> int:
+        """The prompt chunk warm_up(n_prompt) computes: n_prompt (the engine's step_tokens) up to
+        WARM_UP_PROMPT, within a step and the context."""
+        return max(1, min(n_prompt, WARM_UP_PROMPT, self.max_step_tokens, self.n_ctx - 1))
+
+    def warm_up(self, n_prompt: int) -> None:
+        """Run every kernel a request can need once, so that Numba compiles them (or loads them from its
+        cache) and NVRTC compiles the CUDA ones before the engine says ready, not in the first request:
+        a prompt chunk of warm_up_tokens(n_prompt) tokens, then decodes of a sequence right after it and
+        of one far into the context (WARM_UP_KEYS keys: long attention takes other kernels), in one step
+        where max_seqs allows; rows sampled greedily with logprobs and with every option on (temperature,
+        top-k/p, min-p, penalties). The pages written are freed after: a sequence only ever reads the
+        positions it computed, so what they hold never matters."""
+        P, n = self.kv.page_size, self.warm_up_tokens(n_prompt)
+        far = min(self.n_ctx - 1, WARM_UP_KEYS)
+        pages = self.kv.alloc(-(-(max(n, far) + 1) // P))
+        count_row = self.take_count_row() if self.counts is not None else -1
+        try:
+            logits = self.forward(Batch.single(np.arange(n) % self.n_vocab, 0, pages[:n // P + 1], [n - 1]))
+            token = int(self.sample(logits, SampleRows.from_rows([{"n_logprobs": WARM_UP_LOGPROBS}])).ids[0])
+            decodes = [n] + ([far] if far > n else [])           # positions; the far one reads zeroed pages
+            steps = [decodes] if self.max_seqs >= len(decodes) else [[p] for p in decodes]
+            for positions in steps:
+                tables = np.zeros((len(positions), len(pages)), np.int32)
+                for i, pos in enumerate(positions):
+                    tables[i, :pos // P + 1] = pages[:pos // P + 1]
+                k = len(positions)
+                batch = Batch(np.full(k, token, np.int32), np.asarray(positions, np.int32),
+                              np.arange(k, dtype=np.int32), tables, np.arange(k))
+                rows = [_every_option(count_row), {}][:k]
+                sampled = self.sample(self.forward(batch), SampleRows.from_rows(rows))
+                self.add_counts([count_row, -1][:k], sampled.ids)
+        finally:
+            if count_row >= 0:
+                self.free_count_row(count_row)
+            self.kv.free(pages)
+
     @property
     def kv_usage(self) -> float:
         usable = self.kv.n_pages - (self.scratch_page >= 0)
@@ -150,6 +193,13 @@ class ModelRunner:
     @property
     def host_bytes_used(self) -> int:
         return (self.host.n_pages - self.host.n_free) * self.host.page_bytes
+
+
+def _every_option(count_row: int) -> dict:
+    """A SampleRows row taking every sampling path (the penalties only with a count row)."""
+    penalty = 0.5 if count_row >= 0 else 0.0
+    return dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, presence=penalty, frequency=penalty,
+                uniform=0.5, count_rows=count_row, n_logprobs=WARM_UP_LOGPROBS)
 
 
 class RequestState:

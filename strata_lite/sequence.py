@@ -41,7 +41,7 @@ class AdmissionRecord:
     reused: int              # KV already on the device (shared pages, or copied within the device)
     restored: int            # KV copied host -> device
     read: int                # tokens computed by the model (at least one: the last, for its logits)
-    needless_read: int       # read although their KV was cached somewhere at admission (must be 0)
+    needless_read: int       # read although the trie held their KV (device or host) before placement
     evicted_for_memory: int  # cached at arrival but dropped (host pool full) before admission
     resumed: bool = False
     slot: int = -1

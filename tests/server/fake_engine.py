@@ -101,7 +101,7 @@ class FakeEngine:
         self.started = True
         self.ready.set()
 
-    def stop(self):
+    def stop(self, timeout=None):
         self.stopped = True
         for h in list(self.active.values()):
             h.cancel()

@@ -176,7 +176,9 @@ def test_models_health_metrics_slots(server, client, engine):
 
     for path in ("/health", "/v1/health"):
         status, _, body = _get(server.url + path)
-        assert (status, json.loads(body)) == (200, {"status": "ok"})
+        health = json.loads(body)
+        assert (status, health["status"]) == (200, "ok") and health["engine"]["restarts"] == 0
+        assert health["engine"]["stuck_after_s"] >= 60.0
 
     status, headers, body = _get(server.url + "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain")

@@ -1,0 +1,231 @@
+"""The engine thread's work between two looks at the inbox (a mixin of Engine, engine-thread only):
+take new requests and cancels in (_intake), run one step (_step: plan, forward, sample, complete),
+and end each request as its outcome says (_on_token, _finish, _fail).
+
+A failure is kept to what it concerns: one request's (taking it in, its token, its cancel) ends that
+request; a step's (forward, sampling, complete_step) ends the step's requests, then the KV accounting is
+checked; bookkeeping (metrics, logs, /slots) is logged and ends nobody's request. What escapes is a
+failure of the loop itself, for Engine._supervise.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from .engine_events import DoneEvent, ErrorEvent, RequestHandle, TokenEvent
+from .kernels import DeviceFault
+from .kernels.sample_rows import SampleRows
+from .metrics import slot_snapshot
+from .runner import RequestState
+from .sampling import InvalidRequest, needs_counts
+from .sequence import SeqStatus
+
+log = logging.getLogger("strata_lite")
+MAX_STEP_RATIO = 3.0     # with the time budget on, no step takes longer than this many decode-only steps
+
+
+class StepLoop:
+    def _intake(self) -> bool:
+        """New requests into the scheduler and cancellations applied; waits while idle. False: stop."""
+        with self._cond:
+            if not self._inbox and not self._cancels and not self._sched.has_work and not self._stopping:
+                self._cond.wait(1.0)
+            if self._stopping:
+                return False
+            cancels, self._cancels = self._cancels, []
+            while self._inbox:
+                self._take(self._inbox.popleft())
+            for h in cancels:
+                act = self._active.get(h.id)
+                if act is None:
+                    continue
+                try:
+                    self._sched.cancel(h.id)
+                    self._finish(act, "cancelled")
+                except Exception:       # noqa: BLE001 - ends this request only
+                    log.exception("%s: cancelling failed", h.id)
+                    self._fail(act, "cancelling the request failed (an internal error; the server log has the details)")
+            self._publish()
+        return True
+
+    def _take(self, h: RequestHandle) -> None:
+        """(Under self._cond.) One new request into the scheduler; a request that cannot be taken (bad
+        input the checks missed, a bug) ends alone with an ErrorEvent."""
+        if h.cancelled:
+            self._ids.discard(h.id)
+            h._put(DoneEvent("cancelled", len(h.request.prompt_ids), 0, 0, ""))
+            return
+        seq, row = None, -1
+        try:
+            seq = self._sched.add(h.request)
+            row = self._runner.take_count_row() if needs_counts(h.request.params) else -1
+            self._active[h.id] = RequestState(h, seq, self.tokenizer, row)
+        except Exception as e:               # noqa: BLE001
+            if not isinstance(e, InvalidRequest):
+                log.exception("%s: taking the request in failed", h.id)
+            if row >= 0:
+                self._runner.free_count_row(row)
+            if seq is not None:
+                self._sched.finish(seq, "error")
+            self._ids.discard(h.id)
+            h._put(ErrorEvent(str(e) if isinstance(e, InvalidRequest) else "the request could not be taken in (an internal error; the server log has the details)"))
+
+    def _step(self) -> None:
+        t0, restore0 = time.perf_counter(), self._runner.copier.restore_s
+        try:
+            plan = self._sched.plan_step()
+        except Exception as e:               # noqa: BLE001
+            self._raise_if_device_fault(e)
+            log.exception("planning a step failed")
+            for seq in list(self._sched.running) + list(self._sched.waiting):
+                self._fail(self._active[seq.id], "the engine failed to schedule this request (an internal error; the server log has the details)")
+            return
+        records = self._sched.pop_records()
+        for rec in records:
+            self.metrics.admitted(rec)
+            self._activity.admitted(rec, self._runner.copier.restore_s - restore0)
+        if records:                          # /slots and the gauges show admitted requests while they read
+            with self._cond:
+                self._publish()
+        if plan is None:
+            self._unplaceable()
+            return
+        try:
+            logits = self._runner.forward(plan.batch)
+            tokens, failed = self._sample_step(plan, logits)
+            events = self._sched.complete_step(plan, tokens)
+        except Exception as e:               # noqa: BLE001
+            self._raise_if_device_fault(e)
+            log.exception("a step failed")
+            self._abort_plan(plan, "the step failed (an internal error; the server log has the details)")
+            return
+        slot_of = {seq.id: seq.slot for seq in plan.logit_seqs}   # complete_step frees the slots of finished ones
+        for ev in events:
+            act = self._active[ev.seq.id]
+            try:
+                if ev.seq.id in failed:
+                    raise RuntimeError(failed[ev.seq.id])
+                self._on_token(act, ev.token, ev.finish_reason, slot_of.get(ev.seq.id, ev.seq.slot))
+            except Exception:           # noqa: BLE001
+                if ev.seq.id not in failed:
+                    log.exception("%s: handling its token failed", ev.seq.id)
+                self._fail(act, failed.get(ev.seq.id, "handling the token failed (an internal error; the server log has the details)"))
+        try:
+            self._after_step(plan, time.perf_counter() - t0, self._runner.copier.restore_s - restore0)
+        except Exception:                    # noqa: BLE001 - metrics and logs only: nobody's request ends
+            log.exception("the bookkeeping after a step failed (metrics and /slots may lag)")
+
+    def _after_step(self, plan, took: float, restore_s: float) -> None:
+        self._activity.after_step(self._sched.running)
+        td = self._sched.t_decode
+        if plan.n_decode and td and took > 1.5 * MAX_STEP_RATIO * td:
+            log.info("slow step: %.0f ms (%d decodes + %d prompt tokens; decode step %.0f ms, %.1f ms/prompt token)",
+                     took * 1e3, plan.n_decode, plan.n_read, td * 1e3, (self._sched.t_read_token or 0) * 1e3)
+        self._sched.observe_step(plan, took - restore_s)
+        self.metrics.step.observe(took)
+        with self._cond:
+            self._publish()
+
+    def _sample_step(self, plan, logits) -> tuple[list[int], dict[str, str]]:
+        """One backend sampling call for every logit row, then each request takes its token (and logprobs);
+        a request failing there gets token 0 (appended but never computed: the KV stays clean) and an
+        error message in the returned dict. The taken tokens are counted for the penalties."""
+        acts = [self._active[seq.id] for seq in plan.logit_seqs]
+        if not acts:
+            return [], {}
+        sampled = self._runner.sample(logits, SampleRows.from_rows([a.sample_row() for a in acts]))
+        tokens, failed = [], {}
+        for i, act in enumerate(acts):
+            try:
+                tokens.append(self._sample(act, sampled, i))
+            except Exception:           # noqa: BLE001
+                log.exception("%s: sampling failed", act.handle.id)
+                failed[act.handle.id] = "sampling failed (an internal error; the server log has the details)"
+                tokens.append(0)
+        self._runner.add_counts([-1 if a.handle.id in failed else a.count_row for a in acts], tokens)
+        return tokens, failed
+
+    def _sample(self, act: RequestState, sampled, i: int) -> int:
+        return act.took(sampled, i)
+
+    def _on_token(self, act: RequestState, token: int, reason: str | None, slot: int) -> None:
+        now, seq = self.clock(), act.seq
+        if act.t_first is None:
+            act.t_first = now
+            self.metrics.ttft.observe(now - act.request.arrival)
+        else:
+            self.metrics.inter_token.observe(now - act.t_last)
+        act.t_last = now
+        self.metrics.generated.inc()
+        self._activity.token(slot, seq.id)
+        piece = act.push(token, finishing=reason is not None)
+        if act.stopped:                      # a stop string (the text is cut before it)
+            if reason is None:
+                self._sched.finish(seq, "stop")
+            reason = "stop"
+        logprob, top = act.logprobs
+        act.handle._put(TokenEvent(token, piece, logprob, top))
+        if reason is not None:
+            self._finish(act, reason)
+
+    def _finish(self, act: RequestState, reason: str) -> None:
+        recs = act.seq.records
+        cached = recs[0].reused + recs[0].restored if recs else 0
+        act.handle._put(DoneEvent(reason, len(act.request.prompt_ids), act.seq.n_generated, cached, act.text))
+        took = self.clock() - act.request.arrival
+        self._avg_request_s = took if self._avg_request_s is None else 0.8 * self._avg_request_s + 0.2 * took
+        self._drop(act)
+
+    def _fail(self, act: RequestState, message: str) -> None:
+        """End one request with an ErrorEvent. If the scheduler cannot let go of its sequence, that is
+        logged; the next step then meets a sequence without a request, a loop failure (_supervise)."""
+        try:
+            if act.seq.status is not SeqStatus.FINISHED:
+                self._sched.finish(act.seq, "error")
+        except Exception:                    # noqa: BLE001
+            log.exception("%s: ending its sequence failed", act.handle.id)
+        act.handle._put(ErrorEvent(message))
+        self._drop(act)
+
+    def _drop(self, act: RequestState) -> None:
+        if self._active.pop(act.handle.id, None) is act and act.count_row >= 0:
+            self._runner.free_count_row(act.count_row)
+        self._activity.forget(act.handle.id)
+        with self._cond:
+            self._ids.discard(act.handle.id)
+
+    def _raise_if_device_fault(self, e: Exception) -> None:
+        """A device fault ends the engine (every request fails, /health reports it, `serve` exits 1)."""
+        if self._runner.backend.is_fault(e):
+            raise DeviceFault(f"the {self._runner.backend.name} device failed: {e}") from e
+
+    def _abort_plan(self, plan, message: str) -> None:
+        """The forward, sampling or complete_step failed: its sequences end with an error, their KV up
+        to n_computed (unchanged unless complete_step got that far: then the KV was written) goes to
+        the trie. The page accounting is checked then: when it is wrong, the loop's supervisor
+        restarts it. TODO: a Scheduler.abort_step(plan) instead of clearing its open plan here."""
+        self._sched._open = None
+        for seq in plan.seqs:
+            self._fail(self._active[seq.id], message)
+        problems = self._sched.tiers.audit(self._sched.running, self._reserved_pages())
+        if problems:
+            raise RuntimeError(f"the KV accounting is wrong after a failed step: {'; '.join(problems)}")
+
+    def _reserved_pages(self) -> list[int]:
+        """Device pages outside the scheduler's accounting (the runner's scratch page)."""
+        return [p for p in (self._runner.scratch_page,) if p >= 0]
+
+    def _unplaceable(self) -> None:
+        """Nothing could be planned: with nobody running, the head of the queue cannot be placed."""
+        if not self._sched.running and self._sched.waiting:
+            seq = self._sched.waiting[0]
+            self._fail(self._active[seq.id], "the request does not fit in the KV cache")
+        else:
+            time.sleep(0.001)
+
+    def _publish(self) -> None:
+        """(Under self._cond.) Counts for submit's queue check, gauges and the slot snapshot."""
+        s, r = self._sched, self._runner
+        self._counts = (len(s.running), len(s.waiting))
+        self.metrics.gauges(len(s.running), len(s.waiting), r.kv_usage, r.host_bytes_used)
+        self._slots = slot_snapshot(self.config.parallel, s.running, self._active)
