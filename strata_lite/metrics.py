@@ -19,8 +19,9 @@ class EngineMetrics:
                                      "from", ["how"], registry=r)
         for how in ("reused", "restored", "read"):
             self.prompt_tokens.labels(how=how)
-        self.needless_read = Counter("strata_needless_read_tokens", "Tokens read although their KV was cached "
-                                     "at admission (excluding those evicted for memory)", registry=r)
+        self.needless_read = Counter("strata_needless_read_tokens", "Prompt tokens read although the prefix trie "
+                                     "held their KV (device or host) at admission: the trie's own walk before "
+                                     "placement minus what placement reused or restored", registry=r)
         self.evicted_read = Counter("strata_evicted_read_tokens", "Tokens re-read because their KV was evicted "
                                     "for memory", registry=r)
         self.generated = Counter("strata_generated_tokens", "Generated tokens", registry=r)

@@ -292,6 +292,25 @@ class PrefixTrie:
         return (lossy, node.last_use, -node.end)
 
     # inspection
+    def held_len(self, tokens) -> int:
+        """Tokens of `tokens`' prefix whose KV the trie holds (device or host), by a plain token-by-token
+        walk that is independent of match() and changes nothing (no use times): the scheduler's check
+        that placement missed nothing (needless reads)."""
+        node, pos, n = self.root, 0, len(tokens)
+        while pos < n:
+            best, best_len = None, 0
+            for c in node.children.values():      # the child agreeing longest (at most one agrees past a page)
+                k = 0
+                while k < len(c.tokens) and pos + k < n and c.tokens[k] == tokens[pos + k]:
+                    k += 1
+                if k > best_len:
+                    best, best_len = c, k
+            pos += best_len
+            if best is None or best_len < len(best.tokens):
+                return pos
+            node = best
+        return pos
+
     def nodes(self) -> Iterator[TrieNode]:
         stack = [self.root]
         while stack:

@@ -194,11 +194,12 @@ class Scheduler:
                 i += 1                            # wait for the reader instead of reading it twice
                 continue
             reserve = self._reserve() if self.running else None
+            held = self.tiers.trie.held_len(seq.tokens)    # before placement evicts anything
             placed = self.tiers.place(seq, self.running, reserve)
             if placed is None:
                 break                             # memory: admit in order, don't let others pass
             del self.waiting[i]
-            self._start(seq, placed)
+            self._start(seq, placed, held)
 
     def _reader_ahead(self, seq: Sequence) -> bool:
         """A running sequence is still reading tokens that are a prefix of seq's."""
@@ -214,12 +215,14 @@ class Scheduler:
         P = self.tiers.P
         return sum(max(0, -(-(len(s.tokens) + 1) // P) - len(s.pages)) for s in self.running)
 
-    def _start(self, seq: Sequence, placed) -> None:
+    def _start(self, seq: Sequence, placed, held: int) -> None:
+        """held: prompt tokens the trie held before placement (its own walk, not placement's match), so
+        needless_read counts what placement failed to reuse or restore; the last token is always read."""
         n, cap = len(seq.tokens), len(seq.tokens) - 1
         cached = min(placed.cached, cap)
         rec = AdmissionRecord(
             seq.id, n, placed.reused, placed.restored, n - placed.reused - placed.restored,
-            needless_read=max(0, cached - placed.reused - placed.restored),
+            needless_read=max(0, min(held, cap) - placed.reused - placed.restored),
             evicted_for_memory=max(0, min(seq.cached_at_arrival, cap) - cached),
             resumed=bool(seq.records), slot=self._free_slot(), t_arrival=seq.request.arrival,
             t_admitted=self.clock())

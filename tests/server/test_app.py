@@ -381,14 +381,24 @@ def test_malformed_body(client, raw):
 
 
 def test_prompt_too_long(engine):
-    engine.n_ctx = 20
+    engine.n_ctx = 40
     client = testing.TestClient(create_app(engine))
-    err = assert_error(client.simulate_post(CHAT, json=chat_body(messages=[{"role": "user", "content": "x" * 50}])),
+    # the template's markup makes it too long: counted exactly (the fake has one token per character)
+    err = assert_error(client.simulate_post(CHAT, json=chat_body(messages=[{"role": "user", "content": "x" * 10}])),
                        400, "messages")
     assert err["code"] == "context_length_exceeded"
-    assert err["n_ctx"] == 20 and err["n_prompt_tokens"] > 20
-    err = assert_error(client.simulate_post(COMP, json={"prompt": "y" * 30}), 400, "prompt")
-    assert err["n_prompt_tokens"] == 31
+    assert err["n_ctx"] == 40 and err["n_prompt_tokens"] > 40
+    err = assert_error(client.simulate_post(COMP, json={"prompt": "y" * 39}), 400, "prompt")
+    assert err["n_prompt_tokens"] == 40
+    # the content alone cannot fit: refused before rendering or tokenizing, with the bound in the message
+    for url, body, param in ((CHAT, chat_body(messages=[{"role": "user", "content": "x" * 50}]), "messages"),
+                             (COMP, {"prompt": "y" * 50}, "prompt")):
+        err = assert_error(client.simulate_post(url, json=body), 400, param)
+        assert err["code"] == "context_length_exceeded" and err["n_ctx"] == 40
+        assert "at least 50 tokens" in err["message"] and err["n_prompt_tokens"] == 50    # a lower bound
+    err = assert_error(client.simulate_post(COMP, json={"prompt": list(range(100, 140))}), 400, "prompt")
+    assert (err["n_prompt_tokens"], err["n_ctx"]) == (40, 40)
+    assert engine.submitted == [] and engine.prompts == []
 
 
 def test_queue_full(client, engine):
@@ -422,7 +432,7 @@ def test_unexpected_exception_is_500_and_serving_continues(client, engine):
         raise KeyError("surprise")
     engine.slots = boom
     err = assert_error(client.simulate_get("/slots"), 500, None, "server_error")
-    assert "KeyError" in err["message"]
+    assert "KeyError" not in err["message"] and "surprise" not in err["message"]   # no internal text
     assert client.simulate_post(CHAT, json=chat_body()).status_code == 200
 
 
