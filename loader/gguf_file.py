@@ -6,6 +6,7 @@ each tensor is a read-only view into one `np.memmap` of the file.
 """
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from .errors import GGUFError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4                  # GGML_MAX_DIMS
+MAX_ELEMENTS = 2**63 - 1      # ggml counts elements in int64
 
 # GGUF value type id -> numpy dtype for scalars and numeric arrays (8 = string, 9 = array)
 _NUMERIC = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
@@ -62,6 +65,10 @@ class _Cursor:
             etype, count = self.scalar("<I", key), self.scalar("<Q", key)
             self.last_etype = etype
             if etype == _STRING:
+                room = (len(self.buf) - self.pos) // 8     # every string needs at least its 8-byte length
+                if count > room:
+                    raise GGUFError(self.path, f"file is truncated while reading {key}: {count:,} strings "
+                                               f"declared, the {room * 8:,} bytes left hold at most {room:,}")
                 return [self.string(key) for _ in range(count)]
             if etype not in _NUMERIC:
                 raise GGUFError(self.path, f"field {key!r}: unsupported array element type {etype}")
@@ -104,7 +111,7 @@ class GGUFFile:
             self.metadata[key] = cur.value(vtype, key)
             self.field_types[key] = (vtype, cur.last_etype if vtype == _ARRAY else None)
         infos = [self._read_tensor_info(cur) for _ in range(n_tensors)]
-        align = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        align = self._alignment()
         data_start = -(-cur.pos // align) * align
         self.tensors: dict[str, TensorInfo] = {}
         for name, qtype, shape, rel in infos:
@@ -114,9 +121,17 @@ class GGUFFile:
                                            f"{info.offset + info.nbytes:,}, file has {len(self._map):,}")
             self.tensors[name] = info
 
+    def _alignment(self) -> int:
+        align = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if type(align) is not int or align <= 0 or align & (align - 1):
+            raise GGUFError(self.path, f"general.alignment = {align!r} is not a power of two")
+        return align
+
     def _read_tensor_info(self, cur: _Cursor):
         name = cur.string("a tensor name")
         n_dims = cur.scalar("<I", name)
+        if n_dims > MAX_DIMS:
+            raise GGUFError(self.path, f"tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})")
         shape = tuple(cur.scalar("<Q", name) for _ in range(n_dims))
         type_id = cur.scalar("<I", name)
         try:
@@ -128,9 +143,9 @@ class GGUFFile:
     def rows(self, name: str) -> np.ndarray:
         """uint8 (n_rows, row_nbytes) view of a tensor's blocks (1-D tensors: one row)."""
         info = self.tensors[name]
-        n_rows = int(np.prod(info.shape[1:], dtype=np.int64)) if len(info.shape) > 1 else 1
+        elems, block_nbytes = GGML_QUANT_SIZES[info.qtype]
         view = self._map[info.offset:info.offset + info.nbytes]
-        return view.reshape(n_rows, info.nbytes // n_rows)
+        return view.reshape(math.prod(info.shape[1:]), info.shape[0] // elems * block_nbytes)
 
     def array(self, name: str) -> np.ndarray:
         """A float tensor (F32/F16/BF16) as float32 in numpy order (reversed GGML shape)."""
@@ -154,7 +169,9 @@ def _tensor_nbytes(path: str, name: str, qtype: QType, shape: tuple[int, ...]) -
     if not shape or shape[0] % elems:
         raise GGUFError(path, f"tensor {name!r}: row length {shape[0] if shape else 0} is not a multiple of "
                               f"the {qtype.name} block ({elems})")
-    n = int(np.prod(shape, dtype=np.int64))
+    n = math.prod(shape)      # Python ints: a corrupt shape must not wrap around in int64
+    if n > MAX_ELEMENTS:
+        raise GGUFError(path, f"tensor {name!r}: shape {list(shape)} has {n:,} elements (at most {MAX_ELEMENTS:,})")
     return n // elems * nbytes
 
 

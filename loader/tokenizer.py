@@ -43,6 +43,48 @@ _EOG_TEXTS = frozenset({
 })
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _is_strings(v) -> bool:
+    return isinstance(v, list) and all(isinstance(t, str) for t in v)
+
+
+def _is_numbers(kinds: str):
+    """A 1-D array (or list) of numbers whose numpy dtype kind is one of `kinds`."""
+    def check(v) -> bool:
+        if not isinstance(v, (list, np.ndarray)) or len(v) == 0:
+            return isinstance(v, (list, np.ndarray))
+        if isinstance(v, list) and not all(isinstance(x, (int, float, np.number)) for x in v):
+            return False
+        return np.asarray(v).ndim == 1 and np.asarray(v).dtype.kind in kinds
+    return check
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer))
+
+
+# The value types a well-formed GGUF gives these keys (a corrupt or hand-made file may hold anything).
+_FIELD_TYPES = (
+    ("tokenizer.ggml.model", lambda v: isinstance(v, str), "a string"),
+    ("tokenizer.ggml.pre", lambda v: isinstance(v, str), "a string"),
+    ("tokenizer.ggml.tokens", _is_strings, "an array of strings"),
+    ("tokenizer.ggml.merges", _is_strings, "an array of strings"),
+    ("tokenizer.ggml.token_type", _is_numbers("iub"), "an array of integers"),
+    ("tokenizer.ggml.scores", _is_numbers("iubf"), "an array of numbers"),
+    *((f"tokenizer.ggml.{k}_token_id", _is_int, "an integer") for k in ("bos", "eos", "eot", "eom")),
+    *((f"tokenizer.ggml.{k}", _is_int, "a boolean") for k in ("add_bos_token", "add_eos_token", "add_space_prefix")),
+)
+
+
+def _check_field_types(meta: Mapping[str, Any], source: str) -> None:
+    for key, ok, what in _FIELD_TYPES:
+        v = meta.get(key)
+        if v is not None and not ok(v):
+            raise GGUFError(source, f"{key} must be {what}, not {type(v).__name__}")
+
+
 def _opt_int(meta: Mapping[str, Any], key: str) -> int | None:
     v = meta.get(key)
     return None if v is None else int(v)
@@ -60,6 +102,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any], source: str = "<gguf>") -> "Tokenizer":
+        _check_field_types(meta, source)
         model = meta.get("tokenizer.ggml.model")
         tokens = meta.get("tokenizer.ggml.tokens")
         if model is None or tokens is None:
@@ -163,6 +206,10 @@ class Tokenizer:
         text; user-defined tokens (e.g. "<tool_call>") are always matched."""
         if not isinstance(text, str):
             raise TypeError(f"encode() needs a str, not {type(text).__name__}")
+        bad = _SURROGATE.search(text)
+        if bad:     # e.g. undecodable bytes in a command line (surrogateescape); no encoding carries them
+            raise ValueError(f"the text holds a lone surrogate U+{ord(bad.group()):04X} at character "
+                             f"{bad.start()}, which is not Unicode text")
         ids: list[int] = []
         if add_special and self.add_bos and self.bos_id is not None:
             ids.append(self.bos_id)
