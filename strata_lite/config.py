@@ -1,8 +1,13 @@
 """EngineConfig: how the engine thread serves many requests (slots, KV capacity, step budget, queue)."""
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
+import sys
 from dataclasses import dataclass
+
+log = logging.getLogger("strata_lite")
 
 HOST_KV_FRACTION = 0.25      # default host pool: this share of the RAM available when the engine starts
 
@@ -56,19 +61,56 @@ class EngineConfig:
         memory is only touched as pages are parked, so the limit costs nothing until it is used."""
         if self.host_kv_gib is not None:
             return int(self.host_kv_gib * 2**30)
-        return int(HOST_KV_FRACTION * available_ram_bytes())
+        available = available_ram_bytes()
+        if available == 0:
+            log.warning("the available RAM could not be read on this platform (%s), so the host KV pool gets "
+                        "0 bytes and KV evicted from the device is dropped instead of parked; set its size with "
+                        "--host-kv-gib", sys.platform)
+        return int(HOST_KV_FRACTION * available)
 
 
 def available_ram_bytes() -> int:
-    """MemAvailable from /proc/meminfo (Linux), else free physical pages; 0 if unknown."""
+    """RAM a new allocation can get now, in bytes: ullAvailPhys of GlobalMemoryStatusEx (Windows),
+    MemAvailable from /proc/meminfo (Linux), else free physical pages (sysconf); 0 if unknown."""
+    if sys.platform == "win32":
+        return _windows_available_ram()
+    return _meminfo_available() or _sysconf_available()
+
+
+def _meminfo_available() -> int:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
+    return 0
+
+
+def _sysconf_available() -> int:
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+class MemoryStatusEx(ctypes.Structure):
+    """Win32 MEMORYSTATUSEX: two DWORDs then seven DWORDLONGs, 64 bytes; dwLength must be set before the call."""
+    _fields_ = [("dwLength", ctypes.c_uint32), ("dwMemoryLoad", ctypes.c_uint32),
+                ("ullTotalPhys", ctypes.c_uint64), ("ullAvailPhys", ctypes.c_uint64),
+                ("ullTotalPageFile", ctypes.c_uint64), ("ullAvailPageFile", ctypes.c_uint64),
+                ("ullTotalVirtual", ctypes.c_uint64), ("ullAvailVirtual", ctypes.c_uint64),
+                ("ullAvailExtendedVirtual", ctypes.c_uint64)]
+
+
+def _windows_available_ram() -> int:
+    """kernel32.GlobalMemoryStatusEx's ullAvailPhys (the physical memory free or reclaimable now); 0 if the
+    call fails or ctypes has no windll."""
+    status = MemoryStatusEx()
+    status.dwLength = ctypes.sizeof(MemoryStatusEx)
+    try:
+        ok = ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
+    except (AttributeError, OSError):
+        return 0
+    return int(status.ullAvailPhys) if ok else 0
