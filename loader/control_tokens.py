@@ -101,7 +101,7 @@ class ControlTokens:
         if self.pattern is None:
             return ""
         used: set[str] = set()
-        for s in _strings(inputs):
+        for s in strings_in(inputs):
             used.update(s)
         for lo, hi in _MARK_RANGES:
             for cp in range(lo, hi + 1):
@@ -163,7 +163,7 @@ def _edges(tokenizer) -> tuple[list[int], list[int]]:
     return both, []
 
 
-def _strings(x: Any):
+def strings_in(x: Any):
     """Every string in x (dicts with their keys, lists, tuples), without recursion."""
     stack = [x]
     while stack:

@@ -22,6 +22,7 @@ import json
 from typing import Any
 
 from strata_lite.loader.control_tokens import ControlTokens, MarkedPrompt
+from strata_lite.loader.control_tokens import strings_in as json_strings   # every string, keys too
 
 from .errors import APIError, bad_request
 
@@ -183,20 +184,6 @@ def depth(x: Any) -> int:
             deepest = max(deepest, d + 1)
             stack.extend((v, d + 1) for v in x)
     return deepest
-
-
-def json_strings(x: Any):
-    """Every string in a JSON value, object keys too, without recursion (the value may be deep)."""
-    stack = [x]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, str):
-            yield x
-        elif isinstance(x, dict):
-            stack.extend(x.keys())
-            stack.extend(x.values())
-        elif isinstance(x, list):
-            stack.extend(x)
 
 
 def n_chars(x: Any) -> int:
