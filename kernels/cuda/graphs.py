@@ -92,7 +92,3 @@ class StepGraphs:
         static.fill(self.cp, batch)
         graph.launch(self.cp.cuda.get_current_stream())
         return logits[:n]
-
-    def nbytes(self) -> int:
-        """Device bytes held by the graphs' private pools."""
-        return sum(pool.total_bytes() for _, _, _, pool in self._graphs.values())

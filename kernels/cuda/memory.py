@@ -15,7 +15,6 @@ class VramPlan:
         if reserve_mib < 0:
             raise ValueError(f"vram_reserve_mib must be >= 0, got {reserve_mib}")
         self.device, self.reserve = device, int(reserve_mib) * 2**20
-        self.planned: dict[str, int] = {}
 
     def free_bytes(self) -> int:
         from .runtime import cupy
@@ -32,4 +31,3 @@ class VramPlan:
                 f"{free / 2**20:,.0f} MiB free on cuda:{self.device.id} with {self.reserve / 2**20:,.0f} MiB "
                 "kept in reserve (--vram-reserve-mib); lower --ctx-size / --parallel / --kv-tokens or use a "
                 "smaller model")
-        self.planned[what] = self.planned.get(what, 0) + int(nbytes)

@@ -70,21 +70,3 @@ def launch(cu_file: str, name: str, grid, block, args, shared_mem: int = 0) -> N
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
-
-def numba_cuda():
-    """numba.cuda, configured for CuPy arrays captured into graphs: importing a CuPy array must not
-    synchronize its stream (CUDA_ARRAY_INTERFACE_SYNC), which a capturing stream forbids; ordering
-    comes from launching every kernel on CuPy's current stream."""
-    os.environ.setdefault("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "0")
-    from numba import cuda
-    try:
-        from numba.cuda.core import config as cuda_config      # numba-cuda >= 0.2x
-    except ImportError:                                          # numba's built-in target
-        from numba.core import config as cuda_config
-    cuda_config.CUDA_ARRAY_INTERFACE_SYNC = False
-    return cuda
-
-
-def numba_stream():
-    """CuPy's current stream as a Numba stream (launch target of every Numba CUDA kernel)."""
-    return numba_cuda().external_stream(cupy().cuda.get_current_stream().ptr)
