@@ -14,7 +14,7 @@ from .batch import Batch
 from .kernels.sample_rows import SampleRows
 from .kv_cache import KVCache
 from .runner import load_model
-from .sampling import InvalidRequest, SamplingParams, needs_counts, sample_row
+from .sampling import InvalidRequest, SamplingParams, draw_uniform, needs_counts, sample_row
 from .text_stream import TextStream
 
 PAGE_SIZE = 64
@@ -133,7 +133,7 @@ class Generation:
         generated, finish = [], "length"
         logits = llm._last_logits(self.prompt_ids, 0)
         for step in range(max(self.max_tokens, 0)):
-            rows = SampleRows.from_rows([sample_row(self.params, rng, count_row=0)])
+            rows = SampleRows.from_rows([sample_row(self.params, draw_uniform(self.params, rng), count_row=0)])
             token = int(be.sample(logits, rows, counts).ids[0])
             if counts is not None:
                 be.add_counts(counts, rows.count_rows, np.array([token], np.int32))

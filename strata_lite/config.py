@@ -7,6 +7,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from .spec.controller import parse_spec
+
 log = logging.getLogger("strata_lite")
 
 HOST_KV_FRACTION = 0.25      # default host pool: this share of the RAM available when the engine starts
@@ -28,6 +30,7 @@ class EngineConfig:
     vram_reserve_mib: int = 1024      # CUDA: GPU memory left free when planning weights, KV and workspaces
     page_size: int = 64
     stuck_step_s: float = 60.0        # /health: a step running longer than max(this, 100x the median step) is stuck
+    spec: str | int = "auto"          # speculative decoding: "auto" | "off" | N drafted tokens (docs/speculative.md)
 
     def __post_init__(self):
         for name in ("n_ctx", "parallel", "step_tokens", "page_size"):
@@ -49,6 +52,7 @@ class EngineConfig:
             raise ValueError(f"stuck_step_s must be > 0, got {self.stuck_step_s!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads!r}")
+        object.__setattr__(self, "spec", parse_spec(self.spec))
 
     @property
     def device_kv_tokens(self) -> int:

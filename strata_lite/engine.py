@@ -37,6 +37,7 @@ from .metrics import ActivityLog, EngineMetrics, idle_slot
 from .perplexity import log_softmax
 from .runner import ModelRunner, RequestState, load_model
 from .scheduler import Scheduler
+from .spec import SpecController
 from .sampling import InvalidRequest
 from .sequence import Request
 
@@ -68,6 +69,7 @@ class Engine(StepLoop):
         self._slots: list[dict] = [idle_slot(i) for i in range(config.parallel)]
         self._avg_request_s: float | None = None
         self._runner = self._sched = None
+        self._spec = SpecController(config.spec)
         self._active: dict[str, RequestState] = {}
         self._activity = ActivityLog(log, self.clock)
         self._liveness = Liveness(self.clock, config.stuck_step_s)
@@ -154,7 +156,8 @@ class Engine(StepLoop):
 
     def slots(self) -> list[dict]:
         """Per slot: slot, state (idle|reading|decoding), request_id, seq_len, reused, restored, read (of the
-        current admission), decode_tok_s. A snapshot taken by the engine thread after each step."""
+        current admission), decode_tok_s, drafted and draft_accepted (speculative decoding). A snapshot
+        taken by the engine thread after each step."""
         return [dict(s) for s in self._slots]
 
     def health(self) -> dict:
@@ -259,14 +262,16 @@ class Engine(StepLoop):
     def _load(self) -> None:
         cfg, t0 = self.config, time.perf_counter()
         loaded = load_model(cfg.model, cfg.backend, cfg.threads, cfg.vram_reserve_mib)
-        # every request the engine may hold (running + queued, see submit) can own a penalty count row
+        # every request the engine may hold (running + queued, see submit) can own a penalty count row;
+        # a decoding slot computes its token and up to max_draft drafted ones, each a logit row
+        rows = cfg.parallel * (1 + self._spec.max_draft)
         self._runner = runner = ModelRunner(loaded, cfg.device_kv_tokens, cfg.page_size, cfg.host_kv_bytes(),
-                                            n_ctx=cfg.n_ctx, max_step_tokens=cfg.step_tokens + cfg.parallel,
-                                            max_seqs=cfg.parallel, count_rows=cfg.parallel + cfg.max_queue)
+                                            n_ctx=cfg.n_ctx, max_step_tokens=cfg.step_tokens + rows,
+                                            max_seqs=rows, count_rows=cfg.parallel + cfg.max_queue)
         self._sched = Scheduler(runner.kv, runner.host, runner.copier, n_slots=cfg.parallel,
                                 step_tokens=cfg.step_tokens, eog_ids=loaded.tokenizer.eog_ids,
                                 max_seq_len=cfg.n_ctx, clock=self.clock, decode_share=cfg.decode_share or None,
-                                max_step_ratio=MAX_STEP_RATIO)
+                                max_step_ratio=MAX_STEP_RATIO, drafter=self._spec if self._spec.enabled else None)
         self.tokenizer, self.chat_template = loaded.tokenizer, loaded.chat_template
         self.model_id = Path(loaded.path).stem
         log.info("loaded %s (%s) on %s in %.1f s; KV: %d tokens on the device (%.0f MiB), host pool %.2f GiB; "

@@ -59,6 +59,8 @@ class StepLoop:
         try:
             seq = self._sched.add(h.request)
             row = self._runner.take_count_row() if needs_counts(h.request.params) else -1
+            if row < 0:                      # penalties count tokens as they are accepted: no drafting
+                self._spec.attach(seq)
             self._active[h.id] = RequestState(h, seq, self.tokenizer, row)
         except Exception as e:               # noqa: BLE001
             if not isinstance(e, InvalidRequest):
@@ -101,15 +103,18 @@ class StepLoop:
             return
         slot_of = {seq.id: seq.slot for seq in plan.logit_seqs}   # complete_step frees the slots of finished ones
         for ev in events:
-            act = self._active[ev.seq.id]
+            act = self._active.get(ev.seq.id)
+            if act is None or act.seq is not ev.seq:
+                continue                     # ended by an earlier token of this step (a stop string)
             try:
                 if ev.seq.id in failed:
                     raise RuntimeError(failed[ev.seq.id])
-                self._on_token(act, ev.token, ev.finish_reason, slot_of.get(ev.seq.id, ev.seq.slot))
+                self._on_token(act, ev.token, ev.finish_reason, slot_of.get(ev.seq.id, ev.seq.slot), ev.row)
             except Exception:           # noqa: BLE001
                 if ev.seq.id not in failed:
                     log.exception("%s: handling its token failed", ev.seq.id)
                 self._fail(act, failed.get(ev.seq.id, "handling the token failed (an internal error; the server log has the details)"))
+        self._count_drafts()
         try:
             self._after_step(plan, time.perf_counter() - t0, self._runner.copier.restore_s - restore0)
         except Exception:                    # noqa: BLE001 - metrics and logs only: nobody's request ends
@@ -122,18 +127,28 @@ class StepLoop:
             log.info("slow step: %.0f ms (%d decodes + %d prompt tokens; decode step %.0f ms, %.1f ms/prompt token)",
                      took * 1e3, plan.n_decode, plan.n_read, td * 1e3, (self._sched.t_read_token or 0) * 1e3)
         self._sched.observe_step(plan, took - restore_s)
+        self._spec.observe_step(plan.n_tokens_total, plan.n_read, took - restore_s)
         self.metrics.step.observe(took)
         with self._cond:
             self._publish()
 
     def _sample_step(self, plan, logits) -> tuple[list[int], dict[str, str]]:
-        """One backend sampling call for every logit row, then each request takes its token (and logprobs);
-        a request failing there gets token 0 (appended but never computed: the KV stays clean) and an
-        error message in the returned dict. The taken tokens are counted for the penalties."""
+        """One backend sampling call for every logit row (a sequence verifying a draft has one per drafted
+        token and one more), then each request takes its tokens (and logprobs); a request failing there
+        gets token 0 (appended but never computed: the KV stays clean) and an error message in the
+        returned dict. The taken tokens are counted for the penalties (whose requests never draft)."""
         acts = [self._active[seq.id] for seq in plan.logit_seqs]
         if not acts:
             return [], {}
-        sampled = self._runner.sample(logits, SampleRows.from_rows([a.sample_row() for a in acts]))
+        local: dict[int, int] = {}
+        rows = []
+        for act in acts:
+            i = local.get(id(act), 0)
+            local[id(act)] = i + 1
+            if i == 0:
+                act.row_logprobs.clear()
+            rows.append(act.sample_row(i))
+        sampled = self._runner.sample(logits, SampleRows.from_rows(rows))
         tokens, failed = [], {}
         for i, act in enumerate(acts):
             try:
@@ -145,10 +160,15 @@ class StepLoop:
         self._runner.add_counts([-1 if a.handle.id in failed else a.count_row for a in acts], tokens)
         return tokens, failed
 
+    def _count_drafts(self) -> None:
+        """Metrics of the drafts verified in the step."""
+        for n_drafted, n_accepted in self._spec.pop_outcomes():
+            self.metrics.drafted(n_drafted, n_accepted)
+
     def _sample(self, act: RequestState, sampled, i: int) -> int:
         return act.took(sampled, i)
 
-    def _on_token(self, act: RequestState, token: int, reason: str | None, slot: int) -> None:
+    def _on_token(self, act: RequestState, token: int, reason: str | None, slot: int, row: int = 0) -> None:
         now, seq = self.clock(), act.seq
         if act.t_first is None:
             act.t_first = now
@@ -163,7 +183,8 @@ class StepLoop:
             if reason is None:
                 self._sched.finish(seq, "stop")
             reason = "stop"
-        logprob, top = act.logprobs
+        logprob, top = act.row_logprobs.get(row, (None, None))
+        act.emitted()
         act.handle._put(TokenEvent(token, piece, logprob, top))
         if reason is not None:
             self._finish(act, reason)
@@ -171,7 +192,9 @@ class StepLoop:
     def _finish(self, act: RequestState, reason: str) -> None:
         recs = act.seq.records
         cached = recs[0].reused + recs[0].restored if recs else 0
-        act.handle._put(DoneEvent(reason, len(act.request.prompt_ids), act.seq.n_generated, cached, act.text))
+        act.handle._put(DoneEvent(reason, len(act.request.prompt_ids), act.n_emitted, cached, act.text))
+        if act.seq.spec is not None and act.seq.spec.steps:
+            log.info("%s: %s", act.handle.id, act.seq.spec.log_text())
         took = self.clock() - act.request.arrival
         self._avg_request_s = took if self._avg_request_s is None else 0.8 * self._avg_request_s + 0.2 * took
         self._drop(act)
@@ -190,6 +213,7 @@ class StepLoop:
     def _drop(self, act: RequestState) -> None:
         if self._active.pop(act.handle.id, None) is act and act.count_row >= 0:
             self._runner.free_count_row(act.count_row)
+        self._spec.finished(act.seq)
         self._activity.forget(act.handle.id)
         with self._cond:
             self._ids.discard(act.handle.id)

@@ -173,6 +173,21 @@ class TieredKV:
             seq.pages.extend(self.alloc_device(need, partial=True))
         return min(n_tokens, len(seq.pages) * self.P - seq.n_computed)
 
+    def grow_free(self, seq, n_tokens: int) -> int:
+        """grow() from free device pages only (no eviction): for drafted tokens, which must not push a
+        cached prefix out. Returns how many of the n_tokens fit."""
+        need = -(-(seq.n_computed + n_tokens) // self.P) - len(seq.pages)
+        if need > 0:
+            seq.pages.extend(self.kv.alloc(min(need, self.kv.n_free)))
+        return min(n_tokens, len(seq.pages) * self.P - seq.n_computed)
+
+    def trim(self, seq) -> None:
+        """Free seq's private pages past the one its next token goes to (after rejected drafted tokens)."""
+        keep = max(seq.node.end // self.P, (seq.n_computed + 1 + self.P - 1) // self.P)
+        if len(seq.pages) > keep:
+            self.kv.free(seq.pages[keep:])
+            del seq.pages[keep:]
+
     def commit(self, seq) -> None:
         """Put seq's newly filled pages into the trie (locked by seq, shareable by others)."""
         full = seq.n_computed // self.P * self.P

@@ -31,6 +31,18 @@ class EngineMetrics:
                                      buckets=_TOKEN, registry=r)
         self.step = Histogram("strata_step_seconds", "One engine step (plan, forward, sampling)",
                               buckets=_TOKEN + (10.0, 30.0), registry=r)
+        self.spec_draft = Counter("strata_spec_draft_tokens", "Drafted tokens verified", registry=r)
+        self.spec_accepted = Counter("strata_spec_accepted_tokens", "Drafted tokens accepted", registry=r)
+        self.spec_steps = Counter("strata_spec_steps", "Sequence-steps that verified a draft", registry=r)
+        self.spec_length = Histogram("strata_spec_accepted_length", "Drafted tokens accepted per verified draft",
+                                     buckets=tuple(range(0, 17)), registry=r)
+
+    def drafted(self, n_drafted: int, n_accepted: int) -> None:
+        """One sequence verified n_drafted drafted tokens in a step and accepted n_accepted of them."""
+        self.spec_draft.inc(n_drafted)
+        self.spec_accepted.inc(n_accepted)
+        self.spec_steps.inc()
+        self.spec_length.observe(n_accepted)
 
     def admitted(self, rec) -> None:
         """One AdmissionRecord (new turn or resumed after preemption)."""
@@ -100,16 +112,19 @@ class ActivityLog:
 
 
 def idle_slot(i: int) -> dict:
-    return dict(slot=i, state="idle", request_id=None, seq_len=0, reused=0, restored=0, read=0, decode_tok_s=0.0)
+    return dict(slot=i, state="idle", request_id=None, seq_len=0, reused=0, restored=0, read=0, decode_tok_s=0.0,
+                drafted=0, draft_accepted=0)
 
 
 def slot_snapshot(n_slots: int, running, states: dict) -> list[dict]:
-    """engine.slots(): per slot its state, sequence length, the current admission's KV sources and the
-    decode speed of its request (states: request id -> RequestState)."""
+    """engine.slots(): per slot its state, sequence length, the current admission's KV sources, the
+    decode speed of its request (states: request id -> RequestState) and its drafted / accepted tokens."""
     slots = [idle_slot(i) for i in range(n_slots)]
     for seq in running:
         rec, st = seq.records[-1], states.get(seq.id)
         slots[seq.slot].update(state=seq.status.value, request_id=seq.id, seq_len=len(seq.tokens),
                                reused=rec.reused, restored=rec.restored, read=rec.read,
-                               decode_tok_s=round(st.decode_tok_s, 2) if st else 0.0)
+                               decode_tok_s=round(st.decode_tok_s, 2) if st else 0.0,
+                               drafted=seq.spec.drafted if seq.spec else 0,
+                               draft_accepted=seq.spec.accepted if seq.spec else 0)
     return slots

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +24,12 @@ from .loader.model_config import config_from_metadata
 from .loader.tokenizer import Tokenizer
 from .loader.weights import load_weights
 from .models import MODELS
-from .sampling import sample_row
+from .sampling import draw_uniform, sample_row
 from .text_stream import TextStream
 
 WARM_UP_KEYS = 2048       # keys the far decode of the warm-up attends (long attention is split on the CPU)
-WARM_UP_PROMPT = 128      # tokens of the warm-up's prompt chunk at most: prompt mat-muls switch kernels at
-                          # 128 tokens on the CPU (qmatmul.PROMPT_TILE_MIN_TOK), nothing switches above
+WARM_UP_PROMPT = 128      # tokens of the warm-up's prompt chunk at most: every kernel switch by token count
+                          # lies below (the GPU attention's looped mode from 65 tokens)
 WARM_UP_LOGPROBS = 5      # top logprobs asked in the warm-up's sampling
 
 
@@ -214,25 +215,35 @@ class RequestState:
         self.text = ""                          # everything emitted so far
         self.t_first: float | None = None
         self.t_last: float | None = None
-        self.logprobs: tuple = (None, None)     # (logprob, top) of the token sampled last
+        self.n_emitted = 0                      # tokens handed to the client
+        self.row_logprobs: dict[int, tuple] = {}   # this step's logit row -> (logprob, top) of its token
+        self._uniforms: deque[float] = deque()  # drawn for the next generated tokens, in order
 
-    def sample_row(self) -> dict:
-        """This step's SampleRows row (draws this request's uniform)."""
-        n = self.request.logprobs
-        return sample_row(self.request.params, self.rng, self.count_row, -1 if n is None else n)
+    def sample_row(self, i: int = 0) -> dict:
+        """The SampleRows row of the i-th token this request may generate in the step (i > 0: rows that
+        verify drafted tokens). Token k of the output always gets the k-th uniform of the request's
+        generator, however many rows a step verifies (unused draws wait for the next step)."""
+        params, n = self.request.params, self.request.logprobs
+        while len(self._uniforms) <= i:
+            self._uniforms.append(draw_uniform(params, self.rng))
+        return sample_row(params, self._uniforms[i], self.count_row, -1 if n is None else n)
 
     def took(self, sampled: Sampled, i: int) -> int:
         """The token of row i of the step's Sampled; with request.logprobs = n, also keeps its log-softmax
-        (of the raw logits) and the n best (id, token text, logprob), best first."""
+        (of the raw logits) and the n best (id, token text, logprob), best first, in row_logprobs[i]."""
         token = int(sampled.ids[i])
         n = self.request.logprobs
-        if n is None:
-            self.logprobs = (None, None)
-        else:
+        if n is not None:
             top = [(int(t), self.tokenizer.token_text(int(t)), float(v))     # -1: fewer tokens than n
                    for t, v in zip(sampled.top_ids[i, :n], sampled.top_logprobs[i, :n]) if t >= 0]
-            self.logprobs = (float(sampled.logprob[i]), top)
+            self.row_logprobs[i] = (float(sampled.logprob[i]), top)
         return token
+
+    def emitted(self) -> None:
+        """One generated token went to the client: its uniform is used up."""
+        self.n_emitted += 1
+        if self._uniforms:
+            self._uniforms.popleft()
 
     def push(self, token: int, finishing: bool) -> str:
         """Newly safe text after token (end-of-generation tokens add none); the held-back tail too when

@@ -45,10 +45,14 @@ def needs_counts(params: SamplingParams) -> bool:
     return bool(params.presence_penalty or params.frequency_penalty)
 
 
-def sample_row(params: SamplingParams, rng: np.random.Generator, count_row: int = -1, n_logprobs: int = -1) -> dict:
-    """One SampleRows row (SampleRows.from_rows) for the next token. Draws the row's uniform from the
-    request's generator only when it samples (temperature > 0), as numpy's rng.choice did before."""
+def draw_uniform(params: SamplingParams, rng: np.random.Generator) -> float:
+    """The uniform of a sampled token: drawn from the request's generator only when it samples
+    (temperature > 0), one per generated token, so a seed gives the same tokens however they are batched."""
+    return rng.random() if params.temperature > 0 else 0.0
+
+
+def sample_row(params: SamplingParams, uniform: float, count_row: int = -1, n_logprobs: int = -1) -> dict:
+    """One SampleRows row (SampleRows.from_rows) for a token, with its uniform (draw_uniform)."""
     return dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
-                presence=params.presence_penalty, frequency=params.frequency_penalty,
-                uniform=rng.random() if params.temperature > 0 else 0.0,
+                presence=params.presence_penalty, frequency=params.frequency_penalty, uniform=uniform,
                 count_rows=count_row if needs_counts(params) else -1, n_logprobs=n_logprobs)

@@ -9,6 +9,12 @@ Engine-thread only (no locks). The loop that drives it:
     for ev in sched.complete_step(plan, tokens):  # ev.seq, ev.token, ev.finish_reason
         ...stream ev.token; on a stop string: sched.finish(ev.seq, "stop")
 
+With a drafter (spec/controller.py), a decoding sequence may also verify drafted tokens in the same
+forward: its rows then give one logit row per token, complete_step accepts the drafted tokens the model
+agrees with (tokens[j] == draft[i], the sampled token itself deciding: docs/speculative.md) and emits
+them plus the model's own next token; the KV of rejected positions is simply not counted (n_computed)
+and pages past the accepted tokens go back to the free list.
+
 KV placement, eviction and parking are TieredKV's (kv_tiers.py); docs/scheduler.md has the design.
 """
 from __future__ import annotations
@@ -26,7 +32,7 @@ from .step_plan import StepEvent, StepPlan, build_plan
 class Scheduler:
     def __init__(self, kv, host, copier, n_slots: int = 4, step_tokens: int = 256, eog_ids=(),
                  max_seq_len: int | None = None, clock=time.monotonic, keep_records: int = 4096,
-                 decode_share: float | None = None, max_step_ratio: float = 3.0):
+                 decode_share: float | None = None, max_step_ratio: float = 3.0, drafter=None):
         if n_slots < 1 or step_tokens < 1:
             raise ValueError("n_slots and step_tokens must be >= 1")
         if decode_share is not None and not (0 < decode_share < 1 and max_step_ratio > 1):
@@ -36,6 +42,7 @@ class Scheduler:
         self.capacity = kv.n_pages * kv.page_size          # tokens one sequence alone can hold
         self.max_seq_len = min(max_seq_len or self.capacity, self.capacity)
         self.clock = clock
+        self.drafter = drafter               # drafts(seqs, limits) / observe(seq, n_drafted, n_accepted), or None
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []                   # in admission order (oldest first)
         self.by_id: dict[str, Sequence] = {}
@@ -43,7 +50,7 @@ class Scheduler:
         self._open: StepPlan | None = None
         self.counters = dict(admissions=0, tokens_reused=0, tokens_restored=0, tokens_read=0,
                              needless_read_tokens=0, evicted_for_memory_tokens=0, preemptions=0, steps=0,
-                             decode_tokens=0, prompt_tokens_computed=0)
+                             decode_tokens=0, drafted_tokens=0, prompt_tokens_computed=0)
         # Time budget for reads while sequences decode (off when decode_share is None): the engine reports
         # every step's seconds (observe_step); decoders keep decode_share of their decode-only speed and
         # no step takes more than max_step_ratio decode-only steps. Without decoders: step_tokens only.
@@ -102,6 +109,9 @@ class Scheduler:
             if seq.is_running and self._fit(seq, 1, work):
                 work[seq] = 1
         n_decode, budget = len(work), self.step_tokens
+        drafts = self._drafts(list(work)) if self.drafter is not None and work else {}
+        for seq, draft in drafts.items():
+            work[seq] = 1 + len(draft)
         if n_decode and self.decode_share is not None:
             budget = min(budget, self._read_budget())
         for seq in [s for s in self.running if s.status is SeqStatus.READING]:
@@ -114,8 +124,25 @@ class Scheduler:
                     budget -= n
         if not work:
             return None
-        self._open = build_plan(work, n_decode)
+        self._open = build_plan(work, n_decode, drafts)
         return self._open
+
+    def _drafts(self, decoding: list[Sequence]) -> dict[Sequence, list[int]]:
+        """The drafter's tokens for decoding sequences, each within its token limits (max_tokens and the
+        context: the model's own token after the draft must still fit) and the KV pages free now (drafts
+        never evict cached prefixes)."""
+        limits = {}
+        for seq in decoding:
+            left = min(seq.request.max_tokens - seq.n_generated, self.max_seq_len - len(seq.tokens)) - 1
+            if left >= 1:
+                limits[seq] = left
+        drafts = {}
+        for seq, draft in self.drafter.drafts(decoding, limits).items():
+            k = min(len(draft), limits.get(seq, 0))
+            k = self.tiers.grow_free(seq, 1 + k) - 1 if k else 0
+            if k >= 1:
+                drafts[seq] = list(draft[:k])
+        return drafts
 
     def complete_step(self, plan: StepPlan, tokens) -> list[StepEvent]:
         """tokens[j]: the token sampled from logit row j (plan.logit_seqs[j])."""
@@ -123,18 +150,23 @@ class Scheduler:
         self._open = None
         events, j, now = [], 0, self.clock()
         for seq, n in zip(plan.seqs, plan.n_tokens):
-            seq.n_computed += n
-            if seq.n_computed == len(seq.tokens):
-                token = int(tokens[j])
-                j += 1
-                seq.tokens.append(token)
-                if seq.status is SeqStatus.READING:
-                    seq.status = SeqStatus.DECODING
-                    seq.records[-1].t_read_done = now
-                events.append(StepEvent(seq, token, seq.pending_finish or self._stop_reason(seq, token)))
+            draft = plan.drafts.get(seq)
+            if draft is not None:
+                j = self._accept(seq, draft, tokens, j, events)
+            else:
+                seq.n_computed += n
+                if seq.n_computed == len(seq.tokens):
+                    token = int(tokens[j])
+                    seq.tokens.append(token)
+                    if seq.status is SeqStatus.READING:
+                        seq.status = SeqStatus.DECODING
+                        seq.records[-1].t_read_done = now
+                    events.append(StepEvent(seq, token, seq.pending_finish or self._stop_reason(seq, token), j))
+                    j += 1
             self.tiers.commit(seq)
         self.counters["steps"] += 1
         self.counters["decode_tokens"] += plan.n_decode
+        self.counters["drafted_tokens"] += plan.n_drafted
         self.counters["prompt_tokens_computed"] += plan.n_read
         for seq in plan.seqs:
             if seq.pending_finish:
@@ -143,6 +175,27 @@ class Scheduler:
             if ev.finish_reason:
                 self.finish(ev.seq, ev.finish_reason)
         return events
+
+    def _accept(self, seq: Sequence, draft: list[int], tokens, j: int, events: list) -> int:
+        """Verify seq's draft against the tokens of its logit rows j .. j + len(draft): emit row i's token
+        while every earlier row's token equalled its drafted token (the first that differs is emitted too,
+        as is the last row's when the whole draft is accepted), stopping at a finishing token. The KV of the
+        pending token and of the accepted drafted tokens is kept (n_computed), rejected positions are
+        dropped with the pages past them. Returns the next logit row."""
+        n_emitted = 0
+        for i in range(len(draft) + 1):
+            token = int(tokens[j + i])
+            seq.tokens.append(token)
+            n_emitted += 1
+            reason = seq.pending_finish or self._stop_reason(seq, token)
+            events.append(StepEvent(seq, token, reason, j + i))
+            if reason or i == len(draft) or token != draft[i]:
+                break
+        accepted = sum(1 for i in range(min(n_emitted, len(draft))) if seq.tokens[-n_emitted + i] == draft[i])
+        seq.n_computed += n_emitted
+        self.tiers.trim(seq)
+        self.drafter.observe(seq, len(draft), accepted)
+        return j + len(draft) + 1
 
     # time budget
     PROBE_TOKENS = 4          # prompt tokens of the first mixed step, before their cost is known

@@ -83,8 +83,8 @@ class Sequence:
         self.finish_reason: str | None = None
         self.records: list[AdmissionRecord] = []
         self.cached_at_arrival = 0
-        self.sampler: Any = None         # free for the engine loop (e.g. a sampling.Sampler)
         self.pending_finish: str | None = None
+        self.spec: Any = None            # drafting state (spec/controller.SeqSpec); None: never drafts
 
     @property
     def generated(self) -> list[int]:

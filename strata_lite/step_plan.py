@@ -1,8 +1,9 @@
-"""StepPlan: what one engine step computes (a Batch mixing decode tokens and prompt chunks) and how
-its logit rows map back to sequences; StepEvent: one sampled token handed back to the engine loop."""
+"""StepPlan: what one engine step computes (a Batch mixing decode tokens, drafted tokens to verify and
+prompt chunks) and how its logit rows map back to sequences; StepEvent: one token handed back to the
+engine loop."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -16,8 +17,14 @@ class StepPlan:
     seqs: list[Sequence]         # page-table row i of the batch -> its sequence
     n_tokens: list[int]          # tokens of seqs[i] computed in this step (from seqs[i].n_computed)
     logit_seqs: list[Sequence]   # logit row j -> the sequence whose next token it gives
-    n_decode: int                # sequences decoding one token
+    n_decode: int                # sequences decoding (one token each, plus their drafted tokens)
     n_read: int                  # prompt tokens read (within the step budget)
+    drafts: dict = field(default_factory=dict)   # decoding sequence -> drafted tokens it verifies
+    n_drafted: int = 0
+
+    @property
+    def n_tokens_total(self) -> int:
+        return self.n_decode + self.n_drafted + self.n_read
 
 
 @dataclass(frozen=True)
@@ -25,10 +32,14 @@ class StepEvent:
     seq: Sequence
     token: int
     finish_reason: str | None    # set when this token ended the sequence ("stop" | "length" | ...)
+    row: int = 0                 # the logit row it was sampled from (its logprobs)
 
 
-def build_plan(work: dict[Sequence, int], n_decode: int) -> StepPlan:
-    """work: sequence -> tokens to compute from its n_computed, in row order."""
+def build_plan(work: dict[Sequence, int], n_decode: int, drafts: dict | None = None) -> StepPlan:
+    """work: sequence -> tokens to compute from its n_computed, in row order. drafts: decoding sequence
+    -> drafted tokens; its work is 1 + len(draft): the pending token, then the draft, every one a logit
+    row (row i verifies draft[i]; the last gives the token after the whole draft)."""
+    drafts = drafts or {}
     seqs = list(work)
     n_tokens = [work[s] for s in seqs]
     total = sum(n_tokens)
@@ -39,13 +50,19 @@ def build_plan(work: dict[Sequence, int], n_decode: int) -> StepPlan:
     logit_rows, logit_seqs, at = [], [], 0
     for row, (seq, n) in enumerate(zip(seqs, n_tokens)):
         start = seq.n_computed
-        ids[at:at + n] = seq.tokens[start:start + n]
+        draft = drafts.get(seq)
+        ids[at:at + n] = seq.tokens[start:start + n] if draft is None else seq.tokens[start:] + list(draft)
         pos[at:at + n] = np.arange(start, start + n, dtype=np.int32)
         row_of[at:at + n] = row
         tables[row, :len(seq.pages)] = seq.pages
-        if start + n == len(seq.tokens):
+        if draft is not None:
+            logit_rows.extend(range(at, at + n))
+            logit_seqs.extend([seq] * n)
+        elif start + n == len(seq.tokens):
             logit_rows.append(at + n - 1)
             logit_seqs.append(seq)
         at += n
     batch = Batch(ids, pos, row_of, tables, np.asarray(logit_rows, np.int64))
-    return StepPlan(batch, seqs, n_tokens, logit_seqs, n_decode, total - n_decode)
+    n_drafted = sum(len(d) for d in drafts.values())
+    return StepPlan(batch, seqs, n_tokens, logit_seqs, n_decode, total - n_decode - n_drafted, dict(drafts),
+                    n_drafted)

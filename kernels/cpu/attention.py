@@ -25,6 +25,13 @@ clipped to [-127, 127] (an all-zero group gets scale 0 and q 0), so ``x ~= q * s
     prefill items have very different costs; when there are fewer items than threads
     (small decode batches) the key range is split and partial results merged
     (flash-decoding).
+
+Batch invariance: a query's result does not depend on what else is in the call (other
+sequences, how its own prompt was chunked, how many threads split its keys). Keys are always
+processed in fixed chunks of ``_CHUNK_KEYS`` absolute positions; each chunk's softmax state
+starts fresh and the chunks are folded left to right by one function (``_fold``, no
+fast-math, so no contraction or reassociation can differ between call sites), whether one
+thread folds them as it goes or a split writes them out for ``_attn_merge``.
 """
 import math
 
@@ -39,7 +46,7 @@ __all__ = ["kv_store", "attention"]
 
 _BK = 64          # key positions per block (compile-time constant)
 _TILE_Q = 16      # query tokens per work item (times group size query rows)
-_MIN_SPLIT_KEYS = 512   # don't split a key range into pieces shorter than this
+_CHUNK_KEYS = 512       # keys per softmax chunk (fixed positions: the unit of a key split)
 _NEG = np.float32(-1.0e30)   # finite "-inf" (fastmath assumes no infinities)
 _LOG2E = 1.4426950408889634
 
@@ -187,7 +194,7 @@ def kv_store(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages
 # ----------------------------------------------------------------------------- attention
 
 @njit(cache=True)
-def _plan(token_seq, token_pos, n_kv, n_threads, tile_q, min_split):
+def _plan(token_seq, token_pos, n_kv, n_threads, tile_q, chunk):
     """Tiles of consecutive same-sequence tokens, the key split count, and a
     longest-first greedy assignment of work items to threads (CSR lists)."""
     n_tok = token_seq.shape[0]
@@ -212,7 +219,7 @@ def _plan(token_seq, token_pos, n_kv, n_threads, tile_q, min_split):
     base_items = nt * n_kv
     if base_items < n_threads:
         n_split = (n_threads + base_items - 1) // base_items
-        lim = max(1, maxkeys // min_split)
+        lim = (maxkeys + chunk - 1) // chunk
         if n_split > lim:
             n_split = lim
     n_items = base_items * n_split
@@ -280,6 +287,9 @@ def _attn_kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_page
         acc = np.empty((max_rows, hd), np.float32)
         m = np.empty(max_rows, np.float32)
         l = np.empty(max_rows, np.float32)
+        acc_run = np.empty((max_rows, hd), np.float32)     # the chunks folded so far (n_split == 1)
+        m_run = np.empty(max_rows, np.float32)
+        l_run = np.empty(max_rows, np.float32)
         rpos = np.empty(max_rows, np.int64)
         Kb = np.zeros((_BK, hd), np.float32)
         S = np.empty((max_rows, _BK), np.float32)
@@ -308,140 +318,162 @@ def _attn_kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_page
                     for d in range(hd):
                         Qs[r, d] = q[t0 + a, g * G + hh, d] * qscale
             for r in range(rows):
-                m[r] = _NEG
-                l[r] = 0.0
+                m_run[r] = _NEG
+                l_run[r] = 0.0
                 for d in range(hd):
-                    acc[r, d] = 0.0
-            # this split's key range, block aligned
-            nblk = (kmax + _BK - 1) // _BK
-            bper = (nblk + n_split - 1) // n_split
-            k_lo = sp * bper * _BK
-            k_hi = min(kmax, (sp + 1) * bper * _BK)
-            for kb in range(k_lo, k_hi, _BK):
-                nk = min(_BK, k_hi - kb)
-                for j in range(nk):
-                    kp = kb + j
-                    page = page_tables[seq, kp // ps]
-                    slot = kp % ps
-                    # 1-D row views first: indexing the 4-D cache inside the d loop kept it scalar
-                    # (decode, 600 keys, 12 heads: 210 -> 87 us per layer)
-                    krow = k_pages[page, slot, g]
-                    vrow = v_pages[page, slot, g]
-                    kscr = k_scales[page, slot, g]
-                    vscr = v_scales[page, slot, g]
-                    kbj = Kb[j]
-                    vbj = Vb[j]
-                    for gi in range(ng):
-                        ksc = kscr[gi]
-                        vsc = vscr[gi]
-                        o = gi * gs
-                        for d in range(gs):
-                            kbj[o + d] = np.float32(krow[o + d]) * ksc
-                        for d in range(gs):
-                            vbj[o + d] = np.float32(vrow[o + d]) * vsc
-                if nk < _BK:
-                    for j in range(nk, _BK):
-                        for d in range(hd):
-                            Kb[j, d] = 0.0
-                            Vb[j, d] = 0.0
-                # scores S = Qs @ Kb^T, register-blocked 2 rows x 2 keys (shared loads)
-                for r in range(0, rows, 2):
-                    r1 = min(r + 1, rows - 1)                 # odd tail: duplicate last row
-                    if rpos[r] < kb and rpos[r1] < kb:        # both rows fully masked here
-                        continue
-                    for j in range(0, _BK, 2):
-                        a00 = np.float32(0.0)
-                        a01 = np.float32(0.0)
-                        a10 = np.float32(0.0)
-                        a11 = np.float32(0.0)
-                        for d in range(hd):
-                            q0 = Qs[r, d]
-                            q1 = Qs[r1, d]
-                            k0 = Kb[j, d]
-                            k1 = Kb[j + 1, d]
-                            a00 += q0 * k0
-                            a01 += q0 * k1
-                            a10 += q1 * k0
-                            a11 += q1 * k1
-                        S[r, j] = a00
-                        S[r, j + 1] = a01
-                        S[r1, j] = a10
-                        S[r1, j + 1] = a11
+                    acc_run[r, d] = 0.0
+            # this split's chunks of keys
+            nchunk = (kmax + _CHUNK_KEYS - 1) // _CHUNK_KEYS
+            cper = (nchunk + n_split - 1) // n_split
+            for c in range(sp * cper, min(nchunk, (sp + 1) * cper)):
                 for r in range(rows):
-                    nvalid = min(nk, rpos[r] + 1 - kb)
-                    if nvalid <= 0:
-                        continue
-                    mold = m[r]
-                    if nvalid < _BK:
+                    m[r] = _NEG
+                    l[r] = 0.0
+                    for d in range(hd):
+                        acc[r, d] = 0.0
+                k_lo = c * _CHUNK_KEYS
+                k_hi = min(kmax, k_lo + _CHUNK_KEYS)
+                for kb in range(k_lo, k_hi, _BK):
+                    nk = min(_BK, k_hi - kb)
+                    for j in range(nk):
+                        kp = kb + j
+                        page = page_tables[seq, kp // ps]
+                        slot = kp % ps
+                        # 1-D row views first: indexing the 4-D cache inside the d loop kept it scalar
+                        # (decode, 600 keys, 12 heads: 210 -> 87 us per layer)
+                        krow = k_pages[page, slot, g]
+                        vrow = v_pages[page, slot, g]
+                        kscr = k_scales[page, slot, g]
+                        vscr = v_scales[page, slot, g]
+                        kbj = Kb[j]
+                        vbj = Vb[j]
+                        for gi in range(ng):
+                            ksc = kscr[gi]
+                            vsc = vscr[gi]
+                            o = gi * gs
+                            for d in range(gs):
+                                kbj[o + d] = np.float32(krow[o + d]) * ksc
+                            for d in range(gs):
+                                vbj[o + d] = np.float32(vrow[o + d]) * vsc
+                    if nk < _BK:
+                        for j in range(nk, _BK):
+                            for d in range(hd):
+                                Kb[j, d] = 0.0
+                                Vb[j, d] = 0.0
+                    # scores S = Qs @ Kb^T, register-blocked 2 rows x 2 keys (shared loads)
+                    for r in range(0, rows, 2):
+                        r1 = min(r + 1, rows - 1)                 # odd tail: duplicate last row
+                        if rpos[r] < kb and rpos[r1] < kb:        # both rows fully masked here
+                            continue
+                        for j in range(0, _BK, 2):
+                            a00 = np.float32(0.0)
+                            a01 = np.float32(0.0)
+                            a10 = np.float32(0.0)
+                            a11 = np.float32(0.0)
+                            for d in range(hd):
+                                q0 = Qs[r, d]
+                                q1 = Qs[r1, d]
+                                k0 = Kb[j, d]
+                                k1 = Kb[j + 1, d]
+                                a00 += q0 * k0
+                                a01 += q0 * k1
+                                a10 += q1 * k0
+                                a11 += q1 * k1
+                            S[r, j] = a00
+                            S[r, j + 1] = a01
+                            S[r1, j] = a10
+                            S[r1, j + 1] = a11
+                    for r in range(rows):
+                        nvalid = min(nk, rpos[r] + 1 - kb)
+                        if nvalid <= 0:
+                            continue
+                        mold = m[r]
+                        if nvalid < _BK:
+                            for j in range(nvalid, _BK):
+                                S[r, j] = _NEG
+                        mx = mold
+                        for j in range(_BK):
+                            v = S[r, j]
+                            mx = v if v > mx else mx
+                        for j in range(_BK):
+                            s[j] = S[r, j] - mx
+                        _exp2_block(s, p, pbits, ebits)
                         for j in range(nvalid, _BK):
-                            S[r, j] = _NEG
-                    mx = mold
-                    for j in range(_BK):
-                        v = S[r, j]
-                        mx = v if v > mx else mx
-                    for j in range(_BK):
-                        s[j] = S[r, j] - mx
-                    _exp2_block(s, p, pbits, ebits)
-                    for j in range(nvalid, _BK):
-                        p[j] = 0.0
-                    psum = np.float32(0.0)
-                    for j in range(_BK):
-                        psum += p[j]
-                    if mx > mold:
-                        corr = np.float32(np.exp2(max(mold - mx, np.float32(-126.0))))
-                        l[r] = l[r] * corr + psum
-                        for d in range(hd):
-                            acc[r, d] *= corr
-                        m[r] = mx
-                    else:
-                        l[r] += psum
-                    # acc += p @ Vb, 4 keys per pass (p is 0 beyond nvalid, Vb is 0 beyond nk)
-                    # (full-block trip count: a compile-time constant unrolls better than
-                    # skipping the masked tail)
-                    for j in range(0, _BK, 4):
-                        p0 = p[j]
-                        p1 = p[j + 1]
-                        p2 = p[j + 2]
-                        p3 = p[j + 3]
-                        for d in range(hd):
-                            acc[r, d] += (p0 * Vb[j, d] + p1 * Vb[j + 1, d]) + (p2 * Vb[j + 2, d] + p3 * Vb[j + 3, d])
-            for a in range(ntq):
-                for hh in range(G):
-                    r = a * G + hh
-                    h = g * G + hh
-                    if n_split == 1:
-                        inv = np.float32(1.0) / l[r]
-                        for d in range(hd):
-                            out[t0 + a, h, d] = acc[r, d] * inv
-                    else:
-                        part_m[sp, t0 + a, h] = m[r]
-                        part_l[sp, t0 + a, h] = l[r]
-                        for d in range(hd):
-                            part_acc[sp, t0 + a, h, d] = acc[r, d]
+                            p[j] = 0.0
+                        psum = np.float32(0.0)
+                        for j in range(_BK):
+                            psum += p[j]
+                        if mx > mold:
+                            corr = np.float32(np.exp2(max(mold - mx, np.float32(-126.0))))
+                            l[r] = l[r] * corr + psum
+                            for d in range(hd):
+                                acc[r, d] *= corr
+                            m[r] = mx
+                        else:
+                            l[r] += psum
+                        # acc += p @ Vb, 4 keys per pass (p is 0 beyond nvalid, Vb is 0 beyond nk)
+                        # (full-block trip count: a compile-time constant unrolls better than
+                        # skipping the masked tail)
+                        for j in range(0, _BK, 4):
+                            p0 = p[j]
+                            p1 = p[j + 1]
+                            p2 = p[j + 2]
+                            p3 = p[j + 3]
+                            for d in range(hd):
+                                acc[r, d] += (p0 * Vb[j, d] + p1 * Vb[j + 1, d]) + (p2 * Vb[j + 2, d] + p3 * Vb[j + 3, d])
+                for a in range(ntq):
+                    for hh in range(G):
+                        r = a * G + hh
+                        if n_split == 1:
+                            _fold(m_run, l_run, acc_run[r], r, m[r], l[r], acc[r])
+                        else:
+                            h = g * G + hh
+                            part_m[c, t0 + a, h] = m[r]
+                            part_l[c, t0 + a, h] = l[r]
+                            for d in range(hd):
+                                part_acc[c, t0 + a, h, d] = acc[r, d]
+            if n_split == 1:
+                for a in range(ntq):
+                    for hh in range(G):
+                        r = a * G + hh
+                        _finish(l_run[r], acc_run[r], out[t0 + a, g * G + hh])
 
 
-@njit(cache=True, parallel=True, fastmath=_FM)
+@njit(cache=True)
+def _fold(m_run, l_run, acc_run, r, m, l, acc):
+    """Fold one chunk's softmax state (m, l, acc (hd,)) into row r of the running state (left to
+    right over chunks). No fast-math: every call site computes exactly this."""
+    if l == 0.0:
+        return
+    mx = max(m_run[r], m)
+    c_run = np.float32(np.exp2(max(m_run[r] - mx, np.float32(-126.0))))
+    c_new = np.float32(np.exp2(max(m - mx, np.float32(-126.0))))
+    l_run[r] = l_run[r] * c_run + l * c_new
+    for d in range(acc_run.shape[0]):
+        acc_run[d] = acc_run[d] * c_run + acc[d] * c_new
+    m_run[r] = mx
+
+
+@njit(cache=True)
+def _finish(l, acc, out):
+    inv = np.float32(1.0) / l
+    for d in range(acc.shape[0]):
+        out[d] = acc[d] * inv
+
+
+@njit(cache=True, parallel=True)
 def _attn_merge(part_acc, part_m, part_l, out):
-    n_split, n_tok, n_heads, hd = part_acc.shape
+    """out[t, h] = the left fold of the chunks' states (unwritten chunks have l = 0: skipped)."""
+    n_chunk, n_tok, n_heads, hd = part_acc.shape
     for th in prange(n_tok * n_heads):
         t = th // n_heads
         h = th % n_heads
-        M = _NEG
-        for sp in range(n_split):
-            M = max(M, part_m[sp, t, h])
-        L = np.float32(0.0)
-        for d in range(hd):
-            out[t, h, d] = 0.0
-        for sp in range(n_split):
-            if part_l[sp, t, h] == 0.0:
-                continue
-            w = np.float32(np.exp2(max(part_m[sp, t, h] - M, np.float32(-126.0))))
-            L += w * part_l[sp, t, h]
-            for d in range(hd):
-                out[t, h, d] += w * part_acc[sp, t, h, d]
-        inv = np.float32(1.0) / L
-        for d in range(hd):
-            out[t, h, d] *= inv
+        m_run = np.full(1, _NEG, np.float32)
+        l_run = np.zeros(1, np.float32)
+        acc_run = np.zeros(hd, np.float32)
+        for c in range(n_chunk):
+            _fold(m_run, l_run, acc_run, 0, part_m[c, t, h], part_l[c, t, h], part_acc[c, t, h])
+        _finish(l_run[0], acc_run, out[t, h])
 
 
 def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out):
@@ -466,11 +498,12 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     if n_tok == 0:
         return
     n_threads = numba.get_num_threads()
-    tstart, tend, n_split, items, counts = _plan(token_seq, token_pos, n_kv, n_threads, _TILE_Q, _MIN_SPLIT_KEYS)
-    if n_split > 1:
-        part_acc = np.empty((n_split, n_tok, n_heads, hd), np.float32)
-        part_m = np.empty((n_split, n_tok, n_heads), np.float32)
-        part_l = np.zeros((n_split, n_tok, n_heads), np.float32)
+    tstart, tend, n_split, items, counts = _plan(token_seq, token_pos, n_kv, n_threads, _TILE_Q, _CHUNK_KEYS)
+    if n_split > 1:                       # one state per chunk of keys; chunks past a tile's keys stay l = 0
+        n_chunk = -(-int(token_pos.max() + 1) // _CHUNK_KEYS)
+        part_acc = np.empty((n_chunk, n_tok, n_heads, hd), np.float32)
+        part_m = np.empty((n_chunk, n_tok, n_heads), np.float32)
+        part_l = np.zeros((n_chunk, n_tok, n_heads), np.float32)
     else:
         part_acc = np.empty((1, 1, 1, 1), np.float32)
         part_m = np.empty((1, 1, 1), np.float32)

@@ -115,7 +115,10 @@ def rmsnorm(x, weight, eps, out):
 
 # ----------------------------------------------------------------------------- rope
 
-@njit(cache=True, fastmath=_FM, inline="always")
+# rope without fast-math: contracting a * cs - b * sn into an FMA is a choice LLVM makes per loop, and
+# it made the parallel and serial kernels round differently (a token's q / k then depended on how many
+# tokens shared the call: batch invariance)
+@njit(cache=True, inline="always")
 def _rope_tok(x, positions, inv_freq, n_rot, neox, scale, has_scale, t, cs, sn):
     half = n_rot // 2
     p = np.float64(positions[t])
@@ -141,7 +144,7 @@ def _rope_tok(x, positions, inv_freq, n_rot, neox, scale, has_scale, t, cs, sn):
                 x[t, h, d] *= scale[h, d]
 
 
-@njit(cache=True, fastmath=_FM, parallel=True)
+@njit(cache=True, parallel=True)
 def _rope_par(x, positions, inv_freq, n_rot, neox, scale, has_scale):
     half = n_rot // 2
     for t in prange(x.shape[0]):
@@ -150,7 +153,7 @@ def _rope_par(x, positions, inv_freq, n_rot, neox, scale, has_scale):
         _rope_tok(x, positions, inv_freq, n_rot, neox, scale, has_scale, t, cs, sn)
 
 
-@njit(cache=True, fastmath=_FM)
+@njit(cache=True)
 def _rope_ser(x, positions, inv_freq, n_rot, neox, scale, has_scale):
     half = n_rot // 2
     cs = np.empty(half, np.float32)

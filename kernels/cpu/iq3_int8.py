@@ -81,26 +81,6 @@ def repack(raw: np.ndarray, n_cols: int, f16t) -> np.ndarray:
                                    _LEVEL_OF)
 
 
-@njit(cache=True)        # serial: the prompt path calls it from one thread per row range
-def _dq_rows(raw3, raw3_f32, out, values):
-    for r in range(raw3.shape[0]):
-        for b in range(raw3.shape[1]):
-            d = raw3_f32[r, b, 34]
-            for p in range(4):
-                s0 = d * np.float32(raw3[r, b, 128 + 2 * p])
-                s1 = d * np.float32(raw3[r, b, 129 + 2 * p])
-                base = 256 * b + 64 * p
-                for j in range(32):
-                    v = raw3[r, b, 32 * p + j]
-                    out[r, base + j] = s0 * np.float32(values[v & 15])
-                    out[r, base + 32 + j] = s1 * np.float32(values[v >> 4])
-
-
-def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
-    """Repacked rows (uint8 (n, nb * 144), C-contiguous) -> float32 out (n, nb * 256)."""
-    nibble_int8.dequantize_rows(raw, out, BLOCK_BYTES, _dq_rows, IQ3_CODE_VALUES)
-
-
 CODE_TABLE = np.concatenate([IQ3_CODE_VALUES, IQ3_CODE_VALUES])      # one copy per 128-bit lane
 
 

@@ -48,13 +48,6 @@ def repack_rows(raw: np.ndarray, n_cols: int, src_block_bytes: int, block_bytes:
     return dst.reshape(n_rows, nb * block_bytes)
 
 
-def dequantize_rows(raw: np.ndarray, out: np.ndarray, block_bytes: int, kernel, *tables) -> None:
-    """A layout's rows (uint8 (n, nb * block_bytes), C-contiguous) -> float32 out (n, nb * 256) by
-    kernel(raw (n, nb, block_bytes), the same bytes as float32, out, *tables)."""
-    raw3 = raw.reshape(raw.shape[0], -1, block_bytes)
-    kernel(raw3, raw3.view(np.float32), out, *tables)
-
-
 # ------------------------------------------------------------------------------------- activations
 
 @njit(cache=True)

@@ -54,27 +54,6 @@ def repack(raw: np.ndarray, n_cols: int, f16t) -> np.ndarray:
     return nibble_int8.repack_rows(raw, n_cols, SRC_BLOCK_BYTES, BLOCK_BYTES, _repack, f16t)
 
 
-@njit(cache=True)        # serial: the prompt path calls it from one thread per row range
-def _dq_rows(raw3, raw3_f32, out):
-    for r in range(raw3.shape[0]):
-        for b in range(raw3.shape[1]):
-            d, dmin = raw3_f32[r, b, 34], raw3_f32[r, b, 38]
-            for p in range(4):
-                base = 256 * b + 64 * p
-                for h in range(2):
-                    s = 2 * p + h
-                    sc = d * np.float32(raw3[r, b, 128 + s])
-                    mn = dmin * np.float32(raw3[r, b, 144 + s])
-                    for j in range(32):
-                        q = (raw3[r, b, 32 * p + j] >> (4 * h)) & 15
-                        out[r, base + 32 * h + j] = sc * np.float32(q) - mn
-
-
-def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
-    """Repacked rows (uint8 (n, nb * 160), C-contiguous) -> float32 out (n, nb * 256)."""
-    nibble_int8.dequantize_rows(raw, out, BLOCK_BYTES, _dq_rows)
-
-
 def matvec(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray) -> None:
     """out (n_tok, n_rows) = x @ W.T; W repacked (n_rows, nb, 160), x float32 (n_tok, nb, 256)."""
     nibble_int8.matvec(raw3, x3, out, _NO_TABLE, nibble_int8.Q4K)

@@ -56,22 +56,6 @@ def repack(raw: np.ndarray, n_cols: int, f16t) -> np.ndarray:
     return nibble_int8.repack_rows(raw, n_cols, SRC_BLOCK_BYTES, BLOCK_BYTES, _repack, f16t)
 
 
-@njit(cache=True)        # serial: the prompt path calls it from one thread per row range
-def _dq_rows(raw3, raw3_f32, out):
-    for r in range(raw3.shape[0]):
-        for b in range(raw3.shape[1]):
-            d = raw3_f32[r, b, 68]
-            for k in range(16):
-                s = d * np.float32(np.int8(raw3[r, b, 256 + k]))
-                for i in range(16 * k, 16 * k + 16):
-                    out[r, 256 * b + i] = s * np.float32(np.int8(raw3[r, b, i]))
-
-
-def dequantize_into(raw: np.ndarray, out: np.ndarray) -> None:
-    """Repacked rows (uint8 (n, nb * 280), C-contiguous) -> float32 out (n, nb * 256)."""
-    nibble_int8.dequantize_rows(raw, out, BLOCK_BYTES, _dq_rows)
-
-
 def matvec(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray) -> None:
     """out (n_tok, n_rows) = x @ W.T; W repacked (n_rows, nb, 280), x float32 (n_tok, nb, 256)."""
     nibble_int8.matvec(raw3, x3, out, _NO_TABLE, nibble_int8.Q6K)

@@ -104,10 +104,26 @@ def _dot_avx2(typingctx, raw3, r0, xq, xd, t0, n_tok, out):
     return sig, codegen
 
 
+@njit(cache=True, inline="always")
+def _token_chunks(raw3, g, xq, xd, out):
+    """Row g for every token, MAX_TOK tokens (at least 2) per kernel call."""
+    n_tok = xq.shape[0]
+    n_chunks = (n_tok + MAX_TOK - 1) // MAX_TOK
+    for c in range(n_chunks):
+        t0 = n_tok * c // n_chunks
+        nt = n_tok * (c + 1) // n_chunks - t0
+        if nt == 4:
+            _dot_avx2(raw3, g, xq, xd, t0, 4, out)
+        elif nt == 3:
+            _dot_avx2(raw3, g, xq, xd, t0, 3, out)
+        else:
+            _dot_avx2(raw3, g, xq, xd, t0, 2, out)
+
+
 @njit(cache=True, parallel=True)
 def mv_avx2(raw3, x3, out):
-    """out (n_tok, n_rows) = x @ W.T; W Q8_0 (n_rows, nb, 34), x float32 (n_tok, nb, 32) quantized here
-    (n_tok <= 8: a few microseconds, one compiled call per mat-mul)."""
+    """out (n_tok, n_rows) = x @ W.T; W Q8_0 (n_rows, nb, 34), x float32 (n_tok, nb, 32) quantized here.
+    Any n_tok: each (token, row) is the same sum in the same order whatever else is in the call."""
     n, n_tok = raw3.shape[0], x3.shape[0]
     xq = np.empty(x3.shape, dtype=np.int8)
     xd = np.empty(x3.shape[:2], dtype=np.float32)
@@ -116,14 +132,21 @@ def mv_avx2(raw3, x3, out):
         for g in prange((n + 3) // 4):
             _dot_avx2(raw3, 4 * g, xq, xd, 0, 1, out)
     else:
-        n_chunks = (n_tok + MAX_TOK - 1) // MAX_TOK
         for g in prange(n):
-            for c in range(n_chunks):
-                t0 = n_tok * c // n_chunks
-                nt = n_tok * (c + 1) // n_chunks - t0
-                if nt == 4:
-                    _dot_avx2(raw3, g, xq, xd, t0, 4, out)
-                elif nt == 3:
-                    _dot_avx2(raw3, g, xq, xd, t0, 3, out)
-                else:
-                    _dot_avx2(raw3, g, xq, xd, t0, 2, out)
+            _token_chunks(raw3, g, xq, xd, out)
+
+
+@njit(cache=True)
+def mv_avx2_serial(raw3, x3, out):
+    """mv_avx2 on the calling thread (small matrices: a parallel launch costs more than it saves);
+    bit-identical results."""
+    n, n_tok = raw3.shape[0], x3.shape[0]
+    xq = np.empty(x3.shape, dtype=np.int8)
+    xd = np.empty(x3.shape[:2], dtype=np.float32)
+    _quantize_rows(x3, xq, xd)
+    if n_tok == 1:
+        for g in range((n + 3) // 4):
+            _dot_avx2(raw3, 4 * g, xq, xd, 0, 1, out)
+    else:
+        for g in range(n):
+            _token_chunks(raw3, g, xq, xd, out)

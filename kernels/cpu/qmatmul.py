@@ -22,22 +22,18 @@ from . import matvec as mv
 from .act_quant import round_activations
 from .dequant import (QK, QK_HALF, F16_TABLE, IQ3XXS_GRID, IQ4NL_VALUES, check_raw,
                       dequantize_into, dequantize_into_serial)
-from .repack import INT8_LAYOUTS, IQ3_I8, Q4K_I8
+from .repack import INT8_LAYOUTS
 from ..qtypes import block_geometry
 
 # Largest n_tok that uses the fused kernels (measured crossover on 2 Zen 4 cores, see bench).
 MATVEC_MAX_TOK = 8
-# Repacked int8 layouts: from this many tokens, rows of at most PROMPT_TILE_MAX_IN weights take
-# dequantize + BLAS instead of the int8 kernel. Measured on this 2-core AVX2 VM (ms, int8 / tiles):
-# IQ3_XXS 1536 -> 8960: 64 tokens 16.8 / 17.3, 128: 34.7 / 26.9, 512: 139 / 93; Q4_K 1536 -> 8960: 64
-# 16.0 / 17.5, 128: 32.6 / 28.1, 512: 138 / 92. Long rows (8960 -> 1536) favour the int8 kernel at every
-# size (512: 136 / 169), and so does Q6_K (1536 -> 8960, 256 tokens: 42 / 48; 512: 94 / 91). These
-# micro-timings vary run to run on the VM (a later run had the int8 kernel ahead up to 256 tokens);
-# the deciding measurement is end to end, alternating runs: 1.5B Q4_K_M prompt (512 tokens, chunks as
-# the engine schedules them) 44.0-44.8 tok/s with the int8 kernel only, 51.0-52.7 with this rule
-# (a 4 MiB TILE_BYTES: 51.9-52.6, no change).
-PROMPT_TILE_MIN_TOK = {IQ3_I8: 128, Q4K_I8: 128}
-PROMPT_TILE_MAX_IN = 4096
+# Repacked int8 layouts (IQ3_XXS, Q4_K, Q6_K, and Q8_0 / Q4_0 / Q5_0 / IQ4_NL as Q8_0 blocks) take their
+# int8 kernel for every token count: its result for a token does not depend on the other tokens of the
+# call (integer block dots, then a fixed order of float sums per token and row), so a token's logits do
+# not depend on what shares its forward (batch invariance: speculative verification, prefix caching and
+# chunked prompts rely on it). Dequantize + BLAS was faster for prompt chunks of short rows (1.5B
+# Q4_K_M prompt 51 against 44 tok/s on a 2-core AVX2 VM) but BLAS blocks by the token count; on the
+# default model the int8-only prompt measured 114-120 tok/s against 120-127 (same VM, 512 tokens).
 # The tile path dequantizes about this many float32 bytes at a time (fits L2).
 TILE_BYTES = 1 << 20
 
@@ -89,8 +85,7 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
     here (cheap attribute tests), and n_tok <= MATVEC_MAX_TOK goes straight to the fused kernel.
     x: float32 activations. llama.cpp rounds them to Q8_0 / Q8_K before quantized mat-muls and so do
     we (act_quant.py): the int8 kernels quantize x to those int8 values themselves, the float kernels
-    get the rounded values. The repacked int8 layouts (IQ3_XXS, Q4_K, Q6_K) take the int8 kernel, except
-    prompt chunks of short rows (PROMPT_TILE_MIN_TOK, PROMPT_TILE_MAX_IN), where dequantize + BLAS wins."""
+    get the rounded values. The repacked int8 layouts take the int8 kernel for any number of tokens."""
     if (type(x) is not np.ndarray or x.dtype != _F32 or x.ndim != 2 or x.shape[1] != w.n_in
             or not x.flags.c_contiguous):
         _check_x(x, w.n_in)
@@ -104,15 +99,11 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
         return out
     qtype = w.qtype
     if w.layout in INT8_LAYOUTS:
-        module = INT8_LAYOUTS[w.layout][1]
-        if n_tok >= PROMPT_TILE_MIN_TOK.get(w.layout, 1 << 62) and w.n_in <= PROMPT_TILE_MAX_IN:
-            matmul_tiled(w.qtype, w.raw, round_activations(w.src_qtype, x), out,
-                         lambda _qtype, rows, scratch: module.dequantize_into(rows, scratch))
-        else:
-            module.matvec(w.raw3, x.reshape(n_tok, w.nb, w.elems), out)
+        INT8_LAYOUTS[w.layout][1].matvec(w.raw3, x.reshape(n_tok, w.nb, w.elems), out)
         return out
-    if w.int8 and n_tok <= MATVEC_MAX_TOK:
-        q8_0_int8.mv_avx2(w.raw3, x.reshape(n_tok, w.nb, q8_0_int8.QK), out)
+    if w.int8:
+        mv = q8_0_int8.mv_avx2_serial if w.small else q8_0_int8.mv_avx2
+        mv(w.raw3, x.reshape(n_tok, w.nb, q8_0_int8.QK), out)
         return out
     x = round_activations(w.src_qtype, x)
     if qtype == _Q8_0 and n_tok <= MATVEC_MAX_TOK:

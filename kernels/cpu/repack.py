@@ -11,7 +11,7 @@ When the CPU has AVX2, IQ3_XXS, Q4_K and Q6_K are repacked losslessly for the in
 nibble_int8.py: IQ3_XXS as 4-bit codes (iq3_int8.py: 4.5 instead of 3.06 bits/weight, 3x less work per
 weight; layout IQ3_I8), Q4_K with its scales unpacked (q4_k_int8.py: 5 instead of 4.5; Q4K_I8), Q6_K as
 int8 values (q6_k_int8.py: 8.75 instead of 6.56; Q6K_I8). Those layouts run the int8 kernel for every
-token count except prompt chunks over short rows (qmatmul.PROMPT_TILE_MIN_TOK: dequantize + BLAS).
+token count (batch invariance: qmatmul.py).
 
 `PackedWeight` is a drop-in for the loader's QuantTensor (name, qtype, n_out, n_in, raw, nbytes), so
 embed() / dequantize() keep working on it; it also keeps the reshaped views the matvec kernels take,
@@ -127,9 +127,9 @@ class PackedWeight:
         self.small = raw.nbytes < SMALL_BYTES
         # False: kept in a repackable layout on purpose (row lookups only); qmatmul repacks a copy
         self.final = bool(final)
-        # the AVX2 int8 kernels serve it (nibble_int8.py: the repacked layouts; q8_0_int8.py: Q8_0
-        # up to MATVEC_MAX_TOK tokens, not for small matrices, which run the serial float kernel)
-        self.int8 = self.layout in INT8_LAYOUTS or (bool(int8) and qtype == QType.Q8_0 and not self.small)
+        # the AVX2 int8 kernels serve it, for any number of tokens (nibble_int8.py: the repacked layouts;
+        # q8_0_int8.py: Q8_0, small matrices on the calling thread)
+        self.int8 = self.layout in INT8_LAYOUTS or (bool(int8) and qtype == QType.Q8_0)
 
     @property
     def nbytes(self) -> int:
@@ -145,8 +145,7 @@ GGML = "ggml"
 IQ3_I8 = "iq3_xxs_i8"
 Q4K_I8 = "q4_k_i8"
 Q6K_I8 = "q6_k_i8"
-# layout -> (the file's type, the module with QK, BLOCK_BYTES, repack(raw, n_cols, f16 table), matvec,
-# dequantize_into)
+# layout -> (the file's type, the module with QK, BLOCK_BYTES, repack(raw, n_cols, f16 table), matvec)
 INT8_LAYOUTS = {IQ3_I8: (QType.IQ3_XXS, iq3_int8), Q4K_I8: (QType.Q4_K, q4_k_int8),
                 Q6K_I8: (QType.Q6_K, q6_k_int8)}
 _INT8_LAYOUT_OF = {qtype: layout for layout, (qtype, _) in INT8_LAYOUTS.items()}

@@ -83,12 +83,16 @@ class FakeRunner:
 
     def forward(self, plan) -> list[int]:
         b, P = plan.batch, self.kv.page_size
+        context = {}                  # page-table row -> the tokens its positions hold (drafted ones too)
         for i in range(len(b.token_ids)):
             s, p, tok = int(b.token_seq[i]), int(b.positions[i]), int(b.token_ids[i])
+            ctx = context.setdefault(s, list(plan.seqs[s].tokens[:p]))
+            assert len(ctx) == p, "a sequence's tokens in the batch are not consecutive"
+            ctx.append(tok)
             table = b.page_tables[s]
             if p > 0:
                 pp, ps = table[(p - 1) // P], (p - 1) % P
-                assert tuple(self.TP[pp, ps]) == (plan.seqs[s].tokens[p - 1], p - 1), (plan.seqs[s], p)
+                assert tuple(self.TP[pp, ps]) == (ctx[p - 1], p - 1), (plan.seqs[s], p)
                 prev = self.H[pp, ps]
             else:
                 prev = SEED
@@ -100,7 +104,7 @@ class FakeRunner:
         out = []
         for r in b.logit_rows:
             s, p = int(b.token_seq[r]), int(b.positions[r])
-            self.check_context(b.page_tables[s], plan.seqs[s].tokens[:p + 1])
+            self.check_context(b.page_tables[s], context[s][:p + 1])
             out.append(next_token(int(self.H[b.page_tables[s][p // P], p % P])))
         return out
 
@@ -128,7 +132,8 @@ def step(sched, runner, check=True):
         return None, []
     decoding = [s for s in sched.running if s.status is SeqStatus.DECODING]
     in_plan = dict(zip(plan.seqs, plan.n_tokens))
-    assert all(in_plan.get(s) == 1 for s in decoding), "a decoding sequence was left out of the step"
+    assert all(in_plan.get(s) == 1 + len(plan.drafts.get(s, ())) for s in decoding), \
+        "a decoding sequence was left out of the step"
     assert plan.n_read <= sched.step_tokens
     events = sched.complete_step(plan, runner.forward(plan))
     if check:

@@ -11,7 +11,6 @@ can be near zero where relative error is meaningless).
 import numpy as np
 import pytest
 
-from strata_lite.kernels.cpu import attention as attn_mod
 from strata_lite.kernels.cpu.attention import attention, kv_store
 from strata_lite.kernels.kv_layout import KV_GROUP, kv_scale_groups
 
@@ -154,7 +153,7 @@ def test_decode_many_sequences_mixed():
     check(q2, seq2, pos2, pt, cache, hd ** -0.5)
 
 
-def test_long_context_sharp_softmax_and_key_split(monkeypatch):
+def test_long_context_sharp_softmax_and_key_split():
     """Large scores (exercises online-softmax rescaling across blocks) and the flash-decoding
     split path (1 kv head x 1 token < 2 threads -> key range split, partials merged)."""
     rng = np.random.default_rng(6)
@@ -164,7 +163,6 @@ def test_long_context_sharp_softmax_and_key_split(monkeypatch):
     pt = page_table(rng, 1, 70, 80)
     store(rng, cache, pt, [0] * n, range(n), n_kv, hd, amp=3.0)
     q = (rng.standard_normal((3, n_heads, hd)) * 3).astype(np.float32)
-    monkeypatch.setattr(attn_mod, "_MIN_SPLIT_KEYS", 256)
     check(q[:1], [0], [n - 1], pt, cache, hd ** -0.5)              # split path (if >1 thread)
     check(q, [0, 0, 0], [5, 1000, n - 1], pt, cache, hd ** -0.5)
 

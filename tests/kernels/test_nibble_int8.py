@@ -34,18 +34,6 @@ def _reference(raw, x, qtype=QType.IQ3_XXS):
     return xr @ w.T, np.abs(xr) @ np.abs(w).T
 
 
-@by_layout
-def test_repacked_rows_dequantize_like_gguf(qtype):
-    mod = LAYOUTS[qtype]
-    raw = random_rows(qtype, 13, 1024, seed=2)
-    packed = mod.repack(raw, 1024, F16_TABLE)
-    assert packed.shape == (13, 4 * mod.BLOCK_BYTES)
-    out = np.empty((13, 1024), np.float32)
-    mod.dequantize_into(packed, out)
-    ref = gguf.quants.dequantize(raw, qtype)
-    np.testing.assert_allclose(out, ref, rtol=2.0 ** -22, atol=2.0 ** -22 * float(np.abs(ref).max()))
-
-
 def test_activation_quantization_is_llama_cpp_q8_k_rounding():
     x = np.random.default_rng(0).standard_normal((3, 768), dtype=np.float32) * 5
     x[1, 256:512] = 0                                             # an all-zero block
@@ -134,8 +122,7 @@ def test_backend_uploads_in_the_int8_layout_and_fuses_it(qtype, monkeypatch):
     assert wa.layout == layout and wa.qtype == qtype and wa.nbytes == 6 * 2 * mod.BLOCK_BYTES
     fused = be.fuse_rows([wa, wb])
     assert fused.layout == layout and fused.n_out == 9
-    # decode, speculative verification, a prompt chunk, and one long enough for the IQ3_XXS / Q4_K
-    # prompt path (dequantize the repacked rows + BLAS, qmatmul.PROMPT_TILE_MIN_TOK)
+    # decode, speculative verification, prompt chunks (one int8 kernel for every token count)
     for n_tok in (1, 2, 12, 130):
         x = np.random.default_rng(n_tok).standard_normal((n_tok, 512), dtype=np.float32)
         ref, scale = _reference(np.concatenate([a, b]), x, qtype)

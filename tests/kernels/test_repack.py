@@ -101,10 +101,13 @@ def test_small_threshold_both_paths(monkeypatch):
     monkeypatch.setattr(rp, "SMALL_BYTES", 1 << 30)
     small = be.upload_weight(_qt(QType.Q5_0, raw, 128))
     assert small.small and not big.small
-    assert not small.int8 and big.int8 == be.int8        # small: the serial float kernel
+    assert small.int8 == big.int8 == be.int8             # small: the same int8 kernel, on one thread
     ref, scale = _reference(raw, QType.Q5_0, x)
     for w in (small, big):
         assert np.all(np.abs(be.qmatmul(w, x) - ref) <= RTOL * scale + 1e-30)
+    for n_tok in (1, 2, 5, 13):                          # bit-identical: batch invariance either way
+        xs = np.random.default_rng(n_tok).standard_normal((n_tok, 128), dtype=np.float32)
+        np.testing.assert_array_equal(be.qmatmul(small, xs), be.qmatmul(big, xs))
 
 
 def test_token_embd_kept_for_lookup_and_repacked_for_tied_output():

@@ -1,0 +1,216 @@
+"""SpecController: how many drafted tokens each decoding sequence verifies in a step.
+
+Modes (`--spec`): `off`; `N` (up to N drafted tokens whenever the drafter has them); `auto` (default):
+the width that maximizes the expected generated tokens per second of the step, from two things learned
+online:
+  * acceptance: per match-length bucket and draft depth i, the share of drafted tokens at depth i that
+    were accepted when depth i was reached (counts decayed so the estimate follows the workload), and per
+    sequence a running average of its first drafted token's acceptance. A token's chance to be reached and
+    accepted, R_i, is the product of the per-depth estimates along the draft (each scaled by the share of
+    candidate occurrences that voted for that token);
+  * cost: the seconds of a step as a function of its tokens, a least-squares line over recent steps that
+    read no prompt (decode and verify only), so its slope is the marginal cost c of one more token.
+Drafted tokens of all sequences are taken best first while R / c exceeds the step's expected tokens per
+second so far (E / T): a draft token is added only when it raises the step's rate. With many decoding
+slots E / T is high and only confident drafts pass; a sequence whose drafts keep failing drops out, and
+gets a one-token probe every PROBE_EVERY steps so it can come back.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .suffix_index import LENGTHS, NO_DRAFT, Draft, SequenceIndex, SuffixDrafter
+
+MAX_DRAFT = 8            # drafted tokens per sequence and step at most (auto)
+PROBE_EVERY = 16         # steps without a draft before a sequence gets a one-token probe
+DECAY = 0.995            # acceptance counts fade by this per observation (~200 drafts of memory)
+EMA = 0.2                # per-sequence first-token acceptance average
+COST_WINDOW = 256        # decode / verify steps in the cost fit
+PRIOR_SLOPE = 0.1        # before a slope is measured: one more token costs this share of a 1-token step
+
+
+def parse_spec(value) -> int | str:
+    """'auto' | 'off' | N >= 1 (CLI and config); ValueError naming the accepted values."""
+    v = str(value).strip().lower()
+    if v in ("auto", "off"):
+        return v
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1 or n > 32:
+        raise ValueError(f"spec must be 'auto', 'off' or a number of drafted tokens 1..32, got {value!r}")
+    return n
+
+
+@dataclass
+class SeqSpec:
+    """Drafting state of one sequence (Sequence.spec)."""
+    index: SequenceIndex
+    drafted: int = 0          # tokens proposed and verified
+    accepted: int = 0         # of them, accepted
+    steps: int = 0            # steps that verified a draft
+    first_rate: float = 0.5   # recent acceptance of the first drafted token
+    idle: int = 0             # steps since its last draft
+    draft: Draft = field(default=NO_DRAFT)   # the draft of the open step
+
+    def log_text(self) -> str:
+        return f"drafts accepted {self.accepted} of {self.drafted} in {self.steps} steps"
+
+
+class StepCost:
+    """Seconds of a decode / verify step by its token count: a least-squares line over recent steps."""
+
+    def __init__(self, window: int = COST_WINDOW):
+        self.samples: deque[tuple[int, float]] = deque(maxlen=window)
+
+    def observe(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens > 0 and seconds > 0:
+            self.samples.append((n_tokens, seconds))
+
+    def line(self) -> tuple[float, float] | None:
+        """(intercept, slope) in seconds; None before any step. Slope from PRIOR_SLOPE until two token
+        counts were seen; never below 1% of a one-token step (timing noise can make it look free)."""
+        if not self.samples:
+            return None
+        n = np.array([s[0] for s in self.samples], np.float64)
+        t = np.array([s[1] for s in self.samples], np.float64)
+        if np.ptp(n) == 0:
+            per = float(t.mean()) / (1 + PRIOR_SLOPE * (n[0] - 1))
+            return per, PRIOR_SLOPE * per
+        slope, icpt = np.polyfit(n, t, 1)
+        one = max(icpt + slope, 1e-6)
+        return float(icpt), float(max(slope, 0.01 * one))
+
+
+class Acceptance:
+    """Decayed counts of drafted tokens reached / accepted, by match-length bucket and depth."""
+
+    def __init__(self, depth: int):
+        self.reached = np.full((len(LENGTHS), depth), 2.0)      # prior: 1 of 2 accepted
+        self.accepted = np.full((len(LENGTHS), depth), 1.0)
+
+    @staticmethod
+    def bucket(match_len: int) -> int:
+        return next((i for i, L in enumerate(LENGTHS) if match_len >= L), len(LENGTHS) - 1)
+
+    def rate(self, match_len: int, depth: int) -> float:
+        b, d = self.bucket(match_len), min(depth, self.reached.shape[1] - 1)
+        return float(self.accepted[b, d] / self.reached[b, d])
+
+    def observe(self, match_len: int, n_drafted: int, n_accepted: int) -> None:
+        b = self.bucket(match_len)
+        self.reached[b] *= DECAY
+        self.accepted[b] *= DECAY
+        depth = min(n_accepted + 1, n_drafted, self.reached.shape[1])     # depths reached
+        self.reached[b, :depth] += 1
+        self.accepted[b, :min(n_accepted, depth)] += 1
+
+
+class SpecController:
+    """Implements the Scheduler's drafter interface: drafts(seqs) and observe(seq, n_drafted, n_accepted)."""
+
+    def __init__(self, mode: int | str = "auto", drafter: SuffixDrafter | None = None):
+        self.mode = parse_spec(mode)
+        self.max_draft = 0 if self.mode == "off" else MAX_DRAFT if self.mode == "auto" else int(self.mode)
+        self.drafter = drafter or SuffixDrafter()
+        self.cost = StepCost()
+        self.acceptance = Acceptance(max(1, self.max_draft))
+        self.totals = dict(drafted=0, accepted=0, steps=0)
+        self.outcomes: list[tuple[int, int]] = []     # (drafted, accepted) per verified draft, for metrics
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_draft > 0
+
+    # sequences in and out
+    def attach(self, seq) -> None:
+        """Give seq a drafting index (its prompt indexed now); sequences without one never draft."""
+        if self.enabled:
+            seq.spec = SeqSpec(SequenceIndex(seq.tokens))
+
+    def finished(self, seq) -> None:
+        """Its output goes to the global index (drafts for later requests)."""
+        if seq.spec is not None and seq.n_generated:
+            self.drafter.finished(seq.generated)
+
+    # one step
+    def drafts(self, seqs, limits: dict) -> dict:
+        """seqs: the step's decoding sequences; limits[seq]: the most tokens it may draft (tokens left
+        before max_tokens / the context, and KV pages). -> {seq: draft tokens} for those that draft."""
+        chosen = {}
+        for seq in seqs:
+            sp = seq.spec
+            if sp is None:
+                continue
+            sp.draft = NO_DRAFT
+            cap = min(self.max_draft, limits.get(seq, 0))
+            if cap >= 1:
+                sp.draft = self.drafter.propose(sp.index, cap)
+        if self.mode == "auto":
+            widths = self._auto_widths([s for s in seqs if s.spec is not None and len(s.spec.draft)], len(seqs))
+        else:
+            widths = {s: len(s.spec.draft) for s in seqs if s.spec is not None}
+        for seq in seqs:
+            sp = seq.spec
+            if sp is None:
+                continue
+            k = widths.get(seq, 0)
+            sp.draft = Draft(sp.draft.tokens[:k], sp.draft.conf[:k], sp.draft.match_len) if k else NO_DRAFT
+            sp.idle = 0 if k else sp.idle + 1
+            if k:
+                chosen[seq] = sp.draft.tokens
+        return chosen
+
+    def _auto_widths(self, seqs, n_decode: int) -> dict:
+        line = self.cost.line()
+        if line is None:                  # nothing timed yet: verify one token each to start measuring
+            return {s: 1 for s in seqs}
+        icpt, slope = line
+        E, T = float(n_decode), icpt + slope * n_decode        # expected tokens and seconds of the step
+        options = []                                             # (R, seq, width)
+        for seq in seqs:
+            sp, R, prev = seq.spec, 1.0, 1.0
+            for i, c in enumerate(sp.draft.conf):
+                p = self.acceptance.rate(sp.draft.match_len, i)
+                if i == 0:
+                    p = 0.5 * (p + sp.first_rate)
+                R *= p * (c / prev)
+                prev = c
+                options.append((R, seq, i + 1))
+        widths = {}
+        for R, seq, w in sorted(options, key=lambda o: (-o[0], o[2])):
+            if R / slope <= E / T:
+                break
+            widths[seq] = max(widths.get(seq, 0), w)
+            E, T = E + R, T + slope
+        for seq in seqs:                  # a sequence that stopped drafting gets a probe now and then
+            if seq not in widths and seq.spec.idle >= PROBE_EVERY:
+                widths[seq] = 1
+        return widths
+
+    def observe(self, seq, n_drafted: int, n_accepted: int) -> None:
+        """The scheduler verified n_drafted tokens of seq's draft; the first n_accepted were accepted."""
+        sp = seq.spec
+        sp.drafted += n_drafted
+        sp.accepted += n_accepted
+        sp.steps += 1
+        sp.first_rate += EMA * (float(n_accepted > 0) - sp.first_rate)
+        self.acceptance.observe(sp.draft.match_len, n_drafted, n_accepted)
+        t = self.totals
+        t["drafted"] += n_drafted
+        t["accepted"] += n_accepted
+        t["steps"] += 1
+        self.outcomes.append((n_drafted, n_accepted))
+
+    def pop_outcomes(self) -> list[tuple[int, int]]:
+        out, self.outcomes = self.outcomes, []
+        return out
+
+    def observe_step(self, n_tokens: int, n_read: int, seconds: float) -> None:
+        """The engine's measure of one step; steps that read prompt tokens do not enter the cost line."""
+        if not n_read:
+            self.cost.observe(n_tokens, seconds)
