@@ -46,6 +46,14 @@ def _port(text: str) -> int:
     return n
 
 
+def _spec(text: str):
+    from strata_lite.spec import parse_spec
+    try:
+        return parse_spec(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (docs/server.md)",
                               description="Serve the model over an OpenAI-compatible HTTP API: /v1/chat/completions, "
@@ -81,6 +89,10 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--stuck-step-s", type=_positive_float, default=60.0,
                    help="/health answers 503 engine_stuck while an engine step runs longer than this many seconds "
                         "or 100x the median step, whichever is longer (default 60)")
+    p.add_argument("--spec", type=_spec, default="auto", metavar="auto|off|N",
+                   help="speculative decoding with drafts from the conversation itself: auto (default: draft "
+                        "widths from measured acceptance and step cost), off, or up to N drafted tokens per step "
+                        "(docs/speculative.md)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_serve)
     return p
@@ -91,7 +103,7 @@ def config_from_args(args):
     return EngineConfig(model=args.model, backend=args.backend, n_ctx=args.ctx_size, parallel=args.parallel,
                         kv_tokens=args.kv_tokens, step_tokens=args.step_tokens, decode_share=args.decode_share, host_kv_gib=args.host_kv_gib,
                         max_queue=args.max_queue, threads=args.threads,
-                        vram_reserve_mib=args.vram_reserve_mib, stuck_step_s=args.stuck_step_s)
+                        vram_reserve_mib=args.vram_reserve_mib, stuck_step_s=args.stuck_step_s, spec=args.spec)
 
 
 def api_key_from_args(args) -> str | None:
