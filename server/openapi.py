@@ -154,7 +154,9 @@ _HEALTH = {"type": "object", "required": ["status"], "properties": {
     "status": {"type": "string"}, "error": _ERROR["properties"]["error"]}}
 
 _SLOT = {"type": "object", "required": ["state"], "properties": {
-    "state": {"type": "string"}, "request_id": {"type": "string", "nullable": True}}}
+    "state": {"type": "string"}, "request_id": {"type": "string", "nullable": True},
+    "drafted": {"type": "integer", "description": "drafted tokens its request verified (speculative decoding)"},
+    "draft_accepted": {"type": "integer", "description": "of them, accepted"}}}
 
 
 def _json(schema: dict, description: str = "OK") -> dict:
