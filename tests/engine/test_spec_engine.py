@@ -4,9 +4,11 @@ seeded; sampled tokens follow the model's distribution (chi-square against the e
 with deliberately bad drafts); the statistics count what was drafted and accepted."""
 import math
 import random
+import time
 
 import numpy as np
 import pytest
+from prometheus_client import generate_latest
 
 from strata_lite import LLM, SamplingParams
 from strata_lite.config import EngineConfig
@@ -128,7 +130,7 @@ def test_stop_strings_and_finish_reasons_with_drafts(engines, llm):
 def test_statistics_reach_slots_and_metrics(engines):
     _, on = engines
     _run_all(on, _requests("e", [list(range(10, 40))], max_tokens=16))
-    text = __import__("prometheus_client").generate_latest(on.metrics_registry).decode()
+    text = generate_latest(on.metrics_registry).decode()
     drafted = float(next(line.split()[-1] for line in text.splitlines()
                          if line.startswith("strata_spec_draft_tokens_total")))
     accepted = float(next(line.split()[-1] for line in text.splitlines()
@@ -189,3 +191,26 @@ def test_sampled_tokens_follow_the_model_with_bad_drafts(model_path, llm):
         obs[-1] += acc_o
         exp[-1] += acc_e
     assert _chi2_p(np.array(obs, float), np.array(exp, float)) > 1e-3
+
+
+def test_cancel_while_drafting_leaves_the_kv_accounted(engines, llm):
+    """Cancel a request that verifies drafts every step: it ends "cancelled", the pages and trie audit
+    clean, and the next request on the same prompt gets the tokens it gets without drafting."""
+    off, on = engines
+    prompt = list(range(120, 150))
+    h = on.submit(Request("cancel-me", tuple(prompt), max_tokens=200))
+    seen = 0
+    for ev in h.events(timeout=60):
+        if isinstance(ev, TokenEvent):
+            seen += 1
+            if seen == 6:
+                h.cancel()
+        elif isinstance(ev, DoneEvent):
+            assert ev.finish_reason == "cancelled"
+            break
+    deadline = time.monotonic() + 30
+    while any(s["state"] != "idle" for s in on.slots()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert on._sched.tiers.audit(on._sched.running, on._reserved_pages()) == []
+    assert _run_all(on, _requests("f", [prompt], max_tokens=24)) == _run_all(off, _requests("g", [prompt], max_tokens=24))
