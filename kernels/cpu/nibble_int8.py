@@ -31,6 +31,7 @@ from .prefetch import emit_prefetch
 
 QK = 256
 MAX_TOK = 4       # tokens per kernel call
+ROW_GROUP = 4     # rows per work item with several tokens (a 4096-weight row is ~2.3 KB in these layouts)
 
 
 # -------------------------------------------------------------------------------- layout plumbing
@@ -273,8 +274,10 @@ def matvec(raw3, x3, out, table, kind):
         for g in prange((n + 3) // 4):
             _dot(kind, raw3, 4 * g, xq, xd, xb, 0, 1, out, table)
     else:
+        # work item: ROW_GROUP rows, chunk-major: a chunk's activations stay in L1 while it meets each row
         n_chunks = (n_tok + MAX_TOK - 1) // MAX_TOK      # chunks of 2..4 tokens, as even as possible
-        for g in prange(n):
+        for g in prange((n + ROW_GROUP - 1) // ROW_GROUP):
             for c in range(n_chunks):
                 t0 = n_tok * c // n_chunks
-                _dot(kind, raw3, g, xq, xd, xb, t0, n_tok * (c + 1) // n_chunks - t0, out, table)
+                for r in range(g * ROW_GROUP, min(n, (g + 1) * ROW_GROUP)):
+                    _dot(kind, raw3, r, xq, xd, xb, t0, n_tok * (c + 1) // n_chunks - t0, out, table)

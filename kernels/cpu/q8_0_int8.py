@@ -104,20 +104,27 @@ def _dot_avx2(typingctx, raw3, r0, xq, xd, t0, n_tok, out):
     return sig, codegen
 
 
+ROW_GROUP = 16    # rows per work item with several tokens: their blocks (16 x 34 B per 32 weights) and a
+                  # chunk of the tokens' activations stay in L1 while the chunk meets every row
+
+
 @njit(cache=True, inline="always")
-def _token_chunks(raw3, g, xq, xd, out):
-    """Row g for every token, MAX_TOK tokens (at least 2) per kernel call."""
+def _row_group(raw3, g, xq, xd, out):
+    """Rows g*ROW_GROUP .. for every token, MAX_TOK tokens (at least 2) per kernel call, chunk-major."""
     n_tok = xq.shape[0]
+    r0 = g * ROW_GROUP
+    r1 = min(raw3.shape[0], r0 + ROW_GROUP)
     n_chunks = (n_tok + MAX_TOK - 1) // MAX_TOK
     for c in range(n_chunks):
         t0 = n_tok * c // n_chunks
         nt = n_tok * (c + 1) // n_chunks - t0
-        if nt == 4:
-            _dot_avx2(raw3, g, xq, xd, t0, 4, out)
-        elif nt == 3:
-            _dot_avx2(raw3, g, xq, xd, t0, 3, out)
-        else:
-            _dot_avx2(raw3, g, xq, xd, t0, 2, out)
+        for r in range(r0, r1):
+            if nt == 4:
+                _dot_avx2(raw3, r, xq, xd, t0, 4, out)
+            elif nt == 3:
+                _dot_avx2(raw3, r, xq, xd, t0, 3, out)
+            else:
+                _dot_avx2(raw3, r, xq, xd, t0, 2, out)
 
 
 @njit(cache=True, parallel=True)
@@ -132,8 +139,8 @@ def mv_avx2(raw3, x3, out):
         for g in prange((n + 3) // 4):
             _dot_avx2(raw3, 4 * g, xq, xd, 0, 1, out)
     else:
-        for g in prange(n):
-            _token_chunks(raw3, g, xq, xd, out)
+        for g in prange((n + ROW_GROUP - 1) // ROW_GROUP):
+            _row_group(raw3, g, xq, xd, out)
 
 
 @njit(cache=True)
@@ -148,5 +155,5 @@ def mv_avx2_serial(raw3, x3, out):
         for g in range((n + 3) // 4):
             _dot_avx2(raw3, 4 * g, xq, xd, 0, 1, out)
     else:
-        for g in range(n):
-            _token_chunks(raw3, g, xq, xd, out)
+        for g in range((n + ROW_GROUP - 1) // ROW_GROUP):
+            _row_group(raw3, g, xq, xd, out)
