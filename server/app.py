@@ -511,6 +511,33 @@ class _Slots:
         _send_json(resp, self.s.engine.slots())
 
 
+class _WorkerInfo:
+    """What a router reads from a worker (sglang-router: /server_info and /model_info when it registers
+    one, /get_load for load-aware policies; the /get_ forms are its older names): engine.server_info()."""
+
+    def __init__(self, s: OpenAIServer):
+        self.s = s
+
+    def _info(self) -> dict:
+        info = getattr(self.s.engine, "server_info", None)
+        if info is None:
+            raise APIError(404, "this engine reports no server info", NOT_FOUND)
+        return info()
+
+    def on_get_server(self, req, resp):
+        _send_json(resp, self._info())
+
+    def on_get_model(self, req, resp):
+        i = self._info()
+        _send_json(resp, {k: i[k] for k in ("model_path", "served_model_name", "model_type", "is_generation",
+                                            "context_length")} | {"tokenizer_path": None})
+
+    def on_get_load(self, req, resp):
+        i = self._info()
+        _send_json(resp, {"load": i["running"] + i["waiting"], "num_reqs": i["running"],
+                          "num_waiting_reqs": i["waiting"], "num_tokens": i["tokens"]})
+
+
 # ----------------------------------------------------------------------------- auth and error handling
 
 class _ApiKeyMiddleware:
@@ -576,6 +603,11 @@ def build_app(engine, api_key: str | None = None) -> tuple[falcon.App, OpenAISer
         app.add_route(prefix + "/health", _Health(server))
     app.add_route("/metrics", _Metrics(server))
     app.add_route("/slots", _Slots(server))
+    info = _WorkerInfo(server)
+    for name in ("server", "model"):
+        app.add_route(f"/{name}_info", info, suffix=name)
+        app.add_route(f"/get_{name}_info", info, suffix=name)
+    app.add_route("/get_load", info, suffix="load")
     app.add_route("/openapi.json", openapi.OpenAPIDocument())
     return app, server
 

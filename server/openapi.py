@@ -229,6 +229,9 @@ def document() -> dict:
                                                                   "content": {"text/plain": {"schema": {
                                                                       "type": "string"}}}}),
             "/slots": _get("Per slot: state and current request", _json({"type": "array", "items": _ref("Slot")})),
+            "/server_info": _get("What this replica serves and its load (read by routers)", _json({"type": "object"})),
+            "/model_info": _get("The served model (read by routers)", _json({"type": "object"})),
+            "/get_load": _get("Requests running and waiting (read by load-aware routers)", _json({"type": "object"})),
             "/openapi.json": _get("This document", _json({"type": "object"})),
         },
         "components": {

@@ -183,7 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--out", "-o", required=True, help="output GGUF file")
     sy.set_defaults(func=cmd_synth)
     from .server.cli_serve import add_serve_parser   # the CLI sits above the server (layering exemption)
+    from .server.fleet import add_fleet_parser
     add_serve_parser(sub)
+    add_fleet_parser(sub)
     return parser
 
 

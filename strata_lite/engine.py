@@ -21,11 +21,13 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import os
 import threading
 import time
 from collections import deque
 from pathlib import Path
 
+from . import __version__
 from .config import EngineConfig
 from .engine_events import (DoneEvent, EngineNotReady, ErrorEvent, PromptTooLong, QueueFull, RequestHandle,
                             TokenEvent)
@@ -52,6 +54,7 @@ class Engine(StepLoop):
         self.config = config
         self.n_ctx = config.n_ctx
         self.model_id = _model_id(config.model)
+        self.arch: str | None = None
         self.ready, self.stopped = threading.Event(), threading.Event()
         self.load_error: Exception | None = None
         self.fatal_error: BaseException | None = None     # what stopped the engine thread, if anything did
@@ -159,6 +162,17 @@ class Engine(StepLoop):
         current admission), decode_tok_s, drafted and draft_accepted (speculative decoding). A snapshot
         taken by the engine thread after each step."""
         return [dict(s) for s in self._slots]
+
+    def server_info(self) -> dict:
+        """For /server_info and /model_info (routers such as sglang-router read them when a worker
+        registers) and /get_load (any thread): what this replica serves and how busy it is."""
+        running, waiting = self._counts
+        cfg = self.config
+        return {"model_path": self.model_id, "served_model_name": self.model_id, "model_type": self.arch,
+                "is_generation": True, "context_length": self.n_ctx, "max_running_requests": cfg.parallel,
+                "max_queued_requests": cfg.max_queue, "backend": cfg.backend, "spec": str(cfg.spec),
+                "running": running, "waiting": waiting,
+                "tokens": sum(s["seq_len"] for s in self._slots), "version": __version__, "pid": os.getpid()}
 
     def health(self) -> dict:
         """For /health (any thread): state "loading" | "ok" | "stuck" | "stopped" | "failed", a reason
@@ -274,6 +288,7 @@ class Engine(StepLoop):
                                 max_step_ratio=MAX_STEP_RATIO, drafter=self._spec if self._spec.enabled else None)
         self.tokenizer, self.chat_template = loaded.tokenizer, loaded.chat_template
         self.model_id = Path(loaded.path).stem
+        self.arch = loaded.config.arch
         log.info("loaded %s (%s) on %s in %.1f s; KV: %d tokens on the device (%.0f MiB), host pool %.2f GiB; "
                  "%d slots, n_ctx %d", loaded.path, loaded.config.arch, loaded.backend.describe(),
                  time.perf_counter() - t0, runner.kv.n_pages * runner.kv.page_size, runner.kv.nbytes / 2**20,
