@@ -89,6 +89,12 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--stuck-step-s", type=_positive_float, default=60.0,
                    help="/health answers 503 engine_stuck while an engine step runs longer than this many seconds "
                         "or 100x the median step, whichever is longer (default 60)")
+    p.add_argument("--kv-disk", default=None, metavar="DIR",
+                   help="keep every computed prefix page in files under DIR too: a restart or a crash loses no "
+                        "cached conversation, and prefixes evicted from RAM come back by reading them "
+                        "(docs/scheduler.md, 'Disk tier')")
+    p.add_argument("--kv-disk-gib", type=_positive_float, default=20.0,
+                   help="size limit of --kv-disk; least recently used pages are deleted beyond it (default 20)")
     p.add_argument("--spec", type=_spec, default="auto", metavar="auto|off|N",
                    help="speculative decoding with drafts from the conversation itself: auto (default: draft "
                         "widths from measured acceptance and step cost), off, or up to N drafted tokens per step "
@@ -103,7 +109,8 @@ def config_from_args(args):
     return EngineConfig(model=args.model, backend=args.backend, n_ctx=args.ctx_size, parallel=args.parallel,
                         kv_tokens=args.kv_tokens, step_tokens=args.step_tokens, decode_share=args.decode_share, host_kv_gib=args.host_kv_gib,
                         max_queue=args.max_queue, threads=args.threads,
-                        vram_reserve_mib=args.vram_reserve_mib, stuck_step_s=args.stuck_step_s, spec=args.spec)
+                        vram_reserve_mib=args.vram_reserve_mib, stuck_step_s=args.stuck_step_s, spec=args.spec,
+                        kv_disk=args.kv_disk, kv_disk_gib=args.kv_disk_gib)
 
 
 def api_key_from_args(args) -> str | None:

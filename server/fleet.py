@@ -132,7 +132,7 @@ class Fleet:
         for i in range(args.replicas):
             port = args.port + 1 + i
             argv = [sys.executable, "-m", "strata_lite.cli", "serve", "--host", args.replica_host,
-                    "--port", str(port)] + serve_args
+                    "--port", str(port)] + _own_disk_dir(serve_args, i)
             env = dict(os.environ)
             if gpus is not None:
                 argv += ["--backend", "cuda"]
@@ -215,6 +215,19 @@ class Fleet:
             if now >= child.restart_at:
                 child.restart_at = 0.0
                 child.start()
+
+
+def _own_disk_dir(serve_args: list[str], i: int) -> list[str]:
+    """serve_args with `--kv-disk DIR` made DIR/replica-i: replicas never share a disk tier directory."""
+    out, it = [], iter(serve_args)
+    for a in it:
+        if a == "--kv-disk":
+            out += [a, os.path.join(next(it, ""), f"replica-{i}")]
+        elif a.startswith("--kv-disk="):
+            out.append(f"--kv-disk={os.path.join(a.split('=', 1)[1], f'replica-{i}')}")
+        else:
+            out.append(a)
+    return out
 
 
 def _healthy(url: str) -> bool:

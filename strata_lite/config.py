@@ -31,6 +31,8 @@ class EngineConfig:
     page_size: int = 64
     stuck_step_s: float = 60.0        # /health: a step running longer than max(this, 100x the median step) is stuck
     spec: str | int = "auto"          # speculative decoding: "auto" | "off" | N drafted tokens (docs/speculative.md)
+    kv_disk: str | None = None        # directory of the disk KV tier (kv_disk.py); None = no disk tier
+    kv_disk_gib: float = 20.0         # its size limit
 
     def __post_init__(self):
         for name in ("n_ctx", "parallel", "step_tokens", "page_size"):
@@ -53,6 +55,8 @@ class EngineConfig:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads!r}")
         object.__setattr__(self, "spec", parse_spec(self.spec))
+        if not self.kv_disk_gib > 0:
+            raise ValueError(f"kv_disk_gib must be > 0, got {self.kv_disk_gib!r}")
 
     @property
     def device_kv_tokens(self) -> int:

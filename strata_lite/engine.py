@@ -281,11 +281,13 @@ class Engine(StepLoop):
         rows = cfg.parallel * (1 + self._spec.max_draft)
         self._runner = runner = ModelRunner(loaded, cfg.device_kv_tokens, cfg.page_size, cfg.host_kv_bytes(),
                                             n_ctx=cfg.n_ctx, max_step_tokens=cfg.step_tokens + rows,
-                                            max_seqs=rows, count_rows=cfg.parallel + cfg.max_queue)
+                                            max_seqs=rows, count_rows=cfg.parallel + cfg.max_queue,
+                                            disk_dir=cfg.kv_disk, disk_bytes=int(cfg.kv_disk_gib * 2**30))
         self._sched = Scheduler(runner.kv, runner.host, runner.copier, n_slots=cfg.parallel,
                                 step_tokens=cfg.step_tokens, eog_ids=loaded.tokenizer.eog_ids,
                                 max_seq_len=cfg.n_ctx, clock=self.clock, decode_share=cfg.decode_share or None,
-                                max_step_ratio=MAX_STEP_RATIO, drafter=self._spec if self._spec.enabled else None)
+                                max_step_ratio=MAX_STEP_RATIO, drafter=self._spec if self._spec.enabled else None,
+                                disk=runner.disk)
         self.tokenizer, self.chat_template = loaded.tokenizer, loaded.chat_template
         self.model_id = Path(loaded.path).stem
         self.arch = loaded.config.arch

@@ -191,7 +191,7 @@ class StepLoop:
 
     def _finish(self, act: RequestState, reason: str) -> None:
         recs = act.seq.records
-        cached = recs[0].reused + recs[0].restored if recs else 0
+        cached = recs[0].reused + recs[0].restored + recs[0].from_disk if recs else 0
         act.handle._put(DoneEvent(reason, len(act.request.prompt_ids), act.n_emitted, cached, act.text))
         if act.seq.spec is not None and act.seq.spec.steps:
             log.info("%s: %s", act.handle.id, act.seq.spec.log_text())

@@ -1,4 +1,5 @@
-"""TieredKV: device pages (KVCache) + host pages (HostPool) indexed by one PrefixTrie.
+"""TieredKV: device pages (KVCache) + host pages (HostPool) indexed by one PrefixTrie, and optionally a
+disk tier (kv_disk.DiskKV) that keeps every committed full page in a file.
 
 It places a sequence where its longest cached prefix is (shares device pages, restores host pages,
 copies a partial last page: copy-on-write), grows its pages as it computes, commits its full pages to
@@ -8,11 +9,14 @@ their KV in the host pool first (dropped only when the host pool cannot hold it)
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass
 
 from .host_pool import HostPool, KVCopier
 from .prefix_trie import DEVICE, HOST, PrefixTrie, TrieNode, common_prefix
+
+log = logging.getLogger("strata_lite")
 
 
 @dataclass
@@ -20,15 +24,16 @@ class Placement:
     cached: int      # prefix tokens whose KV was cached anywhere (trie or a running sequence)
     reused: int      # of the sequence's tokens: KV taken from the device
     restored: int    # KV copied from the host pool
+    from_disk: int = 0   # KV read from the disk tier
 
 
 class TieredKV:
-    def __init__(self, kv, host: HostPool, copier: KVCopier):
-        self.kv, self.host, self.copier = kv, host, copier
+    def __init__(self, kv, host: HostPool, copier: KVCopier, disk=None):
+        self.kv, self.host, self.copier, self.disk = kv, host, copier, disk
         self.P = kv.page_size
         self.trie = PrefixTrie(self.P)
         self.stats = dict(pages_parked=0, pages_restored=0, cow_copies=0, device_tokens_dropped=0,
-                          host_tokens_dropped=0)
+                          host_tokens_dropped=0, pages_from_disk=0)
 
     # allocation (evicting through the trie)
     def alloc_device(self, n: int, partial: bool = False) -> list[int] | None:
@@ -102,9 +107,14 @@ class TieredKV:
         b = usable // P * P
         anchor = source.node if source is not None else self.trie.anchor(m.path, b)
         below = None if source is not None or usable == b else next(n for n in m.path if n.start == b)
+        disk_keys = self._disk_run(tokens, b, cap) if source is None else []
+        if (b // P + len(disk_keys)) * P <= usable:
+            disk_keys = []
+        else:                             # the disk holds more than the trie: no partial page copy
+            below, usable = None, b
         chain = anchor.path()
         restore = [n for n in chain if not n.on_device]
-        n_new = sum(len(n.host_pages) for n in restore) + (usable > b)
+        n_new = sum(len(n.host_pages) for n in restore) + (usable > b) + len(disk_keys)
         if reserve is not None:
             pinned = sum(len(n.dev_pages) for n in chain + [below] if n is not None and n.on_device and n.ref == 0)
             rest = -(-(len(tokens) + 1) // P) - b // P
@@ -117,12 +127,46 @@ class TieredKV:
             if dev is None:
                 return None
             restored, reused = self._fill(restore, dev, source, below, b, usable)
+            n_disk = self._read_disk(disk_keys, dev[len(dev) - len(disk_keys):])
             self.trie.lock(anchor)
         finally:
             self.trie.unlock(held)
-        seq.node, seq.n_computed = anchor, usable
-        seq.pages = [p for n in anchor.path() for p in n.dev_pages] + ([dev[-1]] if usable > b else [])
-        return Placement(cached, reused, restored)
+        disk_pages = dev[len(dev) - len(disk_keys):][:n_disk]
+        self.kv.free(dev[len(dev) - len(disk_keys) + n_disk:])
+        seq.node, seq.n_computed = anchor, usable + n_disk * P
+        seq.pages = [p for n in anchor.path() for p in n.dev_pages] + ([dev[-1]] if usable > b else []) + disk_pages
+        return Placement(cached, reused, restored, n_disk * P)
+
+    def _disk_run(self, tokens, b: int, cap: int) -> list[str]:
+        """Names of the pages from position b on that the disk tier holds, consecutively, each ending at or
+        before cap (the last token is always computed)."""
+        if self.disk is None or cap // self.P <= b // self.P:
+            return []
+        keys = self.disk.keys(tokens, cap // self.P)
+        j = b // self.P
+        while j < len(keys) and self.disk.has(keys[j]):
+            j += 1
+        return keys[b // self.P:j]
+
+    def _read_disk(self, keys: list[str], dev: list[int]) -> int:
+        """Read the pages `keys` into device pages dev, in order, up to the first unreadable one; returns
+        how many were read."""
+        for i, (key, page) in enumerate(zip(keys, dev)):
+            if not self.disk.read(key, page):
+                return i
+        self.stats["pages_from_disk"] += len(keys)
+        return len(keys)
+
+    def _write_disk(self, seq, lo: int, hi: int) -> None:
+        """Write seq's full pages lo .. hi - 1 to the disk tier (a failing disk only logs: it is a cache)."""
+        if self.disk is None or hi <= lo:
+            return
+        try:
+            keys = self.disk.keys(seq.tokens, hi)
+            for j in range(lo, hi):
+                self.disk.write(keys[j], seq.tokens, j * self.P, seq.pages[j])
+        except OSError as e:
+            log.warning("KV disk tier: writing a page failed (%s); the prefix stays cached in memory only", e)
 
     def _fill(self, restore: list[TrieNode], dev: list[int], source, below, b: int, usable: int) -> tuple[int, int]:
         """Copy the restored pages and the partial page into `dev`; (restored, reused) tokens. A failed
@@ -192,7 +236,9 @@ class TieredKV:
         """Put seq's newly filled pages into the trie (locked by seq, shareable by others)."""
         full = seq.n_computed // self.P * self.P
         if full > seq.node.end:
+            lo = seq.node.end // self.P
             self._insert(seq, full, lock=True)
+            self._write_disk(seq, lo, full // self.P)
 
     def release(self, seq) -> None:
         """Hand everything seq computed to the trie (partial last page too); free the rest."""
@@ -203,6 +249,7 @@ class TieredKV:
         self.kv.free(seq.pages[used:])
         del seq.pages[used:]
         if seq.n_computed > seq.node.end:
+            self._write_disk(seq, lo, seq.n_computed // self.P)
             self._insert(seq, seq.n_computed, lock=False)
         else:
             assert len(seq.pages) == lo

@@ -17,7 +17,7 @@ class EngineMetrics:
         self.host_kv_bytes = Gauge("strata_host_kv_bytes", "Bytes of KV parked in the host pool", registry=r)
         self.prompt_tokens = Counter("strata_prompt_tokens", "Prompt tokens at admission, by where their KV came "
                                      "from", ["how"], registry=r)
-        for how in ("reused", "restored", "read"):
+        for how in ("reused", "restored", "disk", "read"):
             self.prompt_tokens.labels(how=how)
         self.needless_read = Counter("strata_needless_read_tokens", "Prompt tokens read although the prefix trie "
                                      "held their KV (device or host) at admission: the trie's own walk before "
@@ -48,6 +48,7 @@ class EngineMetrics:
         """One AdmissionRecord (new turn or resumed after preemption)."""
         self.prompt_tokens.labels(how="reused").inc(rec.reused)
         self.prompt_tokens.labels(how="restored").inc(rec.restored)
+        self.prompt_tokens.labels(how="disk").inc(rec.from_disk)
         self.prompt_tokens.labels(how="read").inc(rec.read)
         self.needless_read.inc(rec.needless_read)
         self.evicted_read.inc(rec.evicted_for_memory)

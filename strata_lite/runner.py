@@ -13,6 +13,7 @@ import numpy as np
 
 from .batch import Batch
 from .host_pool import ArrayKVCopier, HostPool
+from .kv_disk import DiskKV
 from .kernels import get_backend
 from .kernels.sample_rows import Sampled, SampleRows
 from .kv_cache import KVCache
@@ -100,7 +101,8 @@ class ModelRunner:
     at positions < n_ctx, sampling up to max_seqs rows."""
 
     def __init__(self, loaded: LoadedModel, kv_tokens: int, page_size: int, host_bytes: int, n_ctx: int,
-                 max_step_tokens: int, max_seqs: int, count_rows: int = 0):
+                 max_step_tokens: int, max_seqs: int, count_rows: int = 0, disk_dir: str | None = None,
+                 disk_bytes: int = 0):
         cfg, self.loaded = loaded.config, loaded
         self.backend, self.model = loaded.backend, loaded.model
         self.n_ctx, self.max_step_tokens, self.max_seqs = n_ctx, max_step_tokens, max_seqs
@@ -112,6 +114,12 @@ class ModelRunner:
         dev_arrays = (self.kv.k_pages, self.kv.k_scales, self.kv.v_pages, self.kv.v_scales)
         copier = self.backend.kv_copier(dev_arrays, self.host.arrays())
         self.copier = copier or TimedCopier(ArrayKVCopier(self.kv, self.host, self.backend))
+        self.disk = None
+        if disk_dir is not None:         # the disk tier moves pages through a one-page staging pool
+            staging = HostPool.like(self.kv, HostPool.like(self.kv, 0).page_bytes)
+            stage_copier = (self.backend.kv_copier(dev_arrays, staging.arrays())
+                            or ArrayKVCopier(self.kv, staging, self.backend))
+            self.disk = DiskKV(disk_dir, disk_bytes, loaded.path, staging, stage_copier)
         self.model.reserve(max_step_tokens, n_ctx, max_seqs)
         # decode steps replayed as captured graphs where the backend captures them; padded rows of a
         # graph's batch-size bucket read and write only the scratch page, which no sequence ever gets

@@ -32,12 +32,12 @@ from .step_plan import StepEvent, StepPlan, build_plan
 class Scheduler:
     def __init__(self, kv, host, copier, n_slots: int = 4, step_tokens: int = 256, eog_ids=(),
                  max_seq_len: int | None = None, clock=time.monotonic, keep_records: int = 4096,
-                 decode_share: float | None = None, max_step_ratio: float = 3.0, drafter=None):
+                 decode_share: float | None = None, max_step_ratio: float = 3.0, drafter=None, disk=None):
         if n_slots < 1 or step_tokens < 1:
             raise ValueError("n_slots and step_tokens must be >= 1")
         if decode_share is not None and not (0 < decode_share < 1 and max_step_ratio > 1):
             raise ValueError("decode_share must be in (0, 1) and max_step_ratio > 1")
-        self.tiers = TieredKV(kv, host, copier)
+        self.tiers = TieredKV(kv, host, copier, disk)
         self.n_slots, self.step_tokens, self.eog_ids = n_slots, step_tokens, frozenset(eog_ids)
         self.capacity = kv.n_pages * kv.page_size          # tokens one sequence alone can hold
         self.max_seq_len = min(max_seq_len or self.capacity, self.capacity)
@@ -48,7 +48,7 @@ class Scheduler:
         self.by_id: dict[str, Sequence] = {}
         self.records: deque[AdmissionRecord] = deque(maxlen=keep_records)
         self._open: StepPlan | None = None
-        self.counters = dict(admissions=0, tokens_reused=0, tokens_restored=0, tokens_read=0,
+        self.counters = dict(admissions=0, tokens_reused=0, tokens_restored=0, tokens_from_disk=0, tokens_read=0,
                              needless_read_tokens=0, evicted_for_memory_tokens=0, preemptions=0, steps=0,
                              decode_tokens=0, drafted_tokens=0, prompt_tokens_computed=0)
         # Time budget for reads while sequences decode (off when decode_share is None): the engine reports
@@ -274,11 +274,11 @@ class Scheduler:
         n, cap = len(seq.tokens), len(seq.tokens) - 1
         cached = min(placed.cached, cap)
         rec = AdmissionRecord(
-            seq.id, n, placed.reused, placed.restored, n - placed.reused - placed.restored,
+            seq.id, n, placed.reused, placed.restored, n - placed.reused - placed.restored - placed.from_disk,
             needless_read=max(0, min(held, cap) - placed.reused - placed.restored),
             evicted_for_memory=max(0, min(seq.cached_at_arrival, cap) - cached),
-            resumed=bool(seq.records), slot=self._free_slot(), t_arrival=seq.request.arrival,
-            t_admitted=self.clock())
+            resumed=bool(seq.records), from_disk=placed.from_disk, slot=self._free_slot(),
+            t_arrival=seq.request.arrival, t_admitted=self.clock())
         seq.records.append(rec)
         self.records.append(rec)
         seq.status, seq.slot = SeqStatus.READING, rec.slot
@@ -287,6 +287,7 @@ class Scheduler:
         c["admissions"] += 1
         c["tokens_reused"] += rec.reused
         c["tokens_restored"] += rec.restored
+        c["tokens_from_disk"] += rec.from_disk
         c["tokens_read"] += rec.read
         c["needless_read_tokens"] += rec.needless_read
         c["evicted_for_memory_tokens"] += rec.evicted_for_memory

@@ -44,6 +44,7 @@ class AdmissionRecord:
     needless_read: int       # read although the trie held their KV (device or host) before placement
     evicted_for_memory: int  # cached at arrival but dropped (host pool full) before admission
     resumed: bool = False
+    from_disk: int = 0       # KV read from the disk tier (kv_disk.py)
     slot: int = -1
     t_arrival: float = 0.0
     t_admitted: float = 0.0
@@ -58,8 +59,9 @@ class AdmissionRecord:
         return None if self.t_read_done is None else self.t_read_done - self.t_admitted
 
     def log_line(self) -> str:
+        disk = f" + {self.from_disk} from disk" if self.from_disk else ""
         line = (f"{self.seq_id}: prompt {self.n_prompt} tokens = {self.reused} reused + {self.restored} restored"
-                f" + {self.read} read")
+                f"{disk} + {self.read} read")
         if self.needless_read or self.evicted_for_memory:
             line += f" ({self.needless_read} needless, {self.evicted_for_memory} evicted for memory)"
         return line + (" [resumed]" if self.resumed else "")

@@ -1,0 +1,151 @@
+"""Replay agent conversations against `strata-lite fleet` (CPU replicas behind sglang-router) and print,
+per replica count and routing policy: prompt tokens read vs reused/restored across the fleet, cross-replica
+needless re-reads, and time to first token.
+
+More conversations than the fleet has slots; every conversation shares one system prompt and grows by a
+tool result (`--tool-tokens` of source text) and a follow-up per turn; turns are sent one at a time in
+seeded random order across conversations (streamed, greedy, `--max-tokens`). After each turn every
+replica's /metrics is read: the replica whose prompt-token counters moved served it. A cross-replica
+needless re-read is a turn's prompt tokens read on one replica although another replica held them: the
+conversation's previous turn (its prompt and answer) was served elsewhere and the serving replica read
+more than the new part. The shared system prompt read once per replica is not counted as needless.
+
+usage: python perf/bench_fleet.py [--replicas 2 4] [--policies cache_aware round_robin] [--conversations 6]
+           [--turns 3] [--tool-tokens 120] [--max-tokens 8] [--threads-per-replica 1] [--model M]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import openai
+
+from bench_agent import Conversation, Sizer, pct, read_metrics, source_corpus, stream_chat
+
+READ, REUSED, RESTORED = ('strata_prompt_tokens_total{how="read"}', 'strata_prompt_tokens_total{how="reused"}',
+                          'strata_prompt_tokens_total{how="restored"}')
+
+
+def free_base_port(n: int) -> int:
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        socks = []
+        try:
+            for p in range(base, base + n + 1):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free run of ports")
+
+
+def wait_for(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if pred():
+                return
+        except Exception:        # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def counters(urls) -> list[tuple[float, float, float]]:
+    out = []
+    for u in urls:
+        m = read_metrics(u)
+        out.append((m.get(READ, 0.0), m.get(REUSED, 0.0), m.get(RESTORED, 0.0)))
+    return out
+
+
+def run_config(args, n_replicas: int, policy: str, corpus: str, sizer: Sizer) -> dict:
+    port = free_base_port(n_replicas)
+    cmd = [sys.executable, "-m", "strata_lite.cli", "fleet", "-n", str(n_replicas), "--policy", policy,
+           "--port", str(port), "--threads-per-replica", str(args.threads_per_replica), "--", "--parallel", "1",
+           "--ctx-size", "8192", "--host-kv-gib", "1", "--spec", "off"] + (["--model", args.model] if args.model else [])
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    router, replicas = f"http://127.0.0.1:{port}", [f"http://127.0.0.1:{port + 1 + i}" for i in range(n_replicas)]
+    try:
+        client = openai.OpenAI(base_url=router + "/v1", api_key="none", max_retries=0, timeout=600)
+        wait_for(lambda: client.models.list().data, 900, "the fleet")
+        model = client.models.list().data[0].id
+        for u in replicas:                      # compile the kernels on every replica before measuring
+            warm = openai.OpenAI(base_url=u + "/v1", api_key="none", max_retries=0, timeout=600)
+            stream_chat(warm, model, [{"role": "user", "content": f"warm-up {u}"}], 2)
+        rng = random.Random(args.seed)
+        convs = [Conversation(i, f"fleet{n_replicas}{policy}", random.Random(args.seed * 100 + i))
+                 for i in range(args.conversations)]
+        order = [c for c in convs for _ in range(args.turns)]
+        rng.shuffle(order)
+        last: dict[int, tuple[int, int]] = {}   # conversation -> (replica, tokens it held: prompt + answer)
+        prompt = read = cached = needless = 0
+        ttfts, errors = [], 0
+        before = counters(replicas)
+        for conv in order:
+            st = stream_chat(client, model, conv.messages, args.max_tokens)
+            after = counters(replicas)
+            moved = [i for i, (a, b) in enumerate(zip(after, before)) if a != b]
+            before = after
+            if st.error or st.usage is None or len(moved) != 1:
+                errors += 1
+                continue
+            r, u = moved[0], st.usage
+            c = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
+            prompt, cached, read = prompt + u.prompt_tokens, cached + c, read + u.prompt_tokens - c
+            if conv.i in last and last[conv.i][0] != r:
+                needless += max(0, min(last[conv.i][1], u.prompt_tokens) - c)
+            last[conv.i] = (r, u.prompt_tokens + u.completion_tokens)
+            ttfts.append(st.ttft)
+            conv.append_turn(corpus, st.text, args.tool_tokens, sizer)
+        return dict(replicas=n_replicas, policy=policy, prompt=prompt, read=read, cached=cached,
+                    needless=needless, ttft50=pct(ttfts, 0.5), ttft99=pct(ttfts, 0.99), errors=errors,
+                    turns=len(order))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--replicas", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--policies", nargs="+", default=["cache_aware", "round_robin"])
+    ap.add_argument("--conversations", type=int, default=6)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--tool-tokens", type=int, default=120)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--threads-per-replica", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--model", default=None)
+    args = ap.parse_args(argv)
+    corpus, sizer = source_corpus(), Sizer(args.model)
+    rows = [run_config(args, n, p, corpus, sizer) for n in args.replicas for p in args.policies]
+    print(f"fleet replay: {args.conversations} conversations x {args.turns} turns, {os.cpu_count()} cores, "
+          f"{args.threads_per_replica} thread(s) per replica, 1 slot each")
+    print(f"{'replicas':>8} {'policy':<12} {'prompt':>7} {'read':>6} {'reused+restored':>15} "
+          f"{'needless (cross-replica)':>24} {'TTFT p50':>8} {'p99':>6} {'errors':>6}")
+    for r in rows:
+        share = r["needless"] / r["prompt"] if r["prompt"] else 0.0
+        print(f"{r['replicas']:>8} {r['policy']:<12} {r['prompt']:>7} {r['read']:>6} {r['cached']:>15} "
+              f"{r['needless']:>16} ({share:5.1%}) {r['ttft50']:>7.2f}s {r['ttft99']:>5.2f}s {r['errors']:>6}")
+    return 0 if all(r["errors"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
