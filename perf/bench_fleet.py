@@ -16,20 +16,22 @@ usage: python perf/bench_fleet.py [--replicas 2 4] [--policies cache_aware round
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import openai
 
-from bench_agent import Conversation, Sizer, pct, read_metrics, source_corpus, stream_chat
+from bench_agent import Conversation, Sizer, http_get, pct, read_metrics, source_corpus, stream_chat
 
-READ, REUSED, RESTORED = ('strata_prompt_tokens_total{how="read"}', 'strata_prompt_tokens_total{how="reused"}',
-                          'strata_prompt_tokens_total{how="restored"}')
+READ, REUSED, RESTORED, DISK = ('strata_prompt_tokens_total{how="read"}', 'strata_prompt_tokens_total{how="reused"}',
+                                'strata_prompt_tokens_total{how="restored"}', 'strata_prompt_tokens_total{how="disk"}')
 
 
 def free_base_port(n: int) -> int:
@@ -64,19 +66,29 @@ def wait_for(pred, timeout: float, what: str) -> None:
     raise RuntimeError(f"timed out waiting for {what}")
 
 
+def http_json(url: str):
+    code, text = http_get(url)
+    if code != 200:
+        raise RuntimeError(f"GET {url} answered {code}")
+    return json.loads(text)
+
+
 def counters(urls) -> list[tuple[float, float, float]]:
     out = []
     for u in urls:
         m = read_metrics(u)
-        out.append((m.get(READ, 0.0), m.get(REUSED, 0.0), m.get(RESTORED, 0.0)))
+        out.append((m.get(READ, 0.0), m.get(REUSED, 0.0), m.get(RESTORED, 0.0), m.get(DISK, 0.0)))
     return out
 
 
-def run_config(args, n_replicas: int, policy: str, corpus: str, sizer: Sizer) -> dict:
-    port = free_base_port(n_replicas)
+def run_config(args, n_replicas: int, policy: str, corpus: str, sizer: Sizer, restart: bool = False) -> dict:
+    """One replay; with `restart`, replica 0 (started with a disk tier) is killed half-way and the fleet
+    restarts it: the turns it then serves for conversations it held show what came back from its disk."""
+    port = free_base_port(n_replicas + 1)
+    disk = ["--kv-disk", tempfile.mkdtemp(prefix="strata-fleet-kv-")] if restart else []
     cmd = [sys.executable, "-m", "strata_lite.cli", "fleet", "-n", str(n_replicas), "--policy", policy,
            "--port", str(port), "--threads-per-replica", str(args.threads_per_replica), "--", "--parallel", "1",
-           "--ctx-size", "8192", "--host-kv-gib", "1", "--spec", "off"] + (["--model", args.model] if args.model else [])
+           "--ctx-size", "8192", "--host-kv-gib", "1", "--spec", "off"] + disk + (["--model", args.model] if args.model else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     router, replicas = f"http://127.0.0.1:{port}", [f"http://127.0.0.1:{port + 1 + i}" for i in range(n_replicas)]
     try:
@@ -94,11 +106,22 @@ def run_config(args, n_replicas: int, policy: str, corpus: str, sizer: Sizer) ->
         last: dict[int, tuple[int, int]] = {}   # conversation -> (replica, tokens it held: prompt + answer)
         prompt = read = cached = needless = 0
         ttfts, errors = [], 0
+        held_by_0, after_restart = set(), dict(turns=0, from_disk=0, from_zero=0)
         before = counters(replicas)
-        for conv in order:
+        for k, conv in enumerate(order):
+            if restart and k == len(order) // 2:
+                held_by_0 = {c for c, (r, _) in last.items() if r == 0}
+                pid = http_json(replicas[0] + "/server_info")["pid"]
+                os.kill(pid, signal.SIGKILL)
+                wait_for(lambda: http_json(replicas[0] + "/server_info")["pid"] != pid, 600, "the restarted replica")
+                stream_chat(openai.OpenAI(base_url=replicas[0] + "/v1", api_key="none", max_retries=0, timeout=600),
+                            model, [{"role": "user", "content": "warm-up after the restart"}], 2)
+                time.sleep(3 * 2)                # the router's health checks bring it back into rotation
+                before = counters(replicas)
             st = stream_chat(client, model, conv.messages, args.max_tokens)
             after = counters(replicas)
             moved = [i for i, (a, b) in enumerate(zip(after, before)) if a != b]
+            disk_0 = after[0][3] - before[0][3]          # tokens replica 0 restored from its disk in this turn
             before = after
             if st.error or st.usage is None or len(moved) != 1:
                 errors += 1
@@ -108,12 +131,17 @@ def run_config(args, n_replicas: int, policy: str, corpus: str, sizer: Sizer) ->
             prompt, cached, read = prompt + u.prompt_tokens, cached + c, read + u.prompt_tokens - c
             if conv.i in last and last[conv.i][0] != r:
                 needless += max(0, min(last[conv.i][1], u.prompt_tokens) - c)
+            if conv.i in held_by_0 and r == 0:
+                held_by_0.discard(conv.i)        # its first turn after the restart
+                after_restart["turns"] += 1
+                after_restart["from_disk"] += int(disk_0)
+                after_restart["from_zero"] += int(c == 0)
             last[conv.i] = (r, u.prompt_tokens + u.completion_tokens)
             ttfts.append(st.ttft)
             conv.append_turn(corpus, st.text, args.tool_tokens, sizer)
         return dict(replicas=n_replicas, policy=policy, prompt=prompt, read=read, cached=cached,
                     needless=needless, ttft50=pct(ttfts, 0.5), ttft99=pct(ttfts, 0.99), errors=errors,
-                    turns=len(order))
+                    turns=len(order), restart=after_restart if restart else None)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -133,9 +161,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads-per-replica", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--model", default=None)
+    ap.add_argument("--restart-mid", action="store_true",
+                    help="also: a cache_aware replay with a disk tier where replica 0 is killed half-way")
     args = ap.parse_args(argv)
     corpus, sizer = source_corpus(), Sizer(args.model)
     rows = [run_config(args, n, p, corpus, sizer) for n in args.replicas for p in args.policies]
+    if args.restart_mid:
+        rows.append(run_config(args, args.replicas[0], "cache_aware", corpus, sizer, restart=True))
     print(f"fleet replay: {args.conversations} conversations x {args.turns} turns, {os.cpu_count()} cores, "
           f"{args.threads_per_replica} thread(s) per replica, 1 slot each")
     print(f"{'replicas':>8} {'policy':<12} {'prompt':>7} {'read':>6} {'reused+restored':>15} "
@@ -144,6 +176,11 @@ def main(argv=None) -> int:
         share = r["needless"] / r["prompt"] if r["prompt"] else 0.0
         print(f"{r['replicas']:>8} {r['policy']:<12} {r['prompt']:>7} {r['read']:>6} {r['cached']:>15} "
               f"{r['needless']:>16} ({share:5.1%}) {r['ttft50']:>7.2f}s {r['ttft99']:>5.2f}s {r['errors']:>6}")
+        if r["restart"] is not None:
+            x = r["restart"]
+            print(f"{'':>8} (replica 0 killed half-way and restarted, disk tier on: {x['turns']} turns of "
+                  f"conversations it held came back to it, {x['from_disk']} tokens restored from its disk, "
+                  f"{x['from_zero']} read again from token 0)")
     return 0 if all(r["errors"] == 0 for r in rows) else 1
 
 

@@ -3,7 +3,8 @@
     strata-lite fleet --replicas 2 --threads-per-replica 8 --port 8080 -- --model M.gguf --parallel 2
     strata-lite fleet --replicas 2 --gpus 0,1 --policy cache_aware -- --ctx-size 32768
 
-Replica i listens on 127.0.0.1:(port + 1 + i) (`--replica-host` to change the address), with one GPU each
+Replica i listens on 127.0.0.1:(port + 1 + i) (`--replica-host` to change the address), the router's
+Prometheus metrics on port + replicas + 1 (its default port would collide between fleets), with one GPU each
 (`--gpus`: CUDA_VISIBLE_DEVICES, `--backend cuda`) or `--threads-per-replica` CPU threads (default: the
 cores divided among the replicas, `--backend cpu`). Everything after `--` goes to every replica's
 `strata-lite serve` (checked before anything starts). The router (sglang-router's `launch_router`, a Rust
@@ -75,7 +76,8 @@ def add_fleet_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="the router's address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="the router's port; replicas take the next ones")
     p.add_argument("--replica-host", default="127.0.0.1", help="the address replicas listen on")
-    p.add_argument("--api-key", default=None, help="required by the router and the replicas (Bearer)")
+    p.add_argument("--api-key", default=None,
+                   help="clients must send 'Authorization: Bearer KEY' to the router (replicas, on loopback, take none)")
     p.add_argument("--health-interval-s", type=int, default=2, help="router health checks (default every 2 s)")
     p.add_argument("--start-timeout-s", type=float, default=900.0, help="wait this long for every replica")
     p.add_argument("serve_args", nargs=argparse.REMAINDER, help="-- then `strata-lite serve` options")
@@ -139,17 +141,19 @@ class Fleet:
                 env["CUDA_VISIBLE_DEVICES"] = gpus[i]
             else:
                 argv += ["--backend", "cpu", "--threads", str(threads)]
-            if args.api_key:
-                argv += ["--api-key", args.api_key]
             replicas.append(Child(f"replica {i} (port {port})", argv, env, url=f"http://{args.replica_host}:{port}"))
         router_argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", args.host,
                        "--port", str(args.port), "--policy", args.policy,
                        "--worker-urls", *[r.url for r in replicas],
                        "--health-check-interval-secs", str(args.health_interval_s),
                        "--health-failure-threshold", "1", "--health-success-threshold", "1",
+                       "--prometheus-host", args.host, "--prometheus-port", str(args.port + args.replicas + 1),
                        "--log-level", "warn"]
-        if args.api_key:
+        if args.api_key:                  # the router checks clients' keys; it forwards requests without one
             router_argv += ["--api-key", args.api_key]
+            if args.replica_host not in ("127.0.0.1", "localhost", "::1"):
+                log.warning("--api-key guards the router only: replicas on %s answer without a key",
+                            args.replica_host)
         router = Child("router", router_argv, dict(os.environ))
         return cls(replicas, router, f"http://{args.host}:{args.port}", args.api_key, args.start_timeout_s)
 

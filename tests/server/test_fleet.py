@@ -62,7 +62,7 @@ def _wait(pred, timeout: float, what: str):
 def fleet(tmp_path_factory):
     model = write_tiny_model(tmp_path_factory.mktemp("fleet") / "tiny-fleet.gguf", arch="qwen2", n_embd=64,
                              n_ff=128, n_heads=4, n_kv_heads=2)
-    port = _free_base_port(2)
+    port = _free_base_port(3)
     proc = subprocess.Popen([sys.executable, "-m", "strata_lite.cli", "fleet", "-n", "2", "--threads-per-replica", "1",
                              "--policy", "round_robin", "--port", str(port), "--health-interval-s", "1",
                              "--", "--model", str(model), "--parallel", "2", "--ctx-size", "256",
@@ -132,3 +132,26 @@ def test_sigterm_stops_router_and_replicas(fleet):
     for url in [router] + replicas:
         with pytest.raises(OSError):
             _get(url + "/health", timeout=1)
+
+
+def test_api_key_is_checked_by_the_router(tmp_path):
+    model = write_tiny_model(tmp_path / "tiny-keyed.gguf", arch="qwen2", n_embd=64, n_ff=128, n_heads=4,
+                             n_kv_heads=2)
+    port = _free_base_port(3)
+    proc = subprocess.Popen([sys.executable, "-m", "strata_lite.cli", "fleet", "-n", "2", "--threads-per-replica", "1",
+                             "--port", str(port), "--api-key", "sekrit", "--", "--model", str(model),
+                             "--ctx-size", "256", "--host-kv-gib", "0.01"])
+    router = f"http://127.0.0.1:{port}"
+    try:
+        keyed = openai.OpenAI(base_url=router + "/v1", api_key="sekrit", max_retries=0, timeout=60)
+        _wait(lambda: keyed.models.list().data, 300, "the keyed router")
+        r = keyed.chat.completions.create(model="tiny-keyed", messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=3)
+        assert r.usage.completion_tokens >= 1
+        for key in ("wrong", "none"):
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=router + "/v1", api_key=key, max_retries=0, timeout=60).chat.completions.create(
+                    model="tiny-keyed", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
