@@ -1,10 +1,10 @@
-"""Q8_0 and Q5_0 mat-muls in int8 with AVX2 (pmaddubsw + pmaddwd), for Q8_0 weights, Q5_0 weights in
-their own 22-byte blocks (unpacked in registers: nibbles, fifth bits from qh, minus 16) and what is
-repacked to Q8_0 (Q4_0, IQ4_NL: repack.py). A Q5_0 block unpacks to exactly the integers its lossless
-Q8_0 repacking stores and goes through the same sums, so the results are bit-identical to that
-repacking's, with 5.5 instead of 8.5 bits per weight to read (default model, 2-core AVX2 VM,
-2026-12-01, alternating runs: decode 19.3 against 16.0 tok/s, prompt 93.7 against 94.6 tok/s, peak RSS
--90 MiB). Up to 8 tokens per call share a block's unpacking and scale.
+"""Mat-muls in int8 with AVX2 (pmaddubsw + pmaddwd) for Q8_0 weights and for Q5_0, Q4_0 and IQ4_NL weights
+in their own blocks, unpacked in registers (nibbles; Q5_0's fifth bits from qh, minus 16; Q4_0 minus 8;
+IQ4_NL's codes through its 16-value table with pshufb). A block unpacks to exactly the integers its
+lossless Q8_0 repacking (repack.py) stores and goes through the same sums, so the results are
+bit-identical to that repacking's, with 5.5 / 4.5 instead of 8.5 bits per weight to read (Q5_0 on the
+default model, 2-core AVX2 VM, 2026-12-01, alternating runs: decode 19.3 against 16.0 tok/s, prompt 93.7
+against 94.6 tok/s, peak RSS -90 MiB). Up to 8 tokens per call share a block's unpacking and scale.
 
 llama.cpp multiplies these types with activations rounded to Q8_0 (32-blocks, scale amax/127 stored
 as f16; act_quant.py reproduces it). Keeping that rounding as int8 values makes each 32-weight block
@@ -23,6 +23,7 @@ from numba.extending import intrinsic
 
 from . import llvm_ir as L
 from .act_quant import round_f16
+from .dequant import IQ4NL_VALUES
 from .prefetch import emit_prefetch
 
 QK = 32
@@ -60,8 +61,8 @@ def quantize_activations(x: np.ndarray):
 
 
 V16B = ir.VectorType(L.I8, 16)
-Q8_0_KIND, Q5_0_KIND = 0, 1          # block formats of the kernel (the `kind` argument of mv_avx2)
-Q5_0_BLOCK_BYTES = 22                # f16 d, 4 bytes of fifth bits, 16 bytes of nibbles
+Q8_0_KIND, Q5_0_KIND, Q4_0_KIND, IQ4_NL_KIND = 0, 1, 2, 3   # block formats (the `kind` of mv_avx2)
+_IQ4_NL_TABLE = [int(v) for v in IQ4NL_VALUES] * 2          # the 16 codes' values, once per 128-bit lane
 
 
 def _q8_0_weights(builder, p):
@@ -73,10 +74,7 @@ def _q5_0_weights(builder, p):
     """The same for a Q5_0 block, unpacked in registers (ggml: weight j < 16 is the low nibble of qs[j]
     plus bit j of qh as 16, weight j + 16 the high nibble plus bit j + 16; minus 16): the integers the
     lossless Q8_0 repacking stores, so the dots and every float after them are the same."""
-    qs = L.load(builder, p, 6, V16B)
-    lo = builder.and_(qs, ir.Constant(V16B, [15] * 16))
-    hi = builder.lshr(qs, ir.Constant(V16B, [4] * 16))
-    nib = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(L.I32, 32), list(range(32))))
+    nib = _nibbles(builder, p, 6)
     qh = builder.bitcast(L.load(builder, p, 2, L.I32), ir.VectorType(L.I8, 4))
     spread = builder.shuffle_vector(qh, ir.Constant(ir.VectorType(L.I8, 4), None),
                                     ir.Constant(ir.VectorType(L.I32, 32), [i // 8 for i in range(32)]))
@@ -85,6 +83,25 @@ def _q5_0_weights(builder, p):
                            ir.Constant(L.V32B, [16] * 32), ir.Constant(L.V32B, [0] * 32))
     w = builder.sub(builder.or_(nib, fifth), ir.Constant(L.V32B, [16] * 32))
     return w, _f16(builder, p)
+
+
+def _nibbles(builder, p, off):
+    """The 32 4-bit codes of 16 bytes at p + off, in value order (low nibbles 0..15, high 16..31)."""
+    qs = L.load(builder, p, off, V16B)
+    lo = builder.and_(qs, ir.Constant(V16B, [15] * 16))
+    hi = builder.lshr(qs, ir.Constant(V16B, [4] * 16))
+    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(L.I32, 32), list(range(32))))
+
+
+def _q4_0_weights(builder, p):
+    """A Q4_0 block (f16 d, 16 bytes of codes): weight = code - 8."""
+    return builder.sub(_nibbles(builder, p, 2), ir.Constant(L.V32B, [8] * 32)), _f16(builder, p)
+
+
+def _iq4_nl_weights(builder, p):
+    """An IQ4_NL block (f16 d, 16 bytes of codes): weight = the table value of the code (pshufb)."""
+    table = ir.Constant(L.V32B, [v & 255 for v in _IQ4_NL_TABLE])
+    return builder.call(L.avx2(builder, "pshuf.b"), [table, _nibbles(builder, p, 2)]), _f16(builder, p)
 
 
 def _f16(builder, p):
@@ -146,6 +163,8 @@ def _make_dot(block_weights, doc_format: str):
 
 _dot_q8_0 = _make_dot(_q8_0_weights, "Q8_0")
 _dot_q5_0 = _make_dot(_q5_0_weights, "Q5_0")
+_dot_q4_0 = _make_dot(_q4_0_weights, "Q4_0")
+_dot_iq4_nl = _make_dot(_iq4_nl_weights, "IQ4_NL")
 
 
 @njit(cache=True, inline="always")
@@ -168,6 +187,40 @@ def _dot(kind, raw3, r, xq, xd, t0, nt, out):
             _dot_q5_0(raw3, r, xq, xd, t0, 2, out)
         else:
             _dot_q5_0(raw3, r, xq, xd, t0, 1, out)
+    elif kind == Q4_0_KIND:
+        if nt == 8:
+            _dot_q4_0(raw3, r, xq, xd, t0, 8, out)
+        elif nt == 7:
+            _dot_q4_0(raw3, r, xq, xd, t0, 7, out)
+        elif nt == 6:
+            _dot_q4_0(raw3, r, xq, xd, t0, 6, out)
+        elif nt == 5:
+            _dot_q4_0(raw3, r, xq, xd, t0, 5, out)
+        elif nt == 4:
+            _dot_q4_0(raw3, r, xq, xd, t0, 4, out)
+        elif nt == 3:
+            _dot_q4_0(raw3, r, xq, xd, t0, 3, out)
+        elif nt == 2:
+            _dot_q4_0(raw3, r, xq, xd, t0, 2, out)
+        else:
+            _dot_q4_0(raw3, r, xq, xd, t0, 1, out)
+    elif kind == IQ4_NL_KIND:
+        if nt == 8:
+            _dot_iq4_nl(raw3, r, xq, xd, t0, 8, out)
+        elif nt == 7:
+            _dot_iq4_nl(raw3, r, xq, xd, t0, 7, out)
+        elif nt == 6:
+            _dot_iq4_nl(raw3, r, xq, xd, t0, 6, out)
+        elif nt == 5:
+            _dot_iq4_nl(raw3, r, xq, xd, t0, 5, out)
+        elif nt == 4:
+            _dot_iq4_nl(raw3, r, xq, xd, t0, 4, out)
+        elif nt == 3:
+            _dot_iq4_nl(raw3, r, xq, xd, t0, 3, out)
+        elif nt == 2:
+            _dot_iq4_nl(raw3, r, xq, xd, t0, 2, out)
+        else:
+            _dot_iq4_nl(raw3, r, xq, xd, t0, 1, out)
     else:
         if nt == 8:
             _dot_q8_0(raw3, r, xq, xd, t0, 8, out)

@@ -103,8 +103,7 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
         return out
     if w.int8:
         mv = q8_0_int8.mv_avx2_serial if w.small else q8_0_int8.mv_avx2
-        mv(w.raw3, x.reshape(n_tok, w.nb, q8_0_int8.QK), out,
-           q8_0_int8.Q5_0_KIND if w.qtype == _Q5_0 else q8_0_int8.Q8_0_KIND)
+        mv(w.raw3, x.reshape(n_tok, w.nb, q8_0_int8.QK), out, _INT8_KIND.get(w.qtype, q8_0_int8.Q8_0_KIND))
         return out
     x = round_activations(w.src_qtype, x)
     if qtype == _Q8_0 and n_tok <= MATVEC_MAX_TOK:
@@ -124,7 +123,7 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
 
 _F32 = np.dtype(np.float32)
 _Q8_0 = QType.Q8_0
-_Q5_0 = QType.Q5_0
+_INT8_KIND = {QType.Q5_0: q8_0_int8.Q5_0_KIND, QType.Q4_0: q8_0_int8.Q4_0_KIND, QType.IQ4_NL: q8_0_int8.IQ4_NL_KIND}
 
 
 def matvec_fused(qtype, raw, x, out):

@@ -7,8 +7,9 @@ bits/weight). gguf dequantizes both as one float32 product ``d * float32(q)``, s
 dequantizes bit-identically, and every such matrix runs the Q8_0 kernels (5-8x faster per weight than
 the Q5_0 one, whose 5th-bit unpacking does not vectorize).
 
-When the CPU has AVX2, Q5_0 keeps its own blocks (q8_0_int8.py unpacks them in registers, with the
-results of their Q8_0 repacking, bit for bit), and IQ3_XXS, Q4_K and Q6_K are repacked losslessly for the int8 kernel of
+When the CPU has AVX2, Q5_0, Q4_0 and IQ4_NL keep their own blocks instead (q8_0_int8.py unpacks them
+in registers, with the results of their Q8_0 repacking, bit for bit), and IQ3_XXS, Q4_K and Q6_K are
+repacked losslessly for the int8 kernel of
 nibble_int8.py: IQ3_XXS as 4-bit codes (iq3_int8.py: 4.5 instead of 3.06 bits/weight, 3x less work per
 weight; layout IQ3_I8), Q4_K with its scales unpacked (q4_k_int8.py: 5 instead of 4.5; Q4K_I8), Q6_K as
 int8 values (q6_k_int8.py: 8.75 instead of 6.56; Q6K_I8). Those layouts run the int8 kernel for every
@@ -130,7 +131,7 @@ class PackedWeight:
         self.final = bool(final)
         # the AVX2 int8 kernels serve it, for any number of tokens (nibble_int8.py: the repacked layouts;
         # q8_0_int8.py: Q8_0, small matrices on the calling thread)
-        self.int8 = self.layout in INT8_LAYOUTS or (bool(int8) and qtype in (QType.Q8_0, QType.Q5_0))
+        self.int8 = self.layout in INT8_LAYOUTS or (bool(int8) and (qtype == QType.Q8_0 or qtype in REPACK_TO_Q8_0))
 
     @property
     def nbytes(self) -> int:
@@ -166,7 +167,7 @@ def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool 
     if isinstance(w, PackedWeight):
         return w
     qtype = QType(int(w.qtype))
-    if int8 and qtype == QType.Q5_0:          # the int8 kernel unpacks Q5_0 blocks itself
+    if int8 and qtype in REPACK_TO_Q8_0:      # the int8 kernel unpacks these blocks itself
         return PackedWeight(w.name, qtype, w.n_out, w.n_in, w.raw, int8=int8)
     if repack and qtype in REPACK_TO_Q8_0:
         packed = repack_to_q8_0(qtype, w.raw, w.n_in)

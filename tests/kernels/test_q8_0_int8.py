@@ -57,8 +57,7 @@ def test_backend_serves_q8_0_and_its_repacked_types_in_int8(qtype, monkeypatch):
     w = SimpleNamespace(name="w", qtype=qtype, n_out=1200, n_in=256, raw=raw)
     be = CpuBackend()
     pw = be.upload_weight(w)
-    # Q5_0 stays in its own blocks (the kernel unpacks them); Q4_0 and IQ4_NL become Q8_0 blocks
-    assert pw.qtype == (QType.Q5_0 if qtype == QType.Q5_0 else QType.Q8_0) and pw.int8
+    assert pw.qtype == qtype and pw.int8                          # its own blocks: the kernel unpacks them
     for n_tok in (1, 3, MATVEC_MAX_TOK, MATVEC_MAX_TOK + 1, 21):  # chunks of up to 8 tokens per kernel call
         x = np.random.default_rng(n_tok).standard_normal((n_tok, 256), dtype=np.float32)
         ref, scale = _reference(raw, x, qtype)
@@ -68,15 +67,17 @@ def test_backend_serves_q8_0_and_its_repacked_types_in_int8(qtype, monkeypatch):
 
 
 @needs_avx2
-def test_q5_0_blocks_give_the_bits_of_their_q8_0_repacking():
-    """The Q5_0 kernel unpacks to the integers the lossless Q8_0 repacking stores and sums as the Q8_0
-    kernel does: bit-identical results for every token count."""
+@pytest.mark.parametrize("qtype,kind", [(QType.Q5_0, q8_0_int8.Q5_0_KIND), (QType.Q4_0, q8_0_int8.Q4_0_KIND),
+                                        (QType.IQ4_NL, q8_0_int8.IQ4_NL_KIND)], ids=lambda v: getattr(v, "name", ""))
+def test_own_blocks_give_the_bits_of_their_q8_0_repacking(qtype, kind):
+    """The kernel unpacks these blocks to the integers the lossless Q8_0 repacking stores and sums as
+    the Q8_0 kernel does: bit-identical results for every token count."""
     from strata_lite.kernels.cpu.repack import repack_to_q8_0
-    raw = random_rows(QType.Q5_0, 70, 512, seed=3)
-    q8 = repack_to_q8_0(QType.Q5_0, raw, 512).reshape(70, 16, 34)
+    raw = random_rows(qtype, 70, 512, seed=3)
+    q8 = repack_to_q8_0(qtype, raw, 512).reshape(70, 16, 34)
     for n_tok in (1, 2, 5, 8, 9, 30):
         x = np.random.default_rng(n_tok).standard_normal((n_tok, 512), dtype=np.float32).reshape(n_tok, 16, 32)
         a, b = np.empty((n_tok, 70), np.float32), np.empty((n_tok, 70), np.float32)
         q8_0_int8.mv_avx2(q8, x, a, q8_0_int8.Q8_0_KIND)
-        q8_0_int8.mv_avx2(raw.reshape(70, 16, 22), x, b, q8_0_int8.Q5_0_KIND)
+        q8_0_int8.mv_avx2(raw.reshape(70, 16, -1), x, b, kind)
         np.testing.assert_array_equal(a, b)
