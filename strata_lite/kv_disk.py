@@ -102,8 +102,9 @@ class DiskKV:
             if why:
                 log.warning("KV disk tier: skipping %s: %s", path, why)
                 continue
-            self.index[path.stem] = path.stat().st_size
-            self.nbytes += path.stat().st_size
+            size = path.stat().st_size
+            self.index[path.stem] = size
+            self.nbytes += size
         for tmp in self.dir.glob("*.tmp"):          # a write the process did not finish
             tmp.unlink(missing_ok=True)
         if self.index:

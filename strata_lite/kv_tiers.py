@@ -127,12 +127,13 @@ class TieredKV:
             if dev is None:
                 return None
             restored, reused = self._fill(restore, dev, source, below, b, usable)
-            n_disk = self._read_disk(disk_keys, dev[len(dev) - len(disk_keys):])
+            first_disk = len(dev) - len(disk_keys)          # the disk pages come last in dev
+            n_disk = self._read_disk(disk_keys, dev[first_disk:])
             self.trie.lock(anchor)
         finally:
             self.trie.unlock(held)
-        disk_pages = dev[len(dev) - len(disk_keys):][:n_disk]
-        self.kv.free(dev[len(dev) - len(disk_keys) + n_disk:])
+        disk_pages = dev[first_disk:first_disk + n_disk]
+        self.kv.free(dev[first_disk + n_disk:])
         seq.node, seq.n_computed = anchor, usable + n_disk * P
         seq.pages = [p for n in anchor.path() for p in n.dev_pages] + ([dev[-1]] if usable > b else []) + disk_pages
         return Placement(cached, reused, restored, n_disk * P)

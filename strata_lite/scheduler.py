@@ -182,16 +182,17 @@ class Scheduler:
         as is the last row's when the whole draft is accepted), stopping at a finishing token. The KV of the
         pending token and of the accepted drafted tokens is kept (n_computed), rejected positions are
         dropped with the pages past them. Returns the next logit row."""
-        n_emitted = 0
+        n_emitted = accepted = 0
         for i in range(len(draft) + 1):
             token = int(tokens[j + i])
             seq.tokens.append(token)
             n_emitted += 1
+            hit = i < len(draft) and token == draft[i]
+            accepted += hit
             reason = seq.pending_finish or self._stop_reason(seq, token)
             events.append(StepEvent(seq, token, reason, j + i))
-            if reason or i == len(draft) or token != draft[i]:
+            if reason or not hit:
                 break
-        accepted = sum(1 for i in range(min(n_emitted, len(draft))) if seq.tokens[-n_emitted + i] == draft[i])
         seq.n_computed += n_emitted
         self.tiers.trim(seq)
         self.drafter.observe(seq, len(draft), accepted)
