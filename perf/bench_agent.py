@@ -1,6 +1,6 @@
 """Replay an agent workload against the HTTP server and print one table.
 
-Starts `strata-lite serve` itself (default model, CPU backend, a free 127.0.0.1 port; or use a running
+Starts `strata-lite serve` itself (default model, --backend cpu unless told, a free 127.0.0.1 port; or use a running
 server with --url), waits for /health, warms it up, reads /metrics, then:
 
 1. Agent turns: more conversations than slots, all sharing one system prompt with ~300 tokens of tool
@@ -17,7 +17,7 @@ server with --url), waits for /health, warms it up, reads /metrics, then:
 /metrics is read before and after (prompt tokens read/reused/restored, needless reads, step seconds);
 read seconds come from the server's admission log lines when this script started the server.
 
-usage: python perf/bench_agent.py [--parallel 2] [--conversations 4] [--turns 4] [--threads 2]
+usage: python perf/bench_agent.py [--backend cpu|cuda] [--parallel 2] [--conversations 4] [--turns 4] [--threads 2]
            [--step-tokens 256] [--long-read-tokens 4000] [--stream-tokens 200] [--decode-share 0.8]
            [--model M] [--url URL]
 --threads is the server's CPU threads; --client-threads the client's (default: one per conversation).
@@ -154,7 +154,7 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-c", "import sys; from strata_lite.cli import main; sys.exit(main())", "serve",
-               "--backend", "cpu", "--host", "127.0.0.1", "--port", str(self.port), "--parallel", str(args.parallel),
+               "--backend", args.backend, "--host", "127.0.0.1", "--port", str(self.port), "--parallel", str(args.parallel),
                "--ctx-size", str(args.ctx_size), "--step-tokens", str(args.step_tokens), "--log-level", "info"]
         if args.model:
             cmd += ["--model", args.model]
@@ -448,6 +448,7 @@ def print_table(rows):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parallel", type=int, default=2, help="server slots (default 2)")
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "cuda"], help="server --backend (default cpu)")
     ap.add_argument("--conversations", type=int, default=4, help="agent conversations (default 4)")
     ap.add_argument("--turns", type=int, default=4, help="tool-call turns per conversation (default 4)")
     ap.add_argument("--threads", type=int, default=None, help="server CPU threads (default: all cores)")

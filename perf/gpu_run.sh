@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # One command for the GPU machine (no network there): install the wheels brought in .whl/ (made here with
 # ../shared/device/get-wheels.sh, see docs/cuda.md), run the GPU tests, then the GPU benchmark; the table last.
-# usage: perf/gpu_run.sh [pytest args...]   (env: SKIP_TESTS=1, SKIP_BENCH=1, BENCH_ARGS="--quick")
+# usage: perf/gpu_run.sh [pytest args...]   (env: SKIP_TESTS=1, SKIP_BENCH=1, BENCH_ARGS="--quick",
+#        MODEL_TESTS=1: also the default model's goldens, drafting and server suites on the CUDA backend; the
+#        model must already be in $STRATA_LITE_CACHE, see docs/cuda.md "On the GPU machine")
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/strata-out}; mkdir -p "$OUT"
+SITE=${SITE:-/tmp/site}   # the wheels' target (/dev/shm/site stays between commands while the machine is held)
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
     || { echo "wheel install failed"; exit 1; }
 fi
 # the package maps kernels/ loader/ server/ into strata_lite.* (setup.cfg); a tree of links does the same
@@ -14,7 +17,7 @@ fi
 ROOT=$PWD; rm -rf /tmp/sl; mkdir -p /tmp/sl/strata_lite
 for f in strata_lite/*; do ln -s "$ROOT/$f" /tmp/sl/strata_lite/; done
 for d in kernels loader server; do ln -s "$ROOT/$d" /tmp/sl/strata_lite/$d; done
-export PYTHONPATH=/tmp/site:/tmp/sl
+export PYTHONPATH="$SITE":/tmp/sl
 cd /tmp
 export PYTHONUNBUFFERED=1
 python3 - <<'PY'
@@ -29,6 +32,14 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     > "$OUT/gpu_tests.log" 2>&1
   rc=$?
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -n 40
+fi
+if [ -n "${MODEL_TESTS:-}" ]; then
+  STRATA_LITE_TEST_BACKEND=cuda STRATA_LITE_SERVER_TEST_ENGINE=real timeout "${MODEL_TEST_LIMIT:-900}" \
+    python3 -m pytest -q -p no:cacheprovider -rfE "$ROOT/tests/engine/test_golden_llamacpp.py" \
+      "$ROOT/tests/engine/test_spec_default_model.py" "$ROOT/tests/server/test_real_model.py" \
+      "$ROOT/tests/server/test_openai_client.py" > "$OUT/model_tests.log" 2>&1
+  mrc=$?; [ $rc -eq 0 ] && rc=$mrc
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/model_tests.log" | tail -n 40
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   timeout "${BENCH_LIMIT:-1200}" python3 "$ROOT/perf/bench_gpu.py" ${BENCH_ARGS:-} --json "$OUT/bench_gpu.json" \

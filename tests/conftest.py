@@ -38,7 +38,17 @@ def default_model_path():
     return resolve_model(None)
 
 
+# The backend the default-model tests (goldens, engine, server) run on: the CPU unless
+# STRATA_LITE_TEST_BACKEND says otherwise (perf/gpu_run.sh runs them again with "cuda" on the GPU machine).
+TEST_BACKEND = os.environ.get("STRATA_LITE_TEST_BACKEND", "cpu")
+
+
+@pytest.fixture(scope="session")
+def test_backend():
+    return TEST_BACKEND
+
+
 @pytest.fixture(scope="session")
 def default_llm(default_model_path):
     from strata_lite import LLM
-    return LLM(default_model_path, backend="cpu", n_ctx=2048)
+    return LLM(default_model_path, backend=TEST_BACKEND, n_ctx=2048)

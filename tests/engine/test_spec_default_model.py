@@ -1,6 +1,6 @@
 """Greedy output with suffix drafting equals greedy output without it, token for token, on the default
 model: one slot, two slots decoding together, and a slot decoding while another reads a long prompt.
-Exact because the CPU forward is batch-invariant (docs/bounds.md): a token's logits do not depend on
+Exact because the forward (CPU and CUDA) is batch-invariant (docs/bounds.md): a token's logits do not depend on
 the verify width, the other slots or the prompt chunks sharing its step."""
 from pathlib import Path
 
@@ -14,8 +14,8 @@ from strata_lite.sequence import Request
 CODE = (Path(__file__).resolve().parent.parent / "data" / "heapq.py").read_text(encoding="utf-8")
 
 
-def _engine(path, spec):
-    eng = Engine(EngineConfig(model=path, backend="cpu", n_ctx=4096, parallel=2, step_tokens=128, spec=spec,
+def _engine(path, backend, spec):
+    eng = Engine(EngineConfig(model=path, backend=backend, n_ctx=4096, parallel=2, step_tokens=128, spec=spec,
                               host_kv_gib=0.1))
     eng.start()
     assert eng.wait_ready(300)
@@ -51,8 +51,8 @@ def _run(eng, requests, tag):
 
 
 @pytest.fixture(scope="module")
-def reference(default_model_path):
-    eng = _engine(default_model_path, "off")
+def reference(default_model_path, test_backend):
+    eng = _engine(default_model_path, test_backend, "off")
     try:
         return {name: _run(eng, reqs, "ref") for name, reqs in _scenarios(eng).items()}
     finally:
@@ -60,8 +60,8 @@ def reference(default_model_path):
 
 
 @pytest.mark.parametrize("spec", [4, "auto"])
-def test_greedy_output_with_drafts_equals_without(default_model_path, reference, spec):
-    eng = _engine(default_model_path, spec)
+def test_greedy_output_with_drafts_equals_without(default_model_path, test_backend, reference, spec):
+    eng = _engine(default_model_path, test_backend, spec)
     try:
         for name, reqs in _scenarios(eng).items():
             assert _run(eng, reqs, name) == reference[name], name

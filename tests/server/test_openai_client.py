@@ -1,7 +1,7 @@
 """The real `openai` client against a real waitress server on 127.0.0.1 (a free port, a background thread).
 
 The engine is the `engine` fixture: the fake engine by default; with STRATA_LITE_SERVER_TEST_ENGINE=real
-the real strata_lite Engine (default model, CPU unless STRATA_LITE_SERVER_TEST_BACKEND says otherwise).
+the real strata_lite Engine (default model, CPU unless STRATA_LITE_TEST_BACKEND says otherwise).
 Tests that script the engine's output or watch its cancels use the `fake` fixture and are skipped with
 the real engine.
 """
@@ -26,13 +26,13 @@ TOOLS = [{"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(test_backend):
     if not REAL:
         yield FakeEngine()
         return
     from strata_lite.config import EngineConfig
     from strata_lite.engine import Engine
-    eng = Engine(EngineConfig(backend=os.environ.get("STRATA_LITE_SERVER_TEST_BACKEND", "cpu"), n_ctx=2048,
+    eng = Engine(EngineConfig(backend=test_backend, n_ctx=2048,
                               parallel=2))
     eng.start()
     assert eng.wait_ready(timeout=900)

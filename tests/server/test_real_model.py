@@ -72,8 +72,8 @@ class _Recorder:
 
 
 @pytest.fixture(scope="module")
-def engine(default_model_path):
-    eng = Engine(EngineConfig(model=default_model_path, backend="cpu", n_ctx=N_CTX, parallel=2,
+def engine(default_model_path, test_backend):
+    eng = Engine(EngineConfig(model=default_model_path, backend=test_backend, n_ctx=N_CTX, parallel=2,
                                    kv_tokens=N_CTX, host_kv_gib=0.5))
     eng.recorder = _Recorder(eng)
     eng.start()
