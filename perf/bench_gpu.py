@@ -9,6 +9,9 @@ End to end: decode steps are the captured graphs (one replay per step) plus gree
 with every sequence at context 4K or 32K (the KV pages hold whatever is there: the work does not depend on it);
 prompt = one eager forward of 512 tokens.
 
+Prompt mat-muls: 512 tokens of rounded activations through the dp4a kernel and the tensor-core kernel
+(both give the same bits), TFLOP/s = 2 * rows * columns * tokens / time, beside llama.cpp's on the card.
+
 usage: python perf/bench_gpu.py [--models DIR] [--quick] [--json FILE]
 """
 from __future__ import annotations
@@ -87,6 +90,27 @@ def bench_matmul(cp, qm, qtype, n_out, n_in, n_tok):
     return t, moved
 
 
+def bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, kernels):
+    """{(kernel, nb): seconds} per prompt-chunk mat-mul on activations already rounded (the rounding is shared by every
+    kernel choice), weights of random bytes with finite scales in 4 copies (the chunk is compute-bound)."""
+    from gguf import GGMLQuantizationType as QT
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
+    from test_dequant import random_rows
+
+    qt = QT[qtype]
+    ws = [qm.upload(SimpleNamespace(name="bench", qtype=qt, n_out=n_out, n_in=n_in,
+                                    raw=random_rows(qt, n_out, n_in, seed=i))) for i in range(4)]
+    fmt = qm.act_format(qt)
+    x = cp.asarray(np.random.default_rng(3).standard_normal((n_tok, n_in), dtype=np.float32))
+    xq = cp.empty((n_tok, n_in), cp.int8)
+    xd = cp.empty((n_tok, n_in // qm.XBLOCK[fmt]), cp.float32)
+    qm.quantize_activations(fmt, x, xq, xd)
+    out = cp.empty((n_tok, n_out), cp.float32)
+    return {(kernel, nb): timed_in_graph(
+        cp, [lambda w=w: qm.matmul_prequantized(w, xq, xd, out, kernel=kernel, nb=nb) for w in ws] * 2)
+        for kernel, nb in kernels}
+
+
 def bench_attention(cp, n_keys, n_heads=32, n_kv=8, hd=128, page_size=64):
     from strata_lite.kernels.cuda import attention as ak
     from strata_lite.kernels.kv_layout import kv_shapes
@@ -120,6 +144,27 @@ KERNELS = [  # (label, qtype, n_out, n_in, n_tok) -- the shapes of the llama.cpp
     ("Q8_0 4096x14336 n=1", "Q8_0", 14336, 4096, 1),
     ("F16 4096x14336 n=1", "F16", 14336, 4096, 1),
 ]
+
+
+GEMMS = [  # (qtype, n_out, n_in, n_tok, llama.cpp TFLOP/s on the same card) -- prompt chunks
+    ("IQ3_XXS", 14336, 4096, 512, 178),
+    ("Q4_K", 14336, 4096, 512, 173),
+    ("Q8_0", 14336, 4096, 512, None),
+    ("Q6_K", 14336, 4096, 512, None),
+    ("Q5_0", 4864, 896, 512, None),
+]
+GEMM_KERNELS = [("dp4a", 2), ("mma", 1), ("mma", 2)]   # (kernel, n8 tiles per warp of the tensor-core kernel)
+
+
+def gemm_rows(cp):
+    from strata_lite.kernels.cuda import qmatmul as qm
+    rows = []
+    for qtype, n_out, n_in, n_tok, ref in GEMMS:
+        times = bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, GEMM_KERNELS)
+        for (kernel, nb), t in times.items():
+            label = f"{qtype} {n_in}x{n_out} n={n_tok} {kernel}" + (f" nb={nb}" if kernel == "mma" else "")
+            rows.append((label, t * 1e6, 2 * n_out * n_in * n_tok / t / 1e12, ref))
+    return rows
 
 
 def kernel_rows(cp, copy_bw):
@@ -202,6 +247,7 @@ def main(argv=None) -> int:
     be = CudaBackend()
     copy_bw = copy_bandwidth(cp)
     krows = kernel_rows(cp, copy_bw)
+    grows = gemm_rows(cp)
     os.makedirs(args.models, exist_ok=True)
     erows = []
     for path in synth_models(args.models, args.quick):
@@ -210,12 +256,15 @@ def main(argv=None) -> int:
     print(f"{'kernel':48s} {'us':>9s} {'GB/s':>8s} {'of copy bw':>10s}")
     for label, us, gbs, frac in krows:
         print(f"{label:48s} {us:9.1f} {gbs:8.0f} {frac:9.0%}")
+    print(f"\n{'prompt mat-mul (activations rounded)':48s} {'us':>9s} {'TFLOP/s':>8s} {'llama.cpp':>10s}")
+    for label, us, tfs, ref in grows:
+        print(f"{label:48s} {us:9.1f} {tfs:8.1f} {ref if ref else '':>10}")
     print(f"\n{'end to end (synthetic weights)':60s} {'tok/s':>9s}")
     for label, tps in erows:
         print(f"{label:60s} {tps:9.0f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": be.describe(), "copy_bw": copy_bw, "kernels": krows, "e2e": erows}, f, indent=1)
+            json.dump({"device": be.describe(), "copy_bw": copy_bw, "kernels": krows, "gemm": grows, "e2e": erows}, f, indent=1)
     return 0
 
 

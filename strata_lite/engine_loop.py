@@ -95,6 +95,10 @@ class StepLoop:
         try:
             logits = self._runner.forward(plan.batch)
             tokens, failed = self._sample_step(plan, logits)
+            # a step that samples nothing (prompt chunks only) would otherwise return before the device ran
+            # it, and its time would be charged to the next step (the scheduler's cost model and the
+            # decode-share budget learn from these times)
+            self._runner.backend.synchronize()
             events = self._sched.complete_step(plan, tokens)
         except Exception as e:               # noqa: BLE001
             self._raise_if_device_fault(e)

@@ -45,17 +45,6 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
     }
 }
 
-// IQ3_XXS looks its grid up at 32 different indices per warp: from shared memory (constant memory would
-// serialize them). Copied once per CTA, before any thread may leave.
-template <class T>
-__device__ __forceinline__ void load_grid(u32* sh) {
-    if (T::GRID) {
-        for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < 256; i += blockDim.x * blockDim.y)
-            sh[i] = IQ3XXS_GRID[i];
-        __syncthreads();
-    }
-}
-
 #define MM_Q_KERNEL(NAME, T, TILE)                                                                        \
     extern "C" __global__ void __launch_bounds__(256) mm_##NAME##_t##TILE(                               \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \

@@ -1,12 +1,14 @@
 """Quantized mat-mul on the GPU: weights stay raw GGUF blocks on the device (uploaded once), activations are
 rounded to int8 the way ggml does (Q8_0 / Q8_K, bit-exact with kernels/cpu/act_quant.py) and dotted with
-the weights' int8 values by __dp4a. Kernels in qmatmul.cu.
+the weights' int8 values: by __dp4a for up to MMA_MIN_TOKENS - 1 tokens (qmatmul.cu), on the tensor cores
+(int8 mma.sync) for more (qmatmul_mma.cu). Both give the same bits for every output.
 
 Host/device placement: DeviceWeight.raw, x, xq, xd, ids and out are cupy arrays (device); sizes are Python
 ints read from shapes. Launchers allocate nothing and never sync, so they can be captured in a CUDA graph.
 
-Batch invariance: each output is computed by one warp in a fixed order (lane-strided units, warp_sum),
-whatever the number of tokens in the launch or the token tile size chosen for it.
+Batch invariance: each output is computed in one fixed order (lane-strided units, warp_sum's tree; the
+tensor-core kernel replays that order), whatever the number of tokens in the launch, the token tile size
+or the kernel chosen for it.
 """
 from __future__ import annotations
 
@@ -20,6 +22,10 @@ from ..qtypes import check_supported, row_nbytes
 from .runtime import cdiv, cupy, launch
 
 CU = "qmatmul.cu"
+CU_MMA = "qmatmul_mma.cu"
+MMA_MIN_TOKENS = 16         # quantized weights with this many tokens or more take the tensor-core kernel
+MMA_WARPS = 4               # warps per CTA of the tensor-core kernel (MMA_WARPS in qmatmul_mma.cu), 32 rows each
+MMA_NB = 2                  # n8 token tiles per warp of the tensor-core kernel (kernels mmq_<type>_n1 / _n2)
 ROWS_PER_CTA = 8            # output rows (warps) per CTA of the mat-mul (8 measured a little faster than 4 on an H200)
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>); a launch takes the smallest >= n
 ACT_WARPS = 8               # quantization blocks (warps) per CTA
@@ -143,9 +149,11 @@ def _check_weight(w: DeviceWeight) -> int:
     return nbytes
 
 
-def matmul_prequantized(w: DeviceWeight, xq, xd, out) -> None:
+def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", nb: int = MMA_NB) -> None:
     """out (n, w.n_out) float32 = x @ W.T from x already quantized to act_format(w.qtype):
-    xq (n, w.n_in) int8 (16-byte aligned), xd (n, w.n_in / XBLOCK) float32."""
+    xq (n, w.n_in) int8 (16-byte aligned), xd (n, w.n_in / XBLOCK) float32. kernel: "auto" (by token count),
+    "dp4a" or "mma" (tests and benchmarks compare them; the results are the same bits); nb: the tensor-core
+    kernel's n8 tiles per warp (1 or 2)."""
     fmt = act_format(w.qtype)
     if fmt is None:
         raise ValueError(f"{w.qtype.name} weights take float activations: use matmul")
@@ -154,11 +162,19 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out) -> None:
     _check("xq", xq, (n, w.n_in), np.int8, align=16)
     _check("xd", xd, (n, w.n_in // XBLOCK[fmt]), np.float32)
     _check("out", out, (n, w.n_out), np.float32)
+    if kernel not in ("auto", "dp4a", "mma") or nb not in (1, 2):
+        raise ValueError(f"kernel must be auto, dp4a or mma and nb 1 or 2, got {kernel!r}, {nb!r}")
     if n == 0:
         return
+    args = (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), xq, xd, out, np.int32(n))
+    if kernel == "mma" or (kernel == "auto" and n >= MMA_MIN_TOKENS):
+        rows = 32 * MMA_WARPS
+        if cdiv(w.n_out, rows) > MAX_GRID_Y:
+            raise ValueError(f"{w.n_out} output rows exceed one launch ({MAX_GRID_Y * rows} at most)")
+        launch(CU_MMA, f"mmq_{_KNAME[w.qtype]}_n{nb}", (cdiv(n, 8 * nb), cdiv(w.n_out, rows)), (32, MMA_WARPS), args)
+        return
     grid, tile = _grid(w, n)
-    launch(CU, f"mm_{_KNAME[w.qtype]}_t{tile}", grid, (32, ROWS_PER_CTA),
-           (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), xq, xd, out, np.int32(n)))
+    launch(CU, f"mm_{_KNAME[w.qtype]}_t{tile}", grid, (32, ROWS_PER_CTA), args)
 
 
 def matmul(w: DeviceWeight, x, out, act: ActBuffers) -> None:

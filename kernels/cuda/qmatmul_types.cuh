@@ -129,14 +129,21 @@ __device__ __forceinline__ void lookup16(u32 q, const u32* t, u32& lo, u32& hi) 
 }
 
 // --------------------------------------------------------------------------------- weight types
-// Each type (over TBase: UNIT, XB, NW, offset, xload): decode(row, u, tab, U&) -> the unit's weights as packed int8 words in the order of its activations and
-// its scales; dot(U, x words, token's xd, acc) -> acc plus the token's contribution; deq(U, row out +
-// offset(u)) -> gguf's float values of the unit.
+// Each type (over TBase: UNIT, XB, NW, offset, xload, xword): decode(row, u, tab, U&) -> the unit's weights as
+// packed int8 words in the order of its activations and its scales; dot(U, x words, token's xd, acc) -> acc
+// plus the token's contribution; deq(U, row out + offset(u)) -> gguf's float values of the unit.
+// dot = integer dot products (exact, any order), then fin(U, those integers, xd, acc): the float tail that
+// every mat-mul kernel shares, so the dp4a kernels (qmatmul.cu) and the tensor-core ones (qmatmul_mma.cu)
+// round alike. MMA says how the tensor-core kernel gets the integers: MMA_ONE (one 32-weight dot),
+// MMA_K4 (two 32-weight dots and their activation sums), MMA_Q6 (four 8-weight dots, one per scale).
 // `tab` is the CTA's shared copy of IQ3XXS_GRID (unused by the other types).
 
 // UNIT weights per unit, activations in blocks of XB, NW int8 words of activations per unit per token
+enum { MMA_ONE = 0, MMA_K4 = 1, MMA_Q6 = 2 };
+
 template <int UNIT_, int XB_, int NW_>
 struct TBase {
+    static constexpr int MMA = MMA_ONE;
     static constexpr int UNIT = UNIT_, XB = XB_, NW = NW_;
     static constexpr bool GRID = false;            // decode reads the IQ3_XXS grid (from shared memory)
     // offset of the unit's first weight in its row (= of its first activation in the token's row)
@@ -144,6 +151,10 @@ struct TBase {
     // the unit's activations of one token row xr, in decode's weight order (contiguous for all but Q6_K)
     static __device__ __forceinline__ void xload(const i8* xr, int u, i32* x) {
         load_a16<NW_>(xr + offset(u), (u32*)x);
+    }
+    // word i (< NW) of the unit's activations of one token row, as xload orders them
+    static __device__ __forceinline__ u32 xword(const i8* xr, int u, int i) {
+        return __ldg((const unsigned int*)(xr + offset(u)) + i);
     }
 };
 
@@ -154,8 +165,11 @@ struct TQ8_0 : TBase<32, 32, 8> {
         load_a2<8>(b + 2, v.w);
         v.d = ldf16(b);
     }
+    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {
+        return __fmaf_rn(__fmul_rn(v.d, xd), (float)s, acc);
+    }
     static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
-        return __fmaf_rn(__fmul_rn(v.d, xd), (float)dot8w(v.w, x, 8), acc);
+        return fin(v, dot8w(v.w, x, 8), xd, acc);
     }
     static __device__ __forceinline__ void deq(const U& v, float* o) {
         for (int i = 0; i < 32; ++i) o[i] = __fmul_rn((float)(i8)(v.w[i >> 2] >> (8 * (i & 3))), v.d);
@@ -176,6 +190,7 @@ struct TQ4_0 : TBase<32, 32, 8> {
         }
         v.d = ldf16(b);
     }
+    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) { return TQ8_0::fin(v, s, xd, acc); }
     static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
         return TQ8_0::dot(v, x, xd, acc);
     }
@@ -195,6 +210,7 @@ struct TIQ4_NL : TBase<32, 32, 8> {
         for (int i = 0; i < 4; ++i) lookup16(q[i], t, v.w[i], v.w[4 + i]);
         v.d = ldf16(b);
     }
+    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) { return TQ8_0::fin(v, s, xd, acc); }
     static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
         return TQ4_0::dot(v, x, xd, acc);
     }
@@ -216,6 +232,7 @@ struct TQ5_0 : TBase<32, 32, 8> {
         }
         v.d = ldf16(b);
     }
+    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) { return TQ8_0::fin(v, s, xd, acc); }
     static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
         return TQ4_0::dot(v, x, xd, acc);
     }
@@ -233,10 +250,14 @@ __device__ __forceinline__ void k4_head(const u8* b, int jj, KU& v) {
     const u32 s[3] = {__ldg(sp), __ldg(sp + 1), __ldg(sp + 2)};
     k4_scale_min2(s, jj, v.sc, v.m);
 }
+// isc = sum over the two sub-blocks of scale * (q . x), imn = sum of min * (sum of x)
+__device__ __forceinline__ float k4_fin(const KU& v, i32 isc, i32 imn, float xd, float acc) {
+    return __fmaf_rn(xd, __fsub_rn(__fmul_rn(v.d, (float)isc), __fmul_rn(v.dmin, (float)imn)), acc);
+}
 __device__ __forceinline__ float k4_dot(const KU& v, const i32* x, float xd, float acc) {
     const i32 isc = v.sc[0] * dot8w(v.w, x, 8) + v.sc[1] * dot8w(v.w + 8, x + 8, 8);
     const i32 imn = v.m[0] * sum_bytes(x, 8) + v.m[1] * sum_bytes(x + 8, 8);
-    return __fmaf_rn(xd, __fsub_rn(__fmul_rn(v.d, (float)isc), __fmul_rn(v.dmin, (float)imn)), acc);
+    return k4_fin(v, isc, imn, xd, acc);
 }
 __device__ __forceinline__ void k4_deq(const KU& v, float* o) {
     for (int h = 0; h < 2; ++h) {
@@ -249,6 +270,7 @@ __device__ __forceinline__ void k4_deq(const KU& v, float* o) {
 }
 
 struct TQ4_K : TBase<64, 256, 16> {
+    static constexpr int MMA = MMA_K4;
     typedef KU U;
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
         const int jj = u & 3;
@@ -262,11 +284,13 @@ struct TQ4_K : TBase<64, 256, 16> {
         }
         k4_head(b, jj, v);
     }
+    static __device__ __forceinline__ float fin(const U& v, i32 isc, i32 imn, float xd, float acc) { return k4_fin(v, isc, imn, xd, acc); }
     static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) { return k4_dot(v, x, xd, acc); }
     static __device__ __forceinline__ void deq(const U& v, float* o) { k4_deq(v, o); }
 };
 
 struct TQ5_K : TBase<64, 256, 16> {
+    static constexpr int MMA = MMA_K4;
     typedef KU U;
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
         const int jj = u & 3;
@@ -281,6 +305,7 @@ struct TQ5_K : TBase<64, 256, 16> {
         }
         k4_head(b, jj, v);
     }
+    static __device__ __forceinline__ float fin(const U& v, i32 isc, i32 imn, float xd, float acc) { return k4_fin(v, isc, imn, xd, acc); }
     static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) { return k4_dot(v, x, xd, acc); }
     static __device__ __forceinline__ void deq(const U& v, float* o) { k4_deq(v, o); }
 };
@@ -290,6 +315,7 @@ struct TQ5_K : TBase<64, 256, 16> {
 // so that its 24 bytes (8 of ql at 64n+8q, 8 at 64n+32+8q, 8 of qh at 128+32n+8q) are read by no other
 // unit. w[2c], w[2c+1]: chunk c's 8 weights (q - 32), sc[c] its 16-group scale 8n + 2c + (q >> 1).
 struct TQ6_K : TBase<32, 256, 8> {
+    static constexpr int MMA = MMA_Q6;
     struct U { u32 w[8]; float d; int sc[4]; };
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
         const int n = (u >> 2) & 1, q = u & 3;
@@ -323,11 +349,18 @@ struct TQ6_K : TBase<32, 256, 8> {
             x[2 * c + 1] = r.y;
         }
     }
+    static __device__ __forceinline__ u32 xword(const i8* xr, int u, int i) {
+        return __ldg((const unsigned int*)(xr + offset(u) + 32 * (i >> 1)) + (i & 1));
+    }
+    // s = sum over the four 8-weight chunks of their 16-group scale * (q . x)
+    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {
+        return __fmaf_rn(__fmul_rn(v.d, xd), (float)s, acc);
+    }
     static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
         i32 s = 0;
 #pragma unroll
         for (int c = 0; c < 4; ++c) s += v.sc[c] * dot8w(v.w + 2 * c, x + 2 * c, 2);
-        return __fmaf_rn(__fmul_rn(v.d, xd), (float)s, acc);
+        return fin(v, s, xd, acc);
     }
     static __device__ __forceinline__ void deq(const U& v, float* o) {   // o: the row at offset(u)
         for (int c = 0; c < 4; ++c) {
@@ -358,10 +391,24 @@ struct TIQ3_XXS : TBase<32, 256, 8> {
         }
         v.db = __fmul_rn(__fmul_rn(ldf16(b), __fadd_rn(0.5f, (float)(aux >> 28))), 0.5f);
     }
+    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {
+        return __fmaf_rn(__fmul_rn(v.db, xd), (float)s, acc);
+    }
     static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
-        return __fmaf_rn(__fmul_rn(v.db, xd), (float)dot8w(v.w, x, 8), acc);
+        return fin(v, dot8w(v.w, x, 8), xd, acc);
     }
     static __device__ __forceinline__ void deq(const U& v, float* o) {   // db * grid, negated: exact as gguf's db*grid*sign
         for (int i = 0; i < 32; ++i) o[i] = __fmul_rn(v.db, (float)(i8)(v.w[i >> 2] >> (8 * (i & 3))));
     }
 };
+
+// IQ3_XXS looks its grid up at 32 different indices per warp: from shared memory (constant memory would
+// serialize them). Copied once per CTA, before any thread may leave.
+template <class T>
+__device__ __forceinline__ void load_grid(u32* sh) {
+    if (T::GRID) {
+        for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < 256; i += blockDim.x * blockDim.y)
+            sh[i] = IQ3XXS_GRID[i];
+        __syncthreads();
+    }
+}

@@ -88,8 +88,8 @@ def test_matmul_matches_float64(cp, qm, qtype):
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_matmul_batch_invariant(cp, qm, qtype):
-    """Each token of a 40-token launch is bit-equal to a launch with that token alone, and to 3-token launches
-    (other token tile sizes and slots)."""
+    """Each token of a 40-token launch (the tensor-core kernel for quantized weights) is bit-equal to a
+    launch with that token alone, and to 3-token launches (dp4a, other token tile sizes and slots)."""
     n_out, n_in = _shapes(qtype)[1]
     w, _ = _weight(qm, qtype, n_out, n_in, seed=3)
     act = qm.ActBuffers(40, n_in)
@@ -100,6 +100,32 @@ def test_matmul_batch_invariant(cp, qm, qtype):
         assert np.array_equal(full[i], _run(cp, qm, w, x[i:i + 1], act)[0]), f"token {i}"
     for i in range(0, 38, 7):
         assert np.array_equal(full[i:i + 3], _run(cp, qm, w, x[i:i + 3], act))
+
+
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("nb", [1, 2])
+def test_tensor_core_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, nb):
+    """The tensor-core kernel replays the dp4a kernel's order of float operations exactly: rows and tokens
+    that do not fill its tiles, several units per lane class (n_in / unit > 32) and fewer (28 of 32
+    classes used), a token 1e3 times larger than its neighbours."""
+    bs = gguf.GGML_QUANT_SIZES[qtype][0]
+    shapes = [(70, 4608), (45, 256)] if bs == 256 else [(70, 2400), (45, 896)]
+    for si, (n_out, n_in) in enumerate(shapes):
+        w, raw = _weight(qm, qtype, n_out, n_in, seed=40 + si)
+        x = _x(37, n_in, seed=41 + si)
+        x[3] *= 1e3
+        fmt = qm.act_format(qtype)
+        xq = cp.empty((37, n_in), cp.int8)
+        xd = cp.empty((37, n_in // qm.XBLOCK[fmt]), cp.float32)
+        qm.quantize_activations(fmt, cp.asarray(x), xq, xd)
+        got = {}
+        for kernel in ("dp4a", "mma"):
+            out = cp.full((37, n_out), np.nan, dtype=cp.float32)
+            qm.matmul_prequantized(w, xq, xd, out, kernel=kernel, nb=nb)
+            got[kernel] = out.get()
+        assert np.array_equal(got["mma"].view(np.uint32), got["dp4a"].view(np.uint32)), \
+            f"{n_out}x{n_in}: {np.count_nonzero(got['mma'] != got['dp4a'])} outputs differ"
+        _check_vs_float64(qtype, raw, x, got["mma"])
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
