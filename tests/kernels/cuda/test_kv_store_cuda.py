@@ -1,36 +1,12 @@
-"""CUDA kv_store (Numba CUDA) against the CPU kv_store: bit-exact (same float32 division, same rounding).
-
-The tests without a marker run wherever Numba CUDA runs: in numba-cuda's simulator on CI (tests/conftest.py
-sets NUMBA_ENABLE_CUDASIM=1 when no GPU is visible; numpy arrays, tiny sizes) and on a GPU (cupy arrays).
-The `gpu` tests add sizes the simulator is too slow for and a CUDA-graph capture.
-"""
-import os
-
+"""CUDA kv_store (kernels/cuda/kv_store.cu) against the CPU kv_store: bit-exact (same float32 division, same
+rounding), so pages parked by either backend restore on the other."""
 import numpy as np
 import pytest
 
 from strata_lite.kernels.cpu.attention import kv_store as cpu_kv_store
 from strata_lite.kernels.kv_layout import kv_scale_groups
 
-
-def _simulated():
-    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
-
-
-@pytest.fixture
-def xp():
-    """numpy under the simulator, cupy on a GPU; skip where Numba CUDA has neither."""
-    from numba import cuda
-    if not cuda.is_available():
-        pytest.skip("neither a CUDA GPU nor the Numba CUDA simulator")
-    if _simulated():
-        return np
-    import cupy
-    return cupy
-
-
-def _host(a):
-    return a if isinstance(a, np.ndarray) else a.get()
+pytestmark = pytest.mark.gpu
 
 
 def _case(rng, n_tok, n_kv, hd, n_seqs=2, page_size=4):
@@ -61,50 +37,47 @@ def _case(rng, n_tok, n_kv, hd, n_seqs=2, page_size=4):
     return k, v, seq, pos, pt, cache
 
 
-def _check_store(xp, k, v, seq, pos, pt, cache):
+def _check_store(cp, k, v, seq, pos, pt, cache):
     from strata_lite.kernels.cuda.kv_store import kv_store
     want = [c.copy() for c in cache]
     cpu_kv_store(k, v, seq, pos, pt, *want)
-    dev = [xp.asarray(c) for c in cache]
-    kv_store(xp.asarray(k), xp.asarray(v), xp.asarray(seq), xp.asarray(pos), xp.asarray(pt), *dev)
+    dev = [cp.asarray(c) for c in cache]
+    kv_store(cp.asarray(k), cp.asarray(v), cp.asarray(seq), cp.asarray(pos), cp.asarray(pt), *dev)
     for name, got, exp in zip(("k_pages", "k_scales", "v_pages", "v_scales"), dev, want):
-        got = _host(got)
+        got = got.get()
         bits = np.uint8 if got.dtype == np.int8 else np.uint32      # NaN poison and -0 compared as bits
         np.testing.assert_array_equal(got.view(bits), exp.view(bits), err_msg=name)
     assert np.abs(want[0].astype(np.int32)).max() <= 127
 
 
 @pytest.mark.parametrize("n_tok,n_kv,hd", [(3, 2, 64), (2, 1, 128), (3, 1, 40)])
-def test_kv_store_bit_exact_small(xp, n_tok, n_kv, hd):
-    """Simulator-sized: 64 and 128 channels (2 and 4 scale groups) and 40 (one group of 40)."""
-    _check_store(xp, *_case(np.random.default_rng(hd), n_tok, n_kv, hd))
+def test_kv_store_bit_exact_small(cp, n_tok, n_kv, hd):
+    """64 and 128 channels (2 and 4 scale groups) and 40 (one group of 40)."""
+    _check_store(cp, *_case(np.random.default_rng(hd), n_tok, n_kv, hd))
 
 
-def test_kv_store_validation(xp):
+def test_kv_store_validation(cp):
     from strata_lite.kernels.cuda.kv_store import kv_store
     k, v, seq, pos, pt, cache = _case(np.random.default_rng(0), 2, 1, 64)
-    d = [xp.asarray(a) for a in (k, v, seq, pos, pt, *cache)]
+    d = [cp.asarray(a) for a in (k, v, seq, pos, pt, *cache)]
     with pytest.raises(ValueError):
         kv_store(d[0], d[1][:, :, :32].copy(), *d[2:])                  # v shape != k shape
     with pytest.raises(ValueError):
-        kv_store(d[0].astype(xp.float64), d[1], *d[2:])
+        kv_store(d[0].astype(cp.float64), d[1], *d[2:])
     with pytest.raises(ValueError):
-        kv_store(d[0], d[1], d[2].astype(xp.int64), *d[3:])
+        kv_store(d[0], d[1], d[2].astype(cp.int64), *d[3:])
     with pytest.raises(ValueError):
         kv_store(d[0], d[1], d[2][:1].copy(), *d[3:])                     # token_seq too short
     with pytest.raises(ValueError):
         kv_store(d[0], d[1], *d[2:6], d[6][..., :1].copy(), *d[7:])       # k_scales: 1 group, need 2
 
 
-@pytest.mark.gpu
 @pytest.mark.parametrize("n_kv,hd", [(2, 64), (8, 128), (4, 40), (2, 256)])
-def test_kv_store_bit_exact_gpu(n_kv, hd):
-    import cupy
+def test_kv_store_bit_exact(cp, n_kv, hd):
     rng = np.random.default_rng(100 + hd)
-    _check_store(cupy, *_case(rng, 48, n_kv, hd, n_seqs=3, page_size=16))
+    _check_store(cp, *_case(rng, 48, n_kv, hd, n_seqs=3, page_size=16))
 
 
-@pytest.mark.gpu
 def test_kv_store_in_cuda_graph():
     """Captured on a non-default stream and replayed with new rows and new positions (the decode step)."""
     import cupy
