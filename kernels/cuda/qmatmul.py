@@ -1,7 +1,7 @@
 """Quantized mat-mul on the GPU: weights stay raw GGUF blocks on the device (uploaded once), activations are
 rounded to int8 the way ggml does (Q8_0 / Q8_K, bit-exact with kernels/cpu/act_quant.py) and dotted with
-the weights' int8 values: by __dp4a for up to MMA_MIN_TOKENS - 1 tokens (qmatmul.cu), on the tensor cores
-(int8 mma.sync) for more (qmatmul_mma.cu). Both give the same bits for every output.
+the weights' int8 values: on the tensor cores (int8 mma.sync, qmatmul_mma.cu) where the launch fills the
+card, else by __dp4a (qmatmul.cu); see tensor_core_tiles(). Both give the same bits for every output.
 
 Host/device placement: DeviceWeight.raw, x, xq, xd, ids and out are cupy arrays (device); sizes are Python
 ints read from shapes. Launchers allocate nothing and never sync, so they can be captured in a CUDA graph.
@@ -23,9 +23,9 @@ from .runtime import cdiv, cupy, launch
 
 CU = "qmatmul.cu"
 CU_MMA = "qmatmul_mma.cu"
-MMA_MIN_TOKENS = 16         # quantized weights with this many tokens or more take the tensor-core kernel
 MMA_WARPS = 4               # warps per CTA of the tensor-core kernel (MMA_WARPS in qmatmul_mma.cu), 32 rows each
-MMA_NB = 2                  # n8 token tiles per warp of the tensor-core kernel (kernels mmq_<type>_n1 / _n2)
+MMA_MIN_CTAS = 192          # the tensor-core kernel is chosen from this many CTAs on (see tensor_core_tiles)
+MMA_SHORT_ROWS = 1024       # rows of at most this many weights take 1 token tile per warp, longer ones 2
 ROWS_PER_CTA = 8            # output rows (warps) per CTA of the mat-mul (8 measured a little faster than 4 on an H200)
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>); a launch takes the smallest >= n
 ACT_WARPS = 8               # quantization blocks (warps) per CTA
@@ -149,11 +149,21 @@ def _check_weight(w: DeviceWeight) -> int:
     return nbytes
 
 
-def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", nb: int = MMA_NB) -> None:
+def tensor_core_tiles(n_out: int, n_in: int, n_tok: int) -> int:
+    """n8 token tiles per warp (1 or 2) for the tensor-core kernel, or 0 where the dp4a kernel is faster.
+    Measured on an H200 (perf/bench_gpu.py, 2026-12-01): the tensor-core kernel wins once its grid has
+    ~200 CTAs (e.g. 4096x14336 Q4_K: 42 vs 14 TFLOP/s at 512 tokens, 36 vs 14 at 64; 896x896 Q5_0: 21 vs 14
+    at 512 tokens) and loses below (896x896 at 64 tokens: 5 vs 11; 896x128: 5 vs 10); 2 tiles per warp
+    pay off on long rows (4096: 42 vs 25), 1 on short ones (896: 24 vs 15 at 64 tokens)."""
+    nb = 1 if n_in <= MMA_SHORT_ROWS else 2
+    return nb if cdiv(n_tok, 8 * nb) * cdiv(n_out, 32 * MMA_WARPS) >= MMA_MIN_CTAS else 0
+
+
+def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", nb: int = 0) -> None:
     """out (n, w.n_out) float32 = x @ W.T from x already quantized to act_format(w.qtype):
-    xq (n, w.n_in) int8 (16-byte aligned), xd (n, w.n_in / XBLOCK) float32. kernel: "auto" (by token count),
-    "dp4a" or "mma" (tests and benchmarks compare them; the results are the same bits); nb: the tensor-core
-    kernel's n8 tiles per warp (1 or 2)."""
+    xq (n, w.n_in) int8 (16-byte aligned), xd (n, w.n_in / XBLOCK) float32. kernel: "auto"
+    (tensor_core_tiles decides), "dp4a" or "mma" (tests and benchmarks compare them: the results are the
+    same bits); nb: the tensor-core kernel's n8 tiles per warp (1 or 2; 0: as tensor_core_tiles says)."""
     fmt = act_format(w.qtype)
     if fmt is None:
         raise ValueError(f"{w.qtype.name} weights take float activations: use matmul")
@@ -162,12 +172,14 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", nb: 
     _check("xq", xq, (n, w.n_in), np.int8, align=16)
     _check("xd", xd, (n, w.n_in // XBLOCK[fmt]), np.float32)
     _check("out", out, (n, w.n_out), np.float32)
-    if kernel not in ("auto", "dp4a", "mma") or nb not in (1, 2):
-        raise ValueError(f"kernel must be auto, dp4a or mma and nb 1 or 2, got {kernel!r}, {nb!r}")
+    if kernel not in ("auto", "dp4a", "mma") or nb not in (0, 1, 2):
+        raise ValueError(f"kernel must be auto, dp4a or mma and nb 0, 1 or 2, got {kernel!r}, {nb!r}")
     if n == 0:
         return
     args = (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), xq, xd, out, np.int32(n))
-    if kernel == "mma" or (kernel == "auto" and n >= MMA_MIN_TOKENS):
+    tiles = tensor_core_tiles(w.n_out, w.n_in, n)
+    if kernel == "mma" or (kernel == "auto" and tiles):
+        nb = nb or tiles or (1 if w.n_in <= MMA_SHORT_ROWS else 2)
         rows = 32 * MMA_WARPS
         if cdiv(w.n_out, rows) > MAX_GRID_Y:
             raise ValueError(f"{w.n_out} output rows exceed one launch ({MAX_GRID_Y * rows} at most)")

@@ -18,9 +18,6 @@
 #include "qmatmul_types.cuh"
 
 #define MMA_WARPS 4
-#ifndef MMQ_PREFETCH
-#define MMQ_PREFETCH 1       // perf/ A/B runs compile the file with -DMMQ_PREFETCH=0
-#endif
 
 // d (16x8, s32) = a (16x32, s8, row-major) . b (32x8, s8, column-major). Fragments (lane = 4 * g + t):
 // a0 = A[g][4t..4t+3], a1 = A[g+8][4t..], a2 = A[g][16+4t..], a3 = A[g+8][16+4t..]; b0 = B[4t..4t+3][g],
@@ -41,24 +38,6 @@ __device__ __forceinline__ void a_frag(const U& ra, const U& rb, int w0, int t, 
     a[1] = rb.w[w0 + t] & keep_lo;
     a[2] = ra.w[w0 + 4 + t] & keep_hi;
     a[3] = rb.w[w0 + 4 + t] & keep_hi;
-}
-
-// Ask L1 for the GGUF block holding unit u of a row (its first and last byte's lines) one unit ahead of
-// its decode, so the decode's loads do not wait for L2 while the warp has tensor-core work to do.
-template <class T>
-__device__ __forceinline__ void prefetch_unit(const u8* row, int u) {
-    const u8* p = row + (size_t)(u * T::UNIT / T::BW) * T::BB;
-    asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; prefetch.global.L1 [g]; }" ::"l"(p));
-    asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; prefetch.global.L1 [g]; }" ::"l"(p + T::BB - 1));
-}
-
-// The unit after u in visit order (u in class i): u + 32, else the first unit of the next non-empty
-// class, else -1.
-__device__ __forceinline__ int next_unit(int i, int u, int n_units) {
-    if (u + 32 < n_units) return u + 32;
-    for (int j = i + 1; j < 32; ++j)
-        if ((int)(__brev(j) >> 27) < n_units) return __brev(j) >> 27;
-    return -1;
 }
 
 // W (n_out, row_bytes) u8; xq (n_tok, k) int8; xd (n_tok, k / XB) f32; y (n_tok, n_out) f32.
@@ -90,8 +69,6 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 #pragma unroll
         for (int o = 0; o < NO; ++o) ch[o] = 0.0f;
         for (int u = l; u < n_units; u += 32) {
-            const int un = next_unit(i, u, n_units);
-            if (MMQ_PREFETCH && un >= 0) prefetch_unit<T>(wr, un);
             U v;
             T::decode(wr, u, tab, v);
             __syncwarp();                          // the previous unit's readers are done

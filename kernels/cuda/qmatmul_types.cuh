@@ -159,7 +159,6 @@ struct TBase {
 };
 
 struct TQ8_0 : TBase<32, 32, 8> {
-    static constexpr int BW = 32, BB = 34;       // weights and bytes per GGUF block
     struct U { u32 w[8]; float d; };
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
         const u8* b = row + (size_t)u * 34;
@@ -179,7 +178,6 @@ struct TQ8_0 : TBase<32, 32, 8> {
 
 // Q4_0, IQ4_NL, Q5_0: weight j and j+16 of a block share byte j (low / high nibble)
 struct TQ4_0 : TBase<32, 32, 8> {
-    static constexpr int BW = 32, BB = 18;       // weights and bytes per GGUF block
     typedef TQ8_0::U U;
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
         const u8* b = row + (size_t)u * 18;
@@ -202,7 +200,6 @@ struct TQ4_0 : TBase<32, 32, 8> {
 };
 
 struct TIQ4_NL : TBase<32, 32, 8> {
-    static constexpr int BW = 32, BB = 18;       // weights and bytes per GGUF block
     typedef TQ4_0::U U;
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
         const u8* b = row + (size_t)u * 18;
@@ -221,7 +218,6 @@ struct TIQ4_NL : TBase<32, 32, 8> {
 };
 
 struct TQ5_0 : TBase<32, 32, 8> {
-    static constexpr int BW = 32, BB = 22;       // weights and bytes per GGUF block
     typedef TQ4_0::U U;
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
         const u8* b = row + (size_t)u * 22;
@@ -274,7 +270,6 @@ __device__ __forceinline__ void k4_deq(const KU& v, float* o) {
 }
 
 struct TQ4_K : TBase<64, 256, 16> {
-    static constexpr int BW = 256, BB = 144;       // weights and bytes per GGUF block
     static constexpr int MMA = MMA_K4;
     typedef KU U;
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
@@ -295,7 +290,6 @@ struct TQ4_K : TBase<64, 256, 16> {
 };
 
 struct TQ5_K : TBase<64, 256, 16> {
-    static constexpr int BW = 256, BB = 176;       // weights and bytes per GGUF block
     static constexpr int MMA = MMA_K4;
     typedef KU U;
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
@@ -321,7 +315,6 @@ struct TQ5_K : TBase<64, 256, 16> {
 // so that its 24 bytes (8 of ql at 64n+8q, 8 at 64n+32+8q, 8 of qh at 128+32n+8q) are read by no other
 // unit. w[2c], w[2c+1]: chunk c's 8 weights (q - 32), sc[c] its 16-group scale 8n + 2c + (q >> 1).
 struct TQ6_K : TBase<32, 256, 8> {
-    static constexpr int BW = 256, BB = 210;       // weights and bytes per GGUF block
     static constexpr int MMA = MMA_Q6;
     struct U { u32 w[8]; float d; int sc[4]; };
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
@@ -380,7 +373,6 @@ struct TQ6_K : TBase<32, 256, 8> {
 
 // IQ3_XXS (98-byte blocks: d, 64 grid indices, 8 words of 4x7 sign bits + 4-bit scale): unit = sub-block.
 struct TIQ3_XXS : TBase<32, 256, 8> {
-    static constexpr int BW = 256, BB = 98;       // weights and bytes per GGUF block
     static constexpr bool GRID = true;
     struct U { u32 w[8]; float db; };
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32* grid, U& v) {
