@@ -25,6 +25,7 @@ CU = "qmatmul.cu"
 CU_MMA = "qmatmul_mma.cu"
 MMA_WARPS = 4               # warps per CTA of the tensor-core kernel (MMA_WARPS in qmatmul_mma.cu), 32 rows each
 MMA_MIN_CTAS = 192          # the tensor-core kernel is chosen from this many CTAs on (see tensor_core_tiles)
+MMA_MIN_TOKENS = 64         # and this many tokens (decode steps and draft checks stay on dp4a)
 MMA_SHORT_ROWS = 1024       # rows of at most this many weights take 1 token tile per warp, longer ones 2
 ROWS_PER_CTA = 8            # output rows (warps) per CTA of the mat-mul (8 measured a little faster than 4 on an H200)
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>); a launch takes the smallest >= n
@@ -156,6 +157,8 @@ def tensor_core_tiles(n_out: int, n_in: int, n_tok: int) -> int:
     at 512 tokens) and loses below (896x896 at 64 tokens: 5 vs 11; 896x128: 5 vs 10); 2 tiles per warp
     pay off on long rows (4096: 42 vs 25), 1 on short ones (896: 24 vs 15 at 64 tokens)."""
     nb = 1 if n_in <= MMA_SHORT_ROWS else 2
+    if n_tok < MMA_MIN_TOKENS:
+        return 0
     return nb if cdiv(n_tok, 8 * nb) * cdiv(n_out, 32 * MMA_WARPS) >= MMA_MIN_CTAS else 0
 
 
