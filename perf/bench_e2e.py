@@ -1,11 +1,14 @@
 """End-to-end CPU speed of the default model: prompt (512 tokens) and decode (128 tokens) tok/s, with
-peak RSS, side by side with llama.cpp when llama-cpp-python is installed (optional). Prints one table.
+peak RSS, side by side with llama.cpp when llama-cpp-python is installed (optional) and with ik_llama.cpp
+when its llama-bench binary is given (--ik-bench PATH; build it yourself, it is not part of this project:
+its pp512 / tg128 tests, once per --ik-flags set). Prints one table.
 
 Each engine runs in its own child process with the caller's environment: strata_lite sets OpenMP
 wait-policy variables for its Numba threads at import, and llama.cpp (built with OpenMP) would
 inherit them in a shared process.
 
 usage: python perf/bench_e2e.py [--model PATH] [--threads 2] [--runs 3]
+           [--ik-bench PATH/llama-bench [--ik-flags "" --ik-flags "-rtr 1 -fa 0" ...]]
 """
 from __future__ import annotations
 
@@ -74,6 +77,17 @@ def bench_llamacpp(model, threads, runs):
     return [pp() for _ in range(runs)], [tg() for _ in range(runs)]
 
 
+def bench_ik(binary, model, threads, runs, flags: str):
+    """ik_llama.cpp's llama-bench pp512 / tg128 (its own timing, runs repetitions): (pp samples, tg samples)."""
+    cmd = [binary, "-m", str(model), "-p", str(N_PP), "-n", str(N_TG), "-t", str(threads), "-r", str(runs),
+           "-o", "json", *flags.split()]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
+    rows = json.loads(out[out.index("["):])
+    pp = next(r["samples_ts"] for r in rows if r["n_prompt"] == N_PP and r["n_gen"] == 0)
+    tg = next(r["samples_ts"] for r in rows if r["n_gen"] == N_TG and r["n_prompt"] == 0)
+    return pp, tg
+
+
 def _child(engine, model, threads, runs):
     """Run one engine in this process and print its result as one JSON line."""
     if engine == "strata":
@@ -98,6 +112,9 @@ def main():
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--ik-bench", default=None, help="ik_llama.cpp's llama-bench binary (optional column)")
+    ap.add_argument("--ik-flags", action="append", default=None,
+                    help="extra llama-bench flags for ik_llama.cpp, one row per use (default: none)")
     ap.add_argument("--child", choices=["strata", "llamacpp"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -114,6 +131,11 @@ def main():
         print(f"{'ratio':<12}{med(ours['pp']) / med(ref['pp']):>18.2f}{med(ours['tg']) / med(ref['tg']):>18.2f}")
     else:
         print("llama.cpp: llama-cpp-python not installed (reference on this machine class: prompt 318.6, decode 59.3 tok/s)")
+    for flags in (args.ik_flags or [""]) if args.ik_bench else []:
+        pp, tg = bench_ik(args.ik_bench, ours["path"], args.threads, args.runs, flags)
+        label = "ik_llama" + (f" {flags}" if flags else "")
+        print(f"{label:<12}{med(pp):>18.1f}{med(tg):>18.1f}")
+        print(f"{'ratio':<12}{med(ours['pp']) / med(pp):>18.2f}{med(ours['tg']) / med(tg):>18.2f}")
     return 0
 
 
