@@ -1,4 +1,4 @@
-"""`strata-lite` command line: generate, perplexity, quantize, imatrix, kld, synth."""
+"""`strata-lite` command line: generate, perplexity, quantize, imatrix, kld, synth, info (serve, fleet)."""
 from __future__ import annotations
 
 import argparse
@@ -125,6 +125,12 @@ def cmd_synth(args) -> int:
     return 0
 
 
+def cmd_info(args) -> int:
+    from .info import report
+    print("\n".join(report()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata-lite", description="LLM inference for quantized GGUF models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -182,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--blocks", type=int, default=None, help="number of blocks (default: the preset's)")
     sy.add_argument("--out", "-o", required=True, help="output GGUF file")
     sy.set_defaults(func=cmd_synth)
+    sub.add_parser("info", help="versions, CPU extensions and kernels, GPU, model cache").set_defaults(func=cmd_info)
     from .server.cli_serve import add_serve_parser   # the CLI sits above the server (layering exemption)
     from .server.fleet import add_fleet_parser
     add_serve_parser(sub)

@@ -1,8 +1,6 @@
 """CpuBackend: numpy arrays, Numba kernels."""
 from __future__ import annotations
 
-import os
-
 import numba
 import numpy as np
 
@@ -11,7 +9,7 @@ from ..kv_layout import kv_shapes
 from .act_quant import activation_format
 from .attention import attention, kv_store
 from .dequant import dequantize
-from .llvm_ir import host_has_avx2
+from .isa import int8_enabled, kernel_family
 from .elementwise import add, rmsnorm, rope, silu_mul
 from .qmatmul import qmatmul_packed
 from .repack import PackedWeight, pack_weight, release_pages
@@ -37,8 +35,15 @@ class CpuBackend(Backend):
         # AVX2 int8 kernels (docs/design.md): IQ3_XXS, Q4_K and Q6_K repacked losslessly for nibble_int8.py
         # (3-5x faster per weight than the float kernels, 1.11-1.47x the bytes) and Q8_0 mat-vecs in int8
         # (q8_0_int8.py: 2x). STRATA_LITE_INT8=0 keeps the float kernels and the file's layouts.
-        self.int8 = host_has_avx2() and os.environ.get("STRATA_LITE_INT8", "1") != "0"
+        self.int8 = int8_enabled()
         self._matmul_cache = {}       # id(weight) -> (weight, PackedWeight) for _packed_for_matmul
+
+    def describe(self) -> str:
+        """cpu (threads; the kernel family: int8 AVX2 or float, and why; why auto chose the CPU)."""
+        parts = [f"{self.n_threads} thread{'s' if self.n_threads != 1 else ''}", kernel_family()]
+        if getattr(self, "auto_reason", None):
+            parts.append(self.auto_reason)
+        return f"cpu ({'; '.join(parts)})"
 
     def empty(self, shape, dtype="float32"):
         return np.empty(shape, dtype=dtype)

@@ -3,7 +3,6 @@
 They take the llvmlite IRBuilder of the intrinsic's codegen. Byte offsets are i64; loads are unaligned
 unless an alignment is given.
 """
-from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -100,11 +99,3 @@ def store_tile(builder, pout, out_strides, t_idx, r_idx, value):
         for j, t in enumerate(t_idx):
             off = builder.add(builder.mul(t, out_strides[0]), builder.mul(r, out_strides[1]))
             store_f32(builder, pout, off, value(k, j))
-
-
-def host_has_avx2() -> bool:
-    """True when the CPU Numba compiles for has AVX2 (needed by the llvm.x86.avx2.* intrinsics)."""
-    try:
-        return bool(llvm_binding.get_host_cpu_features().get("avx2", False))
-    except Exception:   # pragma: no cover - features cannot be read on some platforms
-        return False

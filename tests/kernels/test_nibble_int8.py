@@ -18,7 +18,7 @@ from strata_lite.kernels.cpu import iq3_int8, nibble_int8, q4_k_int8, q6_k_int8
 from strata_lite.kernels.cpu.act_quant import round_activations
 from strata_lite.kernels.cpu.backend import CpuBackend
 from strata_lite.kernels.cpu.dequant import F16_TABLE
-from strata_lite.kernels.cpu.llvm_ir import host_has_avx2
+from strata_lite.kernels.cpu.isa import host_has_avx2
 from strata_lite.kernels.cpu.repack import GGML, IQ3_I8, Q4K_I8, Q6K_I8
 from test_dequant import random_rows
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from strata_lite.kernels.cpu import q8_0_int8
 from strata_lite.kernels.cpu.act_quant import round_activations
 from strata_lite.kernels.cpu.backend import CpuBackend
-from strata_lite.kernels.cpu.llvm_ir import host_has_avx2
+from strata_lite.kernels.cpu.isa import host_has_avx2
 from strata_lite.kernels.cpu.qmatmul import MATVEC_MAX_TOK
 from test_dequant import random_rows
 
