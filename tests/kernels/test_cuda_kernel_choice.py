@@ -1,0 +1,22 @@
+"""Which CUDA mat-mul kernel a launch takes (kernels/cuda/qmatmul.tensor_core_tiles): pure host logic, so
+it is checked without a GPU. Both kernels give the same bits (tests/kernels/cuda/test_qmatmul_cuda.py);
+the choice is about speed, from the H200 measurements in its docstring."""
+from strata_lite.kernels.cuda.qmatmul import MMA_MIN_TOKENS, tensor_core_tiles
+
+
+def test_decode_and_draft_checks_stay_on_dp4a():
+    for n_tok in (1, 4, 16, 2 * 9, MMA_MIN_TOKENS - 1):
+        for n_out, n_in in ((151936, 896), (32000, 4096), (14336, 4096), (4864, 896)):
+            assert tensor_core_tiles(n_out, n_in, n_tok) == 0
+
+
+def test_prompt_chunks_of_wide_matrices_take_the_tensor_cores():
+    assert tensor_core_tiles(14336, 4096, 512) == 2      # long rows: 2 token tiles per warp
+    assert tensor_core_tiles(14336, 4096, 64) == 2
+    assert tensor_core_tiles(896, 896, 512) == 1         # short rows: 1
+    assert tensor_core_tiles(9728, 896, 64) == 1
+
+
+def test_small_grids_stay_on_dp4a():
+    assert tensor_core_tiles(128, 896, 512) == 0         # 64 CTAs
+    assert tensor_core_tiles(896, 896, 64) == 0          # 56 CTAs
