@@ -11,7 +11,7 @@ from .errors import GGUFError
 class ModelConfig:
     arch: str
     name: str
-    n_layers: int
+    n_layers: int              # decoder blocks of the main forward (block_count less the MTP blocks)
     n_embd: int
     n_ff: int
     n_heads: int
@@ -25,6 +25,7 @@ class ModelConfig:
     rms_eps: float
     qkv_bias: bool
     qk_norm: bool
+    n_mtp_layers: int = 0      # `{arch}.nextn_predict_layers`: MTP blocks after the main ones (loader/mtp.py)
 
 
 def config_from_metadata(meta: dict, path: str) -> ModelConfig:
@@ -51,10 +52,14 @@ def config_from_metadata(meta: dict, path: str) -> ModelConfig:
     if n_vocab <= 0:
         raise GGUFError(path, "missing metadata fields 'tokenizer.ggml.tokens' and "
                               f"'{arch}.vocab_size': cannot tell the vocabulary size")
+    n_blocks, n_mtp = int(field("block_count")), int(field("nextn_predict_layers", 0))
+    if not 0 <= n_mtp <= 1 or n_mtp >= n_blocks:
+        raise GGUFError(path, f"'{arch}.nextn_predict_layers' = {n_mtp}: one MTP block at most is supported, "
+                              f"after at least one main block (block_count {n_blocks})")
     return ModelConfig(
         arch=arch,
         name=str(meta.get("general.name", arch)),
-        n_layers=int(field("block_count")),
+        n_layers=n_blocks - n_mtp,
         n_embd=n_embd,
         n_ff=int(field("feed_forward_length")),
         n_heads=n_heads,
@@ -68,4 +73,5 @@ def config_from_metadata(meta: dict, path: str) -> ModelConfig:
         rms_eps=float(field("attention.layer_norm_rms_epsilon")),
         qkv_bias=spec.qkv_bias,
         qk_norm=spec.qk_norm,
+        n_mtp_layers=n_mtp,
     )

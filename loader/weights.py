@@ -89,28 +89,32 @@ class _Reader:
         return info
 
 
-def load_weights(gf: GGUFFile, cfg: ModelConfig) -> Weights:
-    r = _Reader(gf)
+def load_layer(r: _Reader, cfg: ModelConfig, i: int) -> LayerWeights:
+    """The decoder block blk.{i} (a main block, or the MTP block's own attention and FFN)."""
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    layers = []
-    for i in range(cfg.n_layers):
-        p = f"blk.{i}."
-        layers.append(LayerWeights(
-            attn_norm=r.vector(p + "attn_norm.weight", cfg.n_embd),
-            attn_q=r.matrix(p + "attn_q.weight", q_dim, cfg.n_embd),
-            attn_k=r.matrix(p + "attn_k.weight", kv_dim, cfg.n_embd),
-            attn_v=r.matrix(p + "attn_v.weight", kv_dim, cfg.n_embd),
-            attn_output=r.matrix(p + "attn_output.weight", cfg.n_embd, q_dim),
-            ffn_norm=r.vector(p + "ffn_norm.weight", cfg.n_embd),
-            ffn_gate=r.matrix(p + "ffn_gate.weight", cfg.n_ff, cfg.n_embd),
-            ffn_up=r.matrix(p + "ffn_up.weight", cfg.n_ff, cfg.n_embd),
-            ffn_down=r.matrix(p + "ffn_down.weight", cfg.n_embd, cfg.n_ff),
-            attn_q_bias=r.vector(p + "attn_q.bias", q_dim, optional=not cfg.qkv_bias),
-            attn_k_bias=r.vector(p + "attn_k.bias", kv_dim, optional=not cfg.qkv_bias),
-            attn_v_bias=r.vector(p + "attn_v.bias", kv_dim, optional=not cfg.qkv_bias),
-            attn_q_norm=r.vector(p + "attn_q_norm.weight", cfg.head_dim, optional=not cfg.qk_norm),
-            attn_k_norm=r.vector(p + "attn_k_norm.weight", cfg.head_dim, optional=not cfg.qk_norm),
-        ))
+    p = f"blk.{i}."
+    return LayerWeights(
+        attn_norm=r.vector(p + "attn_norm.weight", cfg.n_embd),
+        attn_q=r.matrix(p + "attn_q.weight", q_dim, cfg.n_embd),
+        attn_k=r.matrix(p + "attn_k.weight", kv_dim, cfg.n_embd),
+        attn_v=r.matrix(p + "attn_v.weight", kv_dim, cfg.n_embd),
+        attn_output=r.matrix(p + "attn_output.weight", cfg.n_embd, q_dim),
+        ffn_norm=r.vector(p + "ffn_norm.weight", cfg.n_embd),
+        ffn_gate=r.matrix(p + "ffn_gate.weight", cfg.n_ff, cfg.n_embd),
+        ffn_up=r.matrix(p + "ffn_up.weight", cfg.n_ff, cfg.n_embd),
+        ffn_down=r.matrix(p + "ffn_down.weight", cfg.n_embd, cfg.n_ff),
+        attn_q_bias=r.vector(p + "attn_q.bias", q_dim, optional=not cfg.qkv_bias),
+        attn_k_bias=r.vector(p + "attn_k.bias", kv_dim, optional=not cfg.qkv_bias),
+        attn_v_bias=r.vector(p + "attn_v.bias", kv_dim, optional=not cfg.qkv_bias),
+        attn_q_norm=r.vector(p + "attn_q_norm.weight", cfg.head_dim, optional=not cfg.qk_norm),
+        attn_k_norm=r.vector(p + "attn_k_norm.weight", cfg.head_dim, optional=not cfg.qk_norm),
+    )
+
+
+def load_weights(gf: GGUFFile, cfg: ModelConfig) -> Weights:
+    """The main model (cfg.n_layers blocks; an MTP block after them is loader/mtp.py's)."""
+    r = _Reader(gf)
+    layers = tuple(load_layer(r, cfg, i) for i in range(cfg.n_layers))
     token_embd = r.matrix("token_embd.weight", cfg.n_vocab, cfg.n_embd)
     output = r.matrix("output.weight", cfg.n_vocab, cfg.n_embd) if "output.weight" in gf.tensors else token_embd
-    return Weights(token_embd, r.vector("output_norm.weight", cfg.n_embd), output, tuple(layers))
+    return Weights(token_embd, r.vector("output_norm.weight", cfg.n_embd), output, layers)

@@ -38,7 +38,10 @@ def random_blocks(rng, qtype: QT, n_rows: int, n_cols: int) -> np.ndarray:
 
 def write_tiny_model(path, arch: str = "qwen2", qtype: QT = QT.Q8_0, n_layers: int = 2, n_embd: int = 64,
                      n_heads: int = 4, n_kv_heads: int = 2, n_ff: int = 128, seed: int = 0,
-                     skip_tensor: str | None = None, tied_output: bool = False, extra_meta: dict | None = None):
+                     skip_tensor: str | None = None, tied_output: bool = False, extra_meta: dict | None = None,
+                     mtp: bool = False):
+    """mtp: also an MTP block (loader/mtp.py's layout) after the main blocks; its tensors are drawn after
+    every main tensor, so the main weights equal those of the same call without it."""
     rng = np.random.default_rng(seed)
     tokens = _byte_level_vocab() + ["he", "lo", "llo", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
     token_type = [1] * (len(tokens) - 3) + [3, 3, 3]
@@ -46,7 +49,9 @@ def write_tiny_model(path, arch: str = "qwen2", qtype: QT = QT.Q8_0, n_layers: i
     head_dim = n_embd // n_heads
     w = GGUFWriter(str(path), arch)
     w.add_name(f"tiny-{arch}")
-    w.add_block_count(n_layers)
+    w.add_block_count(n_layers + (1 if mtp else 0))
+    if mtp:
+        w.add_uint32(f"{arch}.nextn_predict_layers", 1)
     w.add_context_length(2048)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
@@ -74,8 +79,7 @@ def write_tiny_model(path, arch: str = "qwen2", qtype: QT = QT.Q8_0, n_layers: i
         if name != skip_tensor:
             w.add_tensor(name, (around + 0.1 * rng.standard_normal(n)).astype(np.float32))
 
-    mat("token_embd.weight", n_vocab, n_embd)
-    for i in range(n_layers):
+    def block(i):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", n_embd)
         mat(p + "attn_q.weight", n_heads * head_dim, n_embd)
@@ -93,9 +97,20 @@ def write_tiny_model(path, arch: str = "qwen2", qtype: QT = QT.Q8_0, n_layers: i
         mat(p + "ffn_gate.weight", n_ff, n_embd)
         mat(p + "ffn_up.weight", n_ff, n_embd)
         mat(p + "ffn_down.weight", n_embd, n_ff)
+
+    mat("token_embd.weight", n_vocab, n_embd)
+    for i in range(n_layers):
+        block(i)
     vec("output_norm.weight", n_embd)
     if not tied_output:
         mat("output.weight", n_vocab, n_embd)
+    if mtp:
+        block(n_layers)
+        p = f"blk.{n_layers}.nextn."
+        mat(p + "eh_proj.weight", n_embd, 2 * n_embd)
+        vec(p + "enorm.weight", n_embd)
+        vec(p + "hnorm.weight", n_embd)
+        vec(p + "shared_head_norm.weight", n_embd)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -17,14 +17,14 @@ class Transformer:
         self.backend, self.cfg, self.weights = backend, cfg, weights
         be, group = backend, cfg.n_heads // cfg.n_kv_heads
         self.layers = [_Layer(be, lw) for lw in weights.layers]
+        self.group = group
         self.token_embd = be.upload_weight(weights.token_embd)
         tied = weights.output is weights.token_embd       # loader/weights.py: the same QuantTensor when tied
         self.output = self.token_embd if tied else be.upload_weight(weights.output)
         self.output_norm = be.from_host(weights.output_norm)
         self.k_scales = [k_channel_scales(cfg, lw) for lw in weights.layers]  # host copies, for tests
         for layer, s in zip(self.layers, self.k_scales):
-            layer.k_inv_scale = be.from_host((1.0 / s).astype(np.float32))       # (n_kv_heads, head_dim)
-            layer.q_scale = be.from_host(np.repeat(s, group, axis=0))            # (n_heads, head_dim)
+            layer.smooth_k(be, s, group)
 
     def reserve(self, max_tokens: int, max_keys: int, max_rows: int) -> None:
         """Let the backend size its workspaces once for forwards of up to max_tokens tokens at positions
@@ -33,53 +33,70 @@ class Transformer:
         width = max(cfg.n_embd, cfg.n_ff, cfg.n_heads * cfg.head_dim)     # the widest mat-mul input
         self.backend.reserve(max_tokens, width, cfg.n_heads, cfg.head_dim, max_keys, cfg.n_vocab, max_rows)
 
-    def forward(self, batch: Batch, kv, observer=None):
-        """-> logits (len(batch.logit_rows), n_vocab) float32, on the device. The batch was validated
-        (Batch.validate) by the caller; its arrays may be host numpy or already on the device.
+    def forward(self, batch: Batch, kv, observer=None, return_hidden: bool = False):
+        """-> logits (len(batch.logit_rows), n_vocab) float32, on the device; with return_hidden also the last
+        block's output at those rows (before the output norm: what an MTP block reads), as (logits, hidden).
+        The batch was validated (Batch.validate) by the caller; its arrays may be host numpy or already on
+        the device.
 
         observer: optional callable(weight_name, x) called before each weight mat-mul with that weight's
         GGUF tensor name and its input activations x (host float32 (n_tok, n_in)); used by the imatrix."""
         be, cfg = self.backend, self.cfg
         obs = _observe(be, observer)
         n = len(batch.token_ids)
-        ids, pos = be.from_host(batch.token_ids), be.from_host(batch.positions)
-        seq, tables = be.from_host(batch.token_seq), be.from_host(batch.page_tables)
-        attn_scale, max_keys = 1.0 / math.sqrt(cfg.head_dim), batch.max_pos
-        x = be.embed(self.token_embd, ids)                              # (n, n_embd)
+        rows = BlockRows(be, batch)
+        x = be.embed(self.token_embd, rows.ids)                         # (n, n_embd)
         for i, (lw, hw) in enumerate(zip(self.layers, self.weights.layers)):
-            h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps)
-            obs(h, hw.attn_q, hw.attn_k, hw.attn_v)
-            q, k, v = _project_qkv(be, cfg, lw, h)
-            if cfg.qk_norm:
-                q = be.rmsnorm(q.reshape(-1, cfg.head_dim), lw.attn_q_norm, cfg.rms_eps).reshape(q.shape)
-                k = be.rmsnorm(k.reshape(-1, cfg.head_dim), lw.attn_k_norm, cfg.rms_eps).reshape(k.shape)
-            # K smoothing (k_smoothing.py) folded into rope: q*s . k/s = q . k
-            be.rope(q, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox, channel_scale=lw.q_scale)
-            be.rope(k, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox, channel_scale=lw.k_inv_scale)
-            layer_kv = kv.layer(i)
-            be.kv_store(k, v, seq, pos, tables, *layer_kv)
-            a = be.attention(q, seq, pos, tables, *layer_kv, attn_scale,
-                             max_keys=max_keys)                       # (n, n_heads, head_dim)
-            a = a.reshape(n, cfg.n_heads * cfg.head_dim)
-            obs(a, hw.attn_output)
-            o = be.qmatmul(lw.attn_output, a)
-            be.add(x, o, out=x)
-            h = be.rmsnorm(x, lw.ffn_norm, cfg.rms_eps)
-            obs(h, hw.ffn_gate, hw.ffn_up)
-            if lw.gate_up is not None:
-                g, u = be.split_cols(be.qmatmul(lw.gate_up, h), (cfg.n_ff, cfg.n_ff))
-            else:
-                g, u = be.qmatmul(lw.ffn_gate, h), be.qmatmul(lw.ffn_up, h)
-            act = be.silu_mul(g, u, out=g)
-            obs(act, hw.ffn_down)
-            be.add(x, be.qmatmul(lw.ffn_down, act), out=x)
+            decoder_block(be, cfg, lw, hw, x, rows, kv.layer(i), obs)
         if len(batch.logit_rows) == 0:                                  # a prompt chunk that ends mid-prompt
-            return be.empty((0, cfg.n_vocab))
+            empty = be.empty((0, cfg.n_vocab))
+            return (empty, be.empty((0, cfg.n_embd))) if return_hidden else empty
         if len(batch.logit_rows) != n:                                  # all rows: no copy
             x = be.take_rows(x, be.from_host(batch.logit_rows))
-        x = be.rmsnorm(x, self.output_norm, cfg.rms_eps)
-        obs(x, self.weights.output)
-        return be.qmatmul(self.output, x)
+        h = be.rmsnorm(x, self.output_norm, cfg.rms_eps)
+        obs(h, self.weights.output)
+        logits = be.qmatmul(self.output, h)
+        return (logits, x) if return_hidden else logits
+
+
+class BlockRows:
+    """A batch's per-token arrays on the device, as every block reads them."""
+
+    def __init__(self, be, batch: Batch):
+        self.ids, self.pos = be.from_host(batch.token_ids), be.from_host(batch.positions)
+        self.seq, self.tables = be.from_host(batch.token_seq), be.from_host(batch.page_tables)
+        self.max_keys = batch.max_pos
+
+
+def decoder_block(be, cfg, lw, hw, x, rows: BlockRows, layer_kv, obs) -> None:
+    """One decoder block on x (n, n_embd) in place: attention (this step's K/V stored into layer_kv
+    first) and the SwiGLU FFN, each added to x. lw: the block as the backend holds it (_Layer), hw: its
+    host weights (names for the observer)."""
+    n = x.shape[0]
+    h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps)
+    obs(h, hw.attn_q, hw.attn_k, hw.attn_v)
+    q, k, v = _project_qkv(be, cfg, lw, h)
+    if cfg.qk_norm:
+        q = be.rmsnorm(q.reshape(-1, cfg.head_dim), lw.attn_q_norm, cfg.rms_eps).reshape(q.shape)
+        k = be.rmsnorm(k.reshape(-1, cfg.head_dim), lw.attn_k_norm, cfg.rms_eps).reshape(k.shape)
+    # K smoothing (k_smoothing.py) folded into rope: q*s . k/s = q . k
+    be.rope(q, rows.pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox, channel_scale=lw.q_scale)
+    be.rope(k, rows.pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox, channel_scale=lw.k_inv_scale)
+    be.kv_store(k, v, rows.seq, rows.pos, rows.tables, *layer_kv)
+    a = be.attention(q, rows.seq, rows.pos, rows.tables, *layer_kv, 1.0 / math.sqrt(cfg.head_dim),
+                     max_keys=rows.max_keys)                      # (n, n_heads, head_dim)
+    a = a.reshape(n, cfg.n_heads * cfg.head_dim)
+    obs(a, hw.attn_output)
+    be.add(x, be.qmatmul(lw.attn_output, a), out=x)
+    h = be.rmsnorm(x, lw.ffn_norm, cfg.rms_eps)
+    obs(h, hw.ffn_gate, hw.ffn_up)
+    if lw.gate_up is not None:
+        g, u = be.split_cols(be.qmatmul(lw.gate_up, h), (cfg.n_ff, cfg.n_ff))
+    else:
+        g, u = be.qmatmul(lw.ffn_gate, h), be.qmatmul(lw.ffn_up, h)
+    act = be.silu_mul(g, u, out=g)
+    obs(act, hw.ffn_down)
+    be.add(x, be.qmatmul(lw.ffn_down, act), out=x)
 
 
 class _Layer:
@@ -88,6 +105,7 @@ class _Layer:
     VECTORS = ("attn_norm", "ffn_norm", "attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_q_norm", "attn_k_norm")
 
     def __init__(self, be, lw):
+        self.k_inv_scale = self.q_scale = None      # smooth_k sets them
         for name in self.MATRICES:
             setattr(self, name, be.upload_weight(getattr(lw, name)))
         for name in self.VECTORS:
@@ -104,6 +122,11 @@ class _Layer:
         self.gate_up = be.fuse_rows([self.ffn_gate, self.ffn_up])
         if self.gate_up is not None:
             self.ffn_gate = self.ffn_up = None
+
+    def smooth_k(self, be, s, group: int) -> None:
+        """K smoothing's per-channel scales s (n_kv_heads, head_dim), folded into rope (k_smoothing.py)."""
+        self.k_inv_scale = be.from_host((1.0 / s).astype(np.float32))       # (n_kv_heads, head_dim)
+        self.q_scale = be.from_host(np.repeat(s, group, axis=0))            # (n_heads, head_dim)
 
 
 def _observe(be, observer):

@@ -45,36 +45,58 @@ def _int8_roundtrip(x):
     return (q * scale).reshape(x.shape)
 
 
+def _block(cfg, lw, x, k_scale, int8_kv):
+    """x + attention + FFN of one decoder block over the causal sequence x (n, n_embd), positions 0.."""
+    n = x.shape[0]
+    pos = np.arange(n, dtype=np.float64)
+    group = cfg.n_heads // cfg.n_kv_heads
+    mask = np.triu(np.full((n, n), -np.inf), 1)
+    h = _rmsnorm(x, lw.attn_norm, cfg.rms_eps)
+    q, k, v = _mm(h, lw.attn_q), _mm(h, lw.attn_k), _mm(h, lw.attn_v)
+    if lw.attn_q_bias is not None:
+        q, k, v = q + lw.attn_q_bias, k + lw.attn_k_bias, v + lw.attn_v_bias
+    q = q.reshape(n, cfg.n_heads, cfg.head_dim)
+    k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
+    v = v.reshape(n, cfg.n_kv_heads, cfg.head_dim)
+    if lw.attn_q_norm is not None:
+        q, k = _rmsnorm(q, lw.attn_q_norm, cfg.rms_eps), _rmsnorm(k, lw.attn_k_norm, cfg.rms_eps)
+    q = _rope(q, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
+    k = _rope(k, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
+    if int8_kv:
+        s = k_scale if k_scale is not None else 1.0
+        k, v = _int8_roundtrip(k / s) * s, _int8_roundtrip(v)
+    out = np.empty_like(q)
+    for hd in range(cfg.n_heads):
+        s = q[:, hd] @ k[:, hd // group].T / np.sqrt(cfg.head_dim) + mask
+        p = np.exp(s - s.max(-1, keepdims=True))
+        out[:, hd] = (p / p.sum(-1, keepdims=True)) @ v[:, hd // group]
+    x = x + _mm(out.reshape(n, -1), lw.attn_output)
+    h = _rmsnorm(x, lw.ffn_norm, cfg.rms_eps)
+    g, u = _mm(h, lw.ffn_gate), _mm(h, lw.ffn_up)
+    return x + _mm(g / (1 + np.exp(-g)) * u, lw.ffn_down)
+
+
+def reference_hidden(cfg, weights, ids, int8_kv=True, k_scales=None):
+    """float64 (len(ids), n_embd): the last block's output (before the output norm) from an empty cache."""
+    x = _mat(weights.token_embd)[np.asarray(ids)]
+    for li, lw in enumerate(weights.layers):
+        x = _block(cfg, lw, x, None if k_scales is None else k_scales[li], int8_kv)
+    return x
+
+
 def reference_logits(cfg, weights, ids, int8_kv=True, k_scales=None):
     """float64 (len(ids), n_vocab): causal forward from an empty cache. With int8_kv, K/V are rounded to
     int8 like the engine's cache, K after division by its per-channel smoothing scales (k_scales[layer])."""
-    n = len(ids)
-    pos = np.arange(n, dtype=np.float64)
-    x = _mat(weights.token_embd)[np.asarray(ids)]
-    group = cfg.n_heads // cfg.n_kv_heads
-    mask = np.triu(np.full((n, n), -np.inf), 1)
-    for li, lw in enumerate(weights.layers):
-        h = _rmsnorm(x, lw.attn_norm, cfg.rms_eps)
-        q, k, v = _mm(h, lw.attn_q), _mm(h, lw.attn_k), _mm(h, lw.attn_v)
-        if lw.attn_q_bias is not None:
-            q, k, v = q + lw.attn_q_bias, k + lw.attn_k_bias, v + lw.attn_v_bias
-        q = q.reshape(n, cfg.n_heads, cfg.head_dim)
-        k = k.reshape(n, cfg.n_kv_heads, cfg.head_dim)
-        v = v.reshape(n, cfg.n_kv_heads, cfg.head_dim)
-        if lw.attn_q_norm is not None:
-            q, k = _rmsnorm(q, lw.attn_q_norm, cfg.rms_eps), _rmsnorm(k, lw.attn_k_norm, cfg.rms_eps)
-        q = _rope(q, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
-        k = _rope(k, pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox)
-        if int8_kv:
-            s = k_scales[li] if k_scales is not None else 1.0
-            k, v = _int8_roundtrip(k / s) * s, _int8_roundtrip(v)
-        out = np.empty_like(q)
-        for hd in range(cfg.n_heads):
-            s = q[:, hd] @ k[:, hd // group].T / np.sqrt(cfg.head_dim) + mask
-            p = np.exp(s - s.max(-1, keepdims=True))
-            out[:, hd] = (p / p.sum(-1, keepdims=True)) @ v[:, hd // group]
-        x = x + _mm(out.reshape(n, -1), lw.attn_output)
-        h = _rmsnorm(x, lw.ffn_norm, cfg.rms_eps)
-        g, u = _mm(h, lw.ffn_gate), _mm(h, lw.ffn_up)
-        x = x + _mm(g / (1 + np.exp(-g)) * u, lw.ffn_down)
+    x = reference_hidden(cfg, weights, ids, int8_kv, k_scales)
     return _mm(_rmsnorm(x, weights.output_norm, cfg.rms_eps), weights.output)
+
+
+def reference_mtp_logits(cfg, weights, mtp, ids, hidden, k_scale=None):
+    """float64 (len(ids) - 1, n_vocab): the MTP block (loader/mtp.py) at positions i = 0 .. n - 2 from
+    hidden[i] (the main model's last hidden state, as float64) and the token ids[i + 1]."""
+    embed = weights.token_embd if mtp.embed_tokens is None else mtp.embed_tokens
+    e = _rmsnorm(_mat(embed)[np.asarray(ids[1:])], mtp.enorm, cfg.rms_eps)
+    h = _rmsnorm(np.asarray(hidden[:-1], np.float64), mtp.hnorm, cfg.rms_eps)
+    x = _block(cfg, mtp.block, _mm(e, mtp.eh_proj_embed) + _mm(h, mtp.eh_proj_hidden), k_scale, True)
+    norm = weights.output_norm if mtp.head_norm is None else mtp.head_norm
+    return _mm(_rmsnorm(x, norm, cfg.rms_eps), weights.output if mtp.head is None else mtp.head)

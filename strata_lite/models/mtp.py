@@ -1,0 +1,46 @@
+"""The MTP block's forward (loader/mtp.py has the layout), written once against Backend.
+
+Row i of a sequence combines the main model's last hidden state at position i (Transformer.forward with
+return_hidden: it predicts the token at i + 1) with the embedding of the token at i + 1, runs one decoder
+block at rope position i with the block's own KV layer, and predicts the token at i + 2 through the shared
+head:
+    x = eh_proj([enorm(embed(t[i+1])); hnorm(h[i])])      (as E @ enorm(e) + H @ hnorm(h): loader/mtp.py)
+    x = block(x);  logits = head(head_norm(x))
+The block's output x is the hidden state a chained draft feeds back in place of h.
+"""
+from __future__ import annotations
+
+from ..batch import Batch
+from .k_smoothing import k_channel_scales
+from .transformer import BlockRows, Transformer, _Layer, decoder_block
+
+
+class MtpHead:
+    def __init__(self, model: Transformer, mtp):
+        """model: the main Transformer (its embedding, output norm and head serve where the MTP block has
+        none); mtp: loader.mtp.MtpWeights."""
+        be, cfg = model.backend, model.cfg
+        self.backend, self.cfg, self.mtp = be, cfg, mtp
+        self.eh_embed = be.upload_weight(mtp.eh_proj_embed)
+        self.eh_hidden = be.upload_weight(mtp.eh_proj_hidden)
+        self.enorm, self.hnorm = be.from_host(mtp.enorm), be.from_host(mtp.hnorm)
+        self.layer = _Layer(be, mtp.block)
+        self.k_scales = k_channel_scales(cfg, mtp.block)           # host copy, for tests
+        self.layer.smooth_k(be, self.k_scales, model.group)
+        self.embed = model.token_embd if mtp.embed_tokens is None else be.upload_weight(mtp.embed_tokens)
+        self.head_norm = model.output_norm if mtp.head_norm is None else be.from_host(mtp.head_norm)
+        self.head = model.output if mtp.head is None else be.upload_weight(mtp.head)
+
+    def forward(self, batch: Batch, hidden, layer_kv):
+        """batch: one row per position i (positions = i, token_ids = the token at i + 1, the sequences'
+        page tables into the MTP block's KV layer layer_kv = (k_pages, k_scales, v_pages, v_scales));
+        hidden (n, n_embd): the main model's last hidden state at each i (or the previous draft's block
+        output). -> (logits (n, n_vocab) of the token at i + 2, the block's output (n, n_embd))."""
+        be, cfg = self.backend, self.cfg
+        rows = BlockRows(be, batch)
+        e = be.rmsnorm(be.embed(self.embed, rows.ids), self.enorm, cfg.rms_eps)
+        h = be.rmsnorm(hidden, self.hnorm, cfg.rms_eps)
+        x = be.qmatmul(self.eh_embed, e)
+        be.add(x, be.qmatmul(self.eh_hidden, h), out=x)
+        decoder_block(be, cfg, self.layer, self.mtp.block, x, rows, layer_kv, lambda *a: None)
+        return be.qmatmul(self.head, be.rmsnorm(x, self.head_norm, cfg.rms_eps)), x

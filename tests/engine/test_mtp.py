@@ -1,0 +1,113 @@
+"""The MTP block (loader/mtp.py, models/mtp.py) on tiny models written with GGUFWriter: the main forward
+ignores it, its forward matches a float64 numpy reference, it is batch-invariant like the main forward,
+and bad files fail with one clear line."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from strata_lite import LLM
+from strata_lite.batch import Batch
+from strata_lite.loader.errors import GGUFError
+from strata_lite.loader.gguf_file import GGUFFile
+from strata_lite.loader.mtp import load_mtp
+from strata_lite.models.mtp import MtpHead
+from reference_model import reference_hidden, reference_mtp_logits
+from tiny_model import write_tiny_model
+
+# As tests/engine/test_api.py (docs/bounds.md): the reference rounds activations and K/V as the engine does
+# and computes the rest in float64; the engine's float32 stays within 1e-4 of the logit range.
+REL_TOL = 1e-4
+IDS = [5, 17, 200, 3, 99, 42, 7, 7, 120, 64, 33, 8, 150]
+
+
+def _close(ours, ref):
+    return np.abs(np.asarray(ours, np.float64) - ref).max() <= REL_TOL * np.abs(ref).max()
+
+
+@pytest.fixture(scope="module", params=[("qwen2", QT.Q8_0), ("llama", QT.Q5_0)], ids=lambda p: f"{p[0]}-{p[1].name}")
+def tiny(request, tmp_path_factory):
+    arch, qtype = request.param
+    d = tmp_path_factory.mktemp(arch)
+    kw = dict(arch=arch, qtype=qtype, n_embd=64, n_ff=256, n_heads=4, n_kv_heads=2)
+    with_mtp = write_tiny_model(d / "mtp.gguf", mtp=True, **kw)
+    without = write_tiny_model(d / "plain.gguf", **kw)
+    llm = LLM(str(with_mtp), backend="cpu", n_ctx=256)
+    return llm, with_mtp, without
+
+
+def _main_hidden(llm, ids):
+    batch = Batch.single(ids, 0, llm._pages)
+    batch.validate(llm.kv.n_pages, llm.kv.page_size, llm.config.n_vocab)
+    return llm.model.forward(batch, llm.kv, return_hidden=True)
+
+
+def _mtp_run(llm, head, ids, hidden, chunks):
+    """The MTP block over rows i = 0 .. len(ids) - 2 in the given chunks, with its own KV layer."""
+    cfg = llm.config
+    kv = llm.backend.kv_arrays(1, llm.kv.n_pages, llm.kv.page_size, cfg.n_kv_heads, cfg.head_dim)
+    layer = tuple(a[0] for a in kv)
+    out = []
+    for lo, hi in chunks:
+        b = Batch.single(ids[lo + 1:hi + 1], lo, llm._pages)
+        b.validate(llm.kv.n_pages, llm.kv.page_size, cfg.n_vocab)
+        out.append(head.forward(b, hidden[lo:hi], layer)[0])
+    return np.concatenate(out)
+
+
+def test_config_counts_the_mtp_block_apart(tiny):
+    llm, _, _ = tiny
+    assert llm.config.n_layers == 2 and llm.config.n_mtp_layers == 1 and len(llm.weights.layers) == 2
+
+
+def test_main_forward_ignores_the_mtp_block(tiny):
+    llm, _, without = tiny
+    plain = LLM(str(without), backend="cpu", n_ctx=256)
+    assert plain.config.n_mtp_layers == 0
+    np.testing.assert_array_equal(llm.logits(IDS), plain.logits(IDS))
+
+
+def test_mtp_forward_matches_float64_reference(tiny):
+    llm, path, _ = tiny
+    mtp = load_mtp(GGUFFile(path), llm.config)
+    head = MtpHead(llm.model, mtp)
+    _, hidden = _main_hidden(llm, IDS)
+    assert _close(hidden, reference_hidden(llm.config, llm.weights, IDS, k_scales=llm.model.k_scales))
+    ours = _mtp_run(llm, head, IDS, hidden, [(0, len(IDS) - 1)])
+    ref = reference_mtp_logits(llm.config, llm.weights, mtp, IDS, hidden, k_scale=head.k_scales)
+    assert ours.shape == ref.shape == (len(IDS) - 1, llm.config.n_vocab)
+    assert _close(ours, ref)
+
+
+def test_mtp_forward_is_the_same_in_chunks(tiny):
+    """Rows fed in two steps (the cache holding the first) give the rows of one pass: bit for bit where
+    the backend is batch-invariant (the int8 kernels), else within test_api's FLIP_TOL."""
+    llm, path, _ = tiny
+    head = MtpHead(llm.model, load_mtp(GGUFFile(path), llm.config))
+    _, hidden = _main_hidden(llm, IDS)
+    n = len(IDS) - 1
+    one = _mtp_run(llm, head, IDS, hidden, [(0, n)])
+    two = _mtp_run(llm, head, IDS, hidden, [(0, 5), (5, n)])
+    if llm.backend.int8:
+        np.testing.assert_array_equal(two, one)
+    else:
+        np.testing.assert_allclose(two, one, rtol=0, atol=0.03 * np.abs(one).max())
+
+
+def test_more_than_one_mtp_block_is_refused(tmp_path):
+    path = write_tiny_model(tmp_path / "m.gguf", extra_meta={"qwen2.nextn_predict_layers": 2})
+    with pytest.raises(GGUFError, match="nextn_predict_layers' = 2"):
+        LLM(str(path), backend="cpu", n_ctx=64)
+
+
+def test_missing_mtp_tensor_names_it(tmp_path):
+    path = write_tiny_model(tmp_path / "m.gguf", mtp=True, skip_tensor="blk.2.nextn.hnorm.weight")
+    llm = LLM(str(path), backend="cpu", n_ctx=64)                   # the main model loads
+    with pytest.raises(GGUFError, match="blk.2.nextn.hnorm.weight"):
+        load_mtp(GGUFFile(path), llm.config)
+
+
+def test_no_mtp_block_is_a_clear_error(tmp_path):
+    path = write_tiny_model(tmp_path / "m.gguf")
+    llm = LLM(str(path), backend="cpu", n_ctx=64)
+    with pytest.raises(GGUFError, match="no MTP block"):
+        load_mtp(GGUFFile(path), llm.config)
