@@ -12,18 +12,25 @@ forward never runs it (ModelConfig.n_layers excludes it).
 
 eh_proj is kept as its two column halves (each an (n_embd, n_embd) matrix of whole blocks), so the
 backends multiply them without concatenating activations: eh_proj @ [a; b] = E @ a + H @ b.
+
+A sidecar file holds only that block: the model's architecture fields with block_count = main blocks + 1,
+nextn_predict_layers = 1 and vocab_size, and the tensors blk.N.* (write_mtp_file, load_mtp_file). It
+must match the model it is used with (architecture, sizes, vocabulary, block count); load_mtp_file says
+which field does not.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGUFValueType as VT, GGUFWriter
 
 from strata_lite.kernels.qtypes import UnsupportedQuantType, row_nbytes
 
 from .errors import GGUFError
 from .gguf_file import GGUFFile
-from .model_config import ModelConfig
+from .model_config import ModelConfig, config_from_metadata
 from .weights import LayerWeights, QuantTensor, _Reader, load_layer
 
 
@@ -69,3 +76,51 @@ def load_mtp(gf: GGUFFile, cfg: ModelConfig) -> MtpWeights:
         head_norm=r.vector(p + "shared_head_norm.weight", n, optional=True),
         head=r.matrix(p + "shared_head_head.weight", cfg.n_vocab, n) if optional(p + "shared_head_head.weight") else None,
     )
+
+
+# the ModelConfig fields a sidecar must share with its model
+_MATCH = ("arch", "n_layers", "n_embd", "n_ff", "n_heads", "n_kv_heads", "head_dim", "n_rot", "n_vocab")
+
+
+def load_mtp_file(path: str, cfg: ModelConfig) -> MtpWeights:
+    """The MTP block of a sidecar file, for the model whose config is cfg."""
+    gf = GGUFFile(path)
+    side = config_from_metadata(gf.metadata, gf.path)
+    for name in _MATCH:
+        if getattr(side, name) != getattr(cfg, name):
+            raise GGUFError(gf.path, f"this MTP file is for a model with {name} = {getattr(side, name)}, "
+                                     f"the model has {getattr(cfg, name)}")
+    return load_mtp(gf, side)
+
+
+def write_mtp_file(model: GGUFFile, cfg: ModelConfig, path: str) -> None:
+    """Copy the MTP block of a model file (cfg.n_mtp_layers == 1) into a sidecar file at path."""
+    if cfg.n_mtp_layers != 1:
+        raise GGUFError(model.path, f"no MTP block: '{cfg.arch}.nextn_predict_layers' is {cfg.n_mtp_layers}")
+    arch, prefix = cfg.arch, f"blk.{cfg.n_layers}."
+    names = [n for n in model.tensors if n.startswith(prefix)]
+    tmp = f"{path}.{os.getpid()}.partial"
+    try:
+        w = GGUFWriter(tmp, arch)
+        w.add_name(f"{cfg.name} MTP block")
+        for key, value in model.metadata.items():
+            if key.startswith(arch + ".") and key not in (f"{arch}.block_count", f"{arch}.vocab_size"):
+                vtype, etype = model.field_types[key]
+                if vtype == VT.ARRAY:
+                    w.add_key_value(key, list(value), VT.ARRAY, sub_type=VT(etype))
+                else:
+                    w.add_key_value(key, value, VT(vtype))
+        w.add_block_count(cfg.n_layers + 1)
+        w.add_vocab_size(cfg.n_vocab)
+        for name in names:
+            info = model.tensors[name]
+            data = model.array(name) if len(info.shape) == 1 else np.asarray(model.rows(name))
+            w.add_tensor(name, data, raw_dtype=info.qtype if len(info.shape) > 1 else None)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

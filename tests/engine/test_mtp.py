@@ -111,3 +111,40 @@ def test_no_mtp_block_is_a_clear_error(tmp_path):
     llm = LLM(str(path), backend="cpu", n_ctx=64)
     with pytest.raises(GGUFError, match="no MTP block"):
         load_mtp(GGUFFile(path), llm.config)
+
+
+def _same_weights(a, b):
+    """Every array of two MtpWeights (and of their blocks) equal."""
+    from dataclasses import fields
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "block":
+            _same_weights(x, y)
+        elif x is None or y is None:
+            assert x is None and y is None, f.name
+        else:
+            xa = x.raw if hasattr(x, "raw") else x
+            ya = y.raw if hasattr(y, "raw") else y
+            assert (getattr(x, "qtype", None), getattr(x, "n_out", None)) == \
+                   (getattr(y, "qtype", None), getattr(y, "n_out", None)), f.name
+            np.testing.assert_array_equal(np.asarray(xa), np.asarray(ya), err_msg=f.name)
+
+
+def test_sidecar_loads_as_the_embedded_block(tiny, tmp_path):
+    from strata_lite.loader.mtp import load_mtp_file, write_mtp_file
+    llm, path, _ = tiny
+    side = tmp_path / "m.mtp.gguf"
+    write_mtp_file(GGUFFile(path), llm.config, str(side))
+    assert side.stat().st_size < path.stat().st_size / 2
+    _same_weights(load_mtp_file(str(side), llm.config), load_mtp(GGUFFile(path), llm.config))
+
+
+def test_sidecar_of_another_model_is_refused(tiny, tmp_path):
+    from strata_lite.loader.mtp import load_mtp_file, write_mtp_file
+    llm, _, _ = tiny
+    other = write_tiny_model(tmp_path / "other.gguf", arch=llm.config.arch, n_embd=128, mtp=True)
+    other_cfg = LLM(str(other), backend="cpu", n_ctx=64).config
+    side = tmp_path / "other.mtp.gguf"
+    write_mtp_file(GGUFFile(other), other_cfg, str(side))
+    with pytest.raises(GGUFError, match="n_embd = 128, the model has 64"):
+        load_mtp_file(str(side), llm.config)
