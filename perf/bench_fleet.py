@@ -20,7 +20,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,40 +29,11 @@ import openai
 
 from bench_agent import Conversation, Sizer, http_get, pct, read_metrics, source_corpus, stream_chat
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "server"))
+from live_server import free_port_run, wait_until  # noqa: E402  (the tests' helpers for live servers)
+
 READ, REUSED, RESTORED, DISK = ('strata_prompt_tokens_total{how="read"}', 'strata_prompt_tokens_total{how="reused"}',
                                 'strata_prompt_tokens_total{how="restored"}', 'strata_prompt_tokens_total{how="disk"}')
-
-
-def free_base_port(n: int) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        socks = []
-        try:
-            for p in range(base, base + n + 1):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free run of ports")
-
-
-def wait_for(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if pred():
-                return
-        except Exception:        # noqa: BLE001 - not up yet
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"timed out waiting for {what}")
 
 
 def http_json(url: str):
@@ -84,7 +54,7 @@ def counters(urls) -> list[tuple[float, float, float]]:
 def run_config(args, n_replicas: int, policy: str, corpus: str, sizer: Sizer, restart: bool = False) -> dict:
     """One replay; with `restart`, replica 0 (started with a disk tier) is killed half-way and the fleet
     restarts it: the turns it then serves for conversations it held show what came back from its disk."""
-    port = free_base_port(n_replicas + 1)
+    port = free_port_run(n_replicas + 1)
     disk = ["--kv-disk", tempfile.mkdtemp(prefix="strata-fleet-kv-")] if restart else []
     cmd = [sys.executable, "-m", "strata_lite.cli", "fleet", "-n", str(n_replicas), "--policy", policy,
            "--port", str(port), "--threads-per-replica", str(args.threads_per_replica), "--", "--parallel", "1",
@@ -93,7 +63,7 @@ def run_config(args, n_replicas: int, policy: str, corpus: str, sizer: Sizer, re
     router, replicas = f"http://127.0.0.1:{port}", [f"http://127.0.0.1:{port + 1 + i}" for i in range(n_replicas)]
     try:
         client = openai.OpenAI(base_url=router + "/v1", api_key="none", max_retries=0, timeout=600)
-        wait_for(lambda: client.models.list().data, 900, "the fleet")
+        wait_until(lambda: client.models.list().data, 900, "the fleet")
         model = client.models.list().data[0].id
         for u in replicas:                      # compile the kernels on every replica before measuring
             warm = openai.OpenAI(base_url=u + "/v1", api_key="none", max_retries=0, timeout=600)
@@ -113,7 +83,7 @@ def run_config(args, n_replicas: int, policy: str, corpus: str, sizer: Sizer, re
                 held_by_0 = {c for c, (r, _) in last.items() if r == 0}
                 pid = http_json(replicas[0] + "/server_info")["pid"]
                 os.kill(pid, signal.SIGKILL)
-                wait_for(lambda: http_json(replicas[0] + "/server_info")["pid"] != pid, 600, "the restarted replica")
+                wait_until(lambda: http_json(replicas[0] + "/server_info")["pid"] != pid, 600, "the restarted replica")
                 stream_chat(openai.OpenAI(base_url=replicas[0] + "/v1", api_key="none", max_retries=0, timeout=600),
                             model, [{"role": "user", "content": "warm-up after the restart"}], 2)
                 time.sleep(3 * 2)                # the router's health checks bring it back into rotation

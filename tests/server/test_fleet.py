@@ -4,41 +4,17 @@ the router routes around it, and Ctrl+C (SIGTERM) stops everything."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
+from live_server import free_port_run, wait_until
 from tiny_model import write_tiny_model
 
 pytest.importorskip("sglang_router", reason="sglang-router has no wheel for this platform")
 openai = pytest.importorskip("openai")
-
-
-def _free_base_port(n: int) -> int:
-    """A port p with p .. p + n free on 127.0.0.1."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        try:
-            socks = []
-            for p in range(base, base + n + 1):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free run of ports")
 
 
 def _get(url: str, timeout: float = 2.0):
@@ -46,30 +22,18 @@ def _get(url: str, timeout: float = 2.0):
         return r.status, json.loads(r.read() or b"null")
 
 
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if pred():
-                return
-        except Exception:        # noqa: BLE001 - not up yet
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     model = write_tiny_model(tmp_path_factory.mktemp("fleet") / "tiny-fleet.gguf", arch="qwen2", n_embd=64,
                              n_ff=128, n_heads=4, n_kv_heads=2)
-    port = _free_base_port(3)
+    port = free_port_run(3)
     proc = subprocess.Popen([sys.executable, "-m", "strata_lite.cli", "fleet", "-n", "2", "--threads-per-replica", "1",
                              "--policy", "round_robin", "--port", str(port), "--health-interval-s", "1",
                              "--", "--model", str(model), "--parallel", "2", "--ctx-size", "256",
                              "--host-kv-gib", "0.01", "--max-queue", "8"])
     router = f"http://127.0.0.1:{port}"
     try:
-        _wait(lambda: _get(router + "/v1/models")[0] == 200, 300, "the router")
+        wait_until(lambda: _get(router + "/v1/models")[0] == 200, 300, "the router")
         yield proc, router, [f"http://127.0.0.1:{port + 1 + i}" for i in range(2)]
     finally:
         if proc.poll() is None:
@@ -114,14 +78,14 @@ def test_a_killed_replica_is_restarted_and_routed_around(fleet):
         r = client.chat.completions.create(model="tiny-fleet", messages=[{"role": "user", "content": f"turn {i}"}],
                                            max_tokens=4, temperature=0)
         assert r.choices[0].message.content is not None
-    _wait(lambda: _get(replicas[0] + "/server_info")[1]["pid"] != pid, 180, "the restarted replica")
+    wait_until(lambda: _get(replicas[0] + "/server_info")[1]["pid"] != pid, 180, "the restarted replica")
     before = _generated(replicas[0])
 
     def served_again():
         client.chat.completions.create(model="tiny-fleet", messages=[{"role": "user", "content": "again"}],
                                        max_tokens=2, temperature=0)
         return _generated(replicas[0]) > before
-    _wait(served_again, 60, "the router to route to the restarted replica")
+    wait_until(served_again, 60, "the router to route to the restarted replica")
     assert proc.poll() is None
 
 
@@ -137,14 +101,14 @@ def test_sigterm_stops_router_and_replicas(fleet):
 def test_api_key_is_checked_by_the_router(tmp_path):
     model = write_tiny_model(tmp_path / "tiny-keyed.gguf", arch="qwen2", n_embd=64, n_ff=128, n_heads=4,
                              n_kv_heads=2)
-    port = _free_base_port(3)
+    port = free_port_run(3)
     proc = subprocess.Popen([sys.executable, "-m", "strata_lite.cli", "fleet", "-n", "2", "--threads-per-replica", "1",
                              "--port", str(port), "--api-key", "sekrit", "--", "--model", str(model),
                              "--ctx-size", "256", "--host-kv-gib", "0.01"])
     router = f"http://127.0.0.1:{port}"
     try:
         keyed = openai.OpenAI(base_url=router + "/v1", api_key="sekrit", max_retries=0, timeout=60)
-        _wait(lambda: keyed.models.list().data, 300, "the keyed router")
+        wait_until(lambda: keyed.models.list().data, 300, "the keyed router")
         r = keyed.chat.completions.create(model="tiny-keyed", messages=[{"role": "user", "content": "hi"}],
                                           max_tokens=3)
         assert r.usage.completion_tokens >= 1
