@@ -161,83 +161,46 @@ def _make_dot(block_weights, doc_format: str):
     return dot
 
 
-_dot_q8_0 = _make_dot(_q8_0_weights, "Q8_0")
-_dot_q5_0 = _make_dot(_q5_0_weights, "Q5_0")
-_dot_q4_0 = _make_dot(_q4_0_weights, "Q4_0")
-_dot_iq4_nl = _make_dot(_iq4_nl_weights, "IQ4_NL")
+def _by_token_count(dot):
+    """dot (an intrinsic that needs its token count as a literal) for a run-time count nt (1..MAX_TOK)."""
+    @njit(cache=True, inline="always")
+    def call(raw3, r, xq, xd, t0, nt, out):
+        if nt == 8:
+            dot(raw3, r, xq, xd, t0, 8, out)
+        elif nt == 7:
+            dot(raw3, r, xq, xd, t0, 7, out)
+        elif nt == 6:
+            dot(raw3, r, xq, xd, t0, 6, out)
+        elif nt == 5:
+            dot(raw3, r, xq, xd, t0, 5, out)
+        elif nt == 4:
+            dot(raw3, r, xq, xd, t0, 4, out)
+        elif nt == 3:
+            dot(raw3, r, xq, xd, t0, 3, out)
+        elif nt == 2:
+            dot(raw3, r, xq, xd, t0, 2, out)
+        else:
+            dot(raw3, r, xq, xd, t0, 1, out)
+    return call
+
+
+_dot_q8_0 = _by_token_count(_make_dot(_q8_0_weights, "Q8_0"))
+_dot_q5_0 = _by_token_count(_make_dot(_q5_0_weights, "Q5_0"))
+_dot_q4_0 = _by_token_count(_make_dot(_q4_0_weights, "Q4_0"))
+_dot_iq4_nl = _by_token_count(_make_dot(_iq4_nl_weights, "IQ4_NL"))
 
 
 @njit(cache=True, inline="always")
 def _dot(kind, raw3, r, xq, xd, t0, nt, out):
     """The kernel of block format `kind` for nt (1..MAX_TOK) tokens from t0 (one token: 4 rows from r)."""
     if kind == Q5_0_KIND:
-        if nt == 8:
-            _dot_q5_0(raw3, r, xq, xd, t0, 8, out)
-        elif nt == 7:
-            _dot_q5_0(raw3, r, xq, xd, t0, 7, out)
-        elif nt == 6:
-            _dot_q5_0(raw3, r, xq, xd, t0, 6, out)
-        elif nt == 5:
-            _dot_q5_0(raw3, r, xq, xd, t0, 5, out)
-        elif nt == 4:
-            _dot_q5_0(raw3, r, xq, xd, t0, 4, out)
-        elif nt == 3:
-            _dot_q5_0(raw3, r, xq, xd, t0, 3, out)
-        elif nt == 2:
-            _dot_q5_0(raw3, r, xq, xd, t0, 2, out)
-        else:
-            _dot_q5_0(raw3, r, xq, xd, t0, 1, out)
+        _dot_q5_0(raw3, r, xq, xd, t0, nt, out)
     elif kind == Q4_0_KIND:
-        if nt == 8:
-            _dot_q4_0(raw3, r, xq, xd, t0, 8, out)
-        elif nt == 7:
-            _dot_q4_0(raw3, r, xq, xd, t0, 7, out)
-        elif nt == 6:
-            _dot_q4_0(raw3, r, xq, xd, t0, 6, out)
-        elif nt == 5:
-            _dot_q4_0(raw3, r, xq, xd, t0, 5, out)
-        elif nt == 4:
-            _dot_q4_0(raw3, r, xq, xd, t0, 4, out)
-        elif nt == 3:
-            _dot_q4_0(raw3, r, xq, xd, t0, 3, out)
-        elif nt == 2:
-            _dot_q4_0(raw3, r, xq, xd, t0, 2, out)
-        else:
-            _dot_q4_0(raw3, r, xq, xd, t0, 1, out)
+        _dot_q4_0(raw3, r, xq, xd, t0, nt, out)
     elif kind == IQ4_NL_KIND:
-        if nt == 8:
-            _dot_iq4_nl(raw3, r, xq, xd, t0, 8, out)
-        elif nt == 7:
-            _dot_iq4_nl(raw3, r, xq, xd, t0, 7, out)
-        elif nt == 6:
-            _dot_iq4_nl(raw3, r, xq, xd, t0, 6, out)
-        elif nt == 5:
-            _dot_iq4_nl(raw3, r, xq, xd, t0, 5, out)
-        elif nt == 4:
-            _dot_iq4_nl(raw3, r, xq, xd, t0, 4, out)
-        elif nt == 3:
-            _dot_iq4_nl(raw3, r, xq, xd, t0, 3, out)
-        elif nt == 2:
-            _dot_iq4_nl(raw3, r, xq, xd, t0, 2, out)
-        else:
-            _dot_iq4_nl(raw3, r, xq, xd, t0, 1, out)
+        _dot_iq4_nl(raw3, r, xq, xd, t0, nt, out)
     else:
-        if nt == 8:
-            _dot_q8_0(raw3, r, xq, xd, t0, 8, out)
-        elif nt == 7:
-            _dot_q8_0(raw3, r, xq, xd, t0, 7, out)
-        elif nt == 6:
-            _dot_q8_0(raw3, r, xq, xd, t0, 6, out)
-        elif nt == 5:
-            _dot_q8_0(raw3, r, xq, xd, t0, 5, out)
-        elif nt == 4:
-            _dot_q8_0(raw3, r, xq, xd, t0, 4, out)
-        elif nt == 3:
-            _dot_q8_0(raw3, r, xq, xd, t0, 3, out)
-        elif nt == 2:
-            _dot_q8_0(raw3, r, xq, xd, t0, 2, out)
-        else:
-            _dot_q8_0(raw3, r, xq, xd, t0, 1, out)
+        _dot_q8_0(raw3, r, xq, xd, t0, nt, out)
 
 
 ROW_GROUP = 16    # rows per work item with several tokens: their blocks (16 x 34 B per 32 weights) and a
