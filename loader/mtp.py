@@ -20,7 +20,6 @@ which field does not.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +27,7 @@ from gguf import GGUFValueType as VT, GGUFWriter
 
 from strata_lite.kernels.qtypes import UnsupportedQuantType, row_nbytes
 
+from .atomic_file import written_whole
 from .errors import GGUFError
 from .gguf_file import GGUFFile
 from .model_config import ModelConfig, config_from_metadata
@@ -65,16 +65,15 @@ def load_mtp(gf: GGUFFile, cfg: ModelConfig) -> MtpWeights:
     r, i, n = _Reader(gf), cfg.n_layers, cfg.n_embd
     p = f"blk.{i}.nextn."
     embed, hidden = _split_columns(r.matrix(p + "eh_proj.weight", n, 2 * n), n, gf.path)
-    optional = lambda name: name in gf.tensors   # noqa: E731
     return MtpWeights(
         eh_proj_embed=embed,
         eh_proj_hidden=hidden,
         enorm=r.vector(p + "enorm.weight", n),
         hnorm=r.vector(p + "hnorm.weight", n),
         block=load_layer(r, cfg, i),
-        embed_tokens=r.matrix(p + "embed_tokens.weight", cfg.n_vocab, n) if optional(p + "embed_tokens.weight") else None,
+        embed_tokens=r.matrix(p + "embed_tokens.weight", cfg.n_vocab, n, optional=True),
         head_norm=r.vector(p + "shared_head_norm.weight", n, optional=True),
-        head=r.matrix(p + "shared_head_head.weight", cfg.n_vocab, n) if optional(p + "shared_head_head.weight") else None,
+        head=r.matrix(p + "shared_head_head.weight", cfg.n_vocab, n, optional=True),
     )
 
 
@@ -99,8 +98,7 @@ def write_mtp_file(model: GGUFFile, cfg: ModelConfig, path: str) -> None:
         raise GGUFError(model.path, f"no MTP block: '{cfg.arch}.nextn_predict_layers' is {cfg.n_mtp_layers}")
     arch, prefix = cfg.arch, f"blk.{cfg.n_layers}."
     names = [n for n in model.tensors if n.startswith(prefix)]
-    tmp = f"{path}.{os.getpid()}.partial"
-    try:
+    with written_whole(path) as tmp:
         w = GGUFWriter(tmp, arch)
         w.add_name(f"{cfg.name} MTP block")
         for key, value in model.metadata.items():
@@ -120,7 +118,3 @@ def write_mtp_file(model: GGUFFile, cfg: ModelConfig, path: str) -> None:
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from strata_lite.kernels.cpu.dequant import dequantize
 from strata_lite.kernels.qtypes import UnsupportedQuantType, check_supported
 
+from .atomic_file import written_whole
 from .errors import GGUFError
 from .gguf_file import GGUFFile
 from .quant_policy import FILE_TYPE, TypeChoice, parse_target, plan_types
@@ -79,8 +80,7 @@ def quantize_file(in_path, out_path, target: str, imatrix: dict | None = None, t
         numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
 
     report = QuantizeReport(out_path, qtarget, plan)
-    tmp = out_path + f".{os.getpid()}.partial"
-    try:
+    with written_whole(out_path) as tmp:
         w = GGUFWriter(tmp, arch)
         _copy_metadata(gf, w, qtarget, imatrix)
         infos = list(gf.tensors.values())
@@ -107,10 +107,6 @@ def quantize_file(in_path, out_path, target: str, imatrix: dict | None = None, t
                 entry[2] += int(np.prod(info.shape, dtype=np.int64))
                 del data
         w.close()
-        os.replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     report.nbytes = os.path.getsize(out_path)
     report.seconds = time.perf_counter() - t0
     if progress:

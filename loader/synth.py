@@ -24,6 +24,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType, GGUFValueType as VT
 from tqdm import tqdm
 
+from .atomic_file import written_whole
 from .archs import ARCHITECTURES
 from .quant_policy import FALLBACK, plan_types
 from .synth_blocks import random_matrix, random_vector
@@ -249,8 +250,7 @@ def synth_model(path, preset, arch: str | None = None, quant: str = "q4_k_m", se
     specs = tensor_specs(p, arch)
     plan = plan_mix(specs, quant, p.n_layers)
     report = SynthReport(path, p, arch, quant, seed, plan)
-    tmp = path + f".{os.getpid()}.partial"
-    try:
+    with written_whole(path) as tmp:
         with GGUFStreamWriter(tmp, metadata(p, arch, quant, seed),
                               [(s.name, s.shape, plan[s.name]) for s in specs]) as w:
             bar = tqdm(specs, desc=f"synth {p.name} {quant}", unit="tensor", disable=not progress,
@@ -261,10 +261,6 @@ def synth_model(path, preset, arch: str | None = None, quant: str = "q4_k_m", se
                 entry = report.by_type.setdefault(plan[s.name].name, [0, 0])
                 entry[0] += 1
                 entry[1] += data.nbytes
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     report.nbytes = os.path.getsize(path)
     report.seconds = time.perf_counter() - t0
     return report

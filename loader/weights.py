@@ -64,7 +64,9 @@ class _Reader:
     def __init__(self, gf: GGUFFile):
         self.gf = gf
 
-    def matrix(self, name: str, n_out: int, n_in: int) -> QuantTensor:
+    def matrix(self, name: str, n_out: int, n_in: int, optional: bool = False) -> QuantTensor | None:
+        if optional and name not in self.gf.tensors:
+            return None
         info = self._info(name)
         if info.shape != (n_in, n_out):
             raise GGUFError(self.gf.path, f"tensor {name!r} has shape {list(info.shape)}, expected {[n_in, n_out]}")
@@ -116,5 +118,5 @@ def load_weights(gf: GGUFFile, cfg: ModelConfig) -> Weights:
     r = _Reader(gf)
     layers = tuple(load_layer(r, cfg, i) for i in range(cfg.n_layers))
     token_embd = r.matrix("token_embd.weight", cfg.n_vocab, cfg.n_embd)
-    output = r.matrix("output.weight", cfg.n_vocab, cfg.n_embd) if "output.weight" in gf.tensors else token_embd
+    output = r.matrix("output.weight", cfg.n_vocab, cfg.n_embd, optional=True) or token_embd
     return Weights(token_embd, r.vector("output_norm.weight", cfg.n_embd), output, layers)

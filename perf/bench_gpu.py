@@ -28,6 +28,7 @@ from types import SimpleNamespace
 import numpy as np
 
 ROTATE_BYTES = 1 << 30
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
 
 
 def timed(cp, fn, n_iter=50, warm=5):
@@ -94,8 +95,7 @@ def bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, kernels):
     """{(kernel, nb): seconds} per prompt-chunk mat-mul on activations already rounded (the rounding is shared by every
     kernel choice), weights of random bytes with finite scales in 4 copies (the chunk is compute-bound)."""
     from gguf import GGMLQuantizationType as QT
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
-    from test_dequant import random_rows
+    from test_dequant import random_rows                        # tests/kernels (on sys.path above)
 
     qt = QT[qtype]
     ws = [qm.upload(SimpleNamespace(name="bench", qtype=qt, n_out=n_out, n_in=n_in,
