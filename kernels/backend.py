@@ -54,14 +54,21 @@ class Backend(ABC):
     def qmatmul(self, w, x, out=None):
         """x (n, w.n_in) -> (n, w.n_out) = x @ W.T (activations rounded as ggml does for W's type)."""
     @abstractmethod
-    def rmsnorm(self, x, weight, eps: float, out=None):
-        """x (n, d) / sqrt(mean(x^2) + eps) * weight (d,); eps host float."""
+    def rmsnorm(self, x, weight, eps: float, out=None, round_for=None):
+        """x (n, d) / sqrt(mean(x^2) + eps) * weight (d,); eps host float. round_for: a device weight
+        that the result feeds next (its qmatmul* calls must come before any other rmsnorm or mat-mul
+        input of the same rounding); a backend may round the result for it in the same kernel."""
     @abstractmethod
     def rope(self, x, positions, freq_base: float, n_rot: int, neox: bool, channel_scale=None) -> None:
         """In place on x (n, n_heads, head_dim): rotary embedding at device int32 positions (n,)
         (theta_i = pos * freq_base^(-2i/n_rot), i < n_rot/2; pairs (i, i + n_rot/2) when neox, else
         (2i, 2i+1); dims >= n_rot untouched), then, when channel_scale (device (n_heads, head_dim)) is
         given, every channel of every token multiplied by it. freq_base, n_rot, neox are host values."""
+    def rope_qk(self, q, k, positions, freq_base: float, n_rot: int, neox: bool, q_scale=None, k_scale=None) -> None:
+        """rope(q, ..., channel_scale=q_scale) and rope(k, ..., channel_scale=k_scale) of the same tokens
+        (a backend may do both in one kernel)."""
+        self.rope(q, positions, freq_base, n_rot, neox, channel_scale=q_scale)
+        self.rope(k, positions, freq_base, n_rot, neox, channel_scale=k_scale)
     @abstractmethod
     def silu_mul(self, gate, up, out=None):
         """silu(gate) * up, both (n, d); out may be gate."""
@@ -74,6 +81,25 @@ class Backend(ABC):
     @abstractmethod
     def split_cols(self, x, widths):
         """(n, sum(widths)) -> contiguous (n, w) pieces, in order; widths host ints."""
+
+    # Mat-mul with its neighbours, for which a backend may fuse the element-wise work into the mat-mul's
+    # output (CUDA: fewer kernel launches per token); the results are the same bits as these compositions.
+    def qmatmul_split(self, w, x, widths, bias=None):
+        """x (n, w.n_in) -> the (n, width) column pieces of x @ W.T (+ bias (w.n_out,)), in order."""
+        y = self.qmatmul(w, x)
+        if bias is not None:
+            self.add(y, bias, out=y)
+        return self.split_cols(y, widths) if len(widths) > 1 else [y]
+
+    def qmatmul_add(self, w, x, out) -> None:
+        """out (n, w.n_out) += x @ W.T, in place (the residual add)."""
+        self.add(out, self.qmatmul(w, x), out=out)
+
+    def qmatmul_glu(self, w, x):
+        """W = gate rows then up rows (fuse_rows([gate, up])): x (n, w.n_in) -> silu(gate) * up (n, w.n_out / 2)."""
+        half = w.n_out // 2
+        g, u = self.split_cols(self.qmatmul(w, x), (half, half))
+        return self.silu_mul(g, u, out=g)
 
     # ----------------------------------------------------------------------------- KV cache
     # Arrays per layer, layout kv_layout.py (int8 pages + per-group float32 scales), all on the device.

@@ -70,7 +70,9 @@ def copy_bandwidth(cp):
     return 2 * n / t
 
 
-def bench_matmul(cp, qm, qtype, n_out, n_in, n_tok):
+def bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant=None, build="default"):
+    """(seconds, bytes moved) of one mat-mul through the launcher (variant, build: the dp4a kernel's, on
+    activations rounded once outside the timing; see qmatmul.matmul_prequantized)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
     qt = QT[qtype]
@@ -85,7 +87,14 @@ def bench_matmul(cp, qm, qtype, n_out, n_in, n_tok):
     x = cp.asarray(rng.standard_normal((n_tok, n_in), dtype=np.float32))
     out = cp.empty((n_tok, n_out), cp.float32)
     act = qm.ActBuffers(max(n_tok, 16), n_in)
-    t = timed_in_graph(cp, [lambda w=w: qm.matmul(w, x, out, act) for w in ws])
+    if variant is None:
+        t = timed_in_graph(cp, [lambda w=w: qm.matmul(w, x, out, act) for w in ws])
+    else:
+        fmt = qm.act_format(qt)
+        xq, xd = act.views(fmt, n_tok, n_in)
+        qm.quantize_activations(fmt, x, xq, xd)
+        t = timed_in_graph(cp, [lambda w=w: qm.matmul_prequantized(w, xq, xd, out, variant=variant, build=build)
+                                for w in ws])
     moved = nbytes + x.nbytes + out.nbytes
     del ws
     return t, moved
@@ -167,6 +176,29 @@ def gemm_rows(cp):
     return rows
 
 
+def variant_rows(cp, copy_bw):
+    """--explore: every dp4a variant (tile, rows per warp, units in flight) of the token count's tile."""
+    from strata_lite.kernels.cuda import qmatmul as qm
+    rows = []
+    for label, qtype, n_out, n_in, n_tok in KERNELS + EXPLORE_KERNELS:
+        if qtype in ("F16", "F32", "BF16"):
+            continue
+        tile = qm._tile(n_tok)
+        for variant in [v for v in qm.EXPLORE_VARIANTS if v[0] == tile]:
+            t, moved = bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant, "explore")
+            rows.append((f"{label} r{variant[1]} g{variant[2]}", t * 1e6, moved / t / 1e9, moved / t / copy_bw))
+            print(f"{rows[-1][0]:48s} {rows[-1][1]:9.1f} {rows[-1][2]:8.0f} {rows[-1][3]:9.0%}", flush=True)
+    return rows
+
+
+EXPLORE_KERNELS = [  # launch-bound shapes of the 0.5B model, for --explore
+    ("Q5_0 896x4864 n=1", "Q5_0", 4864, 896, 1),
+    ("Q8_0 896x1152 n=1", "Q8_0", 1152, 896, 1),
+    ("Q6_K 4864x896 n=1", "Q6_K", 896, 4864, 1),
+    ("Q6_K 4096x14336 n=1", "Q6_K", 14336, 4096, 1),
+]
+
+
 def kernel_rows(cp, copy_bw):
     from strata_lite.kernels.cuda import qmatmul as qm
     rows = []
@@ -241,11 +273,16 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="/dev/shm/strata-synth", help="folder for the synthetic GGUF files")
     ap.add_argument("--quick", action="store_true", help="one model, fewer kernels")
     ap.add_argument("--json", default=None, help="also write every figure to this file")
+    ap.add_argument("--explore", action="store_true", help="only the dp4a kernel variants (kernel_notes.md)")
     args = ap.parse_args(argv)
     import cupy as cp
     from strata_lite.kernels.cuda.backend import CudaBackend
     be = CudaBackend()
     copy_bw = copy_bandwidth(cp)
+    if args.explore:
+        print(f"\n{be.describe()}; copy bandwidth {copy_bw / 1e9:,.0f} GB/s (read + write)")
+        variant_rows(cp, copy_bw)
+        return 0
     krows = kernel_rows(cp, copy_bw)
     grows = gemm_rows(cp)
     os.makedirs(args.models, exist_ok=True)

@@ -94,7 +94,7 @@ class CpuBackend(Backend):
             self._matmul_cache[key] = hit
         return hit[1]
 
-    def rmsnorm(self, x, weight, eps, out=None):
+    def rmsnorm(self, x, weight, eps, out=None, round_for=None):   # round_for: nothing to fuse here
         if out is None:
             out = np.empty_like(x)
         rmsnorm(x, weight, eps, out)

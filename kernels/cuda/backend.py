@@ -37,6 +37,7 @@ class CudaBackend(Backend):
         self.device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         self.plan = VramPlan(self.device, vram_reserve_mib)
         self._act = self._attn_ws = self._sample_ws = None
+        self._rounded = None            # (rmsnorm output, format) whose rounding sits in self._act
 
     def describe(self) -> str:
         free, total = self.cp.cuda.runtime.memGetInfo()
@@ -69,6 +70,7 @@ class CudaBackend(Backend):
         """Allocate the long-lived workspaces for forwards of up to max_tokens tokens whose widest matrix
         input is max_width, attention over up to max_keys keys, and sampling of up to max_rows rows."""
         self._act = qm.ActBuffers(max_tokens, max_width)
+        self._rounded = None
         self._attn_ws = attn_k.attention_workspace(max_tokens, n_heads, head_dim, max_keys)
         self._sample_ws = smp.sampling_workspace(max_rows, n_vocab)
         self.max_tokens, self.max_keys = int(max_tokens), int(max_keys)
@@ -83,8 +85,35 @@ class CudaBackend(Backend):
     def qmatmul(self, w, x, out=None):
         if out is None:
             out = self.cp.empty((x.shape[0], w.n_out), dtype=self.cp.float32)
-        qm.matmul(w, x, out, self._workspace_act(x.shape[0]))
+        self._matmul(w, x, out)
         return out
+
+    def qmatmul_split(self, w, x, widths, bias=None):
+        outs = [self.cp.empty((x.shape[0], int(width)), dtype=self.cp.float32) for width in widths]
+        self._matmul(w, x, outs, bias=bias)
+        return outs
+
+    def qmatmul_add(self, w, x, out) -> None:
+        self._matmul(w, x, out, accumulate=True)
+
+    def qmatmul_glu(self, w, x):
+        out = self.cp.empty((x.shape[0], w.n_out // 2), dtype=self.cp.float32)
+        self._matmul(w, x, out, glu=True)
+        return out
+
+    def _matmul(self, w, x, out, **epilogue) -> None:
+        """qm.matmul, or the mat-mul alone when x is the rmsnorm output already rounded for w's format
+        (rmsnorm round_for). Any other rounding into the same buffers ends that."""
+        act = self._workspace_act(x.shape[0])
+        fmt = qm.act_format(w.qtype)
+        rounded = self._rounded
+        if fmt is not None and rounded is not None and rounded[0] is x and rounded[1] == fmt:
+            xq, xd = act.views(fmt, x.shape[0], w.n_in)
+            qm.matmul_prequantized(w, xq, xd, out, **epilogue)
+            return
+        if fmt is not None and rounded is not None and rounded[1] == fmt:
+            self._rounded = None
+        qm.matmul(w, x, out, act, **epilogue)
 
     def _workspace_act(self, n):
         if self._act is None or n > self.max_tokens:
@@ -92,14 +121,23 @@ class CudaBackend(Backend):
                              f"({0 if self._act is None else self.max_tokens} tokens); call reserve() first")
         return self._act
 
-    def rmsnorm(self, x, weight, eps, out=None):
+    def rmsnorm(self, x, weight, eps, out=None, round_for=None):
         if out is None:
             out = self.cp.empty_like(x)
+        fmt = None if round_for is None else qm.act_format(round_for.qtype)
+        if fmt is not None and ew.can_round(x, weight, out, fmt) and x.shape[1] == round_for.n_in:
+            xq, xd = self._workspace_act(x.shape[0]).views(fmt, x.shape[0], x.shape[1])
+            ew.rmsnorm_round(x, weight, float(eps), out, fmt, xq, xd)
+            self._rounded = (out, fmt)          # holds out: its identity cannot be reused while marked
+            return out
         ew.rmsnorm(x, weight, float(eps), out)
         return out
 
     def rope(self, x, positions, freq_base, n_rot, neox, channel_scale=None):
         ew.rope(x, self.from_host(positions), float(freq_base), int(n_rot), bool(neox), channel_scale)
+
+    def rope_qk(self, q, k, positions, freq_base, n_rot, neox, q_scale=None, k_scale=None):
+        ew.rope_qk(q, k, self.from_host(positions), float(freq_base), int(n_rot), bool(neox), q_scale, k_scale)
 
     def silu_mul(self, gate, up, out=None):
         if out is None:

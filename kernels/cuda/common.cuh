@@ -45,3 +45,7 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
+// silu(g) * u = g / (1 + exp(-g)) * u with IEEE expf (no fast math): exp(-g) = inf gives -0. One definition
+// for the element-wise kernel and the mat-mul epilogue that fuses it, so both give the same bits.
+__device__ __forceinline__ float silu_mul1(float g, float u) { return g / (1.0f + expf(-g)) * u; }

@@ -6,6 +6,7 @@
 // launcher when widths and addresses are multiples of 4 floats. No reduction here depends on how many
 // rows share a launch (batch invariance): rmsnorm reduces one row per CTA in a fixed order.
 #include "common.cuh"
+#include "act_quant.cuh"
 
 struct alignas(16) F4 { float x, y, z, w; };
 
@@ -39,21 +40,65 @@ extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, double ep
     for (int j = threadIdx.x; j < d; j += blockDim.x) out[base + j] = x[base + j] * sc * w[j];
 }
 
-extern "C" __global__ void rmsnorm_f32_x4(const float* x, const float* w, double eps, float* out, int d) {
+// One row of rmsnorm in float4s (d % 4 == 0, 16-byte aligned); the row's output also goes to copy when
+// given (shared memory of the fused rounding kernel). Squares summed by explicit fma, so every caller
+// gives the same bits.
+__device__ __forceinline__ void rmsnorm_row4(const float* x, const float* w, double eps, float* out, int d,
+                                             F4* copy) {
     const F4* x4 = (const F4*)(x + (i64)blockIdx.x * d);
     const F4* w4 = (const F4*)w;
     F4* o4 = (F4*)(out + (i64)blockIdx.x * d);
     const int d4 = d / 4;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d4; j += blockDim.x) {
-        F4 v = x4[j];
-        ss += v.x * v.x; ss += v.y * v.y; ss += v.z * v.z; ss += v.w * v.w;
+        const F4 v = x4[j];
+        ss = __fmaf_rn(v.x, v.x, ss); ss = __fmaf_rn(v.y, v.y, ss);
+        ss = __fmaf_rn(v.z, v.z, ss); ss = __fmaf_rn(v.w, v.w, ss);
     }
     const float sc = row_scale(block_sum_fixed(ss), d, eps);
     for (int j = threadIdx.x; j < d4; j += blockDim.x) {
-        F4 v = x4[j], g = w4[j];
-        o4[j] = F4{v.x * sc * g.x, v.y * sc * g.y, v.z * sc * g.z, v.w * sc * g.w};
+        const F4 v = x4[j], g = w4[j];
+        const F4 h = F4{__fmul_rn(__fmul_rn(v.x, sc), g.x), __fmul_rn(__fmul_rn(v.y, sc), g.y),
+                        __fmul_rn(__fmul_rn(v.z, sc), g.z), __fmul_rn(__fmul_rn(v.w, sc), g.w)};
+        o4[j] = h;
+        if (copy) copy[j] = h;
     }
+}
+
+extern "C" __global__ void rmsnorm_f32_x4(const float* x, const float* w, double eps, float* out, int d) {
+    rmsnorm_row4(x, w, eps, out, d, nullptr);
+}
+
+// rmsnorm_f32_x4's output, also rounded for a quantized mat-mul in the same launch: xq (n, d) int8,
+// xd (n, d / XB) f32 as quant_q8_0 (XB 32) / quant_q8_k (XB 256) of qmatmul.cu would round out (the same
+// act_quant.cuh functions over the same floats, kept in shared memory: d * 4 bytes of dynamic shared).
+template <int XB>
+__device__ __forceinline__ void rmsnorm_round(const float* x, const float* w, double eps, float* out, i8* xq,
+                                              float* xd, int d) {
+    extern __shared__ float hs[];
+    rmsnorm_row4(x, w, eps, out, d, (F4*)hs);
+    __syncthreads();
+    const int lane = threadIdx.x % WARP, n_warps = blockDim.x / WARP;
+    i8* q = xq + (i64)blockIdx.x * d;
+    float* s = xd + (i64)blockIdx.x * (d / XB);
+    for (int b = threadIdx.x / WARP; b < d / XB; b += n_warps) {
+        if constexpr (XB == 32) {
+            round_q8_0(hs[b * 32 + lane], q + b * 32, s + b);
+        } else {
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = hs[b * 256 + 32 * i + lane];
+            round_q8_k(v, q + b * 256, s + b);
+        }
+    }
+}
+extern "C" __global__ void rmsnorm_q8_0(const float* x, const float* w, double eps, float* out, i8* xq, float* xd,
+                                        int d) {
+    rmsnorm_round<32>(x, w, eps, out, xq, xd, d);
+}
+extern "C" __global__ void rmsnorm_q8_k(const float* x, const float* w, double eps, float* out, i8* xq, float* xd,
+                                        int d) {
+    rmsnorm_round<256>(x, w, eps, out, xq, xd, d);
 }
 
 // ----------------------------------------------------------------------------- rope
@@ -64,27 +109,32 @@ extern "C" __global__ void rmsnorm_f32_x4(const float* x, const float* w, double
 // (rotated or not) is multiplied by its factor (K smoothing folded into rope).
 #define ROPE_MAX_HALF 256
 
-extern "C" __global__ void rope_f32(float* x, const i32* positions, double freq_base, int n_heads,
-                                    int head_dim, int n_rot, int neox, const float* channel_scale) {
-    __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+// cos / sin of the token's angles into shared memory (one CTA per token)
+__device__ __forceinline__ void rope_angles(float* cs, float* sn, int pos, double freq_base, int n_rot) {
     const int half = n_rot / 2;
-    const double p = (double)positions[blockIdx.x];
+    const double p = (double)pos;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const double th = p * pow(freq_base, (-2.0 * i) / (double)n_rot);
         cs[i] = (float)cos(th);
         sn[i] = (float)sin(th);
     }
     __syncthreads();
-    float* xt = x + (i64)blockIdx.x * n_heads * head_dim;
+}
+
+// rotate (and scale) the n_heads heads of one token xt; explicit roundings, so every kernel that calls
+// it gives the same bits
+__device__ __forceinline__ void rope_heads(float* xt, int n_heads, int head_dim, int n_rot, int neox,
+                                           const float* channel_scale, const float* cs, const float* sn) {
+    const int half = n_rot / 2;
     for (int k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
         const int h = k / half, i = k % half;
         const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         float* xh = xt + h * head_dim;
         const float a = xh[i0], b = xh[i1], c = cs[i], s = sn[i];
-        float r0 = a * c - b * s, r1 = a * s + b * c;
+        float r0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)), r1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
         if (channel_scale) {
-            r0 *= channel_scale[h * head_dim + i0];
-            r1 *= channel_scale[h * head_dim + i1];
+            r0 = __fmul_rn(r0, channel_scale[h * head_dim + i0]);
+            r1 = __fmul_rn(r1, channel_scale[h * head_dim + i1]);
         }
         xh[i0] = r0;
         xh[i1] = r1;
@@ -93,16 +143,31 @@ extern "C" __global__ void rope_f32(float* x, const i32* positions, double freq_
         const int rest = head_dim - n_rot;
         for (int k = threadIdx.x; k < n_heads * rest; k += blockDim.x) {
             const int h = k / rest, j = n_rot + k % rest;
-            xt[h * head_dim + j] *= channel_scale[h * head_dim + j];
+            xt[h * head_dim + j] = __fmul_rn(xt[h * head_dim + j], channel_scale[h * head_dim + j]);
         }
     }
 }
 
+extern "C" __global__ void rope_f32(float* x, const i32* positions, double freq_base, int n_heads,
+                                    int head_dim, int n_rot, int neox, const float* channel_scale) {
+    __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    rope_angles(cs, sn, positions[blockIdx.x], freq_base, n_rot);
+    rope_heads(x + (i64)blockIdx.x * n_heads * head_dim, n_heads, head_dim, n_rot, neox, channel_scale, cs, sn);
+}
+
+// q (n_tok, n_q, head_dim) and k (n_tok, n_k, head_dim) of the same tokens in one launch (rope_f32 twice).
+extern "C" __global__ void rope_qk_f32(float* q, float* k, const i32* positions, double freq_base, int n_q,
+                                       int n_k, int head_dim, int n_rot, int neox, const float* q_scale,
+                                       const float* k_scale) {
+    __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    rope_angles(cs, sn, positions[blockIdx.x], freq_base, n_rot);
+    rope_heads(q + (i64)blockIdx.x * n_q * head_dim, n_q, head_dim, n_rot, neox, q_scale, cs, sn);
+    rope_heads(k + (i64)blockIdx.x * n_k * head_dim, n_k, head_dim, n_rot, neox, k_scale, cs, sn);
+}
+
 // ----------------------------------------------------------------------------- silu_mul, add
 // Flat over n elements (n4 = n / 4 vectors for the _x4 variants); grid = ceil(n / block).
-// silu(g) * u = g / (1 + exp(-g)) * u with IEEE expf (no fast math): exp(-g) = inf gives -0.
-// out may alias either input: every element is read before it is written, by one thread.
-__device__ __forceinline__ float silu_mul1(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+// silu_mul1: common.cuh. out may alias either input: every element is read before it is written, by one thread.
 
 extern "C" __global__ void silu_mul_f32(const float* gate, const float* up, float* out, i64 n) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;

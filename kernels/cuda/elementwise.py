@@ -64,6 +64,36 @@ def rmsnorm(x, weight, eps: float, out) -> None:
         launch(CU, "rmsnorm_f32", (n,), (_row_block(d),), (x, weight, np.float64(eps), out, np.int32(d)))
 
 
+ROUND_BLOCK = {"q8_0": 32, "q8_k": 256}   # activations per scale of each rounding format (qmatmul.XBLOCK)
+ROUND_MAX_SHARED = 48 * 1024              # the fused kernel keeps a row in shared memory (no opt-in above)
+
+
+def can_round(x, weight, out, fmt: str) -> bool:
+    """Whether rmsnorm_round takes these arrays: 2-D rows of 16-byte aligned float4s that fit in shared
+    memory and split into whole blocks of the format."""
+    d = x.shape[-1]
+    return (x.ndim == 2 and fmt in ROUND_BLOCK and d % ROUND_BLOCK[fmt] == 0 and 4 * d <= ROUND_MAX_SHARED
+            and _vec4(d, x, weight, out))
+
+
+def rmsnorm_round(x, weight, eps: float, out, fmt: str, xq, xd) -> None:
+    """rmsnorm (as above) of x (n, d) into out, and out rounded for a quantized mat-mul in the same launch:
+    xq (n, d) int8, xd (n, d / block) float32, the bits of qmatmul.quantize_activations(fmt, out, xq, xd).
+    Needs can_round(x, weight, out, fmt)."""
+    _req(x, "x")
+    _req(weight, "weight", ndim=1)
+    _req(out, "out")
+    if not can_round(x, weight, out, fmt) or out.shape != x.shape or weight.shape[0] != x.shape[1]:
+        raise ValueError(f"rmsnorm_round({fmt}) cannot take x {x.shape}, weight {weight.shape}, out {out.shape}")
+    n, d = x.shape
+    if xq.shape != (n, d) or xd.shape != (n, d // ROUND_BLOCK[fmt]):
+        raise ValueError(f"xq {xq.shape} / xd {xd.shape} do not fit x {x.shape} in {fmt}")
+    if n == 0:
+        return
+    launch(CU, f"rmsnorm_{fmt}", (n,), (_row_block(d // 4),), (x, weight, np.float64(eps), out, xq, xd, np.int32(d)),
+           shared_mem=4 * d)
+
+
 def rope(x, positions, freq_base: float, n_rot: int, neox: bool, channel_scale=None) -> None:
     """Rotary embedding in place on x (n_tok, n_heads, head_dim) at positions (n_tok,) int32 (device).
 
@@ -89,6 +119,28 @@ def rope(x, positions, freq_base: float, n_rot: int, neox: bool, channel_scale=N
     launch(CU, "rope_f32", (n_tok,), (block,),
            (x, positions, np.float64(freq_base), np.int32(n_heads), np.int32(hd), np.int32(n_rot),
             np.int32(bool(neox)), scale))
+
+
+def rope_qk(q, k, positions, freq_base: float, n_rot: int, neox: bool, q_scale=None, k_scale=None) -> None:
+    """rope(q, ..., q_scale) and rope(k, ..., k_scale) of the same tokens in one launch (the same bits)."""
+    for x, scale, name in ((q, q_scale, "q"), (k, k_scale, "k")):
+        _req(x, name, ndim=3)
+        if scale is not None and (scale.shape != x.shape[1:] or scale.dtype != np.float32):
+            raise ValueError(f"{name} channel scale {scale.shape} must be {x.shape[1:]} float32")
+    _req(positions, "positions", np.int32, ndim=1)
+    n_tok, n_q, hd = q.shape
+    if k.shape[0] != n_tok or k.shape[2] != hd or positions.shape[0] != n_tok:
+        raise ValueError(f"q {q.shape}, k {k.shape} and positions {positions.shape} must share tokens and head_dim")
+    n_rot = int(n_rot)
+    if n_rot <= 0 or n_rot % 2 or n_rot > hd or n_rot > ROPE_MAX_ROT:
+        raise ValueError(f"n_rot={n_rot} must be even and in (0, min(head_dim={hd}, {ROPE_MAX_ROT})]")
+    if n_tok == 0:
+        return
+    block = _row_block(max(n_q, k.shape[1]) * (n_rot // 2))
+    launch(CU, "rope_qk_f32", (n_tok,), (block,),
+           (q, k, positions, np.float64(freq_base), np.int32(n_q), np.int32(k.shape[1]), np.int32(hd),
+            np.int32(n_rot), np.int32(bool(neox)), _NULL if q_scale is None else q_scale,
+            _NULL if k_scale is None else k_scale))
 
 
 def silu_mul(gate, up, out) -> None:

@@ -2,70 +2,143 @@
 // Q8_0 / Q8_K rounding, bit-exact with kernels/cpu/act_quant.py) and the row dequantizer (embedding
 // lookup, bit-exact with gguf.quants.dequantize).
 //
-// Work split of the mat-mul: one warp per output row, blockDim.y rows per CTA, TILE tokens per CTA along
-// grid.y. A row is cut into "units" (32 weights; 64 for Q4_K/Q5_K, 8 for float weights); lane l takes
-// units l, l+32, ... and decodes each unit once for the whole token tile. Per token, the unit's int8
-// weights are dotted with the int8 activations by __dp4a, the integer sums are scaled in float with
-// explicit __fmul_rn/__fmaf_rn (no contraction choices left to the compiler), and the 32 lane sums are
-// added by warp_sum's fixed tree. So every output's arithmetic depends only on its row and its token,
-// never on TILE, the token's slot in the tile, or what else shares the launch (batch invariance).
+// Work split of the mat-mul: one warp per RW output rows (RW consecutive rows, or for GLU kernels gate row
+// i and up row i + n_out / 2), blockDim.y warps per CTA, TILE tokens per CTA along grid.y. A row is cut
+// into "units" (32 weights; 64 for Q4_K/Q5_K, 8 for float weights); lane l takes units l, l+32, ... and
+// decodes each unit once for the whole token tile; G units per lane are loaded before their arithmetic,
+// so G * RW weight loads per lane are in flight at once, and each activation load serves RW rows. Per
+// token, the unit's int8 weights are dotted with the int8 activations by __dp4a, the integer sums are
+// scaled in float with explicit __fmul_rn/__fmaf_rn (no contraction choices left to the compiler), and
+// the 32 lane sums are added by warp_sum's fixed tree. So every output's arithmetic depends only on its
+// row and its token, never on TILE, RW, G, the token's slot in the tile, or what else shares the launch
+// (batch invariance). The output goes through Out (qmatmul_types.cuh): bias, residual add, split, GLU.
 #include "qmatmul_types.cuh"
+#include "act_quant.cuh"
 
 // --------------------------------------------------------------------------------------- mat-mul
-// W (n_out, row_bytes) u8 rows of blocks; xq (n_tok, k) int8 with 16-byte aligned rows; xd (n_tok, k / XB)
-// f32; y (n_tok, n_out) f32. grid (cdiv(n_out, blockDim.y), cdiv(n_tok, TILE)), block (32, rows per CTA).
-template <class T, int TILE>
-__device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, int n_out, int k,
-                                     const i8* __restrict__ xq, const float* __restrict__ xd,
-                                     float* __restrict__ y, int n_tok, const u32* tab) {
-    const int lane = threadIdx.x, row = blockIdx.x * blockDim.y + threadIdx.y;
-    const int t0 = blockIdx.y * TILE, nt = min(TILE, n_tok - t0);
-    if (row >= n_out) return;                      // whole warps: the warp_sum below sees full warps
-    const u8* wr = W + (size_t)row * row_bytes;
-    const int n_units = k / T::UNIT, n_xd = k / T::XB, upx = T::XB / T::UNIT;
-    float acc[TILE];
+// Rows of warp w: RW consecutive rows from w * RW, or (GLU, RW = 2) w and w + n_out / 2. -> false when
+// the warp has none (whole warps leave: the warp_sum below sees full warps).
+template <int RW, bool GLU>
+__device__ __forceinline__ bool warp_rows(int n_out, int* rows) {
+    const int w = blockIdx.x * blockDim.y + threadIdx.y;
+    if constexpr (GLU) {
+        static_assert(RW == 2, "a GLU warp takes one gate row and one up row");
+        rows[0] = w;
+        rows[1] = w + n_out / 2;
+        return w < n_out / 2;
+    } else {
 #pragma unroll
-    for (int t = 0; t < TILE; ++t) acc[t] = 0.0f;
-    for (int u = lane; u < n_units; u += WARP) {
-        typename T::U v;
-        T::decode(wr, u, tab, v);                  // once for the whole token tile
-#pragma unroll
-        for (int t = 0; t < TILE; ++t) {
-            if (t < nt) {
-                i32 x[T::NW];
-                T::xload(xq + (size_t)(t0 + t) * k, u, x);
-                acc[t] = T::dot(v, x, __ldg(xd + (size_t)(t0 + t) * n_xd + u / upx), acc[t]);
-            }
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < TILE; ++t) {
-        const float s = warp_sum(acc[t]);
-        if (lane == 0 && t < nt) y[(size_t)(t0 + t) * n_out + row] = s;
+        for (int r = 0; r < RW; ++r) rows[r] = w * RW + r;
+        return rows[0] < n_out;
     }
 }
 
-#define MM_Q_KERNEL(NAME, T, TILE)                                                                        \
-    extern "C" __global__ void __launch_bounds__(256) mm_##NAME##_t##TILE(                               \
+template <int RW, int TILE, bool GLU>
+__device__ __forceinline__ void store_rows(const Out& o, const int* rows, int n_out, int t0, int nt,
+                                           float (&acc)[RW][TILE]) {
+#pragma unroll
+    for (int t = 0; t < TILE; ++t) {
+        float s[RW];
+#pragma unroll
+        for (int r = 0; r < RW; ++r) s[r] = warp_sum(acc[r][t]);
+        if (threadIdx.x != 0 || t >= nt) continue;
+        if constexpr (GLU) {
+            o.glu(t0 + t, rows[0], n_out / 2, s[0], s[1]);
+        } else {
+#pragma unroll
+            for (int r = 0; r < RW; ++r)
+                if (rows[r] < n_out) o.put(t0 + t, rows[r], n_out, s[r]);
+        }
+    }
+}
+
+// W (n_out, row_bytes) u8 rows of blocks; xq (n_tok, k) int8 with 16-byte aligned rows; xd (n_tok, k / XB)
+// f32. grid (cdiv(warps, blockDim.y), cdiv(n_tok, TILE)), block (32, warps per CTA).
+template <class T, int TILE, int RW, int G, bool GLU>
+__device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, int n_out, int k,
+                                     const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
+                                     const Out& o, const u32* tab) {
+    const int lane = threadIdx.x, t0 = blockIdx.y * TILE, nt = min(TILE, n_tok - t0);
+    int rows[RW];
+    if (!warp_rows<RW, GLU>(n_out, rows)) return;
+    const u8* wr[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) wr[r] = W + (size_t)min(rows[r], n_out - 1) * row_bytes;
+    const int n_units = k / T::UNIT, n_xd = k / T::XB, upx = T::XB / T::UNIT;
+    float acc[RW][TILE];
+#pragma unroll
+    for (int r = 0; r < RW; ++r)
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) acc[r][t] = 0.0f;
+    for (int ub = lane; ub < n_units; ub += WARP * G) {
+        typename T::U v[G][RW];
+#pragma unroll
+        for (int g = 0; g < G; ++g)                // all weight loads first
+#pragma unroll
+            for (int r = 0; r < RW; ++r)
+                if (ub + WARP * g < n_units) T::decode(wr[r], ub + WARP * g, tab, v[g][r]);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            const int u = ub + WARP * g;
+            if (u >= n_units) break;
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                if (t < nt) {
+                    i32 x[T::NW];
+                    T::xload(xq + (size_t)(t0 + t) * k, u, x);
+                    const float s = __ldg(xd + (size_t)(t0 + t) * n_xd + u / upx);
+#pragma unroll
+                    for (int r = 0; r < RW; ++r) acc[r][t] = T::dot(v[g][r], x, s, acc[r][t]);
+                }
+            }
+        }
+    }
+    store_rows<RW, TILE, GLU>(o, rows, n_out, t0, nt, acc);
+}
+
+#define MM_Q_KERNEL(NAME, T, TILE, RW, G)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) mm_##NAME##_t##TILE##_r##RW##_g##G(                 \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
-        const float* __restrict__ xd, float* __restrict__ y, int n_tok) {                                 \
+        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
         __shared__ u32 grid[T::GRID ? 256 : 1];                                                           \
         load_grid<T>(grid);                                                                               \
-        mm_q<T, TILE>(W, row_bytes, n_out, k, xq, xd, y, n_tok, grid);                                    \
+        mm_q<T, TILE, RW, G, false>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);               \
     }
-#define MM_Q_KERNELS(NAME, T) \
-    MM_Q_KERNEL(NAME, T, 1) MM_Q_KERNEL(NAME, T, 2) MM_Q_KERNEL(NAME, T, 4) MM_Q_KERNEL(NAME, T, 8)
+#define MM_Q_GLU_KERNEL(NAME, T, TILE, G)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) mmglu_##NAME##_t##TILE##_g##G(                      \
+        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
+        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
+        __shared__ u32 grid[T::GRID ? 256 : 1];                                                           \
+        load_grid<T>(grid);                                                                               \
+        mm_q<T, TILE, 2, G, true>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                 \
+    }
+// The variants the launcher picks from (qmatmul.py dp4a_variant: (TILE, RW, G) by token tile and type).
+#define MM_Q_KERNELS(NAME, T)                                                                             \
+    MM_Q_KERNEL(NAME, T, 1, 1, 1) MM_Q_KERNEL(NAME, T, 1, 2, 1) MM_Q_KERNEL(NAME, T, 1, 2, 2)             \
+    MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1) MM_Q_KERNEL(NAME, T, 8, 4, 1)             \
+    MM_Q_GLU_KERNEL(NAME, T, 1, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 1)          \
+    MM_Q_GLU_KERNEL(NAME, T, 8, 1)
+#ifdef QMM_EXPLORE   // perf/bench_gpu.py --explore: the other candidates (qmatmul.py EXPLORE_VARIANTS) of 5 types
+#define MM_Q_MORE(NAME, T)                                                                                \
+    MM_Q_KERNEL(NAME, T, 1, 1, 4) MM_Q_KERNEL(NAME, T, 1, 2, 4) MM_Q_KERNEL(NAME, T, 1, 4, 1)             \
+    MM_Q_KERNEL(NAME, T, 2, 1, 1) MM_Q_KERNEL(NAME, T, 2, 2, 2) MM_Q_KERNEL(NAME, T, 4, 1, 1)             \
+    MM_Q_KERNEL(NAME, T, 4, 4, 1) MM_Q_KERNEL(NAME, T, 8, 1, 1) MM_Q_KERNEL(NAME, T, 8, 2, 1)             \
+    MM_Q_KERNEL(NAME, T, 8, 2, 2)
+#else
+#define MM_Q_MORE(NAME, T)
+#endif
 
-MM_Q_KERNELS(q8_0, TQ8_0)
+MM_Q_KERNELS(q8_0, TQ8_0) MM_Q_MORE(q8_0, TQ8_0)
 MM_Q_KERNELS(q4_0, TQ4_0)
-MM_Q_KERNELS(q5_0, TQ5_0)
+MM_Q_KERNELS(q5_0, TQ5_0) MM_Q_MORE(q5_0, TQ5_0)
 MM_Q_KERNELS(iq4_nl, TIQ4_NL)
-MM_Q_KERNELS(q4_k, TQ4_K)
+MM_Q_KERNELS(q4_k, TQ4_K) MM_Q_MORE(q4_k, TQ4_K)
 MM_Q_KERNELS(q5_k, TQ5_K)
-MM_Q_KERNELS(q6_k, TQ6_K)
-MM_Q_KERNELS(iq3_xxs, TIQ3_XXS)
+MM_Q_KERNELS(q6_k, TQ6_K) MM_Q_MORE(q6_k, TQ6_K)
+MM_Q_KERNELS(iq3_xxs, TIQ3_XXS) MM_Q_MORE(iq3_xxs, TIQ3_XXS)
 
-// Float weights with float activations: unit = 8 weights (one 16-byte load of f16/bf16, two of f32).
+// Float weights with float activations: unit = 8 weights (one 16-byte load of f16/bf16, two of f32). Plain
+// loads: measured faster here than __ldg (F16 4096x14336: 31.2 against 34.2 us on an H200).
 __device__ __forceinline__ void w8_f32(const u8* r, int u, float* w) {
     const float4* p = (const float4*)(r + 32 * (size_t)u);
     const float4 a = p[0], b = p[1];
@@ -90,46 +163,53 @@ __device__ __forceinline__ void w8_bf16(const u8* r, int u, float* w) {
     }
 }
 
-// x (n_tok, k) f32 with 16-byte aligned rows, k % 8 == 0; otherwise as mm_q.
-template <int TILE, void (*LOADW)(const u8*, int, float*)>
+// x (n_tok, k) f32 with 16-byte aligned rows, k % 8 == 0; otherwise as mm_q (RW = 1, G = 1).
+template <int TILE, bool GLU, void (*LOADW)(const u8*, int, float*)>
 __device__ __forceinline__ void mm_f(const u8* __restrict__ W, int row_bytes, int n_out, int k,
-                                     const float* __restrict__ x, float* __restrict__ y, int n_tok) {
-    const int lane = threadIdx.x, row = blockIdx.x * blockDim.y + threadIdx.y;
-    const int t0 = blockIdx.y * TILE, nt = min(TILE, n_tok - t0);
-    if (row >= n_out) return;
-    const u8* wr = W + (size_t)row * row_bytes;
-    float acc[TILE];
+                                     const float* __restrict__ x, int n_tok, const Out& o) {
+    constexpr int RW = GLU ? 2 : 1;
+    const int lane = threadIdx.x, t0 = blockIdx.y * TILE, nt = min(TILE, n_tok - t0);
+    int rows[RW];
+    if (!warp_rows<RW, GLU>(n_out, rows)) return;
+    float acc[RW][TILE];
 #pragma unroll
-    for (int t = 0; t < TILE; ++t) acc[t] = 0.0f;
+    for (int r = 0; r < RW; ++r)
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) acc[r][t] = 0.0f;
     for (int u = lane; u < k / 8; u += WARP) {
-        float w[8];
-        LOADW(wr, u, w);
+        float w[RW][8];
+#pragma unroll
+        for (int r = 0; r < RW; ++r) LOADW(W + (size_t)rows[r] * row_bytes, u, w[r]);
 #pragma unroll
         for (int t = 0; t < TILE; ++t) {
             if (t < nt) {
                 const float4* p = (const float4*)(x + (size_t)(t0 + t) * k + 8 * u);
                 const float4 a = p[0], b = p[1];
-                float s = acc[t];
-                s = __fmaf_rn(w[0], a.x, s); s = __fmaf_rn(w[1], a.y, s);
-                s = __fmaf_rn(w[2], a.z, s); s = __fmaf_rn(w[3], a.w, s);
-                s = __fmaf_rn(w[4], b.x, s); s = __fmaf_rn(w[5], b.y, s);
-                s = __fmaf_rn(w[6], b.z, s); s = __fmaf_rn(w[7], b.w, s);
-                acc[t] = s;
+#pragma unroll
+                for (int r = 0; r < RW; ++r) {
+                    float s = acc[r][t];
+                    s = __fmaf_rn(w[r][0], a.x, s); s = __fmaf_rn(w[r][1], a.y, s);
+                    s = __fmaf_rn(w[r][2], a.z, s); s = __fmaf_rn(w[r][3], a.w, s);
+                    s = __fmaf_rn(w[r][4], b.x, s); s = __fmaf_rn(w[r][5], b.y, s);
+                    s = __fmaf_rn(w[r][6], b.z, s); s = __fmaf_rn(w[r][7], b.w, s);
+                    acc[r][t] = s;
+                }
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < TILE; ++t) {
-        const float s = warp_sum(acc[t]);
-        if (lane == 0 && t < nt) y[(size_t)(t0 + t) * n_out + row] = s;
-    }
+    store_rows<RW, TILE, GLU>(o, rows, n_out, t0, nt, acc);
 }
 
 #define MM_F_KERNEL(NAME, LOADW, TILE)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) mm_##NAME##_t##TILE(                               \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const float* __restrict__ x,           \
-        float* __restrict__ y, int n_tok) {                                                               \
-        mm_f<TILE, LOADW>(W, row_bytes, n_out, k, x, y, n_tok);                                           \
+        int n_tok, OUT_PARAMS) {                                                                          \
+        mm_f<TILE, false, LOADW>(W, row_bytes, n_out, k, x, n_tok, OUT_ARGS);                             \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) mmglu_##NAME##_t##TILE(                            \
+        const u8* __restrict__ W, int row_bytes, int n_out, int k, const float* __restrict__ x,           \
+        int n_tok, OUT_PARAMS) {                                                                          \
+        mm_f<TILE, true, LOADW>(W, row_bytes, n_out, k, x, n_tok, OUT_ARGS);                              \
     }
 #define MM_F_KERNELS(NAME, LOADW) \
     MM_F_KERNEL(NAME, LOADW, 1) MM_F_KERNEL(NAME, LOADW, 2) MM_F_KERNEL(NAME, LOADW, 4) MM_F_KERNEL(NAME, LOADW, 8)
@@ -139,46 +219,23 @@ MM_F_KERNELS(f16, w8_f16)
 MM_F_KERNELS(bf16, w8_bf16)
 
 // ---------------------------------------------------------------------------- activation rounding
-// x (n_blocks * 32) f32 -> xq int8, xd (n_blocks) f32: one warp per 32-block, lane = weight.
-// s = amax/127, q = rint(x / s) (as x * (1/s)), xd = s rounded to f16 (kernels/cpu/act_quant._q8_0_rows).
+// One warp per block of 32 (q8_0) or 256 (q8_k) activations; the arithmetic is act_quant.cuh's, shared
+// with the fused rmsnorm + rounding of elementwise.cu.
 extern "C" __global__ void __launch_bounds__(256) quant_q8_0(const float* __restrict__ x, i8* __restrict__ xq,
                                                              float* __restrict__ xd, int n_blocks) {
-    const int blk = blockIdx.x * blockDim.y + threadIdx.y, lane = threadIdx.x;
+    const int blk = blockIdx.x * blockDim.y + threadIdx.y;
     if (blk >= n_blocks) return;
-    const float v = x[(size_t)blk * 32 + lane];
-    const float amax = warp_max(fabsf(v));
-    const float s = __fdiv_rn(amax, 127.0f);
-    const float inv = s != 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
-    xq[(size_t)blk * 32 + lane] = (i8)__float2int_rn(__fmul_rn(v, inv));
-    if (lane == 0) xd[blk] = f16_to_f32(f32_to_f16_rn(s));
+    round_q8_0(x[(size_t)blk * 32 + threadIdx.x], xq + (size_t)blk * 32, xd + blk);
 }
 
-// x (n_blocks * 256) f32 -> xq int8, xd (n_blocks) f32: one warp per 256-block, lane l holds weights
-// l + 32i. mx = the signed value of largest |x| (the first on ties), iscale = -127/mx,
-// q = min(127, rint(iscale * x)), xd = 1/iscale; an all-zero block gives 0 and 0 (act_quant._q8_k_rows).
 extern "C" __global__ void __launch_bounds__(256) quant_q8_k(const float* __restrict__ x, i8* __restrict__ xq,
                                                              float* __restrict__ xd, int n_blocks) {
     const int blk = blockIdx.x * blockDim.y + threadIdx.y, lane = threadIdx.x;
     if (blk >= n_blocks) return;
-    const float* xb = x + (size_t)blk * 256;
-    float v[8], best = 0.0f, mx = 0.0f;
-    int idx = 256;                                 // index of mx in the block (256: none yet)
+    float v[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        v[i] = xb[32 * i + lane];
-        if (fabsf(v[i]) > best) { best = fabsf(v[i]); mx = v[i]; idx = 32 * i + lane; }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float b2 = __shfl_xor_sync(0xffffffffu, best, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
-        const int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (b2 > best || (b2 == best && i2 < idx)) { best = b2; mx = m2; idx = i2; }
-    }
-    const float iscale = best != 0.0f ? __fdiv_rn(-127.0f, mx) : 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-        xq[(size_t)blk * 256 + 32 * i + lane] = (i8)min(127, __float2int_rn(__fmul_rn(iscale, v[i])));
-    if (lane == 0) xd[blk] = best != 0.0f ? __fdiv_rn(1.0f, iscale) : 0.0f;
+    for (int i = 0; i < 8; ++i) v[i] = x[(size_t)blk * 256 + 32 * i + lane];
+    round_q8_k(v, xq + (size_t)blk * 256, xd + blk);
 }
 
 // ------------------------------------------------------------------------------------- dequant

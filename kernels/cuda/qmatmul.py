@@ -27,8 +27,27 @@ MMA_WARPS = 4               # warps per CTA of the tensor-core kernel (MMA_WARPS
 MMA_MIN_CTAS = 192          # the tensor-core kernel is chosen from this many CTAs on (see tensor_core_tiles)
 MMA_MIN_TOKENS = 64         # and this many tokens (decode steps and draft checks stay on dp4a)
 MMA_SHORT_ROWS = 1024       # rows of at most this many weights take 1 token tile per warp, longer ones 2
-ROWS_PER_CTA = 8            # output rows (warps) per CTA of the mat-mul (8 measured a little faster than 4 on an H200)
-TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>); a launch takes the smallest >= n
+WARPS_PER_CTA = 8           # warps per CTA of the dp4a mat-mul (8 measured a little faster than 4 on an H200)
+TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>...); a launch takes the smallest >= n
+# The dp4a kernel's work split per token tile: (rows per warp RW, units in flight per lane G); kernels
+# mm_<type>_t<tile>_r<RW>_g<G> (GLU kernels mmglu_<type>_t<tile>_g1, two rows per warp). From
+# perf/bench_gpu.py --explore on an H200 (2026-12-02, kernel_notes.md): at 1 token two rows per warp
+# (each activation load serves both) take 4096x14336 Q4_K from 15.7 to 11.3 us and IQ3_XXS from 19.9 to
+# 17.0, Q6_K also wants two units in flight; the 34/18/22-byte blocks (Q8_0, Q4_0, Q5_0, IQ4_NL) stay
+# fastest at one row (Q8_0 17.9 vs 18.9-20.9); 8 tokens take four rows (IQ3_XXS 53.6 -> 37.6 us).
+DP4A_TILE1 = {QType.Q6_K: (2, 2), QType.Q8_0: (1, 1), QType.Q4_0: (1, 1), QType.Q5_0: (1, 1),
+              QType.IQ4_NL: (1, 1)}
+DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
+# perf/bench_gpu.py --explore: a build of qmatmul.cu with more (tile, RW, G) candidates
+BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",)}
+EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
+                    (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2)]
+
+
+def dp4a_variant(qtype, tile: int) -> tuple[int, int, int]:
+    """(tile, RW, G) of the dp4a kernel for a launch whose token tile is `tile`."""
+    rw, g = DP4A_TILE1.get(QType(int(qtype)), DP4A_VARIANTS[1]) if tile == 1 else DP4A_VARIANTS[tile]
+    return tile, rw, g
 ACT_WARPS = 8               # quantization blocks (warps) per CTA
 DQ_THREADS = 128            # units per CTA of dequant_rows
 MAX_GRID_Y = 65535
@@ -137,11 +156,11 @@ def quantize_activations(fmt: str, x, xq, xd) -> None:
                (x, xq, xd, np.int32(n_blocks)))
 
 
-def _grid(w: DeviceWeight, n: int) -> tuple[tuple[int, int], int]:
+def _tile(n: int) -> int:
     tile = next((t for t in TOKEN_TILES if t >= n), TOKEN_TILES[-1])
     if cdiv(n, tile) > MAX_GRID_Y:
         raise ValueError(f"{n} tokens exceed one launch ({MAX_GRID_Y * tile} at most)")
-    return (cdiv(w.n_out, ROWS_PER_CTA), cdiv(n, tile)), tile
+    return tile
 
 
 def _check_weight(w: DeviceWeight) -> int:
@@ -166,11 +185,41 @@ def tensor_core_tiles(n_out: int, n_in: int, n_tok: int) -> int:
     return nb if cdiv(n_tok, 8 * nb) * cdiv(n_out, 32 * MMA_WARPS) >= MMA_MIN_CTAS else 0
 
 
-def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", nb: int = 0) -> None:
-    """out (n, w.n_out) float32 = x @ W.T from x already quantized to act_format(w.qtype):
-    xq (n, w.n_in) int8 (16-byte aligned), xd (n, w.n_in / XBLOCK) float32. kernel: "auto"
-    (tensor_core_tiles decides), "dp4a" or "mma" (tests and benchmarks compare them: the results are the
-    same bits); nb: the tensor-core kernel's n8 tiles per warp (1 or 2; 0: as tensor_core_tiles says)."""
+def _out_args(w: DeviceWeight, n: int, out, bias, accumulate: bool, glu: bool) -> tuple:
+    """The kernels' output arguments (y0, y1, y2, c1, c2, bias, acc) from out: one array (n, n_out) or
+    (GLU) (n, n_out / 2), or a list of up to 3 arrays (n, width) whose widths add up to n_out (split)."""
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    if glu:
+        if w.n_out % 2 or len(outs) != 1 or bias is not None or accumulate:
+            raise ValueError("a GLU mat-mul needs an even n_out, one output and no bias or accumulation")
+        widths = [w.n_out // 2]
+    else:
+        if not 1 <= len(outs) <= 3:
+            raise ValueError(f"1 to 3 outputs, got {len(outs)}")
+        widths = [int(getattr(o, "shape", (0, 0))[-1]) for o in outs]
+        if sum(widths) != w.n_out:
+            raise ValueError(f"output widths {widths} do not add up to {w.n_out} rows of {w.name}")
+    for i, (o, width) in enumerate(zip(outs, widths)):
+        _check(f"out[{i}]", o, (n, width), np.float32)
+    if bias is not None:
+        _check("bias", bias, (w.n_out,), np.float32)
+    ends = np.cumsum(widths)
+    c1 = int(ends[0]) if len(outs) > 1 else w.n_out
+    c2 = int(ends[1]) if len(outs) > 2 else w.n_out
+    ys = outs + [outs[0]] * (3 - len(outs))        # unused pointers: never written (c1 = c2 = n_out)
+    return (*ys, np.int32(c1), np.int32(c2), np.uint64(0) if bias is None else bias, np.int32(bool(accumulate)))
+
+
+def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", nb: int = 0, bias=None,
+                        accumulate: bool = False, glu: bool = False, variant=None, build: str = "default") -> None:
+    """out = x @ W.T from x already quantized to act_format(w.qtype): xq (n, w.n_in) int8 (16-byte
+    aligned), xd (n, w.n_in / XBLOCK) float32. out: (n, w.n_out) float32, or a list of arrays splitting
+    the rows (see _out_args); bias (n_out,) is added, accumulate adds to what out holds (residual); glu:
+    W holds gate rows then up rows and out (n, n_out / 2) gets silu(gate) * up.
+    kernel: "auto" (tensor_core_tiles decides), "dp4a" or "mma" (tests and benchmarks compare them: the
+    results are the same bits); nb: the tensor-core kernel's n8 tiles per warp (1 or 2; 0: as
+    tensor_core_tiles says); variant (benchmarks): the dp4a kernel's (tile, RW, G), from the kernels of
+    `build` (BUILDS)."""
     fmt = act_format(w.qtype)
     if fmt is None:
         raise ValueError(f"{w.qtype.name} weights take float activations: use matmul")
@@ -178,42 +227,50 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", nb: 
     n, _ = _x_shape(xq)
     _check("xq", xq, (n, w.n_in), np.int8, align=16)
     _check("xd", xd, (n, w.n_in // XBLOCK[fmt]), np.float32)
-    _check("out", out, (n, w.n_out), np.float32)
+    outs = _out_args(w, n, out, bias, accumulate, glu)
     if kernel not in ("auto", "dp4a", "mma") or nb not in (0, 1, 2):
         raise ValueError(f"kernel must be auto, dp4a or mma and nb 0, 1 or 2, got {kernel!r}, {nb!r}")
     if n == 0:
         return
-    args = (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), xq, xd, out, np.int32(n))
+    args = (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), xq, xd, np.int32(n), *outs)
     tiles = tensor_core_tiles(w.n_out, w.n_in, n)
-    if kernel == "mma" or (kernel == "auto" and tiles):
+    name = _KNAME[w.qtype]
+    if kernel == "mma" or (kernel == "auto" and tiles and variant is None):
         nb = nb or _tiles_per_warp(w.n_in)
-        rows = 32 * MMA_WARPS
-        if cdiv(w.n_out, rows) > MAX_GRID_Y:
+        rows = (16 if glu else 32) * MMA_WARPS
+        n_rows = w.n_out // 2 if glu else w.n_out
+        if cdiv(n_rows, rows) > MAX_GRID_Y:
             raise ValueError(f"{w.n_out} output rows exceed one launch ({MAX_GRID_Y * rows} at most)")
-        launch(CU_MMA, f"mmq_{_KNAME[w.qtype]}_n{nb}", (cdiv(n, 8 * nb), cdiv(w.n_out, rows)), (32, MMA_WARPS), args)
+        launch(CU_MMA, f"{'mmqglu' if glu else 'mmq'}_{name}_n{nb}", (cdiv(n, 8 * nb), cdiv(n_rows, rows)),
+               (32, MMA_WARPS), args)
         return
-    grid, tile = _grid(w, n)
-    launch(CU, f"mm_{_KNAME[w.qtype]}_t{tile}", grid, (32, ROWS_PER_CTA), args)
+    tile, rw, g = variant if variant is not None else dp4a_variant(w.qtype, _tile(n))
+    kname = f"mmglu_{name}_t{tile}_g1" if glu else f"mm_{name}_t{tile}_r{rw}_g{g}"
+    warps = w.n_out // 2 if glu else cdiv(w.n_out, rw)
+    launch(CU, kname, (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)), (32, WARPS_PER_CTA), args,
+           options=BUILDS[build])
 
 
-def matmul(w: DeviceWeight, x, out, act: ActBuffers) -> None:
-    """out (n, w.n_out) float32 = x @ W.T, x (n, w.n_in) float32 (16-byte aligned); quantized weights
-    first round x into act's buffers (ggml's activation rounding), float weights use x as it is."""
+def matmul(w: DeviceWeight, x, out, act: ActBuffers, bias=None, accumulate: bool = False, glu: bool = False) -> None:
+    """out = x @ W.T, x (n, w.n_in) float32 (16-byte aligned); out, bias, accumulate, glu as
+    matmul_prequantized. Quantized weights first round x into act's buffers (ggml's activation
+    rounding), float weights use x as it is."""
     fmt = act_format(w.qtype)
     n, _ = _x_shape(x)
     if fmt is not None:
         xq, xd = act.views(fmt, n, w.n_in)
         quantize_activations(fmt, x, xq, xd)
-        matmul_prequantized(w, xq, xd, out)
+        matmul_prequantized(w, xq, xd, out, bias=bias, accumulate=accumulate, glu=glu)
         return
     nbytes = _check_weight(w)
     _check("x", x, (n, w.n_in), np.float32, align=16)
-    _check("out", out, (n, w.n_out), np.float32)
+    outs = _out_args(w, n, out, bias, accumulate, glu)
     if n == 0:
         return
-    grid, tile = _grid(w, n)
-    launch(CU, f"mm_{_KNAME[w.qtype]}_t{tile}", grid, (32, ROWS_PER_CTA),
-           (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), x, out, np.int32(n)))
+    tile = _tile(n)
+    warps = w.n_out // 2 if glu else w.n_out
+    launch(CU, f"{'mmglu' if glu else 'mm'}_{_KNAME[w.qtype]}_t{tile}", (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)),
+           (32, WARPS_PER_CTA), (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), x, np.int32(n), *outs))
 
 
 def dequant_rows(w: DeviceWeight, ids, out) -> None:

@@ -13,6 +13,8 @@
 //
 // Work split: a warp takes 32 weight rows (two m16 tiles; lane r decodes row r's unit into shared memory)
 // by 8 * NB tokens (NB n8 tiles); MMA_WARPS warps per CTA along the rows; grid (token tiles, row tiles)
+// (GLU kernels: the first m16 tile holds 16 gate rows i.., the second the up rows i + n_out / 2.., so one
+// thread ends with both sums of an output of silu(gate) * up; Out in qmatmul_types.cuh)
 // so that the CTAs sharing weight rows run together and find them in L2. No CTA-wide barrier after the
 // IQ3_XXS grid copy: each warp only syncs with itself.
 #include "qmatmul_types.cuh"
@@ -40,18 +42,21 @@ __device__ __forceinline__ void a_frag(const U& ra, const U& rb, int w0, int t, 
     a[3] = rb.w[w0 + 4 + t] & keep_hi;
 }
 
-// W (n_out, row_bytes) u8; xq (n_tok, k) int8; xd (n_tok, k / XB) f32; y (n_tok, n_out) f32.
-// grid (cdiv(n_tok, 8 * NB), cdiv(n_out, 32 * MMA_WARPS)), block (32, MMA_WARPS).
-template <class T, int NB>
+// W (n_out, row_bytes) u8; xq (n_tok, k) int8; xd (n_tok, k / XB) f32.
+// grid (cdiv(n_tok, 8 * NB), cdiv(n_out, 32 * MMA_WARPS)) (GLU: cdiv(n_out / 2, 16 * MMA_WARPS)),
+// block (32, MMA_WARPS).
+template <class T, int NB, bool GLU>
 __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int n_out, int k,
-                                    const i8* __restrict__ xq, const float* __restrict__ xd,
-                                    float* __restrict__ y, int n_tok, const u32* tab, typename T::U* su) {
+                                    const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
+                                    const Out& o, const u32* tab, typename T::U* su) {
     typedef typename T::U U;
     constexpr int NO = 2 * NB * 4;                 // outputs per thread: m tile (2) x n tile (NB) x d register (4)
-    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
-    const int r0 = (blockIdx.y * MMA_WARPS + threadIdx.y) * 32, t0 = blockIdx.x * (8 * NB);
-    if (r0 >= n_out) return;                       // whole warps
-    const u8* wr = W + (size_t)min(r0 + lane, n_out - 1) * row_bytes;   // the row this lane decodes
+    constexpr int WROWS = GLU ? 16 : 32;           // output rows per warp
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, half = n_out / 2;
+    const int r0 = (blockIdx.y * MMA_WARPS + threadIdx.y) * WROWS, t0 = blockIdx.x * (8 * NB);
+    if (r0 >= (GLU ? half : n_out)) return;        // whole warps
+    const int my_row = GLU ? min(r0 + (lane & 15), half - 1) + (lane < 16 ? 0 : half) : min(r0 + lane, n_out - 1);
+    const u8* wr = W + (size_t)my_row * row_bytes; // the row this lane decodes
     const int n_units = k / T::UNIT, n_xd = k / T::XB, upx = T::XB / T::UNIT;
     const i8* xb[NB];                              // B fragments: token g of each n tile
     const float* xs[NB][2];                        // scales of the tokens of this thread's outputs: 2t, 2t + 1
@@ -153,26 +158,35 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
         }
     }
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
+        for (int r = 0; r < 4; ++r) {
+            const int tok = t0 + 8 * nb + 2 * t + (r & 1);
+            if (tok >= n_tok) continue;
+            if constexpr (GLU) {
+                const int i = r0 + g + 8 * (r >> 1);
+                if (i < half) o.glu(tok, i, half, stk[0][4 * nb + r], stk[0][4 * (NB + nb) + r]);
+            } else {
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int row = r0 + 16 * mt + g + 8 * (r >> 1), tok = t0 + 8 * nb + 2 * t + (r & 1);
-                if (row < n_out && tok < n_tok) y[(size_t)tok * n_out + row] = stk[0][4 * (NB * mt + nb) + r];
+                for (int mt = 0; mt < 2; ++mt) {
+                    const int row = r0 + 16 * mt + g + 8 * (r >> 1);
+                    if (row < n_out) o.put(tok, row, n_out, stk[0][4 * (NB * mt + nb) + r]);
+                }
             }
+        }
 }
 
-#define MMQ_KERNEL(NAME, T, NB)                                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) mmq_##NAME##_n##NB(                     \
+#define MMQ_KERNEL(NAME, T, NB, GLU, PREFIX)                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) PREFIX##_##NAME##_n##NB(                \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
-        const float* __restrict__ xd, float* __restrict__ y, int n_tok) {                                 \
+        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
         __shared__ u32 grid[T::GRID ? 256 : 1];                                                           \
         __shared__ T::U su[MMA_WARPS][32];                                                                \
         load_grid<T>(grid);                                                                               \
-        mmq<T, NB>(W, row_bytes, n_out, k, xq, xd, y, n_tok, grid, su[threadIdx.y]);                      \
+        mmq<T, NB, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, su[threadIdx.y]);          \
     }
-#define MMQ_KERNELS(NAME, T) MMQ_KERNEL(NAME, T, 1) MMQ_KERNEL(NAME, T, 2)
+#define MMQ_KERNELS(NAME, T) MMQ_KERNEL(NAME, T, 1, false, mmq) MMQ_KERNEL(NAME, T, 2, false, mmq) \
+    MMQ_KERNEL(NAME, T, 1, true, mmqglu) MMQ_KERNEL(NAME, T, 2, true, mmqglu)
 
 MMQ_KERNELS(q8_0, TQ8_0)
 MMQ_KERNELS(q4_0, TQ4_0)

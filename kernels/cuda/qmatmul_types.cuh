@@ -45,8 +45,12 @@ __constant__ u32 IQ4NL_VALUES[4] = {0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x715
 // ggml's ksigns_iq2xs[i] (the 8 sign bits of 8 weights) is i | parity(i) << 7: computed, not tabled.
 
 // ------------------------------------------------------------------------------------- helpers
-// Weight loads go through __ldg (read-only path, and keeps the global address space that an address
-// rounded through an integer would lose: generic loads otherwise).
+// Weight loads go through __ldg: the read-only path, which also keeps the global address space that an
+// address rounded through an integer would lose. (Loads that skip L1, ld.global.nc.L1::no_allocate,
+// measured 1.1-3.7x slower on an H200: the 2-byte aligned blocks read overlapping words, which L1 serves;
+// perf/kernel_notes.md.)
+__device__ __forceinline__ u32 ldw(const unsigned int* p) { return __ldg(p); }
+__device__ __forceinline__ uint4 ldw4(const uint4* p) { return __ldg(p); }
 __device__ __forceinline__ u16 ld16(const u8* p) { return __ldg((const unsigned short*)p); }   // p 2-byte aligned
 __device__ __forceinline__ float ldf16(const u8* p) { return f16_to_f32(ld16(p)); }
 
@@ -59,17 +63,17 @@ __device__ __forceinline__ void load_a2(const u8* p, u32* out) {
     const u32 sh = mis * 8u;
     u32 w[N + 1];
 #pragma unroll
-    for (int i = 0; i < N; ++i) w[i] = __ldg(q + i);
-    w[N] = sh ? __ldg(q + N) : 0u;
+    for (int i = 0; i < N; ++i) w[i] = ldw(q + i);
+    w[N] = sh ? ldw(q + N) : 0u;
 #pragma unroll
     for (int i = 0; i < N; ++i) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
 }
-template <int N>   // N words from a 16-byte aligned address (N a multiple of 4)
+template <int N>   // N weight words from a 16-byte aligned address (N a multiple of 4)
 __device__ __forceinline__ void load_a16(const void* p, u32* out) {
     const uint4* q = (const uint4*)p;
 #pragma unroll
     for (int i = 0; i < N / 4; ++i) {
-        const uint4 v = __ldg(q + i);
+        const uint4 v = ldw4(q + i);
         out[4 * i] = v.x; out[4 * i + 1] = v.y; out[4 * i + 2] = v.z; out[4 * i + 3] = v.w;
     }
 }
@@ -150,7 +154,12 @@ struct TBase {
     static __device__ __forceinline__ int offset(int u) { return u * UNIT_; }
     // the unit's activations of one token row xr, in decode's weight order (contiguous for all but Q6_K)
     static __device__ __forceinline__ void xload(const i8* xr, int u, i32* x) {
-        load_a16<NW_>(xr + offset(u), (u32*)x);
+        const uint4* q = (const uint4*)(xr + offset(u));   // activations: cached (every row reads them)
+#pragma unroll
+        for (int i = 0; i < NW_ / 4; ++i) {
+            const uint4 v = __ldg(q + i);
+            x[4 * i] = v.x; x[4 * i + 1] = v.y; x[4 * i + 2] = v.z; x[4 * i + 3] = v.w;
+        }
     }
     // word i (< NW) of the unit's activations of one token row, as xload orders them
     static __device__ __forceinline__ u32 xword(const i8* xr, int u, int i) {
@@ -243,11 +252,11 @@ struct TQ5_0 : TBase<32, 32, 8> {
 // 256-block; value = d*sc*q - dmin*m. Blocks are 144 / 176 bytes, so 16-byte aligned.
 struct KU { u32 w[16]; float d, dmin; int sc[2], m[2]; };
 __device__ __forceinline__ void k4_head(const u8* b, int jj, KU& v) {
-    const u32 dd = __ldg((const unsigned int*)b);
+    const u32 dd = ldw((const unsigned int*)b);
     v.d = f16_to_f32((u16)(dd & 0xffffu));
     v.dmin = f16_to_f32((u16)(dd >> 16));
     const unsigned int* sp = (const unsigned int*)(b + 4);
-    const u32 s[3] = {__ldg(sp), __ldg(sp + 1), __ldg(sp + 2)};
+    const u32 s[3] = {ldw(sp), ldw(sp + 1), ldw(sp + 2)};
     k4_scale_min2(s, jj, v.sc, v.m);
 }
 // isc = sum over the two sub-blocks of scale * (q . x), imn = sum of min * (sum of x)
@@ -412,3 +421,30 @@ __device__ __forceinline__ void load_grid(u32* sh) {
         __syncthreads();
     }
 }
+
+// ------------------------------------------------------------------------------ output epilogue
+// Where a mat-mul kernel puts output (token t, row) = s, the row's finished sum. Rows [0, c1) go to y0
+// (n_tok, c1), [c1, c2) to y1 (n_tok, c2 - c1), [c2, n_out) to y2 (n_tok, n_out - c2): split_cols without
+// its copies (c1 = c2 = n_out: all to y0). The value is s + bias[row] (bias given), added to what y holds
+// when acc (the residual add). Each is the one rounding the separate add kernel would make, so the bits
+// are those of mat-mul, then add. GLU kernels instead pair gate row i with up row i + n_out / 2 and put
+// silu(gate) * up in y0 (n_tok, n_out / 2).
+struct Out {
+    float* y0;
+    float* y1;
+    float* y2;
+    int c1, c2, acc;
+    const float* bias;
+    __device__ __forceinline__ void put(int t, int row, int n_out, float s) const {
+        float* p = row < c1 ? y0 + (size_t)t * c1 + row
+                 : row < c2 ? y1 + (size_t)t * (c2 - c1) + (row - c1)
+                            : y2 + (size_t)t * (n_out - c2) + (row - c2);
+        if (bias) s = __fadd_rn(s, bias[row]);
+        *p = acc ? __fadd_rn(*p, s) : s;
+    }
+    __device__ __forceinline__ void glu(int t, int i, int half, float gate, float up) const {
+        y0[(size_t)t * half + i] = silu_mul1(gate, up);
+    }
+};
+#define OUT_PARAMS float *y0, float *y1, float *y2, int c1, int c2, const float *bias, int acc
+#define OUT_ARGS Out{y0, y1, y2, c1, c2, acc, bias}

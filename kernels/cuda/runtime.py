@@ -50,21 +50,22 @@ def _headers_digest() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def module(cu_file: str):
-    """The compiled RawModule of one .cu file (NVRTC; CuPy caches the binary on disk)."""
+def module(cu_file: str, options: tuple = ()):
+    """The compiled RawModule of one .cu file (NVRTC; CuPy caches the binary on disk); options: extra
+    NVRTC options such as -D defines (benchmarks build variants of a file this way)."""
     cp = cupy()
-    return cp.RawModule(code=source(cu_file), options=NVRTC_OPTIONS)
+    return cp.RawModule(code=source(cu_file), options=NVRTC_OPTIONS + tuple(options))
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(cu_file: str, name: str):
+def kernel(cu_file: str, name: str, options: tuple = ()):
     """An `extern "C"` kernel of one .cu file."""
-    return module(cu_file).get_function(name)
+    return module(cu_file, options).get_function(name)
 
 
-def launch(cu_file: str, name: str, grid, block, args, shared_mem: int = 0) -> None:
+def launch(cu_file: str, name: str, grid, block, args, shared_mem: int = 0, options: tuple = ()) -> None:
     """Launch on CuPy's current stream; grid/block are int tuples, args cupy arrays and numpy scalars."""
-    kernel(cu_file, name)(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+    kernel(cu_file, name, tuple(options))(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -73,30 +73,29 @@ def decoder_block(be, cfg, lw, hw, x, rows: BlockRows, layer_kv, obs) -> None:
     first) and the SwiGLU FFN, each added to x. lw: the block as the backend holds it (_Layer), hw: its
     host weights (names for the observer)."""
     n = x.shape[0]
-    h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps)
+    h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps, round_for=lw.qkv or lw.attn_q)
     obs(h, hw.attn_q, hw.attn_k, hw.attn_v)
     q, k, v = _project_qkv(be, cfg, lw, h)
     if cfg.qk_norm:
         q = be.rmsnorm(q.reshape(-1, cfg.head_dim), lw.attn_q_norm, cfg.rms_eps).reshape(q.shape)
         k = be.rmsnorm(k.reshape(-1, cfg.head_dim), lw.attn_k_norm, cfg.rms_eps).reshape(k.shape)
     # K smoothing (k_smoothing.py) folded into rope: q*s . k/s = q . k
-    be.rope(q, rows.pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox, channel_scale=lw.q_scale)
-    be.rope(k, rows.pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox, channel_scale=lw.k_inv_scale)
+    be.rope_qk(q, k, rows.pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox, lw.q_scale, lw.k_inv_scale)
     be.kv_store(k, v, rows.seq, rows.pos, rows.tables, *layer_kv)
     a = be.attention(q, rows.seq, rows.pos, rows.tables, *layer_kv, 1.0 / math.sqrt(cfg.head_dim),
                      max_keys=rows.max_keys)                      # (n, n_heads, head_dim)
     a = a.reshape(n, cfg.n_heads * cfg.head_dim)
     obs(a, hw.attn_output)
-    be.add(x, be.qmatmul(lw.attn_output, a), out=x)
-    h = be.rmsnorm(x, lw.ffn_norm, cfg.rms_eps)
+    be.qmatmul_add(lw.attn_output, a, x)
+    h = be.rmsnorm(x, lw.ffn_norm, cfg.rms_eps, round_for=lw.gate_up or lw.ffn_gate)
     obs(h, hw.ffn_gate, hw.ffn_up)
     if lw.gate_up is not None:
-        g, u = be.split_cols(be.qmatmul(lw.gate_up, h), (cfg.n_ff, cfg.n_ff))
+        act = be.qmatmul_glu(lw.gate_up, h)
     else:
-        g, u = be.qmatmul(lw.ffn_gate, h), be.qmatmul(lw.ffn_up, h)
-    act = be.silu_mul(g, u, out=g)
+        g = be.qmatmul(lw.ffn_gate, h)
+        act = be.silu_mul(g, be.qmatmul(lw.ffn_up, h), out=g)
     obs(act, hw.ffn_down)
-    be.add(x, be.qmatmul(lw.ffn_down, act), out=x)
+    be.qmatmul_add(lw.ffn_down, act, x)
 
 
 class _Layer:
@@ -145,14 +144,11 @@ def _project_qkv(be, cfg, lw, h):
     """-> q (n, n_heads, head_dim), k and v (n, n_kv_heads, head_dim)."""
     n, q_dim, kv_dim = h.shape[0], cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     if lw.qkv is not None:
-        q, k, v = be.split_cols(_linear(be, lw.qkv, h, lw.qkv_bias), (q_dim, kv_dim, kv_dim))
+        q, k, v = be.qmatmul_split(lw.qkv, h, (q_dim, kv_dim, kv_dim), lw.qkv_bias)
     else:
-        q, k, v = (_linear(be, lw.attn_q, h, lw.attn_q_bias), _linear(be, lw.attn_k, h, lw.attn_k_bias),
-                   _linear(be, lw.attn_v, h, lw.attn_v_bias))
+        q, k, v = (be.qmatmul_split(lw.attn_q, h, (q_dim,), lw.attn_q_bias)[0],
+                   be.qmatmul_split(lw.attn_k, h, (kv_dim,), lw.attn_k_bias)[0],
+                   be.qmatmul_split(lw.attn_v, h, (kv_dim,), lw.attn_v_bias)[0])
     return (q.reshape(n, cfg.n_heads, cfg.head_dim), k.reshape(n, cfg.n_kv_heads, cfg.head_dim),
             v.reshape(n, cfg.n_kv_heads, cfg.head_dim))
 
-
-def _linear(be, w, x, bias):
-    y = be.qmatmul(w, x)
-    return be.add(y, bias, out=y) if bias is not None else y

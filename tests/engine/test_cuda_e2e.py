@@ -100,20 +100,16 @@ def test_prompt_chunks_and_decode_graphs_are_batch_invariant(synth_path):
     np.testing.assert_array_equal(three[2], whole[-1])
 
 
-def test_generate_greedy_on_cuda_equals_cpu_greedy_prefix(synth_path):
-    """LLM.generate on the CUDA backend (device sampling): its greedy tokens agree with the CPU backend's up
-    to the first position where the CPU's top-2 margin is below 0.05 logits."""
+def test_generate_greedy_on_cuda_equals_its_teacher_forced_argmax(synth_path):
+    """LLM.generate on the CUDA backend (decode graphs, device sampling): every greedy token is the argmax
+    of the same backend's logits for the whole sequence read as one prompt (exact: a token's logits do not
+    depend on the step that computed it). How close those logits are to the CPU's: test_cuda_logits_match_cpu
+    (comparing greedy tokens with the CPU's instead fails on these random-weight models whenever a rounding
+    flip moves a near-tied argmax: flips shift logits by up to ~4% of their range, see the top)."""
     from strata_lite import LLM
     prompt = [int(t) for t in _prompt(1000, n=24, seed=2)]
-    outs = {}
-    for be in ("cpu", "cuda"):
-        llm = LLM(synth_path, backend=be, n_ctx=128)
-        outs[be] = llm.generate(prompt, max_tokens=16, temperature=0.0).token_ids
-        if be == "cpu":
-            logits = llm.logits(prompt + list(outs["cpu"]))[len(prompt) - 1:]
-        del llm
-    top2 = np.sort(logits, axis=1)[:, -2:]
-    margins = top2[:, 1] - top2[:, 0]
-    n_safe = next((i for i, m in enumerate(margins) if m < 0.05), len(margins))
-    n_cmp = min(n_safe, len(outs["cpu"]), len(outs["cuda"]))
-    assert outs["cuda"][:n_cmp] == outs["cpu"][:n_cmp]
+    llm = LLM(synth_path, backend="cuda", n_ctx=128)
+    out = list(llm.generate(prompt, max_tokens=16, temperature=0.0).token_ids)
+    assert out
+    logits = llm.logits(prompt + out)[len(prompt) - 1:-1]
+    assert out == [int(t) for t in logits.argmax(1)]

@@ -210,3 +210,43 @@ def test_bad_arguments(cp, ew):
         ew.copy_cols(x, 6, 4, cp.zeros((4, 4), cp.float32))                 # past the last column
     with pytest.raises(ValueError):
         ew.take_rows(x, cp.zeros(2, cp.int64), cp.zeros((2, 8), cp.float32))   # index dtype
+
+
+@pytest.mark.parametrize("fmt,d", [("q8_0", 896), ("q8_0", 4096), ("q8_k", 1024), ("q8_k", 4096)])
+@pytest.mark.parametrize("n", [1, 5])
+def test_rmsnorm_round_equals_rmsnorm_then_rounding(cp, ew, fmt, d, n):
+    """The fused kernel's output and rounding are the bits of rmsnorm, then quantize_activations."""
+    from strata_lite.kernels.cuda import qmatmul as qm
+    rng = np.random.default_rng(d + n)
+    x = cp.asarray(rng.standard_normal((n, d), dtype=np.float32) * 3)
+    x[0, :256] = 0                                   # all-zero rounding blocks
+    w = cp.asarray(rng.standard_normal(d, dtype=np.float32))
+    want = poisoned(cp, (n, d))
+    ew.rmsnorm(x, w, 1e-6, want)
+    xb = qm.XBLOCK[fmt]
+    want_q, want_d = cp.zeros((n, d), cp.int8), poisoned(cp, (n, d // xb))
+    qm.quantize_activations(fmt, want, want_q, want_d)
+    assert ew.can_round(x, w, want, fmt)
+    out, xq, xd = poisoned(cp, (n, d)), cp.full((n, d), 99, cp.int8), poisoned(cp, (n, d // xb))
+    ew.rmsnorm_round(x, w, 1e-6, out, fmt, xq, xd)
+    assert np.array_equal(out.get().view(np.uint32), want.get().view(np.uint32))
+    assert np.array_equal(xq.get(), want_q.get())
+    assert np.array_equal(xd.get().view(np.uint32), want_d.get().view(np.uint32))
+    assert not ew.can_round(x[:, :d - 4], w[:d - 4], want[:, :d - 4], fmt)   # rows not whole blocks
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("n_rot", [64, 48])
+def test_rope_qk_equals_two_ropes(cp, ew, neox, n_rot):
+    rng = np.random.default_rng(n_rot)
+    q = rng.standard_normal((3, 14, 64), dtype=np.float32)
+    k = rng.standard_normal((3, 2, 64), dtype=np.float32)
+    qs = cp.asarray(rng.random((14, 64), dtype=np.float32) + 0.5)
+    ks = cp.asarray(rng.random((2, 64), dtype=np.float32) + 0.5)
+    pos = cp.asarray(np.array([0, 17, 40000], np.int32))
+    q1, k1, q2, k2 = cp.asarray(q), cp.asarray(k), cp.asarray(q), cp.asarray(k)
+    ew.rope(q1, pos, 1e6, n_rot, neox, qs)
+    ew.rope(k1, pos, 1e6, n_rot, neox, ks)
+    ew.rope_qk(q2, k2, pos, 1e6, n_rot, neox, qs, ks)
+    assert np.array_equal(q1.get().view(np.uint32), q2.get().view(np.uint32))
+    assert np.array_equal(k1.get().view(np.uint32), k2.get().view(np.uint32))

@@ -246,3 +246,76 @@ def test_upload_readonly_and_bad_shapes(cp, qm):
                  (cp.zeros((64, 2), cp.float32).T, out)]:
         with pytest.raises(ValueError):
             qm.matmul(w, x, o, act)
+
+
+# ---------------------------------------------------------------------------- fused output epilogues
+# The mat-mul can write its rows split into pieces with a bias, add them to what the output holds (the
+# residual) or, for a gate+up weight, write silu(gate) * up; the bits must be those of the separate ops
+# (mat-mul, then the element-wise kernels), on both kernels, for any token count.
+
+def _unfused(cp, qm, w, x, act):
+    from strata_lite.kernels.cuda import elementwise as ew
+    y = cp.asarray(_run(cp, qm, w, x, act))
+    return y, ew
+
+
+@pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q6_K, QType.Q5_0, QType.Q8_0, QType.F16],
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 3, 8, 70])
+def test_fused_outputs_equal_separate_ops(cp, qm, qtype, n):
+    bs = gguf.GGML_QUANT_SIZES[qtype][0]
+    n_in = 512 if bs == 256 else 896
+    n_out = 432                                     # split 3 ways / halved for GLU; 70 tokens: tensor cores
+    w, _ = _weight(qm, qtype, n_out, n_in, seed=50)
+    act = qm.ActBuffers(70, n_in)
+    x = _x(n, n_in, seed=51)
+    y, ew = _unfused(cp, qm, w, x, act)
+    xd = cp.asarray(x)
+    # split + bias: the separate path adds the bias, then copies the column pieces
+    bias = cp.asarray(_x(1, n_out, seed=52)[0])
+    ref = cp.empty_like(y)
+    ew.add(y, bias, ref)
+    widths = (216, 72, 144)
+    outs = [cp.full((n, c), np.nan, cp.float32) for c in widths]
+    qm.matmul(w, xd, outs, act, bias=bias)
+    assert np.array_equal(np.concatenate([o.get() for o in outs], 1).view(np.uint32), ref.get().view(np.uint32))
+    # residual add in place
+    resid = cp.asarray(_x(n, n_out, seed=53))
+    ref = cp.empty_like(y)
+    ew.add(resid, y, ref)
+    qm.matmul(w, xd, resid, act, accumulate=True)
+    assert np.array_equal(resid.get().view(np.uint32), ref.get().view(np.uint32))
+    # GLU: silu(gate) * up of the row halves
+    half = n_out // 2
+    g, u = cp.ascontiguousarray(y[:, :half]), cp.ascontiguousarray(y[:, half:])
+    ref = cp.empty_like(g)
+    ew.silu_mul(g, u, ref)
+    out = cp.full((n, half), np.nan, cp.float32)
+    qm.matmul(w, xd, out, act, glu=True)
+    assert np.array_equal(out.get().view(np.uint32), ref.get().view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q6_K, QType.Q5_0, QType.Q8_0],
+                         ids=lambda t: t.name)
+def test_every_dp4a_variant_gives_the_same_bits(cp, qm, qtype):
+    """Rows per warp and units in flight change the work split, never an output: every compiled variant
+    (the benchmark build's included) equals the default launch bit for bit."""
+    from strata_lite.kernels.cuda import runtime
+    bs = gguf.GGML_QUANT_SIZES[qtype][0]
+    n_out, n_in = (37, 4608) if bs == 256 else (37, 2400)   # odd rows; lane classes with 4-5 units
+    w, _ = _weight(qm, qtype, n_out, n_in, seed=60)
+    fmt = qm.act_format(qtype)
+    x = _x(8, n_in, seed=61)
+    xq = cp.empty((8, n_in), cp.int8)
+    xd = cp.empty((8, n_in // qm.XBLOCK[fmt]), cp.float32)
+    qm.quantize_activations(fmt, cp.asarray(x), xq, xd)
+    ref = cp.full((8, n_out), np.nan, cp.float32)
+    qm.matmul_prequantized(w, xq, xd, ref, kernel="dp4a")
+    ref = ref.get()
+    default = sorted({qm.dp4a_variant(t, tile) for t in QUANT_TYPES for tile in qm.TOKEN_TILES})
+    for build, variants in (("default", default), ("explore", qm.EXPLORE_VARIANTS)):
+        for tile, rw, g in variants:
+            for n in sorted({1, tile, 8}):
+                out = cp.full((n, n_out), np.nan, cp.float32)
+                qm.matmul_prequantized(w, xq[:n], xd[:n], out, variant=(tile, rw, g), build=build)
+                assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (build, tile, rw, g, n)
