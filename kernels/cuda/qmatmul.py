@@ -173,14 +173,18 @@ def _tiles_per_warp(n_in: int) -> int:
     return 1 if n_in <= MMA_SHORT_ROWS else 2
 
 
-def tensor_core_tiles(n_out: int, n_in: int, n_tok: int) -> int:
+DP4A_PROMPT_TYPES = frozenset({QType.Q8_0})   # dp4a faster at 512 tokens too: 28.9 vs 19.6 TFLOP/s (4096x14336)
+
+
+def tensor_core_tiles(n_out: int, n_in: int, n_tok: int, qtype=None) -> int:
     """n8 token tiles per warp (1 or 2) for the tensor-core kernel, or 0 where the dp4a kernel is faster.
     Measured on an H200 (perf/bench_gpu.py, 2026-12-01): the tensor-core kernel wins once its grid has
     ~200 CTAs (e.g. 4096x14336 Q4_K: 42 vs 14 TFLOP/s at 512 tokens, 36 vs 14 at 64; 896x896 Q5_0: 21 vs 14
     at 512 tokens) and loses below (896x896 at 64 tokens: 5 vs 11; 896x128: 5 vs 10); 2 tiles per warp
-    pay off on long rows (4096: 42 vs 25), 1 on short ones (896: 24 vs 15 at 64 tokens)."""
+    pay off on long rows (4096: 42 vs 25), 1 on short ones (896: 24 vs 15 at 64 tokens). With the two- and
+    four-row dp4a warps (2026-12-02) Q8_0 (qtype given) stays on dp4a at any token count."""
     nb = _tiles_per_warp(n_in)
-    if n_tok < MMA_MIN_TOKENS:
+    if n_tok < MMA_MIN_TOKENS or (qtype is not None and QType(int(qtype)) in DP4A_PROMPT_TYPES):
         return 0
     return nb if cdiv(n_tok, 8 * nb) * cdiv(n_out, 32 * MMA_WARPS) >= MMA_MIN_CTAS else 0
 
@@ -233,7 +237,7 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", nb: 
     if n == 0:
         return
     args = (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), xq, xd, np.int32(n), *outs)
-    tiles = tensor_core_tiles(w.n_out, w.n_in, n)
+    tiles = tensor_core_tiles(w.n_out, w.n_in, n, w.qtype)
     name = _KNAME[w.qtype]
     if kernel == "mma" or (kernel == "auto" and tiles and variant is None):
         nb = nb or _tiles_per_warp(w.n_in)

@@ -20,3 +20,9 @@ def test_prompt_chunks_of_wide_matrices_take_the_tensor_cores():
 def test_small_grids_stay_on_dp4a():
     assert tensor_core_tiles(128, 896, 512) == 0         # 64 CTAs
     assert tensor_core_tiles(896, 896, 64) == 0          # 56 CTAs
+
+
+def test_q8_0_stays_on_dp4a():
+    from gguf import GGMLQuantizationType as QType
+    assert tensor_core_tiles(14336, 4096, 512, QType.Q8_0) == 0
+    assert tensor_core_tiles(14336, 4096, 512, QType.Q4_K) == 2
