@@ -9,10 +9,10 @@
 * IQ3_XXS matvec with 2, 4, 8 tokens (batched decode, speculative verification) at 1024->4864:
   extra_info["us/token"].
 * 512-token matmul (tile dequant + BLAS) at 896->4864 (1024->4864): extra_info["GFLOP/s"].
-* the engine's path, CpuBackend.upload_weight + CpuBackend.qmatmul (repack.py: Q4_0/Q5_0/IQ4_NL
-  repacked to Q8_0 at load): test_packed_matvec reports "GB/s" over the bytes actually read (the
-  repacked Q8_0 layout) and "file GB/s" over the file's bytes (the speed-up seen by the model);
-  test_packed_call_overhead the fixed cost of one call on a 16x64 matrix (serial and parallel
+* the engine's path, CpuBackend.upload_weight + CpuBackend.qmatmul (repack.py: on AVX2 Q4_0/Q5_0/IQ4_NL
+  in their own blocks, else repacked to Q8_0 at load): test_packed_matvec reports "GB/s" over the bytes
+  actually read (the layout the kernel reads) and "file GB/s" over the file's bytes (the speed-up seen by
+  the model); test_packed_call_overhead the fixed cost of one call on a 16x64 matrix (serial and parallel
   kernel); test_packed_matmul_512 the prompt path with "GFLOP/s" and numpy's sgemm on the same
   shape ("sgemm GFLOP/s", a float32 weight already in memory) for comparison.
 * test_stream: the 1.5B model's fused gate/up shape (1536 -> 17920) for 28 distinct matrices in a
@@ -20,6 +20,9 @@
   (nibble_int8.py) against the file layout's float kernels ("G w/s", "GB/s" of the layout's bytes).
 * test_attention_decode: one decode token's attention over 4K / 32K cached keys of one layer at the
   1.5B model's head shape ("us/key", "GB/s" of the int8 K/V cache read).
+* `python perf/bench_cpu_kernels.py [--cpu-clock]` (not pytest): Q5_0 / Q4_0 / IQ4_NL in their own
+  blocks against their Q8_0 repacking at the 0.5B shapes, 1 / 4 / 64 / 256 tokens, alternating runs
+  (own_blocks_vs_q8_0; under load, NUMBA_NUM_THREADS=1 with --cpu-clock times the kernel itself).
 Weights are random valid blocks (random bytes, f16 scales in 1e-3..1e-2).
 Under load compare single-threaded runs: NUMBA_NUM_THREADS=1 python -m pytest ... (timings are wall
 clock; pytest-benchmark's min over rounds is the least disturbed one).
@@ -189,3 +192,73 @@ def test_attention_decode(benchmark, n_keys):
     t = benchmark.stats.stats.min
     benchmark.extra_info["us/key"] = round(t / n_keys * 1e6, 4)
     benchmark.extra_info["GB/s"] = round((k_pages.nbytes + v_pages.nbytes + k_scales.nbytes + v_scales.nbytes) / t / 1e9, 1)
+
+
+# ---------------------------------- Q5_0 / Q4_0 / IQ4_NL: own blocks against their Q8_0 repacking
+OWN_BLOCK_TYPES = [QType.IQ4_NL, QType.Q5_0, QType.Q4_0]
+OWN_BLOCK_SHAPES = [(896, 896), (896, 4864), (4864, 896)]      # (n_in, n_out), the 0.5B model's
+STREAM_BYTES = 128 << 20     # decode: distinct matrices of this many Q8_0 bytes per pass (4x this VM's L3)
+
+
+def own_blocks_vs_q8_0(qtypes=OWN_BLOCK_TYPES, shapes=OWN_BLOCK_SHAPES, tokens=(1, 4, 64, 256), rounds=9,
+                       clock=None):
+    """Alternating runs, old (the weight repacked to Q8_0 blocks, q8_0_int8.py's Q8_0 kind) against new
+    (the file's blocks, unpacked in registers), both through CpuBackend.qmatmul. 1-8 tokens (decode,
+    batched decode) stream distinct matrices from DRAM as a decode step does; more tokens (prompt
+    chunks) repeat one matrix. Yields (type, n_in, n_out, n_tok, old s/matrix, new s/matrix): medians
+    over `rounds` rounds, the order of old and new swapped every round. clock: time.perf_counter (wall,
+    the default) or time.process_time (CPU seconds of the process: on a machine shared with other busy
+    work, with NUMBA_NUM_THREADS=1, what the kernel itself costs)."""
+    import statistics
+    import time
+    clock = clock or time.perf_counter
+    for qtype in qtypes:
+        for n_in, n_out in shapes:
+            base = random_rows(qtype, n_out, n_in, seed=1)
+            n_mats = max(1, STREAM_BYTES // (n_out * n_in // 32 * 34))
+            pairs = []
+            for i in range(n_mats):
+                raw = np.roll(base, i, axis=0)
+                old = rp.PackedWeight("old", QType.Q8_0, n_out, n_in, rp.repack_to_q8_0(qtype, raw, n_in),
+                                      src_qtype=qtype, int8=True)
+                new = rp.pack_weight(SimpleNamespace(name="new", qtype=qtype, n_out=n_out, n_in=n_in, raw=raw),
+                                     int8=True)
+                assert new.qtype == qtype and new.int8
+                pairs.append((old, new))
+            for n_tok in tokens:
+                x = np.random.default_rng(2).standard_normal((n_tok, n_in), dtype=np.float32)
+                out = np.empty((n_tok, n_out), dtype=np.float32)
+                mats = pairs if n_tok <= 8 else pairs[:1]
+                reps = 3 if n_tok <= 8 else max(1, 4096 // (n_tok * max(1, n_in * n_out >> 20)))
+                times = ([], [])
+
+                def run(v):
+                    t = clock()
+                    for _ in range(reps):
+                        for p in mats:
+                            _BE.qmatmul(p[v], x, out)
+                    return (clock() - t) / (reps * len(mats))
+                run(0), run(1)                          # compile, page in
+                for r in range(rounds):
+                    for v in ((0, 1) if r % 2 == 0 else (1, 0)):
+                        times[v].append(run(v))
+                yield qtype.name, n_in, n_out, n_tok, statistics.median(times[0]), statistics.median(times[1])
+
+
+if __name__ == "__main__":
+    # python perf/bench_cpu_kernels.py [--cpu-clock] [--rounds N] [--tokens 1 4 64 256] [--types Q5_0 ...]:
+    # the own-blocks table (the rest of this file runs under pytest)
+    import argparse
+    import time
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cpu-clock", action="store_true", help="time.process_time instead of wall clock")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 64, 256])
+    ap.add_argument("--types", nargs="+", default=[t.name for t in OWN_BLOCK_TYPES])
+    a = ap.parse_args()
+    print("type     shape        tokens   Q8_0 repack us   own blocks us   speed-up   own G w/s")
+    for name, n_in, n_out, n_tok, t_old, t_new in own_blocks_vs_q8_0(
+            [QType[t] for t in a.types], tokens=a.tokens, rounds=a.rounds,
+            clock=time.process_time if a.cpu_clock else None):
+        print(f"{name:8} {n_in:4}x{n_out:<6} {n_tok:6} {t_old * 1e6:16.1f} {t_new * 1e6:15.1f} "
+              f"{t_old / t_new:9.2f}x {n_in * n_out * n_tok / t_new / 1e9:10.1f}", flush=True)

@@ -9,6 +9,11 @@ inherit them in a shared process.
 
 usage: python perf/bench_e2e.py [--model PATH] [--threads 2] [--runs 3]
            [--ik-bench PATH/llama-bench [--ik-flags "" --ik-flags "-rtr 1 -fa 0" ...]]
+       python perf/bench_e2e.py --model PATH --vs-q8-0-repack 4
+           strata_lite only: Q4_0 / Q5_0 / IQ4_NL matrices in their own blocks (the default on AVX2) against
+           the same matrices repacked to Q8_0 blocks at load (the layout before 2026-12-01), both in one
+           process, 4 alternating rounds, medians; `--child strata-q8_0 --model PATH` alone gives the
+           repacked layout's peak RSS
 """
 from __future__ import annotations
 
@@ -28,8 +33,27 @@ TEXT = Path(__file__).resolve().parent.parent / "tests" / "data" / "heapq.py"
 N_PP, N_TG = 512, 128
 
 
-def bench_strata(model, threads, runs):
+def _force_q8_0_repack():
+    """Make the CPU backend repack Q4_0 / Q5_0 / IQ4_NL to Q8_0 blocks for the int8 kernel (the layout their
+    own-block kernels replaced; the same bits), for --vs-q8-0-repack."""
+    from gguf import GGMLQuantizationType as QType
+    from strata_lite.kernels.cpu import backend as cpu_backend, repack as rp
+    own_blocks = cpu_backend.pack_weight
+
+    def pack_weight(w, repack=True, release_source=True, int8=False):
+        if not (int8 and repack and not isinstance(w, rp.PackedWeight) and int(w.qtype) in rp.REPACK_TO_Q8_0):
+            return own_blocks(w, repack=repack, release_source=release_source, int8=int8)
+        packed = rp.repack_to_q8_0(QType(int(w.qtype)), w.raw, w.n_in)
+        if release_source:
+            rp.release_pages(w.raw)
+        return rp.PackedWeight(w.name, QType.Q8_0, w.n_out, w.n_in, packed, src_qtype=w.qtype, int8=True)
+    cpu_backend.pack_weight = pack_weight
+
+
+def bench_strata(model, threads, runs, q8_0_repack=False):
     from strata_lite import LLM
+    if q8_0_repack:
+        _force_q8_0_repack()
     llm = LLM(model, backend="cpu", n_ctx=N_PP + N_TG + 16, n_threads=threads)
     ids = llm.tokenize(TEXT.read_text(encoding="utf-8"), add_special=False)[:N_PP]
 
@@ -90,8 +114,8 @@ def bench_ik(binary, model, threads, runs, flags: str):
 
 def _child(engine, model, threads, runs):
     """Run one engine in this process and print its result as one JSON line."""
-    if engine == "strata":
-        pp, tg, path = bench_strata(model, threads, runs)
+    if engine in ("strata", "strata-q8_0"):
+        pp, tg, path = bench_strata(model, threads, runs, q8_0_repack=engine == "strata-q8_0")
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(json.dumps({"pp": pp, "tg": tg, "path": str(path), "rss": rss}))
     else:
@@ -115,11 +139,16 @@ def main():
     ap.add_argument("--ik-bench", default=None, help="ik_llama.cpp's llama-bench binary (optional column)")
     ap.add_argument("--ik-flags", action="append", default=None,
                     help="extra llama-bench flags for ik_llama.cpp, one row per use (default: none)")
-    ap.add_argument("--child", choices=["strata", "llamacpp"], help=argparse.SUPPRESS)
+    ap.add_argument("--vs-q8-0-repack", type=int, default=0, metavar="N",
+                    help="strata_lite only: own-block Q4_0/Q5_0/IQ4_NL against their Q8_0 repacking, N "
+                         "alternating rounds in one process")
+    ap.add_argument("--child", choices=["strata", "strata-q8_0", "llamacpp"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         _child(args.child, args.model, args.threads, args.runs)
         return 0
+    if args.vs_q8_0_repack:
+        return _vs_q8_0_repack(args.model, args.threads, args.vs_q8_0_repack)
     ours = _run_child("strata", args.model, args.threads, args.runs)
     ref = _run_child("llamacpp", ours["path"], args.threads, args.runs)
     med = statistics.median
@@ -136,6 +165,46 @@ def main():
         label = "ik_llama" + (f" {flags}" if flags else "")
         print(f"{label:<12}{med(pp):>18.1f}{med(tg):>18.1f}")
         print(f"{'ratio':<12}{med(ours['pp']) / med(pp):>18.2f}{med(ours['tg']) / med(tg):>18.2f}")
+    return 0
+
+
+def _vs_q8_0_repack(model, threads, rounds):
+    """One process holding the model twice, own blocks and Q8_0 repacking, prompt + decode on each in
+    alternating order for `rounds` rounds (on a loaded machine separate processes minutes apart differ
+    by more than the layouts do). Prints the table; the prompt logits must be bit-identical."""
+    from strata_lite import LLM
+    from strata_lite.kernels.cpu import backend as cpu_backend
+    own_blocks = cpu_backend.pack_weight
+    llms = {"own blocks": LLM(model, backend="cpu", n_ctx=N_PP + N_TG + 16, n_threads=threads)}
+    _force_q8_0_repack()
+    llms["Q8_0 repacking"] = LLM(model, backend="cpu", n_ctx=N_PP + N_TG + 16, n_threads=threads)
+    cpu_backend.pack_weight = own_blocks
+    ids = llms["own blocks"].tokenize(TEXT.read_text(encoding="utf-8"), add_special=False)[:N_PP]
+
+    def pp(llm):
+        t = time.perf_counter()
+        logits = llm.eval(ids, 0, [N_PP - 1])
+        return N_PP / (time.perf_counter() - t), logits
+
+    def tg(llm):
+        tok, t = ids[0], time.perf_counter()
+        for i in range(N_TG):
+            tok = int(np.argmax(llm.eval([tok], i, [0])[0]))
+        return N_TG / (time.perf_counter() - t)
+
+    first = [pp(llm)[1] for llm in llms.values()]
+    [tg(llm) for llm in llms.values()]
+    res = {k: ([], []) for k in llms}
+    for r in range(rounds):
+        for k in (list(llms) if r % 2 == 0 else list(llms)[::-1]):
+            res[k][0].append(pp(llms[k])[0])
+            res[k][1].append(tg(llms[k]))
+    med = statistics.median
+    print(f"\nmodel {os.path.basename(str(model))}, {threads} threads, one process, {rounds} alternating rounds, "
+          f"medians; prompt logits bit-identical: {np.array_equal(first[0], first[1])}")
+    print(f"{'layout':<18}{'prompt 512 tok/s':>18}{'decode 128 tok/s':>18}")
+    for k, (p, g) in res.items():
+        print(f"{k:<18}{med(p):>18.1f}{med(g):>18.1f}")
     return 0
 
 

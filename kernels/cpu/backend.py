@@ -55,9 +55,10 @@ class CpuBackend(Backend):
         return np.ascontiguousarray(arr)
 
     def upload_weight(self, w):
-        """-> PackedWeight (repack.py): Q4_0/Q5_0/IQ4_NL losslessly repacked to Q8_0, kernel views
-        precomputed. The token embedding is only looked up row by row (embed), so it keeps its
-        file layout; if it doubles as the output matrix it is repacked on its first qmatmul."""
+        """-> PackedWeight (repack.py), kernel views precomputed: Q4_0/Q5_0/IQ4_NL in their own blocks for
+        the AVX2 int8 kernel (without it losslessly repacked to Q8_0), IQ3_XXS/Q4_K/Q6_K repacked for it.
+        The token embedding is only looked up row by row (embed), so it keeps its file layout; if it
+        doubles as the output matrix it is repacked on its first qmatmul."""
         if w.name.startswith("token_embd"):
             return PackedWeight(w.name, w.qtype, w.n_out, w.n_in, w.raw, final=not self.repack)
         return pack_weight(w, repack=self.repack, int8=self.int8)

@@ -17,7 +17,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from . import q8_0_int8
+from . import own_blocks_int8, q8_0_int8
 from . import matvec as mv
 from .act_quant import round_activations
 from .dequant import (QK, QK_HALF, F16_TABLE, IQ3XXS_GRID, IQ4NL_VALUES, check_raw,
@@ -27,13 +27,14 @@ from ..qtypes import block_geometry
 
 # Largest n_tok that uses the fused kernels (measured crossover on 2 Zen 4 cores, see bench).
 MATVEC_MAX_TOK = 8
-# Repacked int8 layouts (IQ3_XXS, Q4_K, Q6_K, and Q8_0 / Q4_0 / Q5_0 / IQ4_NL as Q8_0 blocks) take their
-# int8 kernel for every token count: its result for a token does not depend on the other tokens of the
-# call (integer block dots, then a fixed order of float sums per token and row), so a token's logits do
-# not depend on what shares its forward (batch invariance: speculative verification, prefix caching and
-# chunked prompts rely on it). Dequantize + BLAS was faster for prompt chunks of short rows (1.5B
-# Q4_K_M prompt 51 against 44 tok/s on a 2-core AVX2 VM) but BLAS blocks by the token count; on the
-# default model the int8-only prompt measured 114-120 tok/s against 120-127 (same VM, 512 tokens).
+# The int8 layouts (IQ3_XXS, Q4_K, Q6_K repacked; Q8_0, and Q4_0 / Q5_0 / IQ4_NL in their own blocks)
+# take their int8 kernel for every token count: its result for a token does not depend on the other
+# tokens of the call (integer block dots, then a fixed order of float sums per token and row), so a
+# token's logits do not depend on what shares its forward (batch invariance: speculative verification,
+# prefix caching and chunked prompts rely on it). Dequantize + BLAS was faster for prompt chunks of
+# short rows (1.5B Q4_K_M prompt 51 against 44 tok/s on a 2-core AVX2 VM) but BLAS blocks by the token
+# count; on the default model the int8-only prompt measured 114-120 tok/s against 120-127 (same VM,
+# 512 tokens).
 # The tile path dequantizes about this many float32 bytes at a time (fits L2).
 TILE_BYTES = 1 << 20
 
@@ -102,8 +103,12 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
         INT8_LAYOUTS[w.layout][1].matvec(w.raw3, x.reshape(n_tok, w.nb, w.elems), out)
         return out
     if w.int8:
-        mv = q8_0_int8.mv_avx2_serial if w.small else q8_0_int8.mv_avx2
-        mv(w.raw3, x.reshape(n_tok, w.nb, q8_0_int8.QK), out, _INT8_KIND.get(w.qtype, q8_0_int8.Q8_0_KIND))
+        kind = _INT8_KIND.get(w.qtype, q8_0_int8.Q8_0_KIND)
+        x3 = x.reshape(n_tok, w.nb, q8_0_int8.QK)
+        if kind != q8_0_int8.Q8_0_KIND and n_tok >= own_blocks_int8.MIN_TOK and not w.small:
+            own_blocks_int8.matmul(w.raw3, x3, out, kind)     # prompt chunks: unpacked once, same bits
+        else:
+            (q8_0_int8.mv_avx2_serial if w.small else q8_0_int8.mv_avx2)(w.raw3, x3, out, kind)
         return out
     x = round_activations(w.src_qtype, x)
     if qtype == _Q8_0 and n_tok <= MATVEC_MAX_TOK:

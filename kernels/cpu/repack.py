@@ -157,9 +157,10 @@ SMALL_BYTES = 160 * 1024
 
 
 def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool = False) -> PackedWeight:
-    """QuantTensor-like w -> PackedWeight, repacked to Q8_0 when that is lossless (and `repack`); with
-    `int8` (an AVX2 CPU) IQ3_XXS, Q4_K and Q6_K are repacked for nibble_int8.py (and `repack`) and Q8_0
-    is served by q8_0_int8.py.
+    """QuantTensor-like w -> PackedWeight. With `int8` (an AVX2 CPU) Q8_0, Q5_0, Q4_0 and IQ4_NL keep their
+    blocks for q8_0_int8.py (own_blocks_int8.py for prompt chunks) and IQ3_XXS, Q4_K and Q6_K are repacked
+    for nibble_int8.py (with `repack`); without it Q5_0, Q4_0 and IQ4_NL are repacked to Q8_0 (with
+    `repack`).
 
     With release_source, the pages of the original (memory-mapped) bytes of a repacked matrix are
     dropped from the process (madvise MADV_DONTNEED): they were read once and are not needed again
