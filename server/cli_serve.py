@@ -95,10 +95,14 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         "(docs/scheduler.md, 'Disk tier')")
     p.add_argument("--kv-disk-gib", type=_positive_float, default=20.0,
                    help="size limit of --kv-disk; least recently used pages are deleted beyond it (default 20)")
-    p.add_argument("--spec", type=_spec, default="auto", metavar="auto|off|N",
-                   help="speculative decoding with drafts from the conversation itself: auto (default: draft "
-                        "widths from measured acceptance and step cost), off, or up to N drafted tokens per step "
-                        "(docs/speculative.md)")
+    p.add_argument("--spec", type=_spec, default="auto", metavar="auto|mtp|suffix|off|N",
+                   help="speculative decoding: auto (default: drafts from the conversation itself, or from the "
+                        "model's MTP block when it has one, whichever promises more per step; draft widths from "
+                        "measured acceptance and step cost), mtp (the MTP block only), suffix (the conversation "
+                        "only), off, or up to N drafted tokens per step from the conversation (docs/speculative.md)")
+    p.add_argument("--mtp", default=None, metavar="FILE",
+                   help="GGUF file holding the model's MTP block (a sidecar written for this model); a model "
+                        "file that embeds one needs no flag (docs/speculative.md, 'MTP drafting')")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_serve)
     return p
@@ -110,7 +114,7 @@ def config_from_args(args):
                         kv_tokens=args.kv_tokens, step_tokens=args.step_tokens, decode_share=args.decode_share, host_kv_gib=args.host_kv_gib,
                         max_queue=args.max_queue, threads=args.threads,
                         vram_reserve_mib=args.vram_reserve_mib, stuck_step_s=args.stuck_step_s, spec=args.spec,
-                        kv_disk=args.kv_disk, kv_disk_gib=args.kv_disk_gib)
+                        kv_disk=args.kv_disk, kv_disk_gib=args.kv_disk_gib, mtp=args.mtp)
 
 
 def api_key_from_args(args) -> str | None:
@@ -118,9 +122,13 @@ def api_key_from_args(args) -> str | None:
 
 
 def cmd_serve(args) -> int:
+    from strata_lite.spec.mtp_drafter import check_mtp_available
     from .serve import serve
+    config = config_from_args(args)
+    # --spec mtp without an MTP block, or an --mtp file for another model: one line before anything starts
+    check_mtp_available(config.model, config.spec, config.mtp)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return serve(config_from_args(args), host=args.host, port=args.port, api_key=api_key_from_args(args),
+    return serve(config, host=args.host, port=args.port, api_key=api_key_from_args(args),
                  threads=args.http_threads)

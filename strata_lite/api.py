@@ -1,6 +1,7 @@
 """The public Python API: `LLM` loads a GGUF model and computes logits or generates text.
 
-One LLM owns one KV cache holding one sequence; every call starts from an empty cache.
+One LLM owns one KV cache holding one sequence; every call starts from an empty cache. With `spec` other
+than "off", generate() drafts and verifies as the engine does (spec/generate.py).
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from .kernels.sample_rows import SampleRows
 from .kv_cache import KVCache
 from .runner import load_model
 from .sampling import InvalidRequest, SamplingParams, draw_uniform, needs_counts, sample_row
+from .spec.controller import SpecController, parse_spec
+from .spec.generate import drafted_tokens
+from .spec.mtp_drafter import MtpDrafter, NoMtpBlock, mtp_weights, no_block_message
 from .text_stream import TextStream
 
 PAGE_SIZE = 64
@@ -30,7 +34,12 @@ class GenerationOutput:
 
 class LLM:
     def __init__(self, model: str | None = None, backend: str = "auto", n_ctx: int = 4096,
-                 n_threads: int | None = None, n_batch: int = 512, vram_reserve_mib: int = 1024):
+                 n_threads: int | None = None, n_batch: int = 512, vram_reserve_mib: int = 1024,
+                 spec: str | int = "off", mtp: str | None = None):
+        """spec: speculative decoding in generate()/stream(), as `serve --spec`: "off" (default: one token per
+        forward), "auto", "suffix", "mtp" or N (docs/speculative.md); mtp: a sidecar GGUF with the model's MTP
+        block (else the model file's own, if any). NoMtpBlock (a ValueError) for spec "mtp" without one."""
+        self.spec = parse_spec(spec)
         loaded = load_model(model, backend, n_threads, vram_reserve_mib)
         self.model_path, self.config, self.tokenizer = loaded.path, loaded.config, loaded.tokenizer
         self.chat_template, self.backend = loaded.chat_template, loaded.backend
@@ -39,10 +48,15 @@ class LLM:
         if self.n_ctx < 1 or self.n_batch < 1:
             raise ValueError("n_ctx and n_batch must be positive")
         cfg = self.config
-        self.kv = KVCache(self.backend, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
+        mtp_w = mtp_weights(loaded.path, cfg, mtp) if self.spec in ("auto", "mtp") else None
+        if mtp_w is None and self.spec == "mtp":
+            raise NoMtpBlock(no_block_message(loaded.path, cfg))
+        self.kv = KVCache(self.backend, cfg.n_layers + (mtp_w is not None), cfg.n_kv_heads, cfg.head_dim,
                           n_pages=math.ceil(self.n_ctx / PAGE_SIZE), page_size=PAGE_SIZE)
         self._pages = list(range(self.kv.n_pages))   # the single sequence owns every page, in order
-        self.model.reserve(self.n_batch, self.n_ctx, 1)
+        self.mtp = None if mtp_w is None else MtpDrafter(self.model, mtp_w, self.kv, cfg.n_layers)
+        rows = 1 + SpecController(self.spec).max_draft        # logit rows of a verifying forward
+        self.model.reserve(max(self.n_batch, rows), self.n_ctx, rows)
 
     # text <-> ids
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -78,6 +92,15 @@ class LLM:
         """Device logits of one validated batch over this LLM's KV cache (observer: Transformer.forward)."""
         batch.validate(self.kv.n_pages, self.kv.page_size, self.config.n_vocab)
         return self.model.forward(batch, self.kv, observer=observer)
+
+    def forward_with_hidden(self, batch: Batch):
+        """forward(), handing the hidden states to the MTP drafter when there is one (spec/generate.py)."""
+        batch.validate(self.kv.n_pages, self.kv.page_size, self.config.n_vocab)
+        if self.mtp is None:
+            return self.model.forward(batch, self.kv)
+        logits, hidden = self.model.forward(batch, self.kv, all_hidden=True)
+        self.mtp.take_hidden(hidden)
+        return logits
 
     def _last_logits(self, ids, start_pos: int):
         """Device logits (1, n_vocab) after the last of ids, run at start_pos.. in chunks of n_batch."""
@@ -127,29 +150,43 @@ class Generation:
         self.output: GenerationOutput | None = None
 
     def __iter__(self) -> Iterator[str]:
-        llm, tok, be = self.llm, self.llm.tokenizer, self.llm.backend
-        text, rng = TextStream(tok, self.params.stop), np.random.default_rng(self.params.seed)
-        counts = be.token_counts(1, llm.config.n_vocab) if needs_counts(self.params) else None
+        llm, tok = self.llm, self.llm.tokenizer
+        text = TextStream(tok, self.params.stop)
         generated, finish = [], "length"
+        if llm.spec == "off" or self.max_tokens < 1:
+            tokens = self._tokens()
+        else:
+            tokens = drafted_tokens(llm, self.prompt_ids, self.max_tokens, self.params)
+        try:
+            for token in tokens:
+                generated.append(token)
+                if token in tok.eog_ids:
+                    finish = "stop"
+                    break
+                piece = text.push(token)
+                if piece:
+                    yield piece
+                if text.stopped:
+                    finish = "stop"
+                    break
+        finally:
+            tokens.close()
+        tail = text.finish()
+        if tail:
+            yield tail
+        self.output = GenerationOutput(generated, text.text, finish, len(self.prompt_ids))
+
+    def _tokens(self) -> Iterator[int]:
+        """Generated tokens, one forward each (the next one only computed when asked for)."""
+        llm, be = self.llm, self.llm.backend
+        rng = np.random.default_rng(self.params.seed)
+        counts = be.token_counts(1, llm.config.n_vocab) if needs_counts(self.params) else None
         logits = llm._last_logits(self.prompt_ids, 0)
         for step in range(max(self.max_tokens, 0)):
             rows = SampleRows.from_rows([sample_row(self.params, draw_uniform(self.params, rng), count_row=0)])
             token = int(be.sample(logits, rows, counts).ids[0])
             if counts is not None:
                 be.add_counts(counts, rows.count_rows, np.array([token], np.int32))
-            generated.append(token)
-            if token in tok.eog_ids:
-                finish = "stop"
-                break
-            piece = text.push(token)
-            if piece:
-                yield piece
-            if text.stopped:
-                finish = "stop"
-                break
+            yield token
             if step + 1 < self.max_tokens:
                 logits = llm._last_logits([token], len(self.prompt_ids) + step)
-        tail = text.finish()
-        if tail:
-            yield tail
-        self.output = GenerationOutput(generated, text.text, finish, len(self.prompt_ids))

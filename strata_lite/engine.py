@@ -40,6 +40,7 @@ from .perplexity import log_softmax
 from .runner import ModelRunner, RequestState, load_model
 from .scheduler import Scheduler
 from .spec import SpecController
+from .spec.mtp_drafter import NoMtpBlock, mtp_weights, no_block_message
 from .sampling import InvalidRequest
 from .sequence import Request
 
@@ -276,18 +277,23 @@ class Engine(StepLoop):
     def _load(self) -> None:
         cfg, t0 = self.config, time.perf_counter()
         loaded = load_model(cfg.model, cfg.backend, cfg.threads, cfg.vram_reserve_mib)
+        mtp = self._mtp_weights(loaded)
         # every request the engine may hold (running + queued, see submit) can own a penalty count row;
         # a decoding slot computes its token and up to max_draft drafted ones, each a logit row
         rows = cfg.parallel * (1 + self._spec.max_draft)
         self._runner = runner = ModelRunner(loaded, cfg.device_kv_tokens, cfg.page_size, cfg.host_kv_bytes(),
                                             n_ctx=cfg.n_ctx, max_step_tokens=cfg.step_tokens + rows,
                                             max_seqs=rows, count_rows=cfg.parallel + cfg.max_queue,
-                                            disk_dir=cfg.kv_disk, disk_bytes=int(cfg.kv_disk_gib * 2**30))
+                                            disk_dir=cfg.kv_disk, disk_bytes=int(cfg.kv_disk_gib * 2**30),
+                                            mtp_weights=mtp)
         self._sched = Scheduler(runner.kv, runner.host, runner.copier, n_slots=cfg.parallel,
                                 step_tokens=cfg.step_tokens, eog_ids=loaded.tokenizer.eog_ids,
                                 max_seq_len=cfg.n_ctx, clock=self.clock, decode_share=cfg.decode_share or None,
                                 max_step_ratio=MAX_STEP_RATIO, drafter=self._spec if self._spec.enabled else None,
-                                disk=runner.disk)
+                                disk=runner.disk, kv_filler=None if runner.mtp is None else runner.mtp.fill)
+        if runner.mtp is not None:
+            runner.mtp.grow = self._sched.tiers.grow_free
+            self._spec.use_mtp(runner.mtp)
         self.tokenizer, self.chat_template = loaded.tokenizer, loaded.chat_template
         self.model_id = Path(loaded.path).stem
         self.arch = loaded.config.arch
@@ -302,6 +308,21 @@ class Engine(StepLoop):
                  "chunk, decode steps and sampling", runner.warm_up_tokens(cfg.step_tokens))
         runner.warm_up(cfg.step_tokens)
         log.info("warm-up done in %.1f s", time.perf_counter() - t0)
+
+    def _mtp_weights(self, loaded):
+        """The MTP block to draft with (--spec auto or mtp; --mtp FILE or the model file's own), or None.
+        NoMtpBlock for --spec mtp without one."""
+        cfg = self.config
+        if not self._spec.wants_mtp:
+            if cfg.mtp is not None:
+                log.warning("--mtp %s is not used: --spec %s does not draft with an MTP block", cfg.mtp, cfg.spec)
+            return None
+        weights = mtp_weights(loaded.path, loaded.config, cfg.mtp)
+        if weights is None and cfg.spec == "mtp":
+            raise NoMtpBlock(no_block_message(loaded.path, loaded.config))
+        if weights is not None:
+            log.info("drafting with the MTP block of %s (--spec %s)", cfg.mtp or loaded.path, cfg.spec)
+        return weights
 
 
 def _model_id(model: str | None) -> str:

@@ -28,9 +28,14 @@ class Placement:
 
 
 class TieredKV:
-    def __init__(self, kv, host: HostPool, copier: KVCopier, disk=None):
+    def __init__(self, kv, host: HostPool, copier: KVCopier, disk=None, reread_last: bool = False):
+        """reread_last: the KV holds a layer (the MTP drafter's) whose row at position i depends on the token
+        at i + 1 and on the main model's hidden state at i, which is not cached: a placement then keeps
+        one cached token less than it could (its row and hidden state are computed again), unless the
+        whole sequence matched."""
         self.kv, self.host, self.copier, self.disk = kv, host, copier, disk
         self.P = kv.page_size
+        self.lag = 1 if reread_last else 0
         self.trie = PrefixTrie(self.P)
         self.stats = dict(pages_parked=0, pages_restored=0, cow_copies=0, device_tokens_dropped=0,
                           host_tokens_dropped=0, pages_from_disk=0)
@@ -97,18 +102,18 @@ class TieredKV:
         P, tokens = self.P, seq.tokens
         cap = len(tokens) - 1
         m = self.trie.match(tokens)
-        usable, source = min(m.n_matched, cap), None
+        usable, source = self.usable(m.n_matched, cap), None
         cached = m.n_matched
         for r in live:
             n = self._live_len(r, tokens, m, len(tokens))
             cached = max(cached, n)
-            if min(n, cap) > usable:
-                usable, source = min(n, cap), r
+            if self.usable(n, cap) > usable:
+                usable, source = self.usable(n, cap), r
         b = usable // P * P
         anchor = source.node if source is not None else self.trie.anchor(m.path, b)
         below = None if source is not None or usable == b else next(n for n in m.path if n.start == b)
         disk_keys = self._disk_run(tokens, b, cap) if source is None else []
-        if (b // P + len(disk_keys)) * P <= usable:
+        if (b // P + len(disk_keys)) * P <= usable + self.lag:
             disk_keys = []
         else:                             # the disk holds more than the trie: no partial page copy
             below, usable = None, b
@@ -134,9 +139,14 @@ class TieredKV:
             self.trie.unlock(held)
         disk_pages = dev[first_disk:first_disk + n_disk]
         self.kv.free(dev[first_disk + n_disk:])
-        seq.node, seq.n_computed = anchor, usable + n_disk * P
+        from_disk = n_disk * P - (self.lag if n_disk else 0)     # the re-read token is not reused
+        seq.node, seq.n_computed = anchor, usable + from_disk
         seq.pages = [p for n in anchor.path() for p in n.dev_pages] + ([dev[-1]] if usable > b else []) + disk_pages
-        return Placement(cached, reused, restored, n_disk * P)
+        return Placement(cached, reused, restored, from_disk)
+
+    def usable(self, n_matched: int, cap: int) -> int:
+        """Tokens a placement keeps of a match of n_matched: at most cap, less the re-read one (lag)."""
+        return max(0, min(n_matched - self.lag, cap))
 
     def _disk_run(self, tokens, b: int, cap: int) -> list[str]:
         """Names of the pages from position b on that the disk tier holds, consecutively, each ending at or

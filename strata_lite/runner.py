@@ -26,6 +26,7 @@ from .loader.tokenizer import Tokenizer
 from .loader.weights import load_weights
 from .models import MODELS
 from .sampling import draw_uniform, sample_row
+from .spec.mtp_drafter import MtpDrafter
 from .text_stream import TextStream
 
 WARM_UP_KEYS = 2048       # keys the far decode of the warm-up attends (long attention is split on the CPU)
@@ -102,14 +103,18 @@ class ModelRunner:
 
     def __init__(self, loaded: LoadedModel, kv_tokens: int, page_size: int, host_bytes: int, n_ctx: int,
                  max_step_tokens: int, max_seqs: int, count_rows: int = 0, disk_dir: str | None = None,
-                 disk_bytes: int = 0):
+                 disk_bytes: int = 0, mtp_weights=None):
+        """mtp_weights (loader.mtp.MtpWeights): draft with the model's MTP block (spec/mtp_drafter.py): the
+        KV cache gets one more layer (index n_layers) for it, every forward hands its hidden states to the
+        drafter, and decode steps are not replayed as captured graphs."""
         cfg, self.loaded = loaded.config, loaded
         self.backend, self.model = loaded.backend, loaded.model
         self.n_ctx, self.max_step_tokens, self.max_seqs = n_ctx, max_step_tokens, max_seqs
         self.n_vocab = cfg.n_vocab
         scratch = 1 if self.backend.uses_scratch_page else 0
-        self.kv = KVCache(self.backend, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
+        self.kv = KVCache(self.backend, cfg.n_layers + (mtp_weights is not None), cfg.n_kv_heads, cfg.head_dim,
                           n_pages=math.ceil(kv_tokens / page_size) + scratch, page_size=page_size)
+        self.mtp = None if mtp_weights is None else MtpDrafter(self.model, mtp_weights, self.kv, cfg.n_layers)
         self.host = HostPool.like(self.kv, host_bytes)
         dev_arrays = (self.kv.k_pages, self.kv.k_scales, self.kv.v_pages, self.kv.v_scales)
         copier = self.backend.kv_copier(dev_arrays, self.host.arrays())
@@ -124,9 +129,9 @@ class ModelRunner:
         # decode steps replayed as captured graphs where the backend captures them; padded rows of a
         # graph's batch-size bucket read and write only the scratch page, which no sequence ever gets
         self.scratch_page = self.kv.alloc(1)[0] if scratch else -1
-        self.graphs = self.backend.decode_graphs(lambda b: self.model.forward(b, self.kv),
-                                                 max_pages=math.ceil(n_ctx / page_size), max_keys=n_ctx,
-                                                 scratch_page=self.scratch_page)
+        self.graphs = None if self.mtp is not None else self.backend.decode_graphs(
+            lambda b: self.model.forward(b, self.kv), max_pages=math.ceil(n_ctx / page_size), max_keys=n_ctx,
+            scratch_page=self.scratch_page)
         self.counts = self.backend.token_counts(count_rows, cfg.n_vocab) if count_rows else None
         self._free_count_rows = list(range(count_rows - 1, -1, -1))
 
@@ -135,6 +140,10 @@ class ModelRunner:
         batch.validate(self.kv.n_pages, self.kv.page_size, self.n_vocab)
         if self.graphs is not None and self.graphs.accepts(batch):
             return self.graphs.run(batch)
+        if self.mtp is not None:            # the drafter fills its KV layer from every row's hidden state
+            logits, hidden = self.model.forward(batch, self.kv, all_hidden=True)
+            self.mtp.take_hidden(hidden)
+            return logits
         return self.model.forward(batch, self.kv)
 
     def sample(self, logits, rows: SampleRows) -> Sampled:
@@ -177,6 +186,8 @@ class ModelRunner:
         try:
             logits = self.forward(Batch.single(np.arange(n) % self.n_vocab, 0, pages[:n // P + 1], [n - 1]))
             token = int(self.sample(logits, SampleRows.from_rows([{"n_logprobs": WARM_UP_LOGPROBS}])).ids[0])
+            if self.mtp is not None:
+                self.mtp.warm_up(np.arange(1, n + 1) % self.n_vocab, pages[:n // P + 1])
             decodes = [n] + ([far] if far > n else [])           # positions; the far one reads zeroed pages
             steps = [decodes] if self.max_seqs >= len(decodes) else [[p] for p in decodes]
             for positions in steps:

@@ -32,12 +32,17 @@ from .step_plan import StepEvent, StepPlan, build_plan
 class Scheduler:
     def __init__(self, kv, host, copier, n_slots: int = 4, step_tokens: int = 256, eog_ids=(),
                  max_seq_len: int | None = None, clock=time.monotonic, keep_records: int = 4096,
-                 decode_share: float | None = None, max_step_ratio: float = 3.0, drafter=None, disk=None):
+                 decode_share: float | None = None, max_step_ratio: float = 3.0, drafter=None, disk=None,
+                 kv_filler=None):
+        """kv_filler: called as kv_filler(plan) in complete_step once the step's tokens are accepted and
+        before its pages are committed, to write KV that depends on them (the MTP drafter's layer, whose
+        row at i depends on the token at i + 1: TieredKV then re-reads the last cached token)."""
         if n_slots < 1 or step_tokens < 1:
             raise ValueError("n_slots and step_tokens must be >= 1")
         if decode_share is not None and not (0 < decode_share < 1 and max_step_ratio > 1):
             raise ValueError("decode_share must be in (0, 1) and max_step_ratio > 1")
-        self.tiers = TieredKV(kv, host, copier, disk)
+        self.tiers = TieredKV(kv, host, copier, disk, reread_last=kv_filler is not None)
+        self.kv_filler = kv_filler
         self.n_slots, self.step_tokens, self.eog_ids = n_slots, step_tokens, frozenset(eog_ids)
         self.capacity = kv.n_pages * kv.page_size          # tokens one sequence alone can hold
         self.max_seq_len = min(max_seq_len or self.capacity, self.capacity)
@@ -163,6 +168,9 @@ class Scheduler:
                         seq.records[-1].t_read_done = now
                     events.append(StepEvent(seq, token, seq.pending_finish or self._stop_reason(seq, token), j))
                     j += 1
+        if self.kv_filler is not None:
+            self.kv_filler(plan)
+        for seq in plan.seqs:
             self.tiers.commit(seq)
         self.counters["steps"] += 1
         self.counters["decode_tokens"] += plan.n_decode
@@ -276,7 +284,7 @@ class Scheduler:
         cached = min(placed.cached, cap)
         rec = AdmissionRecord(
             seq.id, n, placed.reused, placed.restored, n - placed.reused - placed.restored - placed.from_disk,
-            needless_read=max(0, min(held, cap) - placed.reused - placed.restored),
+            needless_read=max(0, self.tiers.usable(held, cap) - placed.reused - placed.restored),
             evicted_for_memory=max(0, min(seq.cached_at_arrival, cap) - cached),
             resumed=bool(seq.records), from_disk=placed.from_disk, slot=self._free_slot(),
             t_arrival=seq.request.arrival, t_admitted=self.clock())

@@ -35,7 +35,9 @@ class MtpHead:
         """batch: one row per position i (positions = i, token_ids = the token at i + 1, the sequences'
         page tables into the MTP block's KV layer layer_kv = (k_pages, k_scales, v_pages, v_scales));
         hidden (n, n_embd): the main model's last hidden state at each i (or the previous draft's block
-        output). -> (logits (n, n_vocab) of the token at i + 2, the block's output (n, n_embd))."""
+        output). -> (logits (len(batch.logit_rows), n_vocab) of the token at i + 2 for the batch's logit
+        rows, the block's output at every row (n, n_embd)). Rows that only fill the KV layer (a prompt
+        chunk's) skip the head, the block's largest mat-mul."""
         be, cfg = self.backend, self.cfg
         rows = BlockRows(be, batch)
         e = be.rmsnorm(be.embed(self.embed, rows.ids), self.enorm, cfg.rms_eps)
@@ -43,4 +45,8 @@ class MtpHead:
         x = be.qmatmul(self.eh_embed, e)
         be.add(x, be.qmatmul(self.eh_hidden, h), out=x)
         decoder_block(be, cfg, self.layer, self.mtp.block, x, rows, layer_kv, lambda *a: None)
-        return be.qmatmul(self.head, be.rmsnorm(x, self.head_norm, cfg.rms_eps)), x
+        n, sel = x.shape[0], batch.logit_rows
+        if len(sel) == 0:
+            return be.empty((0, cfg.n_vocab)), x
+        y = x if len(sel) == n else be.take_rows(x, be.from_host(sel))
+        return be.qmatmul(self.head, be.rmsnorm(y, self.head_norm, cfg.rms_eps)), x

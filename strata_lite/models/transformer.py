@@ -33,11 +33,13 @@ class Transformer:
         width = max(cfg.n_embd, cfg.n_ff, cfg.n_heads * cfg.head_dim)     # the widest mat-mul input
         self.backend.reserve(max_tokens, width, cfg.n_heads, cfg.head_dim, max_keys, cfg.n_vocab, max_rows)
 
-    def forward(self, batch: Batch, kv, observer=None, return_hidden: bool = False):
+    def forward(self, batch: Batch, kv, observer=None, return_hidden: bool = False, all_hidden: bool = False):
         """-> logits (len(batch.logit_rows), n_vocab) float32, on the device; with return_hidden also the last
-        block's output at those rows (before the output norm: what an MTP block reads), as (logits, hidden).
-        The batch was validated (Batch.validate) by the caller; its arrays may be host numpy or already on
-        the device.
+        block's output at those rows (before the output norm: what an MTP block reads), as (logits, hidden);
+        with all_hidden, (logits, hidden) with the last block's output at every row of the batch (n, n_embd)
+        (the MTP drafter fills its KV layer for every computed position). Neither costs any computation:
+        the hidden state is the array the output norm reads. The batch was validated (Batch.validate) by the
+        caller; its arrays may be host numpy or already on the device.
 
         observer: optional callable(weight_name, x) called before each weight mat-mul with that weight's
         GGUF tensor name and its input activations x (host float32 (n_tok, n_in)); used by the imatrix."""
@@ -48,14 +50,19 @@ class Transformer:
         x = be.embed(self.token_embd, rows.ids)                         # (n, n_embd)
         for i, (lw, hw) in enumerate(zip(self.layers, self.weights.layers)):
             decoder_block(be, cfg, lw, hw, x, rows, kv.layer(i), obs)
+        x_all = x
         if len(batch.logit_rows) == 0:                                  # a prompt chunk that ends mid-prompt
             empty = be.empty((0, cfg.n_vocab))
+            if all_hidden:
+                return empty, x_all
             return (empty, be.empty((0, cfg.n_embd))) if return_hidden else empty
         if len(batch.logit_rows) != n:                                  # all rows: no copy
             x = be.take_rows(x, be.from_host(batch.logit_rows))
         h = be.rmsnorm(x, self.output_norm, cfg.rms_eps)
         obs(h, self.weights.output)
         logits = be.qmatmul(self.output, h)
+        if all_hidden:
+            return logits, x_all
         return (logits, x) if return_hidden else logits
 
 

@@ -1,13 +1,16 @@
-"""SpecController: how many drafted tokens each decoding sequence verifies in a step.
+"""SpecController: how many drafted tokens each decoding sequence verifies in a step, and from which source.
 
-Modes (`--spec`): `off`; `N` (up to N drafted tokens whenever the drafter has them); `auto` (default):
-the width that maximizes the expected generated tokens per second of the step, from two things learned
-online:
-  * acceptance: per match-length bucket and draft depth i, the share of drafted tokens at depth i that
+Modes (`--spec`): `off`; `N` (up to N suffix-drafted tokens whenever the index has them); `suffix`, `mtp`
+(drafts from the suffix index, or from the model's MTP block: mtp_drafter.py) with auto widths; `auto`
+(default): suffix drafts, or with an MTP block per sequence and step the source with the larger expected
+gain (SpecController._pick_mtp). Auto widths: the width that maximizes the expected generated tokens per
+second of the step, from two things learned online:
+  * acceptance: per source (suffix: per match-length bucket; MTP: one table) and draft depth i, the share
+    of drafted tokens at depth i that
     were accepted when depth i was reached (counts decayed so the estimate follows the workload), and per
     sequence a running average of its first drafted token's acceptance. A token's chance to be reached and
     accepted, R_i, is the product of the per-depth estimates along the draft (each scaled by the share of
-    candidate occurrences that voted for that token);
+    candidate occurrences that voted for that token; for MTP drafts, by the block's softmax probability);
   * cost: the seconds of a step as a function of its tokens, a least-squares line over recent steps that
     read no prompt (decode and verify only), so its slope is the marginal cost c of one more token.
 Drafted tokens of all sequences are taken best first while R / c exceeds the step's expected tokens per
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .suffix_index import LENGTHS, NO_DRAFT, Draft, SequenceIndex, SuffixDrafter
+from .suffix_index import LENGTHS, MIN_CONF, NO_DRAFT, Draft, SequenceIndex, SuffixDrafter
 
 MAX_DRAFT = 8            # drafted tokens per sequence and step at most (auto)
 PROBE_EVERY = 16         # steps without a draft before a sequence gets a one-token probe
@@ -32,30 +35,36 @@ COST_WINDOW = 256        # decode / verify steps in the cost fit
 PRIOR_SLOPE = 0.1        # before a slope is measured: one more token costs this share of a 1-token step
 
 
+MODES = ("auto", "off", "suffix", "mtp")
+
+
 def parse_spec(value) -> int | str:
-    """'auto' | 'off' | N >= 1 (CLI and config); ValueError naming the accepted values."""
+    """'auto' | 'off' | 'suffix' | 'mtp' | N >= 1 (CLI and config); ValueError naming the accepted values."""
     v = str(value).strip().lower()
-    if v in ("auto", "off"):
+    if v in MODES:
         return v
     try:
         n = int(v)
     except ValueError:
         n = 0
     if n < 1 or n > 32:
-        raise ValueError(f"spec must be 'auto', 'off' or a number of drafted tokens 1..32, got {value!r}")
+        raise ValueError(f"spec must be 'auto', 'off', 'suffix', 'mtp' or a number of drafted tokens 1..32, "
+                         f"got {value!r}")
     return n
 
 
 @dataclass
 class SeqSpec:
     """Drafting state of one sequence (Sequence.spec)."""
-    index: SequenceIndex
+    index: SequenceIndex | None   # suffix index (None when only MTP drafts)
     drafted: int = 0          # tokens proposed and verified
     accepted: int = 0         # of them, accepted
     steps: int = 0            # steps that verified a draft
-    first_rate: float = 0.5   # recent acceptance of the first drafted token
+    first_rate: dict = field(default_factory=lambda: {"suffix": 0.5, "mtp": 0.5})  # recent acceptance of the
+                                                                                   # first drafted token, per source
     idle: int = 0             # steps since its last draft
     draft: Draft = field(default=NO_DRAFT)   # the draft of the open step
+    source: str = "suffix"    # where it came from: "suffix" | "mtp"
 
     def log_text(self) -> str:
         return f"drafts accepted {self.accepted} of {self.drafted} in {self.steps} steps"
@@ -111,49 +120,90 @@ class Acceptance:
 
 
 class SpecController:
-    """Implements the Scheduler's drafter interface: drafts(seqs) and observe(seq, n_drafted, n_accepted)."""
+    """Implements the Scheduler's drafter interface: drafts(seqs, limits) and observe(seq, n_drafted, n_accepted).
+
+    Sources: the suffix index (spec/suffix_index.py) and, once use_mtp() gave it one, the model's MTP block
+    (spec/mtp_drafter.py). `off`: none; `N`: suffix drafts of up to N tokens; `suffix`: suffix drafts, auto
+    widths; `mtp`: MTP drafts, auto widths; `auto`: per sequence and step the source with the larger
+    expected gain (_pick), auto widths; without an MTP block `auto` is `suffix`."""
 
     def __init__(self, mode: int | str = "auto", drafter: SuffixDrafter | None = None):
         self.mode = parse_spec(mode)
-        self.max_draft = 0 if self.mode == "off" else MAX_DRAFT if self.mode == "auto" else int(self.mode)
+        self.max_draft = 0 if self.mode == "off" else int(self.mode) if isinstance(self.mode, int) else MAX_DRAFT
+        self.width: int | str = self.mode if isinstance(self.mode, int) else "auto"   # "auto" or a fixed cap
         self.drafter = drafter or SuffixDrafter()
+        self.mtp = None                       # MtpDrafter (use_mtp)
         self.cost = StepCost()
-        self.acceptance = Acceptance(max(1, self.max_draft))
+        self.acceptance = Acceptance(max(1, self.max_draft))          # suffix drafts, by match length
+        self.mtp_acceptance = Acceptance(max(1, self.max_draft))      # MTP drafts (one bucket)
+        self.mtp_step_p = 0.5                 # running mean of the MTP's probability at depths >= 1
         self.totals = dict(drafted=0, accepted=0, steps=0)
+        self.by_source = {"suffix": dict(drafted=0, accepted=0), "mtp": dict(drafted=0, accepted=0)}
         self.outcomes: list[tuple[int, int]] = []     # (drafted, accepted) per verified draft, for metrics
 
     @property
     def enabled(self) -> bool:
         return self.max_draft > 0
 
+    @property
+    def wants_mtp(self) -> bool:
+        """Whether an MTP block, when the model has one, should be loaded for this mode."""
+        return self.mode in ("auto", "mtp")
+
+    def use_mtp(self, mtp) -> None:
+        """Draft with this MtpDrafter too (mode auto) or only (mode mtp)."""
+        self.mtp = mtp
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        if self.mode == "mtp":
+            return ("mtp",)
+        if self.mode == "auto" and self.mtp is not None:
+            return ("suffix", "mtp")
+        return ("suffix",) if self.enabled else ()
+
     # sequences in and out
     def attach(self, seq) -> None:
-        """Give seq a drafting index (its prompt indexed now); sequences without one never draft."""
+        """Give seq a drafting state (its prompt indexed now when suffix drafts are on); sequences without
+        one never draft."""
         if self.enabled:
-            seq.spec = SeqSpec(SequenceIndex(seq.tokens))
+            seq.spec = SeqSpec(SequenceIndex(seq.tokens) if "suffix" in self.sources else None)
 
     def finished(self, seq) -> None:
         """Its output goes to the global index (drafts for later requests)."""
-        if seq.spec is not None and seq.n_generated:
+        if self.mtp is not None:
+            self.mtp.forget(seq)
+        if seq.spec is not None and seq.n_generated and "suffix" in self.sources:
             self.drafter.finished(seq.generated)
 
     # one step
     def drafts(self, seqs, limits: dict) -> dict:
         """seqs: the step's decoding sequences; limits[seq]: the most tokens it may draft (tokens left
         before max_tokens / the context, and KV pages). -> {seq: draft tokens} for those that draft."""
-        chosen = {}
+        chosen, mtp_caps = {}, {}
         for seq in seqs:
             sp = seq.spec
             if sp is None:
                 continue
-            sp.draft = NO_DRAFT
+            sp.draft, sp.source = NO_DRAFT, "suffix"
             cap = min(self.max_draft, limits.get(seq, 0))
-            if cap >= 1:
+            if cap < 1:
+                continue
+            if "suffix" in self.sources:
                 sp.draft = self.drafter.propose(sp.index, cap)
-        if self.mode == "auto":
+            if "mtp" in self.sources and self.mtp is not None and self._pick_mtp(sp, seq, cap):
+                mtp_caps[seq] = cap
+        if mtp_caps:
+            min_conf = MIN_CONF if self.width == "auto" else 0.0
+            for seq, d in self.mtp.propose(mtp_caps, min_conf).items():
+                seq.spec.draft, seq.spec.source = d, "mtp"
+                steps = [c / p for p, c in zip(d.conf, d.conf[1:]) if p > 0]
+                for q in steps:
+                    self.mtp_step_p += EMA * (q - self.mtp_step_p)
+        if self.width == "auto":
             widths = self._auto_widths([s for s in seqs if s.spec is not None and len(s.spec.draft)], len(seqs))
         else:
-            widths = {s: len(s.spec.draft) for s in seqs if s.spec is not None}
+            widths = {s: min(len(s.spec.draft), self.width) for s in seqs if s.spec is not None}
         for seq in seqs:
             sp = seq.spec
             if sp is None:
@@ -165,6 +215,38 @@ class SpecController:
                 chosen[seq] = sp.draft.tokens
         return chosen
 
+    def _pick_mtp(self, sp: SeqSpec, seq, cap: int) -> bool:
+        """Whether seq drafts from the MTP block this step: it has a first token, and (mode auto) its
+        expected gain beats the suffix draft's. Expected gain = the sum over draft depths of R_i, the
+        chance that drafted token i is reached and accepted (the same estimate the auto widths use); for
+        the MTP block before its chain runs, depths past the first take the running mean of its step
+        probability as their confidence ratio."""
+        first = self.mtp.first_token(seq)
+        if first is None:
+            return False
+        if self.sources == ("mtp",):
+            return True
+        p1 = first[1]
+        est = [p1 * self.mtp_step_p ** i for i in range(cap)]
+        return self._gain(sp, "mtp", est, 0) > self._gain(sp, "suffix", sp.draft.conf, sp.draft.match_len)
+
+    def _gain(self, sp: SeqSpec, source: str, conf, match_len: int) -> float:
+        return sum(self._reach(sp, source, conf, match_len))
+
+    def _reach(self, sp: SeqSpec, source: str, conf, match_len: int) -> list[float]:
+        """R_i for each drafted token: per-depth acceptance (by source and match length) times the
+        confidence ratio, the first depth blended with the sequence's own first-token rate."""
+        acc = self.mtp_acceptance if source == "mtp" else self.acceptance
+        out, R, prev = [], 1.0, 1.0
+        for i, c in enumerate(conf):
+            p = acc.rate(match_len, i)
+            if i == 0:
+                p = 0.5 * (p + sp.first_rate[source])
+            R *= p * (c / prev) if prev > 0 else 0.0
+            prev = c
+            out.append(R)
+        return out
+
     def _auto_widths(self, seqs, n_decode: int) -> dict:
         line = self.cost.line()
         if line is None:                  # nothing timed yet: verify one token each to start measuring
@@ -173,13 +255,8 @@ class SpecController:
         E, T = float(n_decode), icpt + slope * n_decode        # expected tokens and seconds of the step
         options = []                                             # (R, seq, width)
         for seq in seqs:
-            sp, R, prev = seq.spec, 1.0, 1.0
-            for i, c in enumerate(sp.draft.conf):
-                p = self.acceptance.rate(sp.draft.match_len, i)
-                if i == 0:
-                    p = 0.5 * (p + sp.first_rate)
-                R *= p * (c / prev)
-                prev = c
+            sp = seq.spec
+            for i, R in enumerate(self._reach(sp, sp.source, sp.draft.conf, sp.draft.match_len)):
                 options.append((R, seq, i + 1))
         widths = {}
         for R, seq, w in sorted(options, key=lambda o: (-o[0], o[2])):
@@ -198,12 +275,16 @@ class SpecController:
         sp.drafted += n_drafted
         sp.accepted += n_accepted
         sp.steps += 1
-        sp.first_rate += EMA * (float(n_accepted > 0) - sp.first_rate)
-        self.acceptance.observe(sp.draft.match_len, n_drafted, n_accepted)
+        sp.first_rate[sp.source] += EMA * (float(n_accepted > 0) - sp.first_rate[sp.source])
+        acc = self.mtp_acceptance if sp.source == "mtp" else self.acceptance
+        acc.observe(sp.draft.match_len, n_drafted, n_accepted)
         t = self.totals
         t["drafted"] += n_drafted
         t["accepted"] += n_accepted
         t["steps"] += 1
+        src = self.by_source[sp.source]
+        src["drafted"] += n_drafted
+        src["accepted"] += n_accepted
         self.outcomes.append((n_drafted, n_accepted))
 
     def pop_outcomes(self) -> list[tuple[int, int]]:

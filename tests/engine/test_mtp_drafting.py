@@ -1,0 +1,536 @@
+"""MTP drafting (spec/mtp_drafter.py) on a tiny model with a random MTP block (tests/tiny_model.py): the block's
+KV layer in the engine's paged cache and its drafts equal the block run from scratch (and the float64
+reference), greedy output with `--spec mtp` equals `--spec off` (1 slot, 3 slots, beside a long prompt read),
+a sidecar block drafts like the embedded one, `--spec mtp` without a block fails with one line, and a drafter
+rigged to propose the model's own continuation gets its drafts accepted and emitted."""
+import argparse
+import random
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from strata_lite import LLM
+from strata_lite.batch import Batch
+from strata_lite.config import EngineConfig
+from strata_lite.engine import Engine
+from strata_lite.engine_events import DoneEvent, TokenEvent
+from strata_lite.kernels.sample_rows import SampleRows
+from strata_lite.loader.errors import GGUFError
+from strata_lite.loader.gguf_file import GGUFFile
+from strata_lite.loader.mtp import write_mtp_file
+from strata_lite.models.mtp import MtpHead
+from strata_lite.runner import ModelRunner, load_model
+from strata_lite.scheduler import Scheduler
+from strata_lite.sequence import Request
+from strata_lite.spec import SpecController
+from strata_lite.spec.mtp_drafter import NoMtpBlock, mtp_weights
+from strata_lite.spec.suffix_index import Draft
+from reference_model import reference_mtp_logits
+from tiny_model import write_tiny_model
+
+N_CTX = 256
+REL_TOL = 1e-4          # as tests/engine/test_mtp.py
+FLIP_TOL = 0.03         # as tests/engine/test_api.py: only where the backend is not batch-invariant
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mtpd")
+    kw = dict(arch="qwen2", qtype=QT.Q8_0, n_embd=64, n_ff=128, n_heads=4, n_kv_heads=2)
+    embedded = write_tiny_model(d / "mtp.gguf", mtp=True, **kw)
+    plain = write_tiny_model(d / "plain.gguf", **kw)           # the same main weights, no block
+    side = d / "plain.mtp.gguf"
+    llm = LLM(str(embedded), backend="cpu", n_ctx=N_CTX)
+    write_mtp_file(GGUFFile(embedded), llm.config, str(side))
+    return dict(embedded=str(embedded), plain=str(plain), sidecar=str(side))
+
+
+@pytest.fixture(scope="module")
+def llm(files):
+    return LLM(files["embedded"], backend="cpu", n_ctx=N_CTX)
+
+
+def _same(llm, got, want):
+    if llm.backend.int8:
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=0, atol=FLIP_TOL * np.abs(want).max())
+
+
+# ---------------------------------------------------------------- a step loop without the engine thread
+class Mini:
+    """ModelRunner + Scheduler + SpecController("mtp") stepped by hand, greedy."""
+
+    def __init__(self, path, mtp_file=None, width=3, n_slots=2, step_tokens=16, page_size=16, kv_tokens=768,
+                 host_bytes=1 << 22, disk_dir=None):
+        loaded = load_model(path, "cpu")
+        weights = mtp_weights(loaded.path, loaded.config, mtp_file)
+        self.cfg = loaded.config
+        self.runner = ModelRunner(loaded, kv_tokens, page_size, host_bytes, n_ctx=N_CTX,
+                                  max_step_tokens=step_tokens + 64, max_seqs=64, mtp_weights=weights,
+                                  disk_dir=disk_dir, disk_bytes=1 << 26)
+        self.spec = SpecController("mtp")
+        self.spec.width = width
+        self.spec.use_mtp(self.runner.mtp)
+        self.sched = Scheduler(self.runner.kv, self.runner.host, self.runner.copier, n_slots=n_slots,
+                               step_tokens=step_tokens, max_seq_len=N_CTX, drafter=self.spec,
+                               kv_filler=self.runner.mtp.fill, disk=self.runner.disk)
+        self.runner.mtp.grow = self.sched.tiers.grow_free
+        self.drafts = []          # (seq id, n_computed, draft tokens, conf) of every draft verified
+
+    def add(self, rid, prompt, max_tokens):
+        seq = self.sched.add(Request(rid, tuple(prompt), max_tokens=max_tokens))
+        self.spec.attach(seq)
+        return seq
+
+    def step(self):
+        plan = self.sched.plan_step()
+        if plan is None:
+            return None
+        for seq, d in plan.drafts.items():
+            self.drafts.append((seq.id, seq.n_computed, list(d), list(seq.spec.draft.conf)))
+        logits = self.runner.forward(plan.batch)
+        ids = self.runner.sample(logits, SampleRows.greedy(len(plan.logit_seqs))).ids[:len(plan.logit_seqs)]
+        events = self.sched.complete_step(plan, [int(t) for t in ids])
+        for ev in events:
+            if ev.finish_reason:
+                self.spec.finished(ev.seq)
+        return plan
+
+    def run(self, check=None):
+        while self.sched.has_work:
+            self.step()
+            if check is not None:
+                check(self)
+
+    def mtp_rows(self, pages, n):
+        """The MTP layer's K, K scales, V, V scales at positions 0..n-1 of a page table."""
+        P, L = self.runner.kv.page_size, self.cfg.n_layers
+        idx = [(pages[p // P], p % P) for p in range(n)]
+        return [np.stack([a[L][pg, sl] for pg, sl in idx]) for a in
+                (self.runner.kv.k_pages, self.runner.kv.k_scales, self.runner.kv.v_pages, self.runner.kv.v_scales)]
+
+
+def _scratch(llm, head, tokens, n):
+    """The block run from scratch over rows 0..n-1 of tokens (hidden states from one main forward):
+    (its KV rows as Mini.mtp_rows gives them, logits of every row, block outputs, main hidden states)."""
+    cfg = llm.config
+    batch = Batch.single(tokens[:n], 0, llm._pages)
+    batch.validate(llm.kv.n_pages, llm.kv.page_size, cfg.n_vocab)
+    _, hidden = llm.model.forward(batch, llm.kv, return_hidden=True)
+    kv = llm.backend.kv_arrays(1, llm.kv.n_pages, llm.kv.page_size, cfg.n_kv_heads, cfg.head_dim)
+    layer = tuple(a[0] for a in kv)
+    b = Batch.single(tokens[1:n + 1], 0, llm._pages)
+    b.validate(llm.kv.n_pages, llm.kv.page_size, cfg.n_vocab)
+    logits, out = head.forward(b, hidden, layer)
+    rows = [a.reshape((-1,) + a.shape[2:])[:n] for a in layer]
+    return rows, logits, out, hidden, layer
+
+
+def _scratch_chain(llm, head, tokens, n, k):
+    """The draft of k tokens after tokens[:n + 1] (tokens[n] pending) from scratch, with its confidences."""
+    _, logits, out, _, layer = _scratch(llm, head, tokens, n)
+    z = np.asarray(logits[n - 1], np.float64)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    toks, conf = [int(np.argmax(z))], [float(p.max())]
+    h = out[n - 1:n]
+    for j in range(1, k):
+        b = Batch.single([toks[-1]], n + j - 1, llm._pages)
+        lg, o = head.forward(b, h, layer)
+        z = np.asarray(lg[0], np.float64)
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        toks.append(int(np.argmax(z)))
+        conf.append(conf[-1] * float(p.max()))
+        h = o
+    return toks, conf
+
+
+# ---------------------------------------------------------------- KV layer and drafts
+def test_kv_rows_and_drafts_equal_the_block_from_scratch(files, llm):
+    """Two sequences (one reading a 70-token prompt in chunks of 16 beside the other's decodes), then a
+    third whose prompt extends the first one's conversation (a trie hit: the last cached token is read
+    again). After every step each running sequence's MTP rows [0, n_computed) equal the block run from
+    scratch, and every verified draft equals the from-scratch chain."""
+    mini = Mini(files["embedded"], width=3)
+    head = MtpHead(llm.model, mtp_weights(files["embedded"], llm.config, None))
+    checked = {"rows": 0}
+
+    def check(m):
+        for seq in m.sched.running:
+            n = seq.n_computed
+            if n < 2 or seq.n_computed >= len(seq.tokens):
+                continue
+            want = _scratch(llm, head, seq.tokens, n)[0]
+            for got, ref in zip(m.mtp_rows(seq.pages, n), want):
+                _same(llm, got, ref)
+            checked["rows"] += n
+
+    rng = random.Random(0)
+    first = [rng.randrange(250) for _ in range(9)]
+    a = mini.add("a", first, 24)
+    mini.add("b", [rng.randrange(250) for _ in range(70)], 12)
+    mini.run(check)
+    follow = a.tokens + [rng.randrange(250) for _ in range(5)]
+    c = mini.add("c", follow, 10)
+    mini.step()
+    assert c.records[-1].reused > 0 and c.n_computed == len(follow)   # prefix reused, last cached one re-read
+    mini.run(check)
+    assert checked["rows"] > 500 and len(mini.drafts) > 20
+    for sid, n, toks, conf in mini.drafts[:12]:
+        seq = {"a": a, "c": c}.get(sid)
+        if seq is None:
+            continue
+        want_t, want_c = _scratch_chain(llm, head, seq.tokens, n, len(toks))
+        if toks != want_t:                  # only a rounding flip at a near tie may differ (no int8 kernels)
+            assert not llm.backend.int8
+            continue
+        np.testing.assert_allclose(conf, want_c, rtol=1e-5)
+
+
+def test_first_draft_logits_match_float64_reference(files, llm):
+    """The block's logits for the row that gives the first draft token match the float64 reference, and
+    the drafter's first token and probability are its argmax and softmax."""
+    mini = Mini(files["embedded"], width=1, n_slots=1)
+    seq = mini.add("r", [7, 99, 3, 140, 22, 61, 5, 5, 18, 200, 11], 40)
+    for _ in range(4):
+        mini.step()
+    n = seq.n_computed
+    tok, p = mini.runner.mtp.first_token(seq)
+    weights = mtp_weights(files["embedded"], llm.config, None)
+    head = MtpHead(llm.model, weights)
+    _, logits, _, hidden, _ = _scratch(llm, head, seq.tokens, n)
+    ref = reference_mtp_logits(llm.config, llm.weights, weights, seq.tokens[:n + 1],
+                               np.vstack([hidden, hidden[-1:]]), k_scale=head.k_scales)
+    assert np.abs(np.asarray(logits, np.float64) - ref).max() <= REL_TOL * np.abs(ref).max()
+    z = ref[n - 1]
+    top2 = np.sort(z)[-2:]
+    if top2[1] - top2[0] > 1e-3 * np.abs(z).max():
+        assert tok == int(np.argmax(z))
+    q = np.exp(z - z.max())
+    assert abs(p - q[tok] / q.sum()) < 1e-4
+
+
+def test_sidecar_drafts_like_the_embedded_block(files):
+    got = []
+    for path, side in ((files["embedded"], None), (files["plain"], files["sidecar"])):
+        mini = Mini(path, mtp_file=side, width=4)
+        mini.add("x", [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], 20)
+        mini.add("y", list(range(30, 75)), 14)
+        mini.run()
+        got.append(mini.drafts)
+    assert got[0] == got[1] and len(got[0]) > 10
+
+
+def test_pages_stay_owned_under_memory_pressure(files, llm):
+    """A device cache of 6 pages for 3 sequences: parking, restoring and trimming keep the MTP rows right
+    (checked at the end against the block from scratch) and the page accounting clean."""
+    mini = Mini(files["embedded"], width=4, n_slots=3, page_size=16, kv_tokens=96)
+    head = MtpHead(llm.model, mtp_weights(files["embedded"], llm.config, None))
+    seqs = [mini.add(f"p{i}", [(17 * i + j) % 250 for j in range(20 + 7 * i)], 18) for i in range(3)]
+
+    def check(m):
+        assert m.sched.tiers.audit(m.sched.running) == []
+        for seq in m.sched.running:
+            n = seq.n_computed
+            if 2 <= n < len(seq.tokens):
+                for got, ref in zip(m.mtp_rows(seq.pages, n), _scratch(llm, head, seq.tokens, n)[0]):
+                    _same(llm, got, ref)
+
+    mini.run(check)
+    assert all(s.finish_reason == "length" for s in seqs)
+    assert mini.sched.counters["preemptions"] + mini.sched.tiers.stats["pages_parked"] > 0
+
+
+def test_disk_tier_carries_the_mtp_layer(files, llm, tmp_path):
+    """Pages written to the disk tier hold the MTP layer: after a restart a conversation read back from disk
+    (its last page re-read from its last token on) has the rows of the block run from scratch."""
+    head = MtpHead(llm.model, mtp_weights(files["embedded"], llm.config, None))
+    first = Mini(files["embedded"], disk_dir=str(tmp_path))
+    a = first.add("a", [(5 * j + 3) % 250 for j in range(40)], 30)
+    first.run()
+    second = Mini(files["embedded"], disk_dir=str(tmp_path))
+    b = second.add("b", a.tokens + [1, 2, 3], 4)
+    second.step()
+    rec = b.records[-1]
+    assert rec.from_disk == 63 and rec.read == rec.n_prompt - 63       # 4 pages less the re-read token
+    n = b.n_computed
+    for got, ref in zip(second.mtp_rows(b.pages, n), _scratch(llm, head, b.tokens, n)[0]):
+        _same(llm, got, ref)
+
+
+# ---------------------------------------------------------------- the engine: same output as --spec off
+def _engine(path, spec, **kw):
+    cfg = dict(model=path, backend="cpu", n_ctx=N_CTX, parallel=3, step_tokens=16, page_size=16,
+               host_kv_gib=0.01, max_queue=64, spec=spec)
+    cfg.update(kw)
+    eng = Engine(EngineConfig(**cfg))
+    eng.start()
+    assert eng.wait_ready(120)
+    return eng
+
+
+def _run_all(eng, prompts, tag, max_tokens=24):
+    handles = [eng.submit(Request(f"{tag}{i}", tuple(p), max_tokens=max_tokens, logprobs=3))
+               for i, p in enumerate(prompts)]
+    out = []
+    for h in handles:                    # logprobs too: the target's logits are bit for bit those without drafts
+        events = list(h.events(timeout=120))
+        assert isinstance(events[-1], DoneEvent), events[-1]
+        toks = [e for e in events if isinstance(e, TokenEvent)]
+        out.append(([e.token_id for e in toks], [(e.logprob, e.top_logprobs) for e in toks], events[-1].text,
+                    events[-1].finish_reason))
+    return out
+
+
+PROMPTS = [[5, 17, 200, 3, 99], [42, 7, 7, 120, 64, 33, 8], [1, 2, 3]]
+LONG = [(i * 37) % 250 for i in range(150)]
+
+
+@pytest.fixture(scope="module")
+def off_engine(files):
+    eng = _engine(files["embedded"], "off")
+    yield eng
+    eng.stop()
+
+
+@pytest.mark.parametrize("spec,width", [("mtp", 4), ("mtp", "auto"), ("auto", "auto")])
+def test_greedy_output_equals_spec_off(files, off_engine, spec, width):
+    on = _engine(files["embedded"], spec)
+    try:
+        assert on._runner.mtp is not None and on._runner.kv.k_pages.shape[0] == on._runner.loaded.config.n_layers + 1
+        on._spec.width = width
+        for i, prompts in enumerate(([PROMPTS[0]], PROMPTS, [LONG] + PROMPTS[1:])):
+            if i == 2:                   # a long prompt is read beside the others' decodes
+                handles = [on.submit(Request("long", tuple(LONG), max_tokens=8))]
+                got = _run_all(on, PROMPTS[1:], f"m{i}-")
+                list(handles[0].events(timeout=120))
+                want = _run_all(off_engine, PROMPTS[1:], f"o{i}-")
+            else:
+                got, want = _run_all(on, prompts, f"m{i}-"), _run_all(off_engine, prompts, f"o{i}-")
+            assert got == want
+        if width != "auto":
+            t = on._spec.totals
+            assert t["drafted"] > 50 and on._spec.by_source["mtp"]["drafted"] == t["drafted"]
+        assert on._sched.tiers.audit(on._sched.running, on._reserved_pages()) == []
+    finally:
+        on.stop()
+
+
+def test_rigged_drafter_is_accepted(files, llm, off_engine):
+    """The drafter proposes the model's own greedy continuation (from a separate LLM) with confidence 0.99:
+    nearly every drafted token is accepted, auto widths draft deep, and the output is unchanged."""
+    on = _engine(files["embedded"], "mtp", parallel=2)
+    mtp = on._runner.mtp
+    real = mtp.propose
+
+    def rigged(caps, min_conf=0.0):
+        real(caps, min_conf)             # keep the block's KV work as it is
+        out = {}
+        for seq, cap in caps.items():
+            true = llm.generate(list(seq.tokens), max_tokens=cap).token_ids
+            out[seq] = Draft(true, [0.99 ** (i + 1) for i in range(len(true))], 0)
+        return out
+
+    mtp.propose = rigged
+    try:
+        prompts = [PROMPTS[0], list(range(40, 60))]
+        got = _run_all(on, prompts, "r", max_tokens=40)
+        assert got == _run_all(off_engine, prompts, "q", max_tokens=40)
+        t = on._spec.totals
+        assert t["drafted"] >= 40 and t["accepted"] >= 0.9 * t["drafted"]
+        assert t["accepted"] / t["steps"] > 2          # several tokens per verified draft
+    finally:
+        on.stop()
+
+
+# ---------------------------------------------------------------- selection and errors
+class _FakeMtp:
+    def __init__(self, p1):
+        self.p1 = p1
+
+    def first_token(self, seq):
+        return (1, self.p1)
+
+    def propose(self, caps, min_conf=0.0):
+        return {s: Draft([1, 2], [self.p1, self.p1 * 0.5], 0) for s in caps}
+
+    def forget(self, seq):
+        pass
+
+
+@pytest.mark.parametrize("p1,source", [(0.95, "mtp"), (0.01, "suffix")])
+def test_auto_picks_the_source_with_the_larger_expected_gain(p1, source):
+    from strata_lite.sequence import Sequence
+    ctl = SpecController("auto")
+    ctl.use_mtp(_FakeMtp(p1))
+    ctl.width = 4
+    seq = Sequence(Request("s", (1, 2, 3, 9, 1, 2, 4, 1, 2, 5, 1, 2), max_tokens=10))   # a weak suffix draft
+    ctl.attach(seq)
+    ctl.drafts([seq], {seq: 4})
+    assert seq.spec.source == source and len(seq.spec.draft) >= 1
+
+
+def test_spec_mtp_without_a_block_is_one_clear_error(files, capsys):
+    eng = Engine(EngineConfig(model=files["plain"], backend="cpu", n_ctx=64, spec="mtp"))
+    eng.start()
+    with pytest.raises(NoMtpBlock, match="--spec mtp needs an MTP block: .*plain.gguf has none"):
+        eng.wait_ready(60)
+    from strata_lite.cli import main
+    assert main(["serve", "--model", files["plain"], "--spec", "mtp", "--backend", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("strata-lite: error: --spec mtp needs an MTP block")
+
+
+def test_mtp_file_of_another_model_is_one_clear_error(files, tmp_path, capsys):
+    other = write_tiny_model(tmp_path / "o.gguf", n_embd=128, mtp=True)
+    side = tmp_path / "o.mtp.gguf"
+    write_mtp_file(GGUFFile(other), LLM(str(other), backend="cpu", n_ctx=64).config, str(side))
+    from strata_lite.cli import main
+    assert main(["serve", "--model", files["plain"], "--spec", "mtp", "--mtp", str(side)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "n_embd = 128, the model has 64" in err[0]
+    with pytest.raises(GGUFError):
+        Mini(files["plain"], mtp_file=str(side))
+
+
+def test_serve_flags():
+    from strata_lite.server.cli_serve import add_serve_parser, config_from_args
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    parse = lambda argv: config_from_args(parser.parse_args(["serve"] + argv))    # noqa: E731
+    assert (parse([]).spec, parse([]).mtp) == ("auto", None)
+    cfg = parse(["--spec", "mtp", "--mtp", "side.gguf"])
+    assert (cfg.spec, cfg.mtp) == ("mtp", "side.gguf")
+    assert [parse(["--spec", v]).spec for v in ("suffix", "MTP", "off", "5")] == ["suffix", "mtp", "off", 5]
+    for bad in ("mtp2", "0", "33"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "--spec", bad])
+
+
+# ---------------------------------------------------------------- the Python API
+@pytest.mark.parametrize("spec", ["mtp", "auto", 3])
+@pytest.mark.parametrize("kw", [dict(max_tokens=40), dict(max_tokens=30, temperature=0.9, top_p=0.95, seed=7),
+                                dict(max_tokens=20, temperature=0.7, seed=3, stop=None)],
+                         ids=["greedy", "seeded-top-p", "seeded"])
+def test_llm_generate_with_drafts_equals_without(files, llm, spec, kw):
+    drafting = LLM(files["embedded"], backend="cpu", n_ctx=N_CTX, spec=spec)
+    assert (drafting.mtp is not None) == (spec in ("mtp", "auto"))
+    for prompt in ([5, 17, 200, 3, 99], list(range(60, 130)), [9, 8, 7, 9, 8, 7, 9, 8]):
+        assert drafting.generate(prompt, **kw) == llm.generate(prompt, **kw)
+
+
+def test_llm_spec_stop_strings_and_context_end(files, llm):
+    drafting = LLM(files["embedded"], backend="cpu", n_ctx=N_CTX, spec="mtp")
+    greedy = llm.generate([9, 8, 7, 6], max_tokens=12)
+    stop = llm.detokenize(greedy.token_ids[4:6])
+    assert drafting.generate([9, 8, 7, 6], max_tokens=12, stop=stop) == llm.generate([9, 8, 7, 6], max_tokens=12,
+                                                                                     stop=stop)
+    long = list(range(N_CTX - 3))                       # the context ends the generation
+    assert drafting.generate(long, max_tokens=10) == llm.generate(long, max_tokens=10)
+
+
+def test_llm_spec_mtp_without_a_block(files):
+    with pytest.raises(NoMtpBlock, match="needs an MTP block"):
+        LLM(files["plain"], backend="cpu", n_ctx=64, spec="mtp")
+    side = LLM(files["plain"], backend="cpu", n_ctx=64, spec="mtp", mtp=files["sidecar"])
+    assert side.mtp is not None
+    with pytest.raises(ValueError, match="spec must be"):
+        LLM(files["plain"], backend="cpu", n_ctx=64, spec="sometimes")
+
+
+# ---------------------------------------------------------------- the KV layer's bookkeeping, on the fake model
+class _FakeMtpLayer:
+    """Layer 1 of the fake model's KV (fake_engine.py), filled like the MTP block's: row i := the hash of
+    tokens[:i + 2], so it depends on the token after i."""
+
+    def __init__(self, kv):
+        self.H1, self.P = kv.k_pages.view(np.uint64)[1, :, :, 0, 0], kv.page_size
+
+    def fill(self, plan):
+        at = 0
+        for seq, n in zip(plan.seqs, plan.n_tokens):
+            start, end = int(plan.batch.positions[at]), min(seq.n_computed, len(seq.tokens) - 1)
+            for i in range(start, end):
+                self.H1[seq.pages[i // self.P], i % self.P] = _chain(seq.tokens[:i + 2])
+            at += n
+
+    def wrong_rows(self, seq) -> list[int]:
+        return [i for i in range(seq.n_computed)
+                if self.H1[seq.pages[i // self.P], i % self.P] != _chain(seq.tokens[:i + 2])]
+
+
+class _FakeOracle:
+    """The fake model's true continuation, corrupted from a random depth on in half the steps."""
+
+    def __init__(self, seed):
+        self.rng = random.Random(seed)
+
+    def drafts(self, seqs, limits):
+        from fake_engine import VOCAB, reference_generation
+        out = {}
+        for seq in seqs:
+            k = min(self.rng.randint(0, 6), limits.get(seq, 0))
+            if k:
+                true = reference_generation(seq.tokens, k)
+                good = k if self.rng.random() < 0.5 else self.rng.randint(0, k - 1)
+                out[seq] = true[:good] + [(t + 1) % VOCAB for t in true[good:]]
+        return out
+
+    def observe(self, seq, n_drafted, n_accepted):
+        pass
+
+
+def _chain(tokens):
+    from fake_engine import chain
+    return np.uint64(chain(tokens))
+
+
+from hypothesis import given, settings, strategies as st   # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10 ** 6), page_size=st.sampled_from([2, 4, 16]), n_pages=st.sampled_from([12, 24, 200]))
+def test_mtp_layer_rows_follow_their_tokens_through_trie_parking_and_drafts(seed, page_size, n_pages):
+    """With the fake model (a hash chain in layer 0) and a fake MTP layer (layer 1), requests sharing prefixes,
+    right and wrong drafts, a small cache (parking, restoring, copy-on-write) and a TieredKV that re-reads
+    the last cached token: every running sequence's rows [0, n_computed) hold its own tokens' values, except
+    possibly the last row of a page it shares through the trie (docs/speculative.md, "Known
+    approximation"); output equals the fake model's, pages stay owned."""
+    from fake_engine import VOCAB, FakeBackend, FakeRunner, reference_generation
+    from strata_lite.host_pool import ArrayKVCopier, HostPool
+    from strata_lite.kv_cache import KVCache
+    kv = KVCache(FakeBackend(), n_layers=2, n_kv_heads=1, head_dim=8, n_pages=n_pages, page_size=page_size)
+    host = HostPool.like(kv, max_bytes=64 * HostPool.like(kv, 0).page_bytes)
+    layer = _FakeMtpLayer(kv)
+    sched = Scheduler(kv, host, ArrayKVCopier(kv, host), n_slots=3, step_tokens=8,
+                      drafter=_FakeOracle(seed), kv_filler=layer.fill)
+    runner = FakeRunner(kv)
+    rng = random.Random(seed)
+    shared = [rng.randrange(VOCAB) for _ in range(rng.randint(0, 9))]
+    reqs = [Request(f"r{i}", tuple(shared + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 7))]),
+                    max_tokens=rng.randint(1, 20)) for i in range(4)]
+    seqs = [sched.add(r) for r in reqs]
+    bad = []
+    while sched.has_work:
+        plan = sched.plan_step()
+        assert plan is not None
+        sched.complete_step(plan, runner.forward(plan))
+        assert sched.tiers.audit(sched.running) == []
+        for seq in sched.running:
+            shared_end = seq.node.end if seq.node is not None else 0
+            for i in layer.wrong_rows(seq):
+                assert (i + 1) % page_size == 0 and i < shared_end, (seq, i)
+                bad.append(i)
+        if len(reqs) < 7 and rng.random() < 0.2:       # a later turn of a finished conversation
+            done = [s for s in seqs if s.finish_reason and len(s.tokens) + 2 < sched.max_seq_len]
+            if done:
+                base = rng.choice(done)
+                r = Request(f"r{len(reqs)}", tuple(base.tokens + [rng.randrange(VOCAB)]), max_tokens=5)
+                reqs.append(r)
+                seqs.append(sched.add(r))
+    for r, seq in zip(reqs, seqs):
+        n = min(r.max_tokens, sched.max_seq_len - len(r.prompt_ids))
+        assert seq.generated == reference_generation(list(r.prompt_ids), n)
