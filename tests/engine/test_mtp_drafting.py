@@ -27,6 +27,7 @@ from strata_lite.spec import SpecController
 from strata_lite.spec.mtp_drafter import NoMtpBlock, mtp_weights
 from strata_lite.spec.suffix_index import Draft
 from reference_model import reference_mtp_logits
+from spec_engines import start_engine
 from tiny_model import write_tiny_model
 
 N_CTX = 256
@@ -262,14 +263,8 @@ def test_disk_tier_carries_the_mtp_layer(files, llm, tmp_path):
 
 
 # ---------------------------------------------------------------- the engine: same output as --spec off
-def _engine(path, spec, **kw):
-    cfg = dict(model=path, backend="cpu", n_ctx=N_CTX, parallel=3, step_tokens=16, page_size=16,
-               host_kv_gib=0.01, max_queue=64, spec=spec)
-    cfg.update(kw)
-    eng = Engine(EngineConfig(**cfg))
-    eng.start()
-    assert eng.wait_ready(120)
-    return eng
+def _engine(model_path, spec, **kw):
+    return start_engine(model_path, spec, N_CTX, **kw)
 
 
 def _run_all(eng, prompts, tag, max_tokens=24):

@@ -11,11 +11,10 @@ import pytest
 from prometheus_client import generate_latest
 
 from strata_lite import LLM, SamplingParams
-from strata_lite.config import EngineConfig
-from strata_lite.engine import Engine
 from strata_lite.engine_events import DoneEvent, TokenEvent
 from strata_lite.sequence import Request
 from strata_lite.spec.suffix_index import Draft
+from spec_engines import start_engine
 from tiny_model import write_tiny_model
 
 N_CTX = 256
@@ -33,13 +32,7 @@ def llm(model_path):
 
 
 def _engine(model_path, spec, **kw):
-    cfg = dict(model=model_path, backend="cpu", n_ctx=N_CTX, parallel=3, step_tokens=16, page_size=16,
-               host_kv_gib=0.01, max_queue=64, spec=spec)
-    cfg.update(kw)
-    eng = Engine(EngineConfig(**cfg))
-    eng.start()
-    assert eng.wait_ready(60)
-    return eng
+    return start_engine(model_path, spec, N_CTX, **kw)
 
 
 class OracleDrafter:
