@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGUFValueType as VT, GGUFWriter
+from gguf import GGMLQuantizationType as QType, GGUFValueType as VT, GGUFWriter
+from gguf.quants import quantize
 
 from strata_lite.kernels.qtypes import UnsupportedQuantType, row_nbytes
 
@@ -96,24 +97,55 @@ def write_mtp_file(model: GGUFFile, cfg: ModelConfig, path: str) -> None:
     """Copy the MTP block of a model file (cfg.n_mtp_layers == 1) into a sidecar file at path."""
     if cfg.n_mtp_layers != 1:
         raise GGUFError(model.path, f"no MTP block: '{cfg.arch}.nextn_predict_layers' is {cfg.n_mtp_layers}")
-    arch, prefix = cfg.arch, f"blk.{cfg.n_layers}."
-    names = [n for n in model.tensors if n.startswith(prefix)]
+    prefix = f"blk.{cfg.n_layers}."
+    tensors = []
+    for name in (n for n in model.tensors if n.startswith(prefix)):
+        info = model.tensors[name]
+        data = model.array(name) if len(info.shape) == 1 else np.asarray(model.rows(name))
+        tensors.append((name, data, info.qtype if len(info.shape) > 1 else None))
+    _write_sidecar(model, cfg, cfg.n_layers, path, tensors)
+
+
+def write_mtp_arrays(model: GGUFFile, cfg: ModelConfig, path: str, arrays: dict, qtype: QType) -> None:
+    """Write a sidecar for the model of cfg (blk.N, N = cfg.n_layers) from float arrays by name
+    (eh_proj (n_embd, 2 n_embd), enorm, hnorm, and a block's attn_norm, attn_q, ... as LayerWeights
+    names): matrices quantized to qtype (F16 or Q8_0, with gguf.quants), vectors kept as F32."""
+    if qtype not in (QType.F16, QType.Q8_0):
+        raise ValueError(f"MTP sidecar type must be F16 or Q8_0, not {qtype.name}")
+    i, tensors = cfg.n_layers, []
+    for key, a in arrays.items():
+        name = (f"blk.{i}.nextn.{key}.weight" if key in ("eh_proj", "enorm", "hnorm") else
+                f"blk.{i}.{key[:-5]}.bias" if key.endswith("_bias") else f"blk.{i}.{key}.weight")
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if a.ndim == 1:
+            tensors.append((name, a, None))
+        elif qtype == QType.F16:
+            tensors.append((name, a.astype(np.float16), None))
+        else:
+            tensors.append((name, quantize(a, qtype), qtype))
+    _write_sidecar(model, cfg, i, path, tensors)
+
+
+def _write_sidecar(model: GGUFFile, cfg: ModelConfig, n_main: int, path: str, tensors) -> None:
+    """The model's architecture fields, block_count = n_main + 1, nextn_predict_layers = 1, vocab_size,
+    and tensors [(name, data, raw qtype or None)], written whole."""
+    arch = cfg.arch
+    skip = (f"{arch}.block_count", f"{arch}.vocab_size", f"{arch}.nextn_predict_layers")
     with written_whole(path) as tmp:
         w = GGUFWriter(tmp, arch)
         w.add_name(f"{cfg.name} MTP block")
         for key, value in model.metadata.items():
-            if key.startswith(arch + ".") and key not in (f"{arch}.block_count", f"{arch}.vocab_size"):
+            if key.startswith(arch + ".") and key not in skip:
                 vtype, etype = model.field_types[key]
                 if vtype == VT.ARRAY:
                     w.add_key_value(key, list(value), VT.ARRAY, sub_type=VT(etype))
                 else:
                     w.add_key_value(key, value, VT(vtype))
-        w.add_block_count(cfg.n_layers + 1)
+        w.add_block_count(n_main + 1)
+        w.add_uint32(f"{arch}.nextn_predict_layers", 1)
         w.add_vocab_size(cfg.n_vocab)
-        for name in names:
-            info = model.tensors[name]
-            data = model.array(name) if len(info.shape) == 1 else np.asarray(model.rows(name))
-            w.add_tensor(name, data, raw_dtype=info.qtype if len(info.shape) > 1 else None)
+        for name, data, raw_dtype in tensors:
+            w.add_tensor(name, data, raw_dtype=raw_dtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()

@@ -1,4 +1,4 @@
-"""`strata-lite` command line: generate, perplexity, quantize, imatrix, kld, synth, info (serve, fleet)."""
+"""`strata-lite` command line: generate, perplexity, quantize, imatrix, kld, synth, train-mtp, info (serve, fleet)."""
 from __future__ import annotations
 
 import argparse
@@ -125,6 +125,29 @@ def cmd_synth(args) -> int:
     return 0
 
 
+def cmd_train_mtp(args) -> int:
+    import os
+    from .mtp_train import train_mtp
+    from .mtp_train_fit import FitOptions
+    for f in args.text or ():
+        if not os.path.isfile(f) or not os.access(f, os.R_OK):
+            raise ValueError(f"{f}: not a readable file")
+    if args.steps < 1 or args.batch < 1 or args.topk < 1 or args.lr <= 0:
+        raise ValueError("--steps, --batch and --topk must be >= 1 and --lr > 0")
+    from .api import LLM
+    t0 = time.perf_counter()
+    llm = LLM(args.model, backend=args.backend, n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads)
+    print(f"loaded {llm.model_path} ({llm.config.arch}) on {llm.backend.describe()} in "
+          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    opts = FitOptions(steps=args.steps, seed=args.seed, lr=args.lr, batch=args.batch, topk=args.topk,
+                      warmup=min(20, max(1, args.steps // 10)))
+    rep = train_mtp(llm, args.output, args.text, opts, ctx=args.ctx, train_tokens=args.train_tokens,
+                    eval_tokens=args.eval_tokens, out_type=args.type, checkpoint_dir=args.checkpoint,
+                    checkpoint_every=args.checkpoint_every)
+    print(rep.summary())
+    return 0
+
+
 def cmd_info(args) -> int:
     from .info import report
     print("\n".join(report()))
@@ -188,6 +211,24 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--blocks", type=int, default=None, help="number of blocks (default: the preset's)")
     sy.add_argument("--out", "-o", required=True, help="output GGUF file")
     sy.set_defaults(func=cmd_synth)
+    tm = sub.add_parser("train-mtp", help="train an MTP block for a model by self-distillation (docs/mtp_training.md)")
+    _model_args(tm)
+    tm.add_argument("--text", nargs="+", default=None,
+                    help="training text files (UTF-8; every tenth is held out); default: the Python stdlib sources")
+    tm.add_argument("--output", "-o", required=True, help="output sidecar GGUF (loader/mtp.py layout)")
+    tm.add_argument("--steps", type=int, default=300)
+    tm.add_argument("--seed", type=int, default=0)
+    tm.add_argument("--lr", type=float, default=3e-4, help="peak Adam learning rate (warm-up, cosine decay)")
+    tm.add_argument("--batch", type=int, default=2, help="windows of --ctx tokens per step")
+    tm.add_argument("--ctx", type=int, default=256, help="window length in tokens")
+    tm.add_argument("--topk", type=int, default=1,
+                    help="1: cross-entropy on the model's greedy token; k > 1: KL to its top-k distribution")
+    tm.add_argument("--train-tokens", type=int, default=65536, help="tokens of text the model is run over")
+    tm.add_argument("--eval-tokens", type=int, default=8192, help="held-out tokens for the agreement figure")
+    tm.add_argument("--type", default="Q8_0", choices=("Q8_0", "F16"), help="matrix type of the output")
+    tm.add_argument("--checkpoint", default=None, help="directory: resume from / save checkpoints there")
+    tm.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints")
+    tm.set_defaults(func=cmd_train_mtp)
     sub.add_parser("info", help="versions, CPU extensions and kernels, GPU, model cache").set_defaults(func=cmd_info)
     from .server.cli_serve import add_serve_parser   # the CLI sits above the server (layering exemption)
     from .server.fleet import add_fleet_parser

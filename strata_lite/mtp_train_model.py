@@ -1,0 +1,161 @@
+"""The MTP block (models/mtp.py's forward) as float numpy arrays: parameters, forward, loss, backward.
+
+    e = enorm(embed(t[i+1])),  hh = hnorm(h[i]),  x = E @ e + H @ hh,  x = block(x)
+    logits = head(head_norm(x))                        -> the token at i + 2
+Trainable (MtpParams, by the GGUF names of loader/mtp.py): eh_embed (E), eh_hidden (H), enorm, hnorm and
+the block's arrays. Frozen (FrozenHead): the embedding, the shared head norm (the model's output_norm)
+and the output matrix. The loss is the cross-entropy against soft targets over k token ids per row
+(k = 1, probability 1: the model's own greedy token; k > 1: its renormalized top-k distribution, i.e.
+the KL to it up to a constant), computed in row chunks so that only (chunk, n_vocab) logits live at once.
+Everything is generic over the dtype of the parameters (float32 to train, float64 for the gradient check).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .kernels.cpu.dequant import dequantize
+from .mtp_train_math import block_bwd, block_fwd, rmsnorm_bwd, rmsnorm_fwd, rope_tables
+
+BLOCK_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+BLOCK_VECTORS = ("attn_norm", "ffn_norm", "attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_q_norm",
+                 "attn_k_norm")
+HEAD_CHUNK_ROWS = 64     # rows of logits computed at once: (64, 151936) float32 = 39 MB for Qwen2.5
+
+
+def dequant(w) -> np.ndarray:
+    """QuantTensor -> float32 (n_out, n_in)."""
+    return dequantize(w.qtype, np.ascontiguousarray(np.asarray(w.raw)), w.n_in)
+
+
+def params_from_block(block, eh_embed, eh_hidden, enorm, hnorm) -> dict:
+    """MtpParams (dict name -> float32 array) from a LayerWeights (its quantized matrices dequantized)
+    and the eh_proj halves and input norms as float arrays."""
+    p = {"eh_embed": np.array(eh_embed, np.float32), "eh_hidden": np.array(eh_hidden, np.float32),
+         "enorm": np.array(enorm, np.float32), "hnorm": np.array(hnorm, np.float32)}   # copies: updated in place
+    for name in BLOCK_MATRICES:
+        p[name] = dequant(getattr(block, name))
+    for name in BLOCK_VECTORS:
+        v = getattr(block, name)
+        if v is not None:
+            p[name] = np.array(v, np.float32)
+    return p
+
+
+def params_from_mtp(mtp) -> dict:
+    """MtpParams of an existing MTP block (loader.mtp.MtpWeights)."""
+    return params_from_block(mtp.block, dequant(mtp.eh_proj_embed), dequant(mtp.eh_proj_hidden), mtp.enorm, mtp.hnorm)
+
+
+def init_params(cfg, weights, hidden_rms: float) -> dict:
+    """The starting point of training: the model's last decoder block, eh_proj = [0 | I] (the hidden state
+    passes through, the embedding enters only once E has learned to use it), enorm = hnorm = hidden_rms
+    (the typical RMS of the last hidden states: x starts at the scale the copied block was trained on,
+    and E sees inputs of that scale too, so Adam moves E and H at comparable relative rates)."""
+    n = cfg.n_embd
+    s = np.full(n, hidden_rms, np.float32)
+    return params_from_block(weights.layers[-1], np.zeros((n, n), np.float32), np.eye(n, dtype=np.float32), s, s)
+
+
+@dataclass
+class FrozenHead:
+    """The frozen parts, as float arrays of the training dtype."""
+    embed: object            # QuantTensor (rows dequantized on demand) or a float (n_vocab, n_embd) array
+    head_norm: np.ndarray    # (n_embd,)
+    head: np.ndarray         # (n_vocab, n_embd)
+
+    @classmethod
+    def from_model(cls, weights, dtype=np.float32, mtp=None) -> "FrozenHead":
+        """The model's embedding, output_norm and output; mtp (MtpWeights): its own ones where it has them."""
+        out = weights.output if mtp is None or mtp.head is None else mtp.head
+        emb = weights.token_embd if mtp is None or mtp.embed_tokens is None else mtp.embed_tokens
+        norm = weights.output_norm if mtp is None or mtp.head_norm is None else mtp.head_norm
+        head = dequant(out).astype(dtype, copy=False)
+        return cls(head if out is emb else emb, norm.astype(dtype), head)
+
+    def embed_rows(self, ids: np.ndarray, dtype) -> np.ndarray:
+        ids = np.asarray(ids).reshape(-1)
+        if isinstance(self.embed, np.ndarray):
+            return self.embed[ids].astype(dtype, copy=False)
+        return dequantize(self.embed.qtype, np.ascontiguousarray(np.asarray(self.embed.raw)[ids]),
+                          self.embed.n_in).astype(dtype, copy=False)
+
+
+def trunk_fwd(cfg, p, frozen, hidden, next_ids):
+    """hidden (B, T, n_embd), next_ids (B, T) -> (block output x (B, T, n_embd), cache)."""
+    B, T, n = hidden.shape
+    dt = p["eh_hidden"].dtype
+    e = frozen.embed_rows(next_ids, dt).reshape(B, T, n)
+    en, c_e = rmsnorm_fwd(e, p["enorm"], cfg.rms_eps)
+    hn, c_h = rmsnorm_fwd(hidden.astype(dt, copy=False), p["hnorm"], cfg.rms_eps)
+    x0 = en @ p["eh_embed"].T + hn @ p["eh_hidden"].T
+    cs = rope_tables(T, cfg.rope_freq_base, cfg.n_rot, dt)
+    x, c_blk = block_fwd(cfg, p, x0, cs)
+    return x, (en, c_e, hn, c_h, c_blk, cs)
+
+
+def trunk_bwd(cfg, p, dx, cache) -> dict:
+    en, c_e, hn, c_h, c_blk, cs = cache
+    dx0, g = block_bwd(cfg, p, dx, c_blk, cs)
+    d2 = dx0.reshape(-1, dx0.shape[-1])
+    g["eh_embed"] = d2.T @ en.reshape(d2.shape)
+    g["eh_hidden"] = d2.T @ hn.reshape(d2.shape)
+    g["enorm"] = rmsnorm_bwd(dx0 @ p["eh_embed"], c_e)[1]
+    g["hnorm"] = rmsnorm_bwd(dx0 @ p["eh_hidden"], c_h)[1]
+    return g
+
+
+def head_loss(cfg, frozen, x, tgt_ids, tgt_p, want_grad=True):
+    """x (N, n_embd); tgt_ids, tgt_p (N, k) -> (mean loss, dx (N, n_embd) or None, top-1 hits vs tgt_ids[:, 0])."""
+    N = x.shape[0]
+    xn, c_n = rmsnorm_fwd(x, frozen.head_norm.astype(x.dtype, copy=False), cfg.rms_eps)
+    W = frozen.head if frozen.head.dtype == x.dtype else frozen.head.astype(x.dtype)
+    dxn = np.empty_like(xn) if want_grad else None
+    loss, hits = 0.0, 0
+    for lo in range(0, N, HEAD_CHUNK_ROWS):
+        hi = min(lo + HEAD_CHUNK_ROWS, N)
+        z = xn[lo:hi] @ W.T                                       # (c, n_vocab)
+        hits += int((z.argmax(-1) == tgt_ids[lo:hi, 0]).sum())
+        z -= z.max(-1, keepdims=True)
+        rows, ids = np.arange(hi - lo)[:, None], tgt_ids[lo:hi]
+        zt = z[rows, ids]                                         # (c, k) shifted target logits
+        np.exp(z, out=z)
+        s = z.sum(-1, keepdims=True)
+        q = tgt_p[lo:hi].astype(x.dtype)
+        loss += float(-(q * (zt - np.log(s))).sum())
+        if want_grad:
+            z /= s                                               # softmax; d loss / d z = softmax * sum(q) - q
+            z *= q.sum(-1, keepdims=True)
+            z[rows, ids] -= q                                     # a row's k ids are distinct
+            dxn[lo:hi] = (z @ W) / N
+    dx = rmsnorm_bwd(dxn, c_n)[0] if want_grad else None
+    return loss / N, dx, hits
+
+
+def loss_and_grads(cfg, p, frozen, batch):
+    """batch: (hidden (B, T, n_embd), next_ids (B, T), tgt_ids (B, T, k), tgt_p (B, T, k))
+    -> (mean loss, {name: gradient}, top-1 hits)."""
+    hidden, next_ids, tgt_ids, tgt_p = batch
+    x, cache = trunk_fwd(cfg, p, frozen, hidden, next_ids)
+    k = tgt_ids.shape[-1]
+    loss, dx, hits = head_loss(cfg, frozen, x.reshape(-1, x.shape[-1]), tgt_ids.reshape(-1, k),
+                               tgt_p.reshape(-1, k))
+    return loss, trunk_bwd(cfg, p, dx.reshape(x.shape), cache), hits
+
+
+def evaluate(cfg, p, frozen, batch):
+    """-> (mean loss, top-1 hits, rows): the head's argmax against the model's greedy token i + 2."""
+    hidden, next_ids, tgt_ids, tgt_p = batch
+    x, _ = trunk_fwd(cfg, p, frozen, hidden, next_ids)
+    k = tgt_ids.shape[-1]
+    loss, _, hits = head_loss(cfg, frozen, x.reshape(-1, x.shape[-1]), tgt_ids.reshape(-1, k),
+                              tgt_p.reshape(-1, k), want_grad=False)
+    return loss, hits, tgt_ids.shape[0] * tgt_ids.shape[1]
+
+
+def logits(cfg, p, frozen, hidden, next_ids):
+    """(B, T, n_vocab) logits of the token at i + 2 (small inputs: tests)."""
+    x, _ = trunk_fwd(cfg, p, frozen, hidden, next_ids)
+    xn, _ = rmsnorm_fwd(x, frozen.head_norm.astype(x.dtype), cfg.rms_eps)
+    return xn @ frozen.head.astype(x.dtype).T
