@@ -13,8 +13,9 @@ Scenarios: each turn alone (1 slot); two turns at once (2 slots: tool+edit, quot
 while another request reads a --long-read-tokens prompt (acceptance and tok/s during the read, against
 the edit turn alone in the same mode).
 
-usage: python perf/bench_spec.py [--spec auto] [--threads 2] [--max-tokens 128] [--long-read-tokens 3000]
-           [--model M] [--json out.json]
+usage: python perf/bench_spec.py [--spec auto|mtp|N] [--mtp SIDECAR] [--threads 2] [--max-tokens 128]
+           [--long-read-tokens 3000] [--model M] [--json out.json]
+(--spec mtp drafts with an MTP block: the model's own or a sidecar from `strata-lite train-mtp`.)
 """
 from __future__ import annotations
 
@@ -141,7 +142,8 @@ class DraftLog:
 
 def run_mode(args, spec) -> dict:
     eng = Engine(EngineConfig(model=args.model, backend="cpu", n_ctx=8192, parallel=2, step_tokens=256,
-                              threads=args.threads, spec=spec, host_kv_gib=1.0))
+                              threads=args.threads, spec=spec, host_kv_gib=1.0,
+                              mtp=args.mtp if spec in ("mtp", "auto") else None))
     eng.start()
     eng.wait_ready(600)
     log = DraftLog(eng)
@@ -187,7 +189,8 @@ def run_mode(args, spec) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None)
-    ap.add_argument("--spec", default="auto", help="the drafting mode to compare with off (auto or N)")
+    ap.add_argument("--spec", default="auto", help="the drafting mode to compare with off (auto, mtp or N)")
+    ap.add_argument("--mtp", default=None, help="sidecar GGUF with an MTP block (strata-lite train-mtp)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--long-read-tokens", type=int, default=3000)
