@@ -1,4 +1,5 @@
-"""Launchers of elementwise.cu: rmsnorm, rope, silu_mul, add, take_rows, copy_cols (CUDA, CuPy).
+"""Launchers of elementwise.cu: rmsnorm (alone or with the activation rounding), rope (one tensor or q and k),
+silu_mul, add, take_rows, copy_cols (CUDA, CuPy).
 
 Every array is a device (cupy) float32 C-contiguous array unless said otherwise; outputs are caller-
 allocated; sizes and scalars are host Python numbers. Shapes/dtypes are checked here once (ValueError);
@@ -10,9 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .qmatmul import XBLOCK
 from .runtime import cdiv, cupy, launch
 
-__all__ = ["rmsnorm", "rope", "silu_mul", "add", "take_rows", "copy_cols"]
+__all__ = ["rmsnorm", "rmsnorm_round", "can_round", "rope", "rope_qk", "silu_mul", "add", "take_rows", "copy_cols"]
 
 CU = "elementwise.cu"
 BLOCK = 256            # threads per CTA of the flat kernels, and the most per row of the row kernels
@@ -64,7 +66,6 @@ def rmsnorm(x, weight, eps: float, out) -> None:
         launch(CU, "rmsnorm_f32", (n,), (_row_block(d),), (x, weight, np.float64(eps), out, np.int32(d)))
 
 
-ROUND_BLOCK = {"q8_0": 32, "q8_k": 256}   # activations per scale of each rounding format (qmatmul.XBLOCK)
 ROUND_MAX_SHARED = 48 * 1024              # the fused kernel keeps a row in shared memory (no opt-in above)
 
 
@@ -72,7 +73,7 @@ def can_round(x, weight, out, fmt: str) -> bool:
     """Whether rmsnorm_round takes these arrays: 2-D rows of 16-byte aligned float4s that fit in shared
     memory and split into whole blocks of the format."""
     d = x.shape[-1]
-    return (x.ndim == 2 and fmt in ROUND_BLOCK and d % ROUND_BLOCK[fmt] == 0 and 4 * d <= ROUND_MAX_SHARED
+    return (x.ndim == 2 and fmt in XBLOCK and d % XBLOCK[fmt] == 0 and 4 * d <= ROUND_MAX_SHARED
             and _vec4(d, x, weight, out))
 
 
@@ -86,7 +87,7 @@ def rmsnorm_round(x, weight, eps: float, out, fmt: str, xq, xd) -> None:
     if not can_round(x, weight, out, fmt) or out.shape != x.shape or weight.shape[0] != x.shape[1]:
         raise ValueError(f"rmsnorm_round({fmt}) cannot take x {x.shape}, weight {weight.shape}, out {out.shape}")
     n, d = x.shape
-    if xq.shape != (n, d) or xd.shape != (n, d // ROUND_BLOCK[fmt]):
+    if xq.shape != (n, d) or xd.shape != (n, d // XBLOCK[fmt]):
         raise ValueError(f"xq {xq.shape} / xd {xd.shape} do not fit x {x.shape} in {fmt}")
     if n == 0:
         return
@@ -94,13 +95,9 @@ def rmsnorm_round(x, weight, eps: float, out, fmt: str, xq, xd) -> None:
            shared_mem=4 * d)
 
 
-def rope(x, positions, freq_base: float, n_rot: int, neox: bool, channel_scale=None) -> None:
-    """Rotary embedding in place on x (n_tok, n_heads, head_dim) at positions (n_tok,) int32 (device).
-
-    theta_i = pos * freq_base**(-2i/n_rot), i < n_rot/2, and cos/sin in double (as the CPU kernel), rounded
-    to float; neox pairs (i, i + n_rot/2), else (2i, 2i+1); dims >= n_rot are not rotated. channel_scale
-    (n_heads, head_dim) float32 or None: then every channel is multiplied by its factor afterwards."""
-    _req(x, "x", ndim=3)
+def _rope_shape(x, name: str, positions, n_rot, channel_scale) -> tuple[int, int, int, int]:
+    """Checks of a rope launch on x (n_tok, n_heads, head_dim) -> (n_tok, n_heads, head_dim, n_rot)."""
+    _req(x, name, ndim=3)
     _req(positions, "positions", np.int32, ndim=1)
     n_tok, n_heads, hd = x.shape
     if positions.shape[0] != n_tok:
@@ -109,9 +106,19 @@ def rope(x, positions, freq_base: float, n_rot: int, neox: bool, channel_scale=N
     if n_rot <= 0 or n_rot % 2 or n_rot > hd or n_rot > ROPE_MAX_ROT:
         raise ValueError(f"n_rot={n_rot} must be even and in (0, min(head_dim={hd}, {ROPE_MAX_ROT})]")
     if channel_scale is not None:
-        _req(channel_scale, "channel_scale", ndim=2)
+        _req(channel_scale, f"{name} channel_scale", ndim=2)
         if channel_scale.shape != (n_heads, hd):
-            raise ValueError(f"channel_scale {channel_scale.shape} must be (n_heads, head_dim) = {(n_heads, hd)}")
+            raise ValueError(f"{name} channel_scale {channel_scale.shape} must be (n_heads, head_dim) = {(n_heads, hd)}")
+    return n_tok, n_heads, hd, n_rot
+
+
+def rope(x, positions, freq_base: float, n_rot: int, neox: bool, channel_scale=None) -> None:
+    """Rotary embedding in place on x (n_tok, n_heads, head_dim) at positions (n_tok,) int32 (device).
+
+    theta_i = pos * freq_base**(-2i/n_rot), i < n_rot/2, and cos/sin in double (as the CPU kernel), rounded
+    to float; neox pairs (i, i + n_rot/2), else (2i, 2i+1); dims >= n_rot are not rotated. channel_scale
+    (n_heads, head_dim) float32 or None: then every channel is multiplied by its factor afterwards."""
+    n_tok, n_heads, hd, n_rot = _rope_shape(x, "x", positions, n_rot, channel_scale)
     if n_tok == 0:
         return
     block = _row_block(n_heads * (n_rot // 2))
@@ -123,17 +130,10 @@ def rope(x, positions, freq_base: float, n_rot: int, neox: bool, channel_scale=N
 
 def rope_qk(q, k, positions, freq_base: float, n_rot: int, neox: bool, q_scale=None, k_scale=None) -> None:
     """rope(q, ..., q_scale) and rope(k, ..., k_scale) of the same tokens in one launch (the same bits)."""
-    for x, scale, name in ((q, q_scale, "q"), (k, k_scale, "k")):
-        _req(x, name, ndim=3)
-        if scale is not None and (scale.shape != x.shape[1:] or scale.dtype != np.float32):
-            raise ValueError(f"{name} channel scale {scale.shape} must be {x.shape[1:]} float32")
-    _req(positions, "positions", np.int32, ndim=1)
-    n_tok, n_q, hd = q.shape
-    if k.shape[0] != n_tok or k.shape[2] != hd or positions.shape[0] != n_tok:
-        raise ValueError(f"q {q.shape}, k {k.shape} and positions {positions.shape} must share tokens and head_dim")
-    n_rot = int(n_rot)
-    if n_rot <= 0 or n_rot % 2 or n_rot > hd or n_rot > ROPE_MAX_ROT:
-        raise ValueError(f"n_rot={n_rot} must be even and in (0, min(head_dim={hd}, {ROPE_MAX_ROT})]")
+    n_tok, n_q, hd, n_rot = _rope_shape(q, "q", positions, n_rot, q_scale)
+    _rope_shape(k, "k", positions, n_rot, k_scale)
+    if k.shape[2] != hd:
+        raise ValueError(f"q {q.shape} and k {k.shape} must share head_dim")
     if n_tok == 0:
         return
     block = _row_block(max(n_q, k.shape[1]) * (n_rot // 2))

@@ -27,8 +27,12 @@ MMA_WARPS = 4               # warps per CTA of the tensor-core kernel (MMA_WARPS
 MMA_MIN_CTAS = 192          # the tensor-core kernel is chosen from this many CTAs on (see tensor_core_tiles)
 MMA_MIN_TOKENS = 64         # and this many tokens (decode steps and draft checks stay on dp4a)
 MMA_SHORT_ROWS = 1024       # rows of at most this many weights take 1 token tile per warp, longer ones 2
+DP4A_PROMPT_TYPES = frozenset({QType.Q8_0})   # dp4a faster at 512 tokens too: 28.9 vs 19.6 TFLOP/s (4096x14336)
 WARPS_PER_CTA = 8           # warps per CTA of the dp4a mat-mul (8 measured a little faster than 4 on an H200)
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>...); a launch takes the smallest >= n
+ACT_WARPS = 8               # quantization blocks (warps) per CTA
+DQ_THREADS = 128            # units per CTA of dequant_rows
+MAX_GRID_Y = 65535
 # The dp4a kernel's work split per token tile: (rows per warp RW, units in flight per lane G); kernels
 # mm_<type>_t<tile>_r<RW>_g<G> (GLU kernels mmglu_<type>_t<tile>_g1, two rows per warp). From
 # perf/bench_gpu.py --explore on an H200 (2026-12-02, kernel_notes.md): at 1 token two rows per warp
@@ -42,22 +46,18 @@ DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
 BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",)}
 EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2)]
-
-
-def dp4a_variant(qtype, tile: int) -> tuple[int, int, int]:
-    """(tile, RW, G) of the dp4a kernel for a launch whose token tile is `tile`."""
-    rw, g = DP4A_TILE1.get(QType(int(qtype)), DP4A_VARIANTS[1]) if tile == 1 else DP4A_VARIANTS[tile]
-    return tile, rw, g
-ACT_WARPS = 8               # quantization blocks (warps) per CTA
-DQ_THREADS = 128            # units per CTA of dequant_rows
-MAX_GRID_Y = 65535
-
 _KNAME = {QType.Q8_0: "q8_0", QType.Q4_0: "q4_0", QType.Q5_0: "q5_0", QType.IQ4_NL: "iq4_nl",
           QType.Q4_K: "q4_k", QType.Q5_K: "q5_k", QType.Q6_K: "q6_k", QType.IQ3_XXS: "iq3_xxs",
           QType.F32: "f32", QType.F16: "f16", QType.BF16: "bf16"}
 _FLOAT = frozenset({QType.F32, QType.F16, QType.BF16})
 _UNIT = {QType.Q4_K: 64, QType.Q5_K: 64, QType.F32: 8, QType.F16: 8, QType.BF16: 8}   # weights per kernel unit; else 32
 XBLOCK = {"q8_0": 32, "q8_k": 256}   # activations per scale
+
+
+def dp4a_variant(qtype, tile: int) -> tuple[int, int, int]:
+    """(tile, RW, G) of the dp4a kernel for a launch whose token tile is `tile`."""
+    rw, g = DP4A_TILE1.get(QType(int(qtype)), DP4A_VARIANTS[1]) if tile == 1 else DP4A_VARIANTS[tile]
+    return tile, rw, g
 
 
 @dataclass(frozen=True, eq=False)
@@ -171,9 +171,6 @@ def _check_weight(w: DeviceWeight) -> int:
 
 def _tiles_per_warp(n_in: int) -> int:
     return 1 if n_in <= MMA_SHORT_ROWS else 2
-
-
-DP4A_PROMPT_TYPES = frozenset({QType.Q8_0})   # dp4a faster at 512 tokens too: 28.9 vs 19.6 TFLOP/s (4096x14336)
 
 
 def tensor_core_tiles(n_out: int, n_in: int, n_tok: int, qtype=None) -> int:
