@@ -18,7 +18,7 @@ from .runner import load_model
 from .sampling import InvalidRequest, SamplingParams, draw_uniform, needs_counts, sample_row
 from .spec.controller import SpecController, parse_spec
 from .spec.generate import drafted_tokens
-from .spec.mtp_drafter import MtpDrafter, NoMtpBlock, mtp_weights, no_block_message
+from .spec.mtp_drafter import MtpDrafter, block_for_spec
 from .text_stream import TextStream
 
 PAGE_SIZE = 64
@@ -48,9 +48,7 @@ class LLM:
         if self.n_ctx < 1 or self.n_batch < 1:
             raise ValueError("n_ctx and n_batch must be positive")
         cfg = self.config
-        mtp_w = mtp_weights(loaded.path, cfg, mtp) if self.spec in ("auto", "mtp") else None
-        if mtp_w is None and self.spec == "mtp":
-            raise NoMtpBlock(no_block_message(loaded.path, cfg))
+        mtp_w = block_for_spec(loaded.path, cfg, self.spec, mtp)
         self.kv = KVCache(self.backend, cfg.n_layers + (mtp_w is not None), cfg.n_kv_heads, cfg.head_dim,
                           n_pages=math.ceil(self.n_ctx / PAGE_SIZE), page_size=PAGE_SIZE)
         self._pages = list(range(self.kv.n_pages))   # the single sequence owns every page, in order
@@ -98,9 +96,7 @@ class LLM:
         batch.validate(self.kv.n_pages, self.kv.page_size, self.config.n_vocab)
         if self.mtp is None:
             return self.model.forward(batch, self.kv)
-        logits, hidden = self.model.forward(batch, self.kv, all_hidden=True)
-        self.mtp.take_hidden(hidden)
-        return logits
+        return self.mtp.target_forward(batch)
 
     def _last_logits(self, ids, start_pos: int):
         """Device logits (1, n_vocab) after the last of ids, run at start_pos.. in chunks of n_batch."""

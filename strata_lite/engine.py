@@ -40,7 +40,7 @@ from .perplexity import log_softmax
 from .runner import ModelRunner, RequestState, load_model
 from .scheduler import Scheduler
 from .spec import SpecController
-from .spec.mtp_drafter import NoMtpBlock, mtp_weights, no_block_message
+from .spec.mtp_drafter import block_for_spec
 from .sampling import InvalidRequest
 from .sequence import Request
 
@@ -317,9 +317,7 @@ class Engine(StepLoop):
             if cfg.mtp is not None:
                 log.warning("--mtp %s is not used: --spec %s does not draft with an MTP block", cfg.mtp, cfg.spec)
             return None
-        weights = mtp_weights(loaded.path, loaded.config, cfg.mtp)
-        if weights is None and cfg.spec == "mtp":
-            raise NoMtpBlock(no_block_message(loaded.path, loaded.config))
+        weights = block_for_spec(loaded.path, loaded.config, self._spec.mode, cfg.mtp)
         if weights is not None:
             log.info("drafting with the MTP block of %s (--spec %s)", cfg.mtp or loaded.path, cfg.spec)
         return weights

@@ -141,9 +141,7 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.accepts(batch):
             return self.graphs.run(batch)
         if self.mtp is not None:            # the drafter fills its KV layer from every row's hidden state
-            logits, hidden = self.model.forward(batch, self.kv, all_hidden=True)
-            self.mtp.take_hidden(hidden)
-            return logits
+            return self.mtp.target_forward(batch)
         return self.model.forward(batch, self.kv)
 
     def sample(self, logits, rows: SampleRows) -> Sampled:

@@ -47,6 +47,17 @@ def mtp_weights(model_path: str, config, mtp_file: str | None):
     return None
 
 
+def block_for_spec(model_path: str, config, spec, mtp_file: str | None):
+    """The MTP block a drafting mode uses: mtp_weights for spec "auto" or "mtp", None for the others;
+    NoMtpBlock for "mtp" without one."""
+    if spec not in ("auto", "mtp"):
+        return None
+    weights = mtp_weights(model_path, config, mtp_file)
+    if weights is None and spec == "mtp":
+        raise NoMtpBlock(no_block_message(model_path, config))
+    return weights
+
+
 def no_block_message(model_path: str, config) -> str:
     return (f"--spec mtp needs an MTP block: {model_path} has none ('{config.arch}.nextn_predict_layers' is "
             f"{config.n_mtp_layers}); give one with --mtp FILE (a sidecar GGUF), or use --spec auto|suffix")
@@ -74,7 +85,7 @@ class MtpDrafter:
         """model: the main Transformer; weights: loader.mtp.MtpWeights; kv: the engine's KVCache, whose
         layer `layer` (= the main model's n_layers) is the block's."""
         self.head = MtpHead(model, weights)
-        self.backend, self.kv, self.layer = model.backend, kv, layer
+        self.model, self.backend, self.kv, self.layer = model, model.backend, kv, layer
         self.n_vocab = model.cfg.n_vocab
         self.hidden = None       # the open step's last hidden state at every batch row (device (n, n_embd))
         self.first: dict = {}    # seq -> (position of its pending token, first draft token, its probability,
@@ -82,9 +93,11 @@ class MtpDrafter:
         self.grow = None         # (seq, n_tokens) -> how many fit in its pages: TieredKV.grow_free
 
     # filling the KV layer
-    def take_hidden(self, hidden) -> None:
-        """The step's hidden states (Transformer.forward(all_hidden=True)), for fill()."""
-        self.hidden = hidden
+    def target_forward(self, batch):
+        """The main model's forward of a validated batch -> logits; its hidden states at every row
+        (Transformer.forward(all_hidden=True): nothing more is computed) are kept for fill()."""
+        logits, self.hidden = self.model.forward(batch, self.kv, all_hidden=True)
+        return logits
 
     def fill(self, plan) -> None:
         """Scheduler hook (complete_step, after acceptance, before commit): the block's rows for every

@@ -27,6 +27,7 @@ from strata_lite.spec import SpecController
 from strata_lite.spec.mtp_drafter import NoMtpBlock, mtp_weights
 from strata_lite.spec.suffix_index import Draft
 from reference_model import reference_mtp_logits
+from fake_engine import VOCAB, FakeBackend, FakeRunner, chain, reference_generation
 from spec_engines import start_engine
 from tiny_model import write_tiny_model
 
@@ -464,7 +465,6 @@ class _FakeOracle:
         self.rng = random.Random(seed)
 
     def drafts(self, seqs, limits):
-        from fake_engine import VOCAB, reference_generation
         out = {}
         for seq in seqs:
             k = min(self.rng.randint(0, 6), limits.get(seq, 0))
@@ -479,7 +479,6 @@ class _FakeOracle:
 
 
 def _chain(tokens):
-    from fake_engine import chain
     return np.uint64(chain(tokens))
 
 
@@ -494,7 +493,6 @@ def test_mtp_layer_rows_follow_their_tokens_through_trie_parking_and_drafts(seed
     the last cached token: every running sequence's rows [0, n_computed) hold its own tokens' values, except
     possibly the last row of a page it shares through the trie (docs/speculative.md, "Known
     approximation"); output equals the fake model's, pages stay owned."""
-    from fake_engine import VOCAB, FakeBackend, FakeRunner, reference_generation
     from strata_lite.host_pool import ArrayKVCopier, HostPool
     from strata_lite.kv_cache import KVCache
     kv = KVCache(FakeBackend(), n_layers=2, n_kv_heads=1, head_dim=8, n_pages=n_pages, page_size=page_size)
