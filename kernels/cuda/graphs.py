@@ -17,32 +17,34 @@ from .runtime import cupy
 
 
 class _StaticBatch:
-    """The Batch shape the model reads, over static device buffers (bucket size b)."""
+    """The Batch shape the model reads, over static device buffers (bucket size b). token_ids, positions and
+    page_tables are views of one device int32 buffer, so a step's inputs cross in one host-to-device copy."""
 
     def __init__(self, cp, b: int, max_pages: int, max_keys: int, scratch_page: int):
-        self.token_ids = cp.zeros(b, cp.int32)
-        self.positions = cp.zeros(b, cp.int32)
+        self._host = np.zeros(2 * b + b * max_pages, np.int32)       # ids | positions | page tables
+        self._host_tables = self._host[2 * b:].reshape(b, max_pages)
+        self._host_tables[:] = scratch_page
+        self._dev = cp.asarray(self._host)
+        self.token_ids = self._dev[:b]
+        self.positions = self._dev[b:2 * b]
+        self.page_tables = self._dev[2 * b:].reshape(b, max_pages)
         self.token_seq = cp.arange(b, dtype=cp.int32)               # token i reads page-table row i
-        self.page_tables = cp.full((b, max_pages), scratch_page, cp.int32)
         self.logit_rows = cp.arange(b, dtype=cp.int32)
         self.max_pos = max_keys
-        self._host_tables = np.full((b, max_pages), scratch_page, np.int32)
-        self._host_vec = np.zeros((2, b), np.int32)
+        self.b = b
         self.scratch_page = scratch_page
 
     def fill(self, cp, batch) -> None:
         """Copy a host decode Batch of n <= b tokens in; the other rows point at the scratch page."""
-        n = len(batch.token_ids)
-        hv, ht = self._host_vec, self._host_tables
-        hv[:] = 0
-        hv[0, :n] = batch.token_ids
-        hv[1, :n] = batch.positions
+        n, b = len(batch.token_ids), self.b
+        h, ht = self._host, self._host_tables
+        h[:2 * b] = 0
+        h[:n] = batch.token_ids
+        h[b:b + n] = batch.positions
         ht[:] = self.scratch_page
         rows = batch.page_tables[batch.token_seq]                   # (n, width) the pages of each token
         ht[:n, :rows.shape[1]] = rows
-        self.token_ids.set(hv[0])
-        self.positions.set(hv[1])
-        self.page_tables.set(ht)
+        self._dev.set(h)                                            # pageable source: done when it returns
 
 
 class StepGraphs:

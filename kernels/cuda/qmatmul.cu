@@ -100,7 +100,7 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
     extern "C" __global__ void __launch_bounds__(256) mm_##NAME##_t##TILE##_r##RW##_g##G(                 \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
-        __shared__ u32 grid[T::GRID ? 256 : 1];                                                           \
+        GRID_SMEM(T);                                                                                     \
         load_grid<T>(grid);                                                                               \
         mm_q<T, TILE, RW, G, false>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);               \
     }
@@ -108,7 +108,7 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
     extern "C" __global__ void __launch_bounds__(256) mmglu_##NAME##_t##TILE##_g##G(                      \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
-        __shared__ u32 grid[T::GRID ? 256 : 1];                                                           \
+        GRID_SMEM(T);                                                                                     \
         load_grid<T>(grid);                                                                               \
         mm_q<T, TILE, 2, G, true>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                 \
     }
@@ -260,7 +260,7 @@ __device__ __forceinline__ void dq_rows(const u8* __restrict__ W, int row_bytes,
 #define DQ_KERNEL(NAME, T)                                                                                \
     extern "C" __global__ void __launch_bounds__(256) dq_##NAME(const u8* __restrict__ W, int row_bytes, \
         int n_out, int k, const i32* __restrict__ ids, float* __restrict__ out) {                         \
-        __shared__ u32 grid[T::GRID ? 256 : 1];                                                           \
+        GRID_SMEM(T);                                                                                     \
         load_grid<T>(grid);                                                                               \
         dq_rows<T>(W, row_bytes, n_out, k, ids, out, grid);                                               \
     }

@@ -180,7 +180,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
     extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) PREFIX##_##NAME##_n##NB(                \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
-        __shared__ u32 grid[T::GRID ? 256 : 1];                                                           \
+        GRID_SMEM(T);                                                                                     \
         __shared__ T::U su[MMA_WARPS][32];                                                                \
         load_grid<T>(grid);                                                                               \
         mmq<T, NB, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, su[threadIdx.y]);          \

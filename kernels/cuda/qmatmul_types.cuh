@@ -251,12 +251,11 @@ struct TQ5_0 : TBase<32, 32, 8> {
 // Q4_K / Q5_K: unit = sub-blocks 2jj (w[0..7], low nibbles) and 2jj+1 (w[8..15], high nibbles) of a
 // 256-block; value = d*sc*q - dmin*m. Blocks are 144 / 176 bytes, so 16-byte aligned.
 struct KU { u32 w[16]; float d, dmin; int sc[2], m[2]; };
-__device__ __forceinline__ void k4_head(const u8* b, int jj, KU& v) {
-    const u32 dd = ldw((const unsigned int*)b);
-    v.d = f16_to_f32((u16)(dd & 0xffffu));
-    v.dmin = f16_to_f32((u16)(dd >> 16));
-    const unsigned int* sp = (const unsigned int*)(b + 4);
-    const u32 s[3] = {ldw(sp), ldw(sp + 1), ldw(sp + 2)};
+__device__ __forceinline__ void k4_head(const u8* b, int jj, KU& v) {   // d, dmin, 12 scale bytes: one 16-byte load
+    const uint4 h = ldw4((const uint4*)b);
+    v.d = f16_to_f32((u16)(h.x & 0xffffu));
+    v.dmin = f16_to_f32((u16)(h.x >> 16));
+    const u32 s[3] = {h.y, h.z, h.w};
     k4_scale_min2(s, jj, v.sc, v.m);
 }
 // isc = sum over the two sub-blocks of scale * (q . x), imn = sum of min * (sum of x)
@@ -412,7 +411,10 @@ struct TIQ3_XXS : TBase<32, 256, 8> {
 };
 
 // IQ3_XXS looks its grid up at 32 different indices per warp: from shared memory (constant memory would
-// serialize them). Copied once per CTA, before any thread may leave.
+// serialize them). Copied once per CTA, before any thread may leave. One copy: 32 bank-private copies (32 KB
+// per CTA, one wavefront per lookup) measured 1.3x slower alone and 7x slower in the gate/up kernel on an H200
+// (perf/kernel_notes.md): the shared-memory carveout they need takes the L1 that the weight loads rely on.
+#define GRID_SMEM(T) __shared__ u32 grid[T::GRID ? 256 : 1]
 template <class T>
 __device__ __forceinline__ void load_grid(u32* sh) {
     if (T::GRID) {

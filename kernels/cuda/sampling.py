@@ -1,8 +1,9 @@
 """Token sampling on the device, exactly the semantics of kernels/sample_rows.py (as kernels/cpu/sampling.py).
 
-sample(): one Numba CUDA kernel over all rows (one CTA per row) applies the presence/frequency penalties
-in float64, takes the argmax (lowest id on ties) and, for rows asking logprobs, the raw log-sum-exp.
-Greedy rows need nothing more: one launch, then the ids cross to the host. Rows with temperature > 0
+sample(): when every row is greedy without penalties or logprobs (the common decode step), one CuPy kernel
+(argmax.cu: lowest id of the largest logit) and the ids cross to the host. Otherwise one Numba CUDA kernel
+over all rows (one CTA per row) applies the presence/frequency penalties in float64, takes the argmax
+(lowest id on ties) and, for rows asking logprobs, the raw log-sum-exp; greedy rows need nothing more. Rows with temperature > 0
 get their penalized logits written to a (k, n_vocab) float64 buffer and are finished with CuPy array ops
 (a stable argsort per row, softmax, top-k/top-p/min-p, inverse CDF with the row's uniform), mirroring
 the CPU code operation for operation in float64, so with the same uniforms both pick the same token
@@ -14,8 +15,9 @@ parameter/result buffers of the kernel. Arrays may also be numpy (workspace made
 the kernels run in numba-cuda's simulator (NUMBA_ENABLE_CUDASIM=1), which is how CI tests them.
 
 Measured on an H200 (n_vocab 151936, this workplace's gVisor host, where each launch costs ~30-40 us of host
-time): greedy ~195 us per call for 1 or 32 rows (the kernel itself ~37 us: one CTA streams a whole row);
-one sampled row ~2.3 ms and 8 rows ~2.7 ms (a 1-D sort per row plus ~25 CuPy launches); top-5 logprobs ~1 ms.
+time): greedy through the Numba kernel ~195-390 us per call for 1 or 32 rows (the kernel itself ~37 us: one
+CTA streams a whole row, float64 compares); one sampled row ~2.3 ms and 8 rows ~2.7 ms (a 1-D sort per row
+plus ~25 CuPy launches); top-5 logprobs ~1 ms. The plain greedy path (argmax.cu) is docs/cuda.md's figure.
 """
 from __future__ import annotations
 
@@ -25,9 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..sample_rows import SampleRows, Sampled, count_pairs
-from .runtime import cdiv, cupy
+from .runtime import cdiv, cupy, launch
 
-__all__ = ["SamplingWorkspace", "sampling_workspace", "sample", "add_counts"]
+__all__ = ["SamplingWorkspace", "sampling_workspace", "sample", "plain_greedy", "greedy_ids", "add_counts"]
+
+_ARGMAX_THREADS = 1024      # ARGMAX_THREADS in argmax.cu
 
 
 def _kernels():
@@ -104,6 +108,10 @@ def sample(logits, rows: SampleRows, counts, ws: SamplingWorkspace) -> Sampled:
     xp, m = ws.xp, logits.shape[0]
     if m == 0:
         return Sampled.empty(0, 0)
+    if xp is not np and plain_greedy(rows):
+        out = Sampled.empty(m, 0)
+        out.ids[:] = _host(xp, greedy_ids(logits, ws.best[:m]))
+        return out
     sampled = np.flatnonzero(rows.temperature != 0)           # rows finished by _choose
     slot = np.full(m, -1, np.int64)
     slot[sampled] = np.arange(len(sampled))
@@ -126,6 +134,22 @@ def sample(logits, rows: SampleRows, counts, ws: SamplingWorkspace) -> Sampled:
         out.ids[:] = _host(xp, ids)
         return out
     return _with_logprobs(xp, logits, rows, ids, stats)
+
+
+def plain_greedy(rows: SampleRows) -> bool:
+    """Every row takes its top logit as it is: temperature 0, no penalty changes a logit, no logprobs."""
+    penalized = (rows.count_rows >= 0) & ((rows.presence != 0) | (rows.frequency != 0))
+    return bool(np.all(rows.temperature == 0) and not penalized.any() and rows.n_logprobs.max() < 0)
+
+
+def greedy_ids(logits, best):
+    """best (m,) device int32 <- the lowest id of each row's largest logit (NaN never wins; a row without a
+    finite-or-+inf value gives 0): penalize_argmax's ids for unpenalized rows. logits (m, V) device
+    float32, C-contiguous. -> best. One launch, no host wait (graph-capturable)."""
+    m, n_vocab = logits.shape
+    vec4 = n_vocab % 4 == 0 and logits.data.ptr % 16 == 0
+    launch("argmax.cu", "argmax_rows", (m,), (_ARGMAX_THREADS,), (logits, best, np.int32(n_vocab), np.int32(vec4)))
+    return best
 
 
 def _set(xp, dst, host) -> None:

@@ -200,6 +200,58 @@ def test_rows_are_independent(cp, smp):
         np.testing.assert_array_equal(one.top_logprobs[0], full.top_logprobs[r, :n])
 
 
+def first_max_ids(logits):
+    """numpy spec of a plain greedy row: lowest id of the largest non-NaN value, 0 when none beats -inf."""
+    ids = []
+    for row in logits.astype(np.float64):
+        ok = ~np.isnan(row) & (row > -np.inf)
+        ids.append(int(np.flatnonzero(ok & (row == row[ok].max()))[0]) if ok.any() else 0)
+    return np.array(ids, np.int32)
+
+
+@gpu
+@pytest.mark.parametrize("n_vocab", [BIG_VOCAB, 32001, 37, 4])
+def test_plain_greedy_kernel(cp, smp, n_vocab):
+    """argmax.cu against the numpy spec and against the Numba kernel it stands in for (rows without
+    penalties): ties at several ids, NaN entries, rows of NaN, of -inf, and with +inf."""
+    rng = np.random.default_rng(25)
+    m = 7
+    logits = random_logits(rng, m, n_vocab)
+    logits[0, rng.choice(n_vocab, size=min(3, n_vocab), replace=False)] = 50.0       # ties
+    logits[1, ::3] = np.nan                                                           # NaN never wins
+    logits[2] = np.nan
+    logits[3] = -np.inf
+    logits[4, [n_vocab - 1, n_vocab // 2]] = np.inf                                  # lowest +inf id
+    logits[5, -1] = 99.0                                                              # last id
+    want = first_max_ids(logits)
+    assert want[2] == want[3] == 0 and want[4] == n_vocab // 2 and want[5] == n_vocab - 1
+    dev = cp.asarray(logits)
+    best = cp.full(m, -7, cp.int32)
+    np.testing.assert_array_equal(cp.asnumpy(smp.greedy_ids(dev, best)), want)
+    k = smp._kernels()
+    params = np.zeros((m, k.N_PARAMS))
+    params[:, [k.P_COUNT_ROW, k.P_N_LOGPROBS, k.P_SLOT]] = -1
+    nb = cp.full(m, -7, cp.int32)
+    k.penalize_argmax[m, k.BLOCK](smp._view(dev), smp._view(cp.zeros((1, 1), cp.int32)), smp._view(cp.asarray(params)),
+                                  smp._view(cp.zeros((1, 1), cp.float64)), smp._view(nb),
+                                  smp._view(cp.zeros((m, 2), cp.float64)))
+    np.testing.assert_array_equal(cp.asnumpy(nb), want)
+    if n_vocab > 4:                  # an odd row start (misaligned rows) takes the scalar loads
+        odd = cp.ascontiguousarray(dev[:, 1:])
+        np.testing.assert_array_equal(cp.asnumpy(smp.greedy_ids(odd, best)), first_max_ids(logits[:, 1:]))
+
+
+def test_plain_greedy_rule():
+    """Which rows the one-kernel path takes: greedy, no penalty that changes a logit, no logprobs."""
+    from strata_lite.kernels.cuda.sampling import plain_greedy
+    assert plain_greedy(SampleRows.greedy(3))
+    assert plain_greedy(SampleRows.from_rows([dict(count_rows=0), dict()]))            # zero penalties
+    assert not plain_greedy(SampleRows.from_rows([dict(), dict(count_rows=0, presence=0.5)]))
+    assert not plain_greedy(SampleRows.from_rows([dict(count_rows=1, frequency=0.1)]))
+    assert not plain_greedy(SampleRows.from_rows([dict(n_logprobs=0)]))
+    assert not plain_greedy(SampleRows.from_rows([dict(temperature=0.7)]))
+
+
 @gpu
 def test_add_counts(cp, smp):
     counts = cp.zeros((3, 37), cp.int32)

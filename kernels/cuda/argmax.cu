@@ -1,0 +1,72 @@
+// Greedy token choice without penalties: best[r] = the lowest id of the largest logit of row r (NaN never
+// wins; a row of NaN / -inf only gives 0), the same ids as sampling_kernels.penalize_argmax gives for rows
+// with no penalties. One CTA of ARGMAX_THREADS per row; a thread visits its ids in ascending order and keeps
+// the first maximum (strict >), and the CTA keeps the lower id of equal values, so the result does not
+// depend on the reduction order. Loads are 16 bytes (4 logits) when the row width is a multiple of 4.
+#include "common.cuh"
+
+#define ARGMAX_THREADS 1024
+
+__device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+// logits (m, V) float32, 16-byte aligned rows when vec4; best (m,) int32. grid m, block ARGMAX_THREADS.
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_rows(const float* __restrict__ logits,
+                                                                        int* __restrict__ best, int V, int vec4) {
+    __shared__ float sv[ARGMAX_THREADS / WARP];
+    __shared__ int si[ARGMAX_THREADS / WARP];
+    const int r = blockIdx.x, t = threadIdx.x;
+    const float* row = logits + (size_t)r * V;
+    float bv = __int_as_float(0xff800000u);   // -inf: only a larger value is ever taken
+    int bi = V;                               // sentinel: no value taken
+    if (vec4) {
+        const float4* row4 = (const float4*)row;
+        const int n4 = V / 4;
+        int j = t;
+        for (; j + 3 * ARGMAX_THREADS < n4; j += 4 * ARGMAX_THREADS) {   // 4 loads in flight, ids ascending
+            float4 x[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) x[u] = __ldg(row4 + j + u * ARGMAX_THREADS);
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = 4 * (j + u * ARGMAX_THREADS);
+                if (x[u].x > bv) { bv = x[u].x; bi = i; }
+                if (x[u].y > bv) { bv = x[u].y; bi = i + 1; }
+                if (x[u].z > bv) { bv = x[u].z; bi = i + 2; }
+                if (x[u].w > bv) { bv = x[u].w; bi = i + 3; }
+            }
+        }
+        for (; j < n4; j += ARGMAX_THREADS) {
+            const float4 x = __ldg(row4 + j);
+            if (x.x > bv) { bv = x.x; bi = 4 * j; }
+            if (x.y > bv) { bv = x.y; bi = 4 * j + 1; }
+            if (x.z > bv) { bv = x.z; bi = 4 * j + 2; }
+            if (x.w > bv) { bv = x.w; bi = 4 * j + 3; }
+        }
+    } else {
+        for (int j = t; j < V; j += ARGMAX_THREADS) {
+            const float x = __ldg(row + j);
+            if (x > bv) { bv = x; bi = j; }
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    if (t % WARP == 0) {
+        sv[t / WARP] = bv;
+        si[t / WARP] = bi;
+    }
+    __syncthreads();
+    if (t < WARP) {
+        bv = sv[t];
+        bi = si[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+        if (t == 0) best[r] = bi < V ? bi : 0;
+    }
+}
