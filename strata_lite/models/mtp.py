@@ -49,4 +49,9 @@ class MtpHead:
         if len(sel) == 0:
             return be.empty((0, cfg.n_vocab)), x
         y = x if len(sel) == n else be.take_rows(x, be.from_host(sel))
-        return be.qmatmul(self.head, be.rmsnorm(y, self.head_norm, cfg.rms_eps)), x
+        return self.logits(y), x
+
+    def logits(self, x):
+        """The head alone: block outputs x (m, n_embd) -> logits (m, n_vocab) of the token each predicts
+        (head(head_norm(x)), row by row: the same values whether run in forward or later on kept rows)."""
+        return self.backend.qmatmul(self.head, self.backend.rmsnorm(x, self.head_norm, self.cfg.rms_eps))

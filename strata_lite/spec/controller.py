@@ -17,14 +17,26 @@ Drafted tokens of all sequences are taken best first while R / c exceeds the ste
 second so far (E / T): a draft token is added only when it raises the step's rate. With many decoding
 slots E / T is high and only confident drafts pass; a sequence whose drafts keep failing drops out, and
 gets a one-token probe every PROBE_EVERY steps so it can come back.
+
+An MTP-drafted token also costs the block's own forwards: token i costs m_i = head (+ block for i >= 1)
+target decode steps (mtp_drafter.mtp_cost: weight bytes read relative to one target forward). A sequence
+drafts k tokens from the block only when G(k) - (m_0 + ... + m_{k-1}) > 0, G(k) = R_0 + ... + R_{k-1}
+(and, in `auto`, when that net gain beats the suffix draft's G); in the width choice an MTP token's
+marginal seconds are c + m_i * t_1 (t_1: the cost line's one-token step). Suffix drafts cost nothing to
+produce. The block's head runs only for sequences that pass this test on estimates (the running means of
+the block's first-token and per-step probabilities), and the chain stops at a token that cannot pay for
+itself; when no sequence has drafted from the block for PROBE_EVERY steps, one without a suffix draft
+gets a one-token MTP probe, so the estimates can recover.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .mtp_drafter import MtpCost
 from .suffix_index import LENGTHS, MIN_CONF, NO_DRAFT, Draft, SequenceIndex, SuffixDrafter
 
 MAX_DRAFT = 8            # drafted tokens per sequence and step at most (auto)
@@ -125,7 +137,8 @@ class SpecController:
     Sources: the suffix index (spec/suffix_index.py) and, once use_mtp() gave it one, the model's MTP block
     (spec/mtp_drafter.py). `off`: none; `N`: suffix drafts of up to N tokens; `suffix`: suffix drafts, auto
     widths; `mtp`: MTP drafts, auto widths; `auto`: per sequence and step the source with the larger
-    expected gain (_pick), auto widths; without an MTP block `auto` is `suffix`."""
+    expected gain net of what producing the draft costs (_pick_mtp), auto widths; without an MTP block
+    `auto` is `suffix`."""
 
     def __init__(self, mode: int | str = "auto", drafter: SuffixDrafter | None = None):
         self.mode = parse_spec(mode)
@@ -136,7 +149,10 @@ class SpecController:
         self.cost = StepCost()
         self.acceptance = Acceptance(max(1, self.max_draft))          # suffix drafts, by match length
         self.mtp_acceptance = Acceptance(max(1, self.max_draft))      # MTP drafts (one bucket)
+        self.mtp_first_p = 0.5                # running mean of the MTP's first-token probability
         self.mtp_step_p = 0.5                 # running mean of the MTP's probability at depths >= 1
+        self.mtp_idle = 0                     # steps with an MTP first token ready but no MTP draft verified
+        self._mtp_probe = None                # the sequence of this step's one-token MTP probe, if any
         self.totals = dict(drafted=0, accepted=0, steps=0)
         self.by_source = {"suffix": dict(drafted=0, accepted=0), "mtp": dict(drafted=0, accepted=0)}
         self.outcomes: list[tuple[int, int]] = []     # (drafted, accepted) per verified draft, for metrics
@@ -180,7 +196,8 @@ class SpecController:
     def drafts(self, seqs, limits: dict) -> dict:
         """seqs: the step's decoding sequences; limits[seq]: the most tokens it may draft (tokens left
         before max_tokens / the context, and KV pages). -> {seq: draft tokens} for those that draft."""
-        chosen, mtp_caps = {}, {}
+        chosen, ready = {}, {}
+        self._mtp_probe = None
         for seq in seqs:
             sp = seq.spec
             if sp is None:
@@ -191,19 +208,17 @@ class SpecController:
                 continue
             if "suffix" in self.sources:
                 sp.draft = self.drafter.propose(sp.index, cap)
-            if "mtp" in self.sources and self.mtp is not None and self._pick_mtp(sp, seq, cap):
-                mtp_caps[seq] = cap
-        if mtp_caps:
-            min_conf = MIN_CONF if self.width == "auto" else 0.0
-            for seq, d in self.mtp.propose(mtp_caps, min_conf).items():
-                seq.spec.draft, seq.spec.source = d, "mtp"
-                steps = [c / p for p, c in zip(d.conf, d.conf[1:]) if p > 0]
-                for q in steps:
-                    self.mtp_step_p += EMA * (q - self.mtp_step_p)
+            if "mtp" in self.sources and self.mtp is not None and self.mtp.ready(seq):
+                ready[seq] = cap
+        if ready:
+            self._draft_mtp(ready)
         if self.width == "auto":
             widths = self._auto_widths([s for s in seqs if s.spec is not None and len(s.spec.draft)], len(seqs))
         else:
             widths = {s: min(len(s.spec.draft), self.width) for s in seqs if s.spec is not None}
+        probe = self._mtp_probe
+        if probe is not None and probe.spec.source == "mtp" and not widths.get(probe):
+            widths[probe] = 1
         for seq in seqs:
             sp = seq.spec
             if sp is None:
@@ -213,22 +228,67 @@ class SpecController:
             sp.idle = 0 if k else sp.idle + 1
             if k:
                 chosen[seq] = sp.draft.tokens
+        if ready:
+            took = any(s in chosen and s.spec.source == "mtp" for s in ready)
+            self.mtp_idle = 0 if took else self.mtp_idle + 1
         return chosen
 
-    def _pick_mtp(self, sp: SeqSpec, seq, cap: int) -> bool:
-        """Whether seq drafts from the MTP block this step: it has a first token, and (mode auto) its
-        expected gain beats the suffix draft's. Expected gain = the sum over draft depths of R_i, the
-        chance that drafted token i is reached and accepted (the same estimate the auto widths use); for
-        the MTP block before its chain runs, depths past the first take the running mean of its step
-        probability as their confidence ratio."""
-        first = self.mtp.first_token(seq)
-        if first is None:
-            return False
+    def _draft_mtp(self, ready: dict) -> None:
+        """ready: seq -> cap, the sequences whose MTP first token can be had. Those that pick the block on
+        estimates (_pick_mtp with the running means of its first-token and per-step probabilities: no head
+        has run yet) get a chain (MtpDrafter.propose: the head, then one forward per further token, stopped
+        where a token could no longer pay for itself); each takes its chain when _pick_mtp still holds with
+        the chain's own confidences. With none picking the block for PROBE_EVERY steps (auto widths), one
+        sequence without a suffix draft gets a one-token probe."""
+        cost = self._mtp_cost()
+        caps, floors = {}, {}
+        for seq, cap in ready.items():
+            sp = seq.spec
+            if self._pick_mtp(sp, [self.mtp_first_p * self.mtp_step_p ** i for i in range(cap)], cost):
+                caps[seq] = cap
+                # token i pays for itself when R_i = A_i * conf_i > m_i (A_i: R_i at confidence 1)
+                reach = self._reach(sp, "mtp", [1.0] * cap, 0)
+                floors[seq] = [cost.token(i) / a if a > 0 else math.inf for i, a in enumerate(reach)]
+        probe = None
+        if not caps and self.width == "auto" and self.mtp_idle >= PROBE_EVERY:
+            probe = next((s for s in ready if not len(s.spec.draft)), None)
+            if probe is not None:
+                caps[probe] = 1
+        if not caps:
+            return
+        min_conf = MIN_CONF if self.width == "auto" else 0.0
+        for seq, d in self.mtp.propose(caps, min_conf, floors).items():
+            self.mtp_first_p += EMA * (d.conf[0] - self.mtp_first_p)
+            for q in (c / p for p, c in zip(d.conf, d.conf[1:]) if p > 0):
+                self.mtp_step_p += EMA * (q - self.mtp_step_p)
+            if seq is probe or self._pick_mtp(seq.spec, d.conf, cost):
+                seq.spec.draft, seq.spec.source = d, "mtp"
+        self._mtp_probe = probe
+
+    def _mtp_cost(self) -> MtpCost:
+        """The MTP block's drafting cost (MtpDrafter.cost, in target decode steps) under auto widths; none
+        under a fixed width, which drafts whatever is there."""
+        return self.mtp.cost if self.width == "auto" else MtpCost(0.0, 0.0)
+
+    def _pick_mtp(self, sp: SeqSpec, conf, cost: MtpCost) -> bool:
+        """Whether a sequence drafts from the MTP block, given the MTP draft's confidences conf (estimated
+        or its chain's): its net gain (_mtp_net) is positive (mode mtp) or beats the suffix draft's
+        expected gain (mode auto; suffix drafts cost nothing to produce). Expected gain = the sum over draft
+        depths of R_i, the chance that drafted token i is reached and accepted (the same estimate the auto
+        widths use). Under a fixed width mode mtp always drafts from the block."""
+        net = self._mtp_net(sp, conf, cost)
         if self.sources == ("mtp",):
-            return True
-        p1 = first[1]
-        est = [p1 * self.mtp_step_p ** i for i in range(cap)]
-        return self._gain(sp, "mtp", est, 0) > self._gain(sp, "suffix", sp.draft.conf, sp.draft.match_len)
+            return net > 0 or self.width != "auto"
+        return net > self._gain(sp, "suffix", sp.draft.conf, sp.draft.match_len)
+
+    def _mtp_net(self, sp: SeqSpec, conf, cost: MtpCost) -> float:
+        """max over k >= 0 of G(k) - cost.draft(k): the expected accepted tokens of the draft's best prefix
+        less what producing it costs, in target decode steps (a token is worth one step of the sequence)."""
+        best = total = 0.0
+        for i, R in enumerate(self._reach(sp, "mtp", conf, 0)):
+            total += R - cost.token(i)
+            best = max(best, total)
+        return best
 
     def _gain(self, sp: SeqSpec, source: str, conf, match_len: int) -> float:
         return sum(self._reach(sp, source, conf, match_len))
@@ -252,18 +312,21 @@ class SpecController:
         if line is None:                  # nothing timed yet: verify one token each to start measuring
             return {s: 1 for s in seqs}
         icpt, slope = line
+        one = max(icpt + slope, slope)                          # seconds of a one-token target step
         E, T = float(n_decode), icpt + slope * n_decode        # expected tokens and seconds of the step
-        options = []                                             # (R, seq, width)
+        mtp = self._mtp_cost() if self.mtp is not None else None
+        options = []                                             # (R / seconds, R, seconds, seq, width)
         for seq in seqs:
             sp = seq.spec
             for i, R in enumerate(self._reach(sp, sp.source, sp.draft.conf, sp.draft.match_len)):
-                options.append((R, seq, i + 1))
-        widths = {}
-        for R, seq, w in sorted(options, key=lambda o: (-o[0], o[2])):
-            if R / slope <= E / T:
+                dt = slope + (mtp.token(i) * one if sp.source == "mtp" else 0.0)
+                options.append((R / dt, R, dt, seq, i + 1))
+        widths = {}                       # per sequence R / seconds falls with depth: widths stay prefixes
+        for rate, R, dt, seq, w in sorted(options, key=lambda o: (-o[0], -o[1], o[4])):
+            if rate <= E / T:
                 break
             widths[seq] = max(widths.get(seq, 0), w)
-            E, T = E + R, T + slope
+            E, T = E + R, T + dt
         for seq in seqs:                  # a sequence that stopped drafting gets a probe now and then
             if seq not in widths and seq.spec.idle >= PROBE_EVERY:
                 widths[seq] = 1

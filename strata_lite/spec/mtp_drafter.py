@@ -9,8 +9,10 @@ Filling (`fill`, the scheduler's hook after a step's tokens are accepted, before
 every position the step computed and kept (prompt chunks, the pending token, accepted drafted tokens) gets
 its row, from the step's hidden states (Transformer.forward(all_hidden=True)) and the now known next
 tokens; the last prompt position gets its row in the step that samples the first generated token. For a
-decoding sequence the row of its last computed position predicts the token after the pending one: the
-first draft token, with its block output kept for the chain.
+decoding sequence the row of its last computed position predicts the token after the pending one: its
+block output is kept, and the head (the vocabulary-wide mat-mul) runs on it only when the first draft
+token is asked for (`first_token`, `propose`), so a step in which no sequence drafts from the block runs
+the block for its KV rows and no head.
 
 Drafting (`propose`, at plan time): per sequence, step j feeds the block its own previous block output as
 the hidden state and its own previous argmax as the token, at the next position (rows past n_computed,
@@ -18,10 +20,15 @@ overwritten by `fill` once the true tokens are known). Drafts are greedy argmaxe
 is the product of the softmax probabilities along the draft (SpecController's auto widths read it as a
 path probability, like a suffix draft's frequency). One forward per chain step for all sequences.
 
+Cost (`mtp_cost`): drafting k tokens costs k heads and k - 1 block forwards, in target decode steps from
+the weights' byte sizes; SpecController weighs it against a draft's expected gain.
+
 A placement keeps one cached token less (TieredKV reread_last): the row of the last cached position needs
 the main model's hidden state there, which is not cached.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -78,6 +85,43 @@ def check_mtp_available(model: str | None, spec, mtp_file: str | None) -> None:
         raise NoMtpBlock(no_block_message(path, cfg))
 
 
+class MtpCost(NamedTuple):
+    """What MTP drafting costs, in target decode steps (mtp_cost)."""
+    head: float      # the head over the vocabulary: once per drafted token
+    block: float     # one forward of the block (eh_proj and its decoder block): per drafted token after the first
+
+    def token(self, i: int) -> float:
+        """Drafted token i (from 0): the head, plus from the second token on a block forward (the first
+        token's block forward is the fill's, which the KV row needs anyway)."""
+        return self.head + (self.block if i else 0.0)
+
+    def draft(self, k: int) -> float:
+        """A draft of k tokens: k * head + (k - 1) * block."""
+        return sum(self.token(i) for i in range(k))
+
+
+def _matrix_bytes(lw) -> int:
+    """Bytes of a decoder block's weight matrices (loader.weights.LayerWeights)."""
+    return sum(m.nbytes for m in (lw.attn_q, lw.attn_k, lw.attn_v, lw.attn_output, lw.ffn_gate, lw.ffn_up,
+                                  lw.ffn_down))
+
+
+def mtp_cost(weights, mtp) -> MtpCost:
+    """The cost of MTP drafting relative to one target decode step, as a ratio of weight bytes read (decode
+    is bound by reading the weights). weights: the main model's loader.weights.Weights; mtp: MtpWeights.
+
+        target = sum over the n_layers main blocks of their matrices' bytes + bytes(output matrix)
+        block  = (bytes(eh_proj) + bytes(the MTP block's attention and FFN matrices)) / target
+        head   = bytes(the MTP head: shared_head_head, else the model's output matrix) / target
+
+    Drafting k tokens costs k * head + (k - 1) * block target decode steps (MtpCost.token). Embedding
+    tables count for neither (a forward reads one row per token), nor do norm vectors and biases."""
+    target = sum(_matrix_bytes(lw) for lw in weights.layers) + weights.output.nbytes
+    block = mtp.eh_proj_embed.nbytes + mtp.eh_proj_hidden.nbytes + _matrix_bytes(mtp.block)
+    head = (weights.output if mtp.head is None else mtp.head).nbytes
+    return MtpCost(head / target, block / target)
+
+
 class MtpDrafter:
     """Fills the MTP block's KV layer and proposes chained greedy drafts (module docstring)."""
 
@@ -87,9 +131,10 @@ class MtpDrafter:
         self.head = MtpHead(model, weights)
         self.model, self.backend, self.kv, self.layer = model, model.backend, kv, layer
         self.n_vocab = model.cfg.n_vocab
+        self.cost = mtp_cost(model.weights, weights)    # MtpCost: what drafting costs, in target decode steps
         self.hidden = None       # the open step's last hidden state at every batch row (device (n, n_embd))
-        self.first: dict = {}    # seq -> (position of its pending token, first draft token, its probability,
-                                 #         block outputs (device), row in them)
+        self.first: dict = {}    # seq -> (position of its pending token, block outputs (device), row in them,
+                                 #         (first draft token, its probability) once the head ran, else None)
         self.grow = None         # (seq, n_tokens) -> how many fit in its pages: TieredKV.grow_free
 
     # filling the KV layer
@@ -102,12 +147,13 @@ class MtpDrafter:
     def fill(self, plan) -> None:
         """Scheduler hook (complete_step, after acceptance, before commit): the block's rows for every
         position of the plan's sequences computed and kept in this step, [first position, n_computed);
-        for sequences that then decode, also their first draft token."""
+        for sequences that then decode, the block output their first draft token comes from (the head
+        runs on it when first_token or propose asks)."""
         hidden, self.hidden = self.hidden, None
         if hidden is None:
             raise RuntimeError("MtpDrafter.fill without the step's hidden states")
         b = plan.batch
-        rows, ids, pos, seq_of, logit_rows, logit_seqs, tables = [], [], [], [], [], [], []
+        rows, ids, pos, seq_of, first_rows, first_seqs, tables = [], [], [], [], [], [], []
         at = 0
         for seq, n in zip(plan.seqs, plan.n_tokens):
             start = int(b.positions[at])
@@ -121,15 +167,14 @@ class MtpDrafter:
                 pos.extend(range(start, start + k))
                 seq_of.extend([r] * k)
                 if start + k == len(seq.tokens) - 1 and seq.spec is not None:    # the pending token is known
-                    logit_rows.append(len(ids) - 1)
-                    logit_seqs.append(seq)
+                    first_rows.append(len(ids) - 1)
+                    first_seqs.append(seq)
             at += n
         if not rows:
             return
-        out, logits = self._forward(hidden, rows, ids, pos, seq_of, tables, logit_rows)
-        for j, (tok, p) in enumerate(self._argmax(logits)):
-            seq = logit_seqs[j]
-            self.first[seq] = (seq.n_computed, tok, p, out, logit_rows[j])
+        out, _ = self._forward(hidden, rows, ids, pos, seq_of, tables, [])
+        for seq, row in zip(first_seqs, first_rows):
+            self.first[seq] = (seq.n_computed, out, row, None)
 
     def _forward(self, hidden, rows, ids, pos, seq_of, tables, logit_rows):
         be = self.backend
@@ -155,25 +200,47 @@ class MtpDrafter:
         return [(int(t), float(np.exp(lp))) for t, lp in zip(s.ids[:m], s.logprob[:m])]
 
     # drafting
-    def first_token(self, seq) -> tuple[int, float] | None:
-        """(token, probability) of seq's first draft token, known since the last fill; None if stale."""
+    def ready(self, seq) -> bool:
+        """Whether seq has a first draft token to give: the last fill kept its block output at the position
+        before its pending token (nothing is computed here)."""
         f = self.first.get(seq)
-        if f is None or f[0] != seq.n_computed:
-            return None
-        return f[1], f[2]
+        return f is not None and f[0] == seq.n_computed
 
-    def propose(self, caps: dict, min_conf: float = 0.0) -> dict:
+    def first_token(self, seq) -> tuple[int, float] | None:
+        """(token, probability) of seq's first draft token (the head runs now if it has not for this
+        position); None if the last fill left nothing for its current position."""
+        return self._first_tokens([seq]).get(seq)
+
+    def _first_tokens(self, seqs) -> dict:
+        """{seq: (first draft token, probability)} for those of seqs that are ready(); the head runs once, on
+        the kept block outputs of those whose token is not known yet."""
+        seqs = [s for s in seqs if self.ready(s)]
+        todo = [s for s in seqs if self.first[s][3] is None]
+        if todo:
+            x = self._gather([self.first[s][1:3] for s in todo])
+            for s, tp in zip(todo, self._argmax(self.head.logits(x))):
+                self.first[s] = self.first[s][:3] + (tp,)
+        return {s: self.first[s][3] for s in seqs}
+
+    def propose(self, caps: dict, min_conf: float = 0.0, floors: dict | None = None) -> dict:
         """caps: seq -> most tokens to draft (>= 1). -> {seq: Draft} of greedy chains, each stopped at its cap,
         when no free page is left for its next row (self.grow: free pages only, as for drafted tokens), or
-        when its confidence falls under min_conf."""
+        when its confidence falls under min_conf or under floors[seq][j], the least confidence at which
+        drafted token j could still pay for itself (SpecController): token j is drafted only while the
+        confidence so far (an upper bound of token j's) reaches it."""
+        floors = floors or {}
+
+        def more(s) -> bool:
+            toks, conf = drafts[s]
+            j, floor = len(toks), floors.get(s, ())
+            return j < state[s][0] and conf[-1] >= max(min_conf, floor[j] if j < len(floor) else 0.0)
+
         drafts, state = {}, {}
-        for seq, cap in caps.items():
-            f = self.first.get(seq)
-            if f is None or f[0] != seq.n_computed or cap < 1:
-                continue
-            drafts[seq] = ([f[1]], [f[2]])
-            state[seq] = (cap, f[3], f[4])
-        live = [s for s in drafts if state[s][0] > 1 and drafts[s][1][-1] >= min_conf]
+        firsts = self._first_tokens([s for s, cap in caps.items() if cap >= 1])
+        for seq, (tok, p) in firsts.items():
+            drafts[seq] = ([tok], [p])
+            state[seq] = (caps[seq],) + self.first[seq][1:3]
+        live = [s for s in drafts if more(s)]
         j = 1
         while live:
             if self.grow is not None:     # step j writes the row at n_computed + j - 1: its page, if one is free
@@ -190,7 +257,7 @@ class MtpDrafter:
                 conf.append(conf[-1] * p)
                 state[s] = (state[s][0], out, i)
             j += 1
-            live = [s for s in live if len(drafts[s][0]) < state[s][0] and drafts[s][1][-1] >= min_conf]
+            live = [s for s in live if more(s)]
         return {s: Draft(t, c, 0) for s, (t, c) in drafts.items()}
 
     def _gather(self, srcs):
@@ -222,7 +289,7 @@ class MtpDrafter:
 
 
 def _stack(be, parts):
-    """(1, n) device rows -> one (m, n) array (host round trip: only when chains come from different
-    steps' outputs, which propose never mixes; kept for safety)."""
+    """(1, n) device rows -> one (m, n) array (host round trip: only when rows come from different steps'
+    outputs: a sequence that was ready before a step it sat out, beside one the last fill made ready)."""
     return be.from_host(np.concatenate([be.to_host(p) for p in parts]))
 

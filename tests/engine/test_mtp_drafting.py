@@ -24,7 +24,7 @@ from strata_lite.runner import ModelRunner, load_model
 from strata_lite.scheduler import Scheduler
 from strata_lite.sequence import Request
 from strata_lite.spec import SpecController
-from strata_lite.spec.mtp_drafter import NoMtpBlock, mtp_weights
+from strata_lite.spec.mtp_drafter import MtpCost, NoMtpBlock, mtp_cost, mtp_weights
 from strata_lite.spec.suffix_index import Draft
 from reference_model import reference_mtp_logits
 from fake_engine import VOCAB, FakeBackend, FakeRunner, chain, reference_generation
@@ -317,13 +317,16 @@ def test_greedy_output_equals_spec_off(files, off_engine, spec, width):
 
 def test_rigged_drafter_is_accepted(files, llm, off_engine):
     """The drafter proposes the model's own greedy continuation (from a separate LLM) with confidence 0.99:
-    nearly every drafted token is accepted, auto widths draft deep, and the output is unchanged."""
+    nearly every drafted token is accepted, auto widths draft deep, and the output is unchanged. The block's
+    forwards are priced at nothing here (what they cost is tested below): the tiny model's own block is
+    half its weights, at which price drafting past one token does not pay."""
     on = _engine(files["embedded"], "mtp", parallel=2)
     mtp = on._runner.mtp
+    mtp.cost = MtpCost(head=0.0, block=0.0)
     real = mtp.propose
 
-    def rigged(caps, min_conf=0.0):
-        real(caps, min_conf)             # keep the block's KV work as it is
+    def rigged(caps, min_conf=0.0, floors=None):
+        real(caps, min_conf, floors)     # keep the block's KV work as it is
         out = {}
         for seq, cap in caps.items():
             true = llm.generate(list(seq.tokens), max_tokens=cap).token_ids
@@ -344,13 +347,15 @@ def test_rigged_drafter_is_accepted(files, llm, off_engine):
 
 # ---------------------------------------------------------------- selection and errors
 class _FakeMtp:
+    cost = MtpCost(0.0, 0.0)
+
     def __init__(self, p1):
         self.p1 = p1
 
-    def first_token(self, seq):
-        return (1, self.p1)
+    def ready(self, seq):
+        return True
 
-    def propose(self, caps, min_conf=0.0):
+    def propose(self, caps, min_conf=0.0, floors=None):
         return {s: Draft([1, 2], [self.p1, self.p1 * 0.5], 0) for s in caps}
 
     def forget(self, seq):
@@ -404,6 +409,167 @@ def test_serve_flags():
     for bad in ("mtp2", "0", "33"):
         with pytest.raises(SystemExit):
             parser.parse_args(["serve", "--spec", bad])
+
+
+# ---------------------------------------------------------------- what drafting from the block costs
+def test_mtp_cost_is_the_weight_bytes_ratio(files, llm):
+    """mtp_cost on the tiny model against the bytes counted by hand: Q8_0 stores 32 weights in 34 bytes, so
+    a row of 64 inputs is 68 bytes and one of 128 is 136. A block (n_embd 64, n_ff 128, 4 query and 2 KV
+    heads of 16): q 64 rows, k and v 32, o 64, gate and up 128 rows of 68 bytes, down 64 rows of 136 bytes;
+    the head is the output matrix (262 rows of 68 bytes: the block has no head of its own); eh_proj is 64
+    rows of 136 bytes; embeddings and vectors do not count."""
+    block = 68 * (64 + 32 + 32 + 64 + 128 + 128) + 64 * 136
+    assert block == 39168 and llm.config.n_vocab == 262 and llm.config.n_layers == 2
+    target = 2 * block + 262 * 68                                  # 96152 bytes per target decode step
+    want_head, want_block = 262 * 68 / target, (64 * 136 + block) / target
+    cost = mtp_cost(llm.model.weights, mtp_weights(files["embedded"], llm.config, None))
+    assert cost == pytest.approx(MtpCost(want_head, want_block), rel=1e-12)
+    assert (round(cost.head, 4), round(cost.block, 4)) == (0.1853, 0.4979)
+    assert [cost.draft(k) for k in range(4)] == pytest.approx([0, want_head, 2 * want_head + want_block,
+                                                               3 * want_head + 2 * want_block])
+    assert Mini(files["embedded"]).runner.mtp.cost == cost     # what the engine's drafter prices drafts with
+
+
+class _ChainMtp:
+    """A stand-in MTP drafter with fixed draft confidences (the controller is what these tests check): it
+    records the chains asked of it, each of which would run the head."""
+
+    def __init__(self, conf, cost):
+        self.conf, self.cost, self.calls = conf, cost, []
+
+    def ready(self, seq):
+        return True
+
+    def propose(self, caps, min_conf=0.0, floors=None):
+        self.calls.append((dict(caps), floors))
+        return {s: Draft(list(range(1, cap + 1)), self.conf[:cap], 0) for s, cap in caps.items()}
+
+    def forget(self, seq):
+        pass
+
+
+def _timed_controller(mode, mtp):
+    """A controller whose cost line is 0.09 s + 0.01 s per token (a one-token step: 0.1 s)."""
+    ctl = SpecController(mode)
+    ctl.use_mtp(mtp)
+    ctl.observe_step(1, 0, 0.100)
+    ctl.observe_step(2, 0, 0.110)
+    return ctl
+
+
+def _decoding(tokens, rid="s"):
+    from strata_lite.sequence import Sequence
+    return Sequence(Request(rid, tuple(tokens), max_tokens=10))
+
+
+@pytest.mark.parametrize("scale,width", [(0.05, 2), (1.0, 1), (4.0, 0)], ids=["cheap", "tiny-model", "dear"])
+def test_mtp_width_weighs_the_blocks_cost(files, llm, scale, width):
+    """The tiny model's block priced at 0.05, 1 and 4 times its byte ratio (head h = 0.185, block b = 0.498
+    at 1x), a head of 90% per step and the acceptance priors (R_0 = 0.45, R_1 = 0.2025, R_2 = 0.091):
+    cheap, two tokens pay; at 1x the first token pays (R_0 = 0.45 > h + c / t_1 = 0.285) and the second does
+    not (R_1 < h + b); at 4x not even the first: the estimate (R_0 = 0.5 * 0.5 = 0.25 < 4h) declines before
+    any head runs."""
+    real = mtp_cost(llm.model.weights, mtp_weights(files["embedded"], llm.config, None))
+    cost = MtpCost(scale * real.head, scale * real.block)
+    mtp = _ChainMtp([0.9 ** (i + 1) for i in range(8)], cost)
+    ctl = _timed_controller("mtp", mtp)
+    seq = _decoding([7, 3, 9, 4])
+    ctl.attach(seq)
+    got = ctl.drafts([seq], {seq: 4})
+    assert len(got.get(seq, [])) == width
+    assert len(mtp.calls) == (width > 0)                  # declined: no chain, so no head
+    if width:
+        assert seq.spec.source == "mtp"
+        # chain floors: token i is drafted only while the confidence reaches m_i / A_i (A_0 = 0.5, A_1 = 0.25)
+        floors = mtp.calls[0][1][seq]
+        assert floors[:2] == pytest.approx([cost.head / 0.5, (cost.head + cost.block) / 0.25])
+
+
+def test_auto_takes_the_suffix_draft_when_the_block_does_not_pay():
+    """In auto, a block too dear to pay leaves the sequence its (weak: G = 0.29) suffix draft, which costs
+    nothing to produce, and no chain runs; a free block, whose estimated gain (0.33) and then its chain's
+    (0.94) beat the suffix draft's, drafts instead."""
+    for cost, source, want in ((MtpCost(3.0, 3.0), "suffix", [5]), (MtpCost(0.0, 0.0), "mtp", [1, 2])):
+        mtp = _ChainMtp([0.999 ** (i + 1) for i in range(8)], cost)
+        ctl = _timed_controller("auto", mtp)
+        seq = _decoding((1, 2, 3, 9, 1, 2, 4, 1, 2, 5, 1, 2), rid=source)     # continuations vary: weak
+        ctl.attach(seq)
+        assert ctl.drafts([seq], {seq: 4}) == {seq: want} and seq.spec.source == source
+        assert len(mtp.calls) == (source == "mtp")
+
+
+def test_head_runs_only_for_mtp_drafts_and_drafts_are_unchanged(files, llm):
+    """Steps priced so that no sequence drafts from the block (bar the probe every PROBE_EVERY steps) run
+    the block for its KV rows but never its head (counted by wrapping MtpHead.logits, which every head
+    run goes through); the rows still equal the block from scratch. Then the block is made free and every
+    step drafts, and then a fixed width of 3 drafts 3-token chains. All drafts, tokens and confidences,
+    equal those of the same run with the head run on every decoding sequence's fill row in every step;
+    the first ones, and the first 3-token ones, equal the chain from scratch."""
+    from strata_lite.spec.controller import PROBE_EVERY
+    head = MtpHead(llm.model, mtp_weights(files["embedded"], llm.config, None))
+    dear_steps = PROBE_EVERY + 12
+    runs = []
+    for eager in (False, True):
+        mini = Mini(files["embedded"], width="auto")
+        mtp = mini.runner.mtp
+        calls = [0]
+        logits = mtp.head.logits
+
+        def counted(x, logits=logits, calls=calls):
+            calls[0] += 1
+            return logits(x)
+
+        mtp.head.logits = counted
+        if eager:                         # the head at fill time for every sequence that decodes next
+            fill = mini.sched.kv_filler
+
+            def fill_and_head(plan, fill=fill, mtp=mtp):
+                fill(plan)
+                for seq in plan.seqs:
+                    mtp.first_token(seq)
+
+            mini.sched.kv_filler = fill_and_head
+        mtp.cost = MtpCost(5.0, 5.0)
+        a = mini.add("a", [7, 99, 3, 140, 22, 61, 5, 5, 18, 200, 11], 48)
+        b = mini.add("b", [(13 * j + 5) % 250 for j in range(70)], 36)
+        steps, rows_checked = [], 0           # (head runs, MTP tokens drafted) per step
+        while mini.sched.has_work:
+            if len(steps) == dear_steps:
+                mtp.cost = MtpCost(0.0, 0.0)
+            if len(steps) == dear_steps + 8:         # a fixed width: 3-token chains from here on
+                mini.spec.width = 3
+            before = calls[0]
+            plan = mini.step()
+            steps.append((calls[0] - before, sum(len(d) for s, d in plan.drafts.items() if s.spec.source == "mtp")))
+            if not eager and len(steps) in (6, 12, dear_steps):
+                for seq in mini.sched.running:
+                    n = seq.n_computed
+                    if 2 <= n < len(seq.tokens):
+                        for got, ref in zip(mini.mtp_rows(seq.pages, n), _scratch(llm, head, seq.tokens, n)[0]):
+                            _same(llm, got, ref)
+                        rows_checked += n
+        assert a.finish_reason == b.finish_reason == "length"
+        runs.append((mini.drafts, steps, calls[0], (a.generated, b.generated)))
+        if not eager:
+            assert rows_checked > 100
+            dear, free = steps[:dear_steps], steps[dear_steps:]
+            assert all(n_drafted for n_head, n_drafted in steps if n_head)
+            assert all(not n_head for n_head, n_drafted in steps if not n_drafted)
+            probes = [n_drafted for n_head, n_drafted in dear if n_head]
+            assert probes and set(probes) == {1} and len(probes) <= len(dear) // PROBE_EVERY
+            assert sum(n for n, _ in free) > 5 and sum(d for _, d in free) > 5
+    (lazy, lazy_steps, lazy_heads, lazy_out), (eager, _, eager_heads, eager_out) = runs
+    assert lazy == eager and lazy_out == eager_out and len(lazy) > 10
+    assert lazy_heads < eager_heads
+    tokens = {"a": lazy_out[0], "b": lazy_out[1]}
+    prompts = {"a": [7, 99, 3, 140, 22, 61, 5, 5, 18, 200, 11], "b": [(13 * j + 5) % 250 for j in range(70)]}
+    assert max(len(t) for _, _, t, _ in lazy) == 3
+    for sid, n, toks, conf in lazy[:6] + [d for d in lazy if len(d[2]) == 3][:4]:
+        want_t, want_c = _scratch_chain(llm, head, prompts[sid] + tokens[sid], n, len(toks))
+        if toks != want_t:                  # only a rounding flip at a near tie may differ (no int8 kernels)
+            assert not llm.backend.int8
+            continue
+        np.testing.assert_allclose(conf, want_c, rtol=1e-5)
 
 
 # ---------------------------------------------------------------- the Python API
