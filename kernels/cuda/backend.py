@@ -22,6 +22,8 @@ from .kv_store import kv_store
 from .memory import VramPlan
 from .runtime import cupy
 
+ROPE_TABLE_MAX_BYTES = 64 << 20   # cos/sin tables (per freq_base, n_rot) above this: angles computed per launch
+
 
 class CudaBackend(Backend):
     name = "cuda"
@@ -38,6 +40,8 @@ class CudaBackend(Backend):
         self.plan = VramPlan(self.device, vram_reserve_mib)
         self._act = self._attn_ws = self._sample_ws = None
         self._rounded = None            # (rmsnorm output, format) whose rounding sits in self._act
+        self._rope_tables = {}          # (freq_base, n_rot) -> ew.RopeTable or None (_rope_table)
+        self.max_keys = 0
 
     def describe(self) -> str:
         free, total = self.cp.cuda.runtime.memGetInfo()
@@ -74,6 +78,7 @@ class CudaBackend(Backend):
         self._attn_ws = attn_k.attention_workspace(max_tokens, n_heads, head_dim, max_keys)
         self._sample_ws = smp.sampling_workspace(max_rows, n_vocab)
         self.max_tokens, self.max_keys = int(max_tokens), int(max_keys)
+        self._rope_tables = {}
 
     # ------------------------------------------------------------------ compute
     def embed(self, w, token_ids):
@@ -133,11 +138,25 @@ class CudaBackend(Backend):
         ew.rmsnorm(x, weight, float(eps), out)
         return out
 
+    def _rope_table(self, freq_base, n_rot):
+        """The cos / sin table of (freq_base, n_rot) for positions < max_keys, made at its first use after
+        reserve(); None before reserve() or when it would exceed ROPE_TABLE_MAX_BYTES (rope then computes
+        the angles in the launch: the same bits)."""
+        key = (float(freq_base), int(n_rot))
+        if key not in self._rope_tables:
+            n_pos = self.max_keys
+            fits = 0 < n_pos * (int(n_rot) // 2) * 8 <= ROPE_TABLE_MAX_BYTES
+            with self.cp.cuda.using_allocator(self.cp.get_default_memory_pool().malloc):   # not a graph's pool
+                self._rope_tables[key] = ew.rope_table(*key, n_pos) if fits else None
+        return self._rope_tables[key]
+
     def rope(self, x, positions, freq_base, n_rot, neox, channel_scale=None):
-        ew.rope(x, self.from_host(positions), float(freq_base), int(n_rot), bool(neox), channel_scale)
+        ew.rope(x, self.from_host(positions), float(freq_base), int(n_rot), bool(neox), channel_scale,
+                table=self._rope_table(freq_base, n_rot))
 
     def rope_qk(self, q, k, positions, freq_base, n_rot, neox, q_scale=None, k_scale=None):
-        ew.rope_qk(q, k, self.from_host(positions), float(freq_base), int(n_rot), bool(neox), q_scale, k_scale)
+        ew.rope_qk(q, k, self.from_host(positions), float(freq_base), int(n_rot), bool(neox), q_scale, k_scale,
+                   table=self._rope_table(freq_base, n_rot))
 
     def silu_mul(self, gate, up, out=None):
         if out is None:

@@ -107,16 +107,33 @@ extern "C" __global__ void rmsnorm_q8_k(const float* x, const float* w, double e
 // (token, i) into shared memory, then a float rotation of each pair: (i, i + n_rot/2) when neox,
 // else (2i, 2i+1). channel_scale (n_heads, head_dim) or null: afterwards every channel of the token
 // (rotated or not) is multiplied by its factor (K smoothing folded into rope).
+// The cos/sin come from a table (tab (tab_rows, n_rot / 2) of rope_table_f32's values) for positions it
+// holds; others are computed here by the same code: the double pow/cos/sin is the slow part of the kernel.
 #define ROPE_MAX_HALF 256
 
-// cos / sin of the token's angles into shared memory (one CTA per token)
-__device__ __forceinline__ void rope_angles(float* cs, float* sn, int pos, double freq_base, int n_rot) {
+struct alignas(8) CS { float c, s; };
+
+__device__ __forceinline__ CS rope_angle(int pos, int i, double freq_base, int n_rot) {
+    const double th = (double)pos * pow(freq_base, (-2.0 * i) / (double)n_rot);
+    return CS{(float)cos(th), (float)sin(th)};
+}
+
+// tab (n_pos, n_rot / 2): the cos / sin of every position < n_pos. grid n_pos, any block.
+extern "C" __global__ void rope_table_f32(CS* tab, double freq_base, int n_rot, int n_pos) {
     const int half = n_rot / 2;
-    const double p = (double)pos;
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        tab[(i64)blockIdx.x * half + i] = rope_angle(blockIdx.x, i, freq_base, n_rot);
+}
+
+// cos / sin of the token's angles into shared memory (one CTA per token)
+__device__ __forceinline__ void rope_angles(float* cs, float* sn, int pos, double freq_base, int n_rot,
+                                            const CS* tab, int tab_rows) {
+    const int half = n_rot / 2;
+    const bool from_tab = tab != nullptr && pos < tab_rows;      // the same for the whole CTA
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const double th = p * pow(freq_base, (-2.0 * i) / (double)n_rot);
-        cs[i] = (float)cos(th);
-        sn[i] = (float)sin(th);
+        const CS a = from_tab ? tab[(i64)pos * half + i] : rope_angle(pos, i, freq_base, n_rot);
+        cs[i] = a.c;
+        sn[i] = a.s;
     }
     __syncthreads();
 }
@@ -149,18 +166,19 @@ __device__ __forceinline__ void rope_heads(float* xt, int n_heads, int head_dim,
 }
 
 extern "C" __global__ void rope_f32(float* x, const i32* positions, double freq_base, int n_heads,
-                                    int head_dim, int n_rot, int neox, const float* channel_scale) {
+                                    int head_dim, int n_rot, int neox, const float* channel_scale,
+                                    const CS* tab, int tab_rows) {
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
-    rope_angles(cs, sn, positions[blockIdx.x], freq_base, n_rot);
+    rope_angles(cs, sn, positions[blockIdx.x], freq_base, n_rot, tab, tab_rows);
     rope_heads(x + (i64)blockIdx.x * n_heads * head_dim, n_heads, head_dim, n_rot, neox, channel_scale, cs, sn);
 }
 
 // q (n_tok, n_q, head_dim) and k (n_tok, n_k, head_dim) of the same tokens in one launch (rope_f32 twice).
 extern "C" __global__ void rope_qk_f32(float* q, float* k, const i32* positions, double freq_base, int n_q,
                                        int n_k, int head_dim, int n_rot, int neox, const float* q_scale,
-                                       const float* k_scale) {
+                                       const float* k_scale, const CS* tab, int tab_rows) {
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
-    rope_angles(cs, sn, positions[blockIdx.x], freq_base, n_rot);
+    rope_angles(cs, sn, positions[blockIdx.x], freq_base, n_rot, tab, tab_rows);
     rope_heads(q + (i64)blockIdx.x * n_q * head_dim, n_q, head_dim, n_rot, neox, q_scale, cs, sn);
     rope_heads(k + (i64)blockIdx.x * n_k * head_dim, n_k, head_dim, n_rot, neox, k_scale, cs, sn);
 }

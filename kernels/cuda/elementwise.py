@@ -9,12 +9,14 @@ Launch shapes depend only on the arrays' shapes. The 16-byte (_x4) kernels are u
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .qmatmul import XBLOCK
 from .runtime import cdiv, cupy, launch
 
-__all__ = ["rmsnorm", "rmsnorm_round", "can_round", "rope", "rope_qk", "silu_mul", "add", "take_rows", "copy_cols"]
+__all__ = ["rmsnorm", "rmsnorm_round", "can_round", "RopeTable", "rope_table", "rope", "rope_qk", "silu_mul", "add", "take_rows", "copy_cols"]
 
 CU = "elementwise.cu"
 BLOCK = 256            # threads per CTA of the flat kernels, and the most per row of the row kernels
@@ -112,35 +114,71 @@ def _rope_shape(x, name: str, positions, n_rot, channel_scale) -> tuple[int, int
     return n_tok, n_heads, hd, n_rot
 
 
-def rope(x, positions, freq_base: float, n_rot: int, neox: bool, channel_scale=None) -> None:
+@dataclass(frozen=True)
+class RopeTable:
+    """cos / sin of rope's angles for positions 0..n_pos-1 (device (n_pos, n_rot // 2, 2) float32), computed
+    once by the kernel code rope computes them with, so a table lookup gives the same bits."""
+    values: object
+    freq_base: float
+    n_rot: int
+    n_pos: int
+
+
+def rope_table(freq_base: float, n_rot: int, n_pos: int) -> RopeTable:
+    """The table of rope(.., freq_base, n_rot, ..)'s cos / sin for positions < n_pos (one launch)."""
+    n_rot, n_pos = int(n_rot), int(n_pos)
+    if n_rot <= 0 or n_rot % 2 or n_rot > ROPE_MAX_ROT or n_pos < 1:
+        raise ValueError(f"rope_table: n_rot={n_rot} must be even in (0, {ROPE_MAX_ROT}], n_pos={n_pos} >= 1")
+    values = cupy().empty((n_pos, n_rot // 2, 2), np.float32)
+    launch(CU, "rope_table_f32", (n_pos,), (_row_block(n_rot // 2),),
+           (values, np.float64(freq_base), np.int32(n_rot), np.int32(n_pos)))
+    return RopeTable(values, float(freq_base), n_rot, n_pos)
+
+
+def _table_args(table: RopeTable | None, freq_base: float, n_rot: int) -> tuple:
+    if table is None:
+        return _NULL, np.int32(0)
+    if (table.freq_base, table.n_rot) != (float(freq_base), n_rot):
+        raise ValueError(f"rope table of freq_base={table.freq_base}, n_rot={table.n_rot} used for "
+                         f"freq_base={freq_base}, n_rot={n_rot}")
+    return table.values, np.int32(table.n_pos)
+
+
+def rope(x, positions, freq_base: float, n_rot: int, neox: bool, channel_scale=None,
+         table: RopeTable | None = None) -> None:
     """Rotary embedding in place on x (n_tok, n_heads, head_dim) at positions (n_tok,) int32 (device).
 
     theta_i = pos * freq_base**(-2i/n_rot), i < n_rot/2, and cos/sin in double (as the CPU kernel), rounded
     to float; neox pairs (i, i + n_rot/2), else (2i, 2i+1); dims >= n_rot are not rotated. channel_scale
-    (n_heads, head_dim) float32 or None: then every channel is multiplied by its factor afterwards."""
+    (n_heads, head_dim) float32 or None: then every channel is multiplied by its factor afterwards.
+    table (rope_table of the same freq_base and n_rot) or None: its values for the positions it holds
+    (the same bits, without the double-precision pow / cos / sin in the launch)."""
     n_tok, n_heads, hd, n_rot = _rope_shape(x, "x", positions, n_rot, channel_scale)
+    tab = _table_args(table, freq_base, n_rot)
     if n_tok == 0:
         return
     block = _row_block(n_heads * (n_rot // 2))
     scale = _NULL if channel_scale is None else channel_scale
     launch(CU, "rope_f32", (n_tok,), (block,),
            (x, positions, np.float64(freq_base), np.int32(n_heads), np.int32(hd), np.int32(n_rot),
-            np.int32(bool(neox)), scale))
+            np.int32(bool(neox)), scale, *tab))
 
 
-def rope_qk(q, k, positions, freq_base: float, n_rot: int, neox: bool, q_scale=None, k_scale=None) -> None:
+def rope_qk(q, k, positions, freq_base: float, n_rot: int, neox: bool, q_scale=None, k_scale=None,
+            table: RopeTable | None = None) -> None:
     """rope(q, ..., q_scale) and rope(k, ..., k_scale) of the same tokens in one launch (the same bits)."""
     n_tok, n_q, hd, n_rot = _rope_shape(q, "q", positions, n_rot, q_scale)
     _rope_shape(k, "k", positions, n_rot, k_scale)
     if k.shape[2] != hd:
         raise ValueError(f"q {q.shape} and k {k.shape} must share head_dim")
+    tab = _table_args(table, freq_base, n_rot)
     if n_tok == 0:
         return
     block = _row_block(max(n_q, k.shape[1]) * (n_rot // 2))
     launch(CU, "rope_qk_f32", (n_tok,), (block,),
            (q, k, positions, np.float64(freq_base), np.int32(n_q), np.int32(k.shape[1]), np.int32(hd),
             np.int32(n_rot), np.int32(bool(neox)), _NULL if q_scale is None else q_scale,
-            _NULL if k_scale is None else k_scale))
+            _NULL if k_scale is None else k_scale, *tab))
 
 
 def silu_mul(gate, up, out) -> None:

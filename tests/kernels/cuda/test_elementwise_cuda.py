@@ -250,3 +250,26 @@ def test_rope_qk_equals_two_ropes(cp, ew, neox, n_rot):
     ew.rope_qk(q2, k2, pos, 1e6, n_rot, neox, qs, ks)
     assert np.array_equal(q1.get().view(np.uint32), q2.get().view(np.uint32))
     assert np.array_equal(k1.get().view(np.uint32), k2.get().view(np.uint32))
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("n_rot,base", [(64, 1e6), (32, 1e4)])
+def test_rope_table_same_bits(cp, ew, neox, n_rot, base):
+    """The cos/sin table gives the bits rope computes in the launch, for positions inside it; positions past
+    it (here 5000 and 40000 of a 4096-row table) fall back to the computation in the same launch."""
+    rng = np.random.default_rng(n_rot + 1)
+    q = rng.standard_normal((6, 14, 64), dtype=np.float32)
+    k = rng.standard_normal((6, 2, 64), dtype=np.float32)
+    pos = cp.asarray(np.array([0, 1, 4095, 4096, 5000, 40000], np.int32))
+    table = ew.rope_table(base, n_rot, 4096)
+    q1, k1, q2, k2 = cp.asarray(q), cp.asarray(k), cp.asarray(q), cp.asarray(k)
+    ew.rope_qk(q1, k1, pos, base, n_rot, neox)
+    ew.rope_qk(q2, k2, pos, base, n_rot, neox, table=table)
+    assert np.array_equal(q1.get().view(np.uint32), q2.get().view(np.uint32))
+    assert np.array_equal(k1.get().view(np.uint32), k2.get().view(np.uint32))
+    x1, x2 = cp.asarray(q), cp.asarray(q)
+    ew.rope(x1, pos, base, n_rot, neox)
+    ew.rope(x2, pos, base, n_rot, neox, table=table)
+    assert np.array_equal(x1.get().view(np.uint32), x2.get().view(np.uint32))
+    with pytest.raises(ValueError, match="rope table"):
+        ew.rope(x2, pos, base * 2, n_rot, neox, table=table)
