@@ -3,8 +3,12 @@
 A decode step has one token per sequence. Its inputs are copied into static device buffers of the
 bucket (the smallest bucket >= the number of tokens): token ids, positions, and one page-table row per
 token; rows past the real tokens are padding that reads and writes only the scratch page, whose contents
-nobody reads. Attention is captured for `max_keys` keys (the context length), so one graph serves every
-position. Each graph allocates its intermediates from a private CuPy memory pool during capture; the pool
+nobody reads. Attention is captured for a number of keys (its grid: one CTA per 128-key split of that
+many), and CTAs past a token's own keys exit at once, so one graph serves every position below it; each
+token-count bucket is captured for a few key counts (key_buckets: 4096, x4, ..., the context length) and a
+step replays the smallest that holds its longest sequence, so short contexts do not launch the long
+context's empty CTAs. A token's result does not depend on the grid (attention.cu), so every choice gives
+the same bits. Each graph allocates its intermediates from a private CuPy memory pool during capture; the pool
 lives as long as the graph and nothing else allocates from it, so replays write to the addresses that were
 captured. The forward is run once eagerly in that pool before capture, so the capture itself allocates
 nothing new (kernels compiled, pool blocks cached).
@@ -47,30 +51,44 @@ class _StaticBatch:
         self._dev.set(h)                                            # pageable source: done when it returns
 
 
+KEY_BUCKET_MIN = 4096      # the smallest key count a graph is captured for
+
+
+def key_buckets(max_keys: int) -> tuple:
+    """Key counts graphs are captured for: KEY_BUCKET_MIN, 4x that, ... below max_keys, then max_keys."""
+    out, k = [], KEY_BUCKET_MIN
+    while k < max_keys:
+        out.append(k)
+        k *= 4
+    return tuple(out) + (int(max_keys),)
+
+
 class StepGraphs:
     """forward(batch) -> logits (device, (n, n_vocab)) is the model's forward over the engine's KV cache."""
 
     def __init__(self, forward, max_pages: int, max_keys: int, scratch_page: int, buckets=(1, 2, 4, 8, 16)):
         self.cp = cp = cupy()
         self.buckets = tuple(sorted(int(b) for b in buckets))
+        self.key_buckets = key_buckets(int(max_keys))
         self.max_pages = int(max_pages)
         self._graphs = {}
         stream = cp.cuda.get_current_stream()
         if stream.ptr == 0:
             raise RuntimeError("graph capture needs a non-default stream (CudaBackend sets one)")
         for b in self.buckets:
-            static = _StaticBatch(cp, b, self.max_pages, int(max_keys), int(scratch_page))
-            pool = cp.cuda.MemoryPool()
-            with cp.cuda.using_allocator(pool.malloc):
-                forward(static)                                     # warm-up: compile, fill the pool
-                stream.synchronize()
-                stream.begin_capture()
-                try:
-                    logits = forward(static)
-                finally:
-                    graph = stream.end_capture()
-            graph.upload(stream)
-            self._graphs[b] = (graph, static, logits, pool)
+            for keys in self.key_buckets:
+                static = _StaticBatch(cp, b, self.max_pages, keys, int(scratch_page))
+                pool = cp.cuda.MemoryPool()
+                with cp.cuda.using_allocator(pool.malloc):
+                    forward(static)                                 # warm-up: compile, fill the pool
+                    stream.synchronize()
+                    stream.begin_capture()
+                    try:
+                        logits = forward(static)
+                    finally:
+                        graph = stream.end_capture()
+                graph.upload(stream)
+                self._graphs[b, keys] = (graph, static, logits, pool)
 
     @property
     def max_tokens(self) -> int:
@@ -81,16 +99,20 @@ class StepGraphs:
         n = len(batch.token_ids)
         if n == 0 or n > self.buckets[-1] or len(batch.logit_rows) != n:
             return False
-        if batch.page_tables.shape[1] > self.max_pages:
+        if batch.page_tables.shape[1] > self.max_pages or batch.max_pos > self.key_buckets[-1]:
             return False
         return (np.array_equal(batch.logit_rows, np.arange(n))
                 and len(np.unique(batch.token_seq)) == n)
 
+    def bucket(self, batch) -> tuple:
+        """(tokens, keys) of the graph that replays a Batch that `accepts`."""
+        n = len(batch.token_ids)
+        return (next(b for b in self.buckets if b >= n), next(k for k in self.key_buckets if k >= batch.max_pos))
+
     def run(self, batch):
         """Replay the bucket's graph for a host Batch that `accepts`; -> logits (n, n_vocab) device view."""
         n = len(batch.token_ids)
-        b = next(b for b in self.buckets if b >= n)
-        graph, static, logits, _ = self._graphs[b]
+        graph, static, logits, _ = self._graphs[self.bucket(batch)]
         static.fill(self.cp, batch)
         graph.launch(self.cp.cuda.get_current_stream())
         return logits[:n]

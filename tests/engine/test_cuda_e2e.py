@@ -100,6 +100,27 @@ def test_prompt_chunks_and_decode_graphs_are_batch_invariant(synth_path):
     np.testing.assert_array_equal(three[2], whole[-1])
 
 
+def test_decode_graphs_per_key_bucket_give_the_same_bits(synth_path, monkeypatch):
+    """Graphs captured for fewer keys than the context (key buckets 128 and 512 here) give a token the bits
+    of its prompt-chunk row, whichever bucket replays it."""
+    from strata_lite.batch import Batch
+    from strata_lite.kernels.cuda import graphs
+    from strata_lite.runner import ModelRunner, load_model
+    monkeypatch.setattr(graphs, "KEY_BUCKET_MIN", 128)
+    loaded = load_model(synth_path, backend="cuda")
+    runner = ModelRunner(loaded, kv_tokens=1024, page_size=64, host_bytes=0, n_ctx=512,
+                         max_step_tokens=N_TOK, max_seqs=4)
+    assert runner.graphs.key_buckets == (128, 512)
+    be = runner.backend
+    ids = _prompt(loaded.config.n_vocab, seed=3)
+    pages = runner.kv.alloc(4)
+    whole = be.to_host(runner.forward(Batch.single(ids, 0, pages)))
+    for pos, keys in ((100, 128), (127, 128), (128, 512), (199, 512)):
+        one = Batch.single(ids[pos:pos + 1], pos, pages)
+        assert runner.graphs.accepts(one) and runner.graphs.bucket(one) == (1, keys)
+        np.testing.assert_array_equal(be.to_host(runner.forward(one))[0], whole[pos])
+
+
 def test_generate_greedy_on_cuda_equals_its_teacher_forced_argmax(synth_path):
     """LLM.generate on the CUDA backend (decode graphs, device sampling): every greedy token is the argmax
     of the same backend's logits for the whole sequence read as one prompt (exact: a token's logits do not
