@@ -52,6 +52,14 @@ __device__ __forceinline__ void store_rows(const Out& o, const int* rows, int n_
     }
 }
 
+// One unit's contribution to a token's running sum: fma with the type's two operands (T::terms).
+template <class T>
+__device__ __forceinline__ float unit_dot(const typename T::U& v, const i32* x, float xd, float acc) {
+    float a, b;
+    T::terms(v, x, xd, a, b);
+    return __fmaf_rn(a, b, acc);
+}
+
 // W (n_out, row_bytes) u8 rows of blocks; xq (n_tok, k) int8 with 16-byte aligned rows; xd (n_tok, k / XB)
 // f32. grid (cdiv(warps, blockDim.y), cdiv(n_tok, TILE)), block (32, warps per CTA).
 template <class T, int TILE, int RW, int G, bool GLU>
@@ -88,13 +96,59 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
                     T::xload(xq + (size_t)(t0 + t) * k, u, x);
                     const float s = __ldg(xd + (size_t)(t0 + t) * n_xd + u / upx);
 #pragma unroll
-                    for (int r = 0; r < RW; ++r) acc[r][t] = T::dot(v[g][r], x, s, acc[r][t]);
+                    for (int r = 0; r < RW; ++r) acc[r][t] = unit_dot<T>(v[g][r], x, s, acc[r][t]);
                 }
             }
         }
     }
     store_rows<RW, TILE, GLU>(o, rows, n_out, t0, nt, acc);
 }
+
+// One token with more warps per row (split-K): the same sums as mm_q at one token. A CTA of blockDim.y
+// warps takes row blockIdx.x; warp w decodes and dots the unit rounds w, w + blockDim.y, ... (round j =
+// units 32j .. 32j + 31, unit 32j + l in lane l, as mm_q deals them) and leaves each unit's two fma operands
+// in shared memory, part[j * 32 + l]; then warp 0 folds lane l's units in mm_q's order (acc = fma(a, b, acc)
+// over rounds 0, 1, ...) and warp_sum adds the lanes. For matrices of few, long rows, where mm_q has too few
+// warps to keep loads in flight (qmatmul.py split_k). part: dynamic shared memory, cdiv(k / UNIT, 32) * 32
+// float2.
+template <class T>
+__device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes, int n_out, int k,
+                                        const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
+                                        const u32* tab, float2* part) {
+    const int lane = threadIdx.x, w = threadIdx.y, nw = blockDim.y, row = blockIdx.x;
+    const u8* wr = W + (size_t)row * row_bytes;
+    const int n_units = k / T::UNIT, upx = T::XB / T::UNIT, rounds = (n_units + WARP - 1) / WARP;
+    for (int j = w; j < rounds; j += nw) {
+        const int u = j * WARP + lane;
+        if (u >= n_units) continue;
+        typename T::U v;
+        T::decode(wr, u, tab, v);
+        i32 x[T::NW];
+        T::xload(xq, u, x);
+        float a, b;
+        T::terms(v, x, __ldg(xd + u / upx), a, b);
+        part[j * WARP + lane] = make_float2(a, b);
+    }
+    __syncthreads();
+    if (w != 0) return;
+    float acc = 0.0f;
+    for (int j = 0; j < rounds && j * WARP + lane < n_units; ++j) {
+        const float2 p = part[j * WARP + lane];
+        acc = __fmaf_rn(p.x, p.y, acc);
+    }
+    const float sum = warp_sum(acc);
+    if (lane == 0) o.put(0, row, n_out, sum);
+}
+
+#define MM_Q_SK_KERNEL(NAME, T)                                                                           \
+    extern "C" __global__ void __launch_bounds__(256) mmsk_##NAME(                                        \
+        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
+        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
+        GRID_SMEM(T);                                                                                     \
+        extern __shared__ float2 part[];                                                                  \
+        load_grid<T>(grid);                                                                               \
+        mm_q_sk<T>(W, row_bytes, n_out, k, xq, xd, OUT_ARGS, grid, part);                                 \
+    }
 
 #define MM_Q_KERNEL(NAME, T, TILE, RW, G)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) mm_##NAME##_t##TILE##_r##RW##_g##G(                 \
@@ -114,6 +168,7 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
     }
 // The variants the launcher picks from (qmatmul.py dp4a_variant: (TILE, RW, G) by token tile and type).
 #define MM_Q_KERNELS(NAME, T)                                                                             \
+    MM_Q_SK_KERNEL(NAME, T)                                                                               \
     MM_Q_KERNEL(NAME, T, 1, 1, 1) MM_Q_KERNEL(NAME, T, 1, 2, 1) MM_Q_KERNEL(NAME, T, 1, 2, 2)             \
     MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1) MM_Q_KERNEL(NAME, T, 8, 4, 1)             \
     MM_Q_GLU_KERNEL(NAME, T, 1, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 1)          \

@@ -42,6 +42,23 @@ MAX_GRID_Y = 65535
 DP4A_TILE1 = {QType.Q6_K: (2, 2), QType.Q8_0: (1, 1), QType.Q4_0: (1, 1), QType.Q5_0: (1, 1),
               QType.IQ4_NL: (1, 1)}
 DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
+# One token over few, long rows: the split-K kernel mmsk_<type> (WARPS_PER_CTA warps per row, the same
+# bits as the dp4a kernel; qmatmul.cu mm_q_sk) where the matrix has at most SPLIT_K_MAX_ROWS rows and its
+# rows at least SPLIT_K_MIN_ROUNDS rounds of 32 units. H200 (2026-12-02, kernel_notes.md), 896x4864: Q6_K
+# 7.8 -> 3.7 us, Q5_0 4.6 -> 2.9; 4096x14336 (2,048 warps already): IQ3_XXS 18.8 -> 21.4, Q4_K 12.1 -> 16.4,
+# Q6_K 24.6 -> 21.4, Q8_0 18.5 -> 17.5; every one-token launch through it (GLU over 4096-weight rows: two
+# rounds for 8 warps) made the 8B-layer decode 30% slower. 5 rounds: the fewest measured to gain (896x4864
+# Q5_0 / Q6_K). Partial terms take SPLIT_K_SMEM bytes of shared memory at most.
+SPLIT_K_MAX_ROWS = 2048
+SPLIT_K_MIN_ROUNDS = 5
+SPLIT_K_SMEM = 48 * 1024
+
+
+def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
+    """Whether a launch takes the split-K kernel (one token, few long rows; never GLU)."""
+    rounds = cdiv(n_in // _UNIT.get(QType(int(qtype)), 32), 32)
+    return (n_tok == 1 and not glu and n_out <= SPLIT_K_MAX_ROWS and rounds >= SPLIT_K_MIN_ROUNDS
+            and rounds * 32 * 8 <= SPLIT_K_SMEM)
 # perf/bench_gpu.py --explore: a build of qmatmul.cu with more (tile, RW, G) candidates
 BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",)}
 EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
@@ -220,7 +237,7 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", nb: 
     kernel: "auto" (tensor_core_tiles decides), "dp4a" or "mma" (tests and benchmarks compare them: the
     results are the same bits); nb: the tensor-core kernel's n8 tiles per warp (1 or 2; 0: as
     tensor_core_tiles says); variant (benchmarks): the dp4a kernel's (tile, RW, G), from the kernels of
-    `build` (BUILDS)."""
+    `build` (BUILDS), or "sk" for the split-K kernel (one token; split_k says when "auto" takes it)."""
     fmt = act_format(w.qtype)
     if fmt is None:
         raise ValueError(f"{w.qtype.name} weights take float activations: use matmul")
@@ -244,6 +261,12 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", nb: 
             raise ValueError(f"{w.n_out} output rows exceed one launch ({MAX_GRID_Y * rows} at most)")
         launch(CU_MMA, f"{'mmqglu' if glu else 'mmq'}_{name}_n{nb}", (cdiv(n, 8 * nb), cdiv(n_rows, rows)),
                (32, MMA_WARPS), args)
+        return
+    if variant == "sk" or (variant is None and split_k(w.qtype, w.n_out, w.n_in, n, glu)):
+        smem = cdiv(w.n_in // _UNIT.get(QType(int(w.qtype)), 32), 32) * 32 * 8
+        if n != 1 or glu or smem > SPLIT_K_SMEM:
+            raise ValueError(f"the split-K kernel takes one token, no GLU, rows of at most {SPLIT_K_SMEM // 256} units")
+        launch(CU, f"mmsk_{name}", (w.n_out,), (32, WARPS_PER_CTA), args, shared_mem=smem, options=BUILDS[build])
         return
     tile, rw, g = variant if variant is not None else dp4a_variant(w.qtype, _tile(n))
     kname = f"mmglu_{name}_t{tile}_g1" if glu else f"mm_{name}_t{tile}_r{rw}_g{g}"

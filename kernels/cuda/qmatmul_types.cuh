@@ -134,11 +134,12 @@ __device__ __forceinline__ void lookup16(u32 q, const u32* t, u32& lo, u32& hi) 
 
 // --------------------------------------------------------------------------------- weight types
 // Each type (over TBase: UNIT, XB, NW, offset, xload, xword): decode(row, u, tab, U&) -> the unit's weights as
-// packed int8 words in the order of its activations and its scales; dot(U, x words, token's xd, acc) -> acc
-// plus the token's contribution; deq(U, row out + offset(u)) -> gguf's float values of the unit.
-// dot = integer dot products (exact, any order), then fin(U, those integers, xd, acc): the float tail that
-// every mat-mul kernel shares, so the dp4a kernels (qmatmul.cu) and the tensor-core ones (qmatmul_mma.cu)
-// round alike. MMA says how the tensor-core kernel gets the integers: MMA_ONE (one 32-weight dot),
+// packed int8 words in the order of its activations and its scales; terms(U, x words, token's xd, a, b) -> the
+// unit's contribution to a token's sum as the two operands of acc = fma(a, b, acc) (qmatmul.cu: unit_dot);
+// deq(U, row out + offset(u)) -> gguf's float values of the unit.
+// terms = integer dot products (exact, any order), then the operands fin(U, those integers, xd, acc) applies:
+// the float tail that every mat-mul kernel shares, so the dp4a kernels (qmatmul.cu) and the tensor-core ones
+// (qmatmul_mma.cu) round alike. MMA says how the tensor-core kernel gets the integers: MMA_ONE (one 32-weight dot),
 // MMA_K4 (two 32-weight dots and their activation sums), MMA_Q6 (four 8-weight dots, one per scale).
 // `tab` is the CTA's shared copy of IQ3XXS_GRID (unused by the other types).
 
@@ -177,8 +178,9 @@ struct TQ8_0 : TBase<32, 32, 8> {
     static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {
         return __fmaf_rn(__fmul_rn(v.d, xd), (float)s, acc);
     }
-    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
-        return fin(v, dot8w(v.w, x, 8), xd, acc);
+    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
+        a = __fmul_rn(v.d, xd);          // fin's operands
+        b = (float)dot8w(v.w, x, 8);
     }
     static __device__ __forceinline__ void deq(const U& v, float* o) {
         for (int i = 0; i < 32; ++i) o[i] = __fmul_rn((float)(i8)(v.w[i >> 2] >> (8 * (i & 3))), v.d);
@@ -200,8 +202,8 @@ struct TQ4_0 : TBase<32, 32, 8> {
         v.d = ldf16(b);
     }
     static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) { return TQ8_0::fin(v, s, xd, acc); }
-    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
-        return TQ8_0::dot(v, x, xd, acc);
+    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
+        TQ8_0::terms(v, x, xd, a, b);
     }
     static __device__ __forceinline__ void deq(const U& v, float* o) {
         for (int i = 0; i < 32; ++i) o[i] = __fmul_rn(v.d, (float)(i8)(v.w[i >> 2] >> (8 * (i & 3))));
@@ -220,8 +222,8 @@ struct TIQ4_NL : TBase<32, 32, 8> {
         v.d = ldf16(b);
     }
     static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) { return TQ8_0::fin(v, s, xd, acc); }
-    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
-        return TQ4_0::dot(v, x, xd, acc);
+    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
+        TQ8_0::terms(v, x, xd, a, b);
     }
     static __device__ __forceinline__ void deq(const U& v, float* o) { TQ4_0::deq(v, o); }
 };
@@ -242,8 +244,8 @@ struct TQ5_0 : TBase<32, 32, 8> {
         v.d = ldf16(b);
     }
     static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) { return TQ8_0::fin(v, s, xd, acc); }
-    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
-        return TQ4_0::dot(v, x, xd, acc);
+    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
+        TQ8_0::terms(v, x, xd, a, b);
     }
     static __device__ __forceinline__ void deq(const U& v, float* o) { TQ4_0::deq(v, o); }
 };
@@ -262,10 +264,11 @@ __device__ __forceinline__ void k4_head(const u8* b, int jj, KU& v) {   // d, dm
 __device__ __forceinline__ float k4_fin(const KU& v, i32 isc, i32 imn, float xd, float acc) {
     return __fmaf_rn(xd, __fsub_rn(__fmul_rn(v.d, (float)isc), __fmul_rn(v.dmin, (float)imn)), acc);
 }
-__device__ __forceinline__ float k4_dot(const KU& v, const i32* x, float xd, float acc) {
+__device__ __forceinline__ void k4_terms(const KU& v, const i32* x, float xd, float& a, float& b) {
     const i32 isc = v.sc[0] * dot8w(v.w, x, 8) + v.sc[1] * dot8w(v.w + 8, x + 8, 8);
     const i32 imn = v.m[0] * sum_bytes(x, 8) + v.m[1] * sum_bytes(x + 8, 8);
-    return k4_fin(v, isc, imn, xd, acc);
+    a = xd;                              // k4_fin's operands
+    b = __fsub_rn(__fmul_rn(v.d, (float)isc), __fmul_rn(v.dmin, (float)imn));
 }
 __device__ __forceinline__ void k4_deq(const KU& v, float* o) {
     for (int h = 0; h < 2; ++h) {
@@ -293,7 +296,7 @@ struct TQ4_K : TBase<64, 256, 16> {
         k4_head(b, jj, v);
     }
     static __device__ __forceinline__ float fin(const U& v, i32 isc, i32 imn, float xd, float acc) { return k4_fin(v, isc, imn, xd, acc); }
-    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) { return k4_dot(v, x, xd, acc); }
+    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) { k4_terms(v, x, xd, a, b); }
     static __device__ __forceinline__ void deq(const U& v, float* o) { k4_deq(v, o); }
 };
 
@@ -314,7 +317,7 @@ struct TQ5_K : TBase<64, 256, 16> {
         k4_head(b, jj, v);
     }
     static __device__ __forceinline__ float fin(const U& v, i32 isc, i32 imn, float xd, float acc) { return k4_fin(v, isc, imn, xd, acc); }
-    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) { return k4_dot(v, x, xd, acc); }
+    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) { k4_terms(v, x, xd, a, b); }
     static __device__ __forceinline__ void deq(const U& v, float* o) { k4_deq(v, o); }
 };
 
@@ -364,11 +367,12 @@ struct TQ6_K : TBase<32, 256, 8> {
     static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {
         return __fmaf_rn(__fmul_rn(v.d, xd), (float)s, acc);
     }
-    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
+    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
         i32 s = 0;
 #pragma unroll
         for (int c = 0; c < 4; ++c) s += v.sc[c] * dot8w(v.w + 2 * c, x + 2 * c, 2);
-        return fin(v, s, xd, acc);
+        a = __fmul_rn(v.d, xd);          // fin's operands
+        b = (float)s;
     }
     static __device__ __forceinline__ void deq(const U& v, float* o) {   // o: the row at offset(u)
         for (int c = 0; c < 4; ++c) {
@@ -402,8 +406,9 @@ struct TIQ3_XXS : TBase<32, 256, 8> {
     static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {
         return __fmaf_rn(__fmul_rn(v.db, xd), (float)s, acc);
     }
-    static __device__ __forceinline__ float dot(const U& v, const i32* x, float xd, float acc) {
-        return fin(v, dot8w(v.w, x, 8), xd, acc);
+    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
+        a = __fmul_rn(v.db, xd);         // fin's operands
+        b = (float)dot8w(v.w, x, 8);
     }
     static __device__ __forceinline__ void deq(const U& v, float* o) {   // db * grid, negated: exact as gguf's db*grid*sign
         for (int i = 0; i < 32; ++i) o[i] = __fmul_rn(v.db, (float)(i8)(v.w[i >> 2] >> (8 * (i & 3))));

@@ -298,9 +298,8 @@ def test_fused_outputs_equal_separate_ops(cp, qm, qtype, n):
 @pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q6_K, QType.Q5_0, QType.Q8_0],
                          ids=lambda t: t.name)
 def test_every_dp4a_variant_gives_the_same_bits(cp, qm, qtype):
-    """Rows per warp and units in flight change the work split, never an output: every compiled variant
-    (the benchmark build's included) equals the default launch bit for bit."""
-    from strata_lite.kernels.cuda import runtime
+    """Rows per warp, units in flight and warps per row (split-K) change the work split, never an output:
+    every compiled variant (the benchmark build's included) equals the default launch bit for bit."""
     bs = gguf.GGML_QUANT_SIZES[qtype][0]
     n_out, n_in = (37, 4608) if bs == 256 else (37, 2400)   # odd rows; lane classes with 4-5 units
     w, _ = _weight(qm, qtype, n_out, n_in, seed=60)
@@ -319,3 +318,37 @@ def test_every_dp4a_variant_gives_the_same_bits(cp, qm, qtype):
                 out = cp.full((n, n_out), np.nan, cp.float32)
                 qm.matmul_prequantized(w, xq[:n], xd[:n], out, variant=(tile, rw, g), build=build)
                 assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (build, tile, rw, g, n)
+    out = cp.full((1, n_out), np.nan, cp.float32)     # the split-K kernel (one token)
+    qm.matmul_prequantized(w, xq[:1], xd[:1], out, variant="sk")
+    assert np.array_equal(out.get().view(np.uint32), ref[:1].view(np.uint32)), "sk"
+
+
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_out,n_in", [(37, 2304), (10, 14336)])
+def test_split_k_equals_one_warp_per_row(cp, qm, qtype, n_out, n_in):
+    """The one-token split-K kernel (every type) against mm_q's one-token kernel, bit for bit, with the
+    fused bias and residual add: rows of 72 and 448 32-weight units (rounds not a multiple of 8 warps)."""
+    w, _ = _weight(qm, qtype, n_out, n_in, seed=62)
+    fmt = qm.act_format(qtype)
+    x = _x(1, n_in, seed=63)
+    xq = cp.empty((1, n_in), cp.int8)
+    xd = cp.empty((1, n_in // qm.XBLOCK[fmt]), cp.float32)
+    qm.quantize_activations(fmt, cp.asarray(x), xq, xd)
+    bias = cp.asarray(_x(1, n_out, seed=64)[0])
+    resid = _x(1, n_out, seed=65)
+    ref, out = cp.asarray(resid), cp.asarray(resid)
+    qm.matmul_prequantized(w, xq, xd, ref, bias=bias, accumulate=True, variant=(1, 1, 1))
+    qm.matmul_prequantized(w, xq, xd, out, bias=bias, accumulate=True, variant="sk")
+    assert np.array_equal(out.get().view(np.uint32), ref.get().view(np.uint32))
+    if n_out % 2 == 0:
+        with pytest.raises(ValueError, match="split-K"):
+            qm.matmul_prequantized(w, xq, xd, cp.empty((1, n_out // 2), cp.float32), glu=True, variant="sk")
+
+
+def test_split_k_policy(qm):
+    """Few long rows take the split-K kernel at one token; many rows, short rows, GLU or several tokens do not."""
+    assert qm.split_k(QType.Q6_K, 896, 4864, 1, False) and qm.split_k(QType.Q5_0, 896, 4864, 1, False)
+    assert not qm.split_k(QType.Q6_K, 896, 4864, 2, False)          # one token only
+    assert not qm.split_k(QType.IQ3_XXS, 4096, 14336, 1, False)     # 2,048 warps without it
+    assert not qm.split_k(QType.Q8_0, 896, 896, 1, False)           # one round of units
+    assert not qm.split_k(QType.Q6_K, 1792, 4864, 1, True)          # GLU
