@@ -7,7 +7,7 @@ is the kernel's time without Python launch overhead. Bytes moved = weight bytes 
 activations + outputs (matmuls), K/V bytes + scales (attention).
 End to end: decode steps are the captured graphs (one replay per step) plus greedy sampling, at batch 1 and 4
 with every sequence at context 4K or 32K (the KV pages hold whatever is there: the work does not depend on it);
-prompt = one eager forward of 512 tokens.
+prompt = one eager forward of 512 tokens. Then where a batch-1 decode step's time goes (step_breakdown).
 
 Prompt mat-muls: 512 tokens of rounded activations through the dp4a kernel and the tensor-core kernel
 (both give the same bits), TFLOP/s = 2 * rows * columns * tokens / time, beside llama.cpp's on the card.
@@ -253,6 +253,52 @@ def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_ste
     return rows
 
 
+def step_breakdown(model_path, ctx=4096, n_steps=100):
+    """(label, µs per step, graph µs, inputs µs, sampling µs) of a batch-1 decode step with the engine sized
+    for ctx: the graph replay timed by CUDA events, the host work around it (batch checks and the input copy,
+    greedy sampling with the ids' copy back) by host clocks."""
+    from strata_lite.batch import Batch
+    from strata_lite.kernels.sample_rows import SampleRows
+    from strata_lite.runner import ModelRunner, load_model
+    import cupy as cp
+
+    loaded = load_model(model_path, backend="cuda")
+    runner = ModelRunner(loaded, kv_tokens=ctx + 512, page_size=64, host_bytes=0, n_ctx=ctx, max_step_tokens=512,
+                         max_seqs=1)
+    batch = Batch(np.array([5], np.int32), np.full(1, ctx - 1, np.int32), np.zeros(1, np.int32),
+                  np.arange(ctx // 64, dtype=np.int32)[None], np.arange(1, dtype=np.int64))
+    greedy = SampleRows.greedy(1)
+    for _ in range(10):
+        runner.sample(runner.forward(batch), greedy)
+    runner.backend.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n_steps):
+        runner.sample(runner.forward(batch), greedy)
+    step = (time.perf_counter() - t0) / n_steps
+    graph, static, logits, _ = runner.graphs._graphs[runner.graphs.bucket(batch)]
+    stream = cp.cuda.get_current_stream()
+    gpu = []
+    for _ in range(n_steps):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        graph.launch(stream)
+        b.record()
+        b.synchronize()
+        gpu.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
+    t0 = time.perf_counter()
+    for _ in range(n_steps):
+        batch.validate(runner.kv.n_pages, runner.kv.page_size, runner.n_vocab)
+        static.fill(cp, batch)
+    stream.synchronize()
+    inputs = (time.perf_counter() - t0) / n_steps
+    t0 = time.perf_counter()
+    for _ in range(n_steps):
+        runner.sample(logits[:1], greedy)
+    sampling = (time.perf_counter() - t0) / n_steps
+    return (f"{os.path.basename(model_path)} decode batch 1 ctx {ctx // 1024}K", step * 1e6,
+            float(np.median(gpu)) * 1e6, inputs * 1e6, sampling * 1e6)
+
+
 def synth_models(out_dir, quick):
     specs = [("qwen2", "qwen2.5-0.5b", "q4_k_m"), ("llama", "llama-8b-layers", "q4_k_m"),
              ("llama", "llama-8b-layers", "iq3_xxs")]
@@ -286,9 +332,10 @@ def main(argv=None) -> int:
     krows = kernel_rows(cp, copy_bw)
     grows = gemm_rows(cp)
     os.makedirs(args.models, exist_ok=True)
-    erows = []
+    erows, brows = [], []
     for path in synth_models(args.models, args.quick):
         erows += e2e_rows(path)
+        brows.append(step_breakdown(path))
     print(f"\n{be.describe()}; copy bandwidth {copy_bw / 1e9:,.0f} GB/s (read + write)")
     print(f"{'kernel':48s} {'us':>9s} {'GB/s':>8s} {'of copy bw':>10s}")
     for label, us, gbs, frac in krows:
@@ -299,9 +346,13 @@ def main(argv=None) -> int:
     print(f"\n{'end to end (synthetic weights)':60s} {'tok/s':>9s}")
     for label, tps in erows:
         print(f"{label:60s} {tps:9.0f}")
+    print(f"\n{'decode step, engine sized for 4K (µs)':48s} {'step':>7s} {'graph':>7s} {'inputs':>7s} {'sampling':>8s}")
+    for label, step, gpu, inputs, sampling in brows:
+        print(f"{label:48s} {step:7.0f} {gpu:7.0f} {inputs:7.0f} {sampling:8.0f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": be.describe(), "copy_bw": copy_bw, "kernels": krows, "gemm": grows, "e2e": erows}, f, indent=1)
+            json.dump({"device": be.describe(), "copy_bw": copy_bw, "kernels": krows, "gemm": grows, "e2e": erows,
+                       "step_breakdown": brows}, f, indent=1)
     return 0
 
 
