@@ -23,6 +23,7 @@ Decisions where llama.cpp and Hugging Face transformers disagree (we follow tran
 from __future__ import annotations
 
 import re
+from array import array
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -90,6 +91,29 @@ def _opt_int(meta: Mapping[str, Any], key: str) -> int | None:
     return None if v is None else int(v)
 
 
+class _Pieces:
+    """Every token's bytes, pieces[i], held in one buffer: 151,936 bytes objects cost ~8 MiB, the buffer and
+    its offsets ~2 MiB (docs/cpu.md, peak RSS)."""
+    __slots__ = ("_blob", "_starts")
+
+    def __init__(self, pieces: list[bytes]):
+        self._blob = b"".join(pieces)
+        starts = array("q", [0])
+        at = 0
+        for p in pieces:
+            at += len(p)
+            starts.append(at)
+        self._starts = starts
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1
+
+    def __getitem__(self, i: int) -> bytes:
+        """Bytes of token i (0 <= i < len: the callers check ids)."""
+        s = self._starts
+        return self._blob[s[i]:s[i + 1]]
+
+
 class Tokenizer:
     """Encoder/decoder for one GGUF vocabulary. Build it with `from_gguf_metadata`."""
 
@@ -145,8 +169,7 @@ class Tokenizer:
     def __init__(self, *, kind: str, backend, tokens: list[str], types: np.ndarray,
                  meta: Mapping[str, Any], default_add_bos: bool, source: str):
         self.kind, self.source = kind, source
-        self._backend = backend
-        self._tokens = tokens
+        self._backend = backend     # the token texts are not kept (15 MiB for a 152K vocabulary): _pieces
         self._types = types
         self.n_vocab = len(tokens)
 
@@ -183,7 +206,7 @@ class Tokenizer:
                 pieces.append(spm_piece_bytes(t, BYTE))
             else:  # normal, unused
                 pieces.append(text_bytes(t))
-        self._pieces = pieces
+        self._pieces = _Pieces(pieces)
         self._hidden = frozenset(np.flatnonzero((types == CONTROL) | (types == UNKNOWN)).tolist())
 
         # Special-token splitting: user-defined tokens always, control/unknown with parse_special.

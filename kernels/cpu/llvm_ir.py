@@ -23,6 +23,12 @@ def c_arrays(*specs) -> bool:
                for a, dt, nd in specs)
 
 
+def strided_array(a, dt, nd) -> bool:
+    """a is an array of that dtype and ndim, contiguous or not (for outputs stored through their strides,
+    as store_tile does: a column slice of a larger output)."""
+    return isinstance(a, types.Array) and a.dtype == dt and a.ndim == nd and a.layout in ("C", "A")
+
+
 def tile_args(r0, t0, n_tok, max_tok) -> bool:
     """The (row, token, literal token count) arguments of a row-group x token-chunk kernel are valid."""
     return (isinstance(r0, types.Integer) and isinstance(t0, types.Integer)

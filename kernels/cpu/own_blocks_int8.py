@@ -27,8 +27,9 @@ from . import llvm_ir as L
 from . import q8_0_int8 as q8
 
 MIN_TOK = 2 * q8.MAX_TOK + 1      # from 3 token chunks per row on (2: unpacking twice costs about as much)
-SCRATCH_BYTES = 8 << 20           # Q8_0 bytes unpacked at a time (a buffer per calling thread, kept): one
-                                  # slab for every 0.5B matrix but the fused gate/up (2) and the vocabulary
+SCRATCH_BYTES = 4 << 20           # Q8_0 bytes unpacked at a time (a buffer per calling thread, kept): one
+                                  # slab for every 0.5B and 1.5B attention matrix, 3 for the 0.5B fused
+                                  # gate/up (8 MiB gave 2 and held 4 MiB more for the process's life)
 
 
 def _make_unpack(block_weights):
@@ -101,9 +102,6 @@ def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, kind: int) -> None
         b = min(n_rows, a + slab)
         dst = buf[:(b - a) * row_bytes].reshape(b - a, nb, q8.BLOCK_BYTES)
         unpack_rows(kind, raw3, a, dst)
-        if b - a == n_rows:
-            q8.mv_avx2(dst, x3, out, q8.Q8_0_KIND)
-        else:
-            tile = np.empty((x3.shape[0], b - a), dtype=np.float32)
-            q8.mv_avx2(dst, x3, tile, q8.Q8_0_KIND)
-            out[:, a:b] = tile
+        # a slab's columns go straight into out (a strided view): no float tile of n_tok x slab rows to copy
+        # (17 MiB for 512 tokens of the 0.5B gate/up with 8 MiB slabs: a prompt's largest temporary)
+        q8.mv_avx2(dst, x3, out if b - a == n_rows else out[:, a:b], q8.Q8_0_KIND)

@@ -111,8 +111,8 @@ def _f16(builder, p):
 def _make_dot(block_weights, doc_format: str):
     @intrinsic
     def dot(typingctx, raw3, r0, xq, xd, t0, n_tok, out):
-        if not (L.c_arrays((raw3, types.uint8, 3), (xq, types.int8, 3), (xd, types.float32, 2),
-                           (out, types.float32, 2))
+        if not (L.c_arrays((raw3, types.uint8, 3), (xq, types.int8, 3), (xd, types.float32, 2))
+                and L.strided_array(out, types.float32, 2)          # own_blocks_int8.py: column slices
                 and L.tile_args(r0, t0, n_tok, MAX_TOK)):
             return None
         sig = types.void(raw3, types.intp, xq, xd, types.intp, n_tok, out)

@@ -87,3 +87,22 @@ def test_elementwise_serial_and_parallel_forms_agree():
         one = np.empty((1, 896), np.float32)
         ew.rmsnorm(h[t:t + 1], w, 1e-6, one)
         np.testing.assert_array_equal(one[0], out[t])
+
+
+@pytest.mark.parametrize("qtype,n_in", [(QT.Q5_0, 256), (QT.Q4_K, 512), (QT.Q8_0, 256)])
+def test_gate_up_in_row_pieces_is_the_one_call(qtype, n_in, monkeypatch):
+    """CpuBackend.qmatmul_glu applies silu * up GLU_ROWS rows at a time, into the mat-mul's own output: the
+    same bits as Backend.qmatmul_glu (split the whole output, then silu * up)."""
+    from strata_lite.kernels.backend import Backend
+    from strata_lite.kernels.cpu import backend as cpu_backend
+    monkeypatch.setattr(cpu_backend, "GLU_ROWS", 16)
+    be = CpuBackend()
+    rng = np.random.default_rng(5)
+    gate, up = (be.upload_weight(_W(qtype, random_blocks(rng, qtype, 40, n_in), n_in)) for _ in range(2))
+    w = be.fuse_rows([gate, up])
+    assert w is not None and w.int8
+    for n_tok in (1, 16, 17, 37, 64):
+        x = rng.standard_normal((n_tok, n_in), dtype=np.float32)
+        got = be.qmatmul_glu(w, x)
+        assert got.shape == (n_tok, 40) and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, Backend.qmatmul_glu(be, w, x))
