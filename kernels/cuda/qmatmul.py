@@ -53,12 +53,6 @@ SPLIT_K_MAX_ROWS = 2048
 SPLIT_K_MIN_ROUNDS = 5
 SPLIT_K_SMEM = 48 * 1024
 
-
-def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
-    """Whether a launch takes the split-K kernel (one token, few long rows; never GLU)."""
-    rounds = cdiv(n_in // _UNIT.get(QType(int(qtype)), 32), 32)
-    return (n_tok == 1 and not glu and n_out <= SPLIT_K_MAX_ROWS and rounds >= SPLIT_K_MIN_ROUNDS
-            and rounds * 32 * 8 <= SPLIT_K_SMEM)
 # perf/bench_gpu.py --explore: a build of qmatmul.cu with more (tile, RW, G) candidates
 BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",)}
 EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
@@ -75,6 +69,13 @@ def dp4a_variant(qtype, tile: int) -> tuple[int, int, int]:
     """(tile, RW, G) of the dp4a kernel for a launch whose token tile is `tile`."""
     rw, g = DP4A_TILE1.get(QType(int(qtype)), DP4A_VARIANTS[1]) if tile == 1 else DP4A_VARIANTS[tile]
     return tile, rw, g
+
+
+def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
+    """Whether a launch takes the split-K kernel (one token, few long rows; never GLU)."""
+    rounds = cdiv(n_in // _UNIT.get(QType(int(qtype)), 32), 32)
+    return (n_tok == 1 and not glu and n_out <= SPLIT_K_MAX_ROWS and rounds >= SPLIT_K_MIN_ROUNDS
+            and rounds * 32 * 8 <= SPLIT_K_SMEM)
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,7 +1,7 @@
-"""Which CUDA mat-mul kernel a launch takes (kernels/cuda/qmatmul.tensor_core_tiles): pure host logic, so
+"""Which CUDA mat-mul kernel a launch takes (kernels/cuda/qmatmul.tensor_core_tiles, split_k): pure host logic, so
 it is checked without a GPU. Both kernels give the same bits (tests/kernels/cuda/test_qmatmul_cuda.py);
 the choice is about speed, from the H200 measurements in its docstring."""
-from strata_lite.kernels.cuda.qmatmul import MMA_MIN_TOKENS, tensor_core_tiles
+from strata_lite.kernels.cuda.qmatmul import MMA_MIN_TOKENS, split_k, tensor_core_tiles
 
 
 def test_decode_and_draft_checks_stay_on_dp4a():
@@ -26,3 +26,14 @@ def test_q8_0_stays_on_dp4a():
     from gguf import GGMLQuantizationType as QType
     assert tensor_core_tiles(14336, 4096, 512, QType.Q8_0) == 0
     assert tensor_core_tiles(14336, 4096, 512, QType.Q4_K) == 2
+
+
+def test_split_k_for_one_token_over_few_long_rows():
+    """Few long rows take the split-K kernel at one token; many rows, short rows, GLU or several tokens do not."""
+    from gguf import GGMLQuantizationType as QType
+    assert split_k(QType.Q6_K, 896, 4864, 1, False) and split_k(QType.Q5_0, 896, 4864, 1, False)
+    assert not split_k(QType.Q6_K, 896, 4864, 2, False)          # one token only
+    assert not split_k(QType.IQ3_XXS, 4096, 14336, 1, False)     # 2,048 warps without it
+    assert not split_k(QType.IQ3_XXS, 1024, 4096, 1, False)      # 4 rounds: not measured to gain
+    assert not split_k(QType.Q8_0, 896, 896, 1, False)           # one round of units
+    assert not split_k(QType.Q6_K, 1792, 4864, 1, True)          # GLU

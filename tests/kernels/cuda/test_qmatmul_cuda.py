@@ -344,11 +344,3 @@ def test_split_k_equals_one_warp_per_row(cp, qm, qtype, n_out, n_in):
         with pytest.raises(ValueError, match="split-K"):
             qm.matmul_prequantized(w, xq, xd, cp.empty((1, n_out // 2), cp.float32), glu=True, variant="sk")
 
-
-def test_split_k_policy(qm):
-    """Few long rows take the split-K kernel at one token; many rows, short rows, GLU or several tokens do not."""
-    assert qm.split_k(QType.Q6_K, 896, 4864, 1, False) and qm.split_k(QType.Q5_0, 896, 4864, 1, False)
-    assert not qm.split_k(QType.Q6_K, 896, 4864, 2, False)          # one token only
-    assert not qm.split_k(QType.IQ3_XXS, 4096, 14336, 1, False)     # 2,048 warps without it
-    assert not qm.split_k(QType.Q8_0, 896, 896, 1, False)           # one round of units
-    assert not qm.split_k(QType.Q6_K, 1792, 4864, 1, True)          # GLU
