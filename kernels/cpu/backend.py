@@ -87,9 +87,6 @@ class CpuBackend(Backend):
         a..b of the result overwrite y's rows a/2..b/2, which their halves were copied out of already."""
         y = self.qmatmul(w, x)
         n, half = y.shape[0], w.n_out // 2
-        if n <= GLU_ROWS:
-            g, u = self.split_cols(y, (half, half))
-            return self.silu_mul(g, u, out=g)
         act = y.reshape(-1)[:n * half].reshape(n, half)
         for a in range(0, n, GLU_ROWS):
             b = min(n, a + GLU_ROWS)

@@ -71,11 +71,16 @@ def dp4a_variant(qtype, tile: int) -> tuple[int, int, int]:
     return tile, rw, g
 
 
+def _split_k_smem(qtype, n_in: int) -> int:
+    """Shared-memory bytes of the split-K kernel's partial terms: a float2 per unit, in rounds of 32 units."""
+    return cdiv(n_in // _UNIT.get(QType(int(qtype)), 32), 32) * 32 * 8
+
+
 def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
     """Whether a launch takes the split-K kernel (one token, few long rows; never GLU)."""
-    rounds = cdiv(n_in // _UNIT.get(QType(int(qtype)), 32), 32)
-    return (n_tok == 1 and not glu and n_out <= SPLIT_K_MAX_ROWS and rounds >= SPLIT_K_MIN_ROUNDS
-            and rounds * 32 * 8 <= SPLIT_K_SMEM)
+    smem = _split_k_smem(qtype, n_in)
+    return (n_tok == 1 and not glu and n_out <= SPLIT_K_MAX_ROWS and smem >= SPLIT_K_MIN_ROUNDS * 32 * 8
+            and smem <= SPLIT_K_SMEM)
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,7 +269,7 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", nb: 
                (32, MMA_WARPS), args)
         return
     if variant == "sk" or (variant is None and split_k(w.qtype, w.n_out, w.n_in, n, glu)):
-        smem = cdiv(w.n_in // _UNIT.get(QType(int(w.qtype)), 32), 32) * 32 * 8
+        smem = _split_k_smem(w.qtype, w.n_in)
         if n != 1 or glu or smem > SPLIT_K_SMEM:
             raise ValueError(f"the split-K kernel takes one token, no GLU, rows of at most {SPLIT_K_SMEM // 256} units")
         launch(CU, f"mmsk_{name}", (w.n_out,), (32, WARPS_PER_CTA), args, shared_mem=smem, options=BUILDS[build])

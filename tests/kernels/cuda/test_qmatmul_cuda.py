@@ -59,6 +59,16 @@ def _x(n, k, seed, scale=1.0):
     return (np.random.default_rng(seed).standard_normal((n, k)) * scale).astype(np.float32)
 
 
+def _rounded(cp, qm, qtype, x_host):
+    """x (n, k) host float32 -> (xq, xd): on the device, rounded for a qtype mat-mul."""
+    fmt = qm.act_format(qtype)
+    n, k = x_host.shape
+    xq = cp.empty((n, k), cp.int8)
+    xd = cp.empty((n, k // qm.XBLOCK[fmt]), cp.float32)
+    qm.quantize_activations(fmt, cp.asarray(x_host), xq, xd)
+    return xq, xd
+
+
 def _run(cp, qm, w, x_host, act):
     x = cp.asarray(x_host)
     out = cp.full((x_host.shape[0], w.n_out), np.nan, dtype=cp.float32)
@@ -114,10 +124,7 @@ def test_tensor_core_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, nb):
         w, raw = _weight(qm, qtype, n_out, n_in, seed=40 + si)
         x = _x(37, n_in, seed=41 + si)
         x[3] *= 1e3
-        fmt = qm.act_format(qtype)
-        xq = cp.empty((37, n_in), cp.int8)
-        xd = cp.empty((37, n_in // qm.XBLOCK[fmt]), cp.float32)
-        qm.quantize_activations(fmt, cp.asarray(x), xq, xd)
+        xq, xd = _rounded(cp, qm, qtype, x)
         got = {}
         for kernel in ("dp4a", "mma"):
             out = cp.full((37, n_out), np.nan, dtype=cp.float32)
@@ -303,11 +310,7 @@ def test_every_dp4a_variant_gives_the_same_bits(cp, qm, qtype):
     bs = gguf.GGML_QUANT_SIZES[qtype][0]
     n_out, n_in = (37, 4608) if bs == 256 else (37, 2400)   # odd rows; lane classes with 4-5 units
     w, _ = _weight(qm, qtype, n_out, n_in, seed=60)
-    fmt = qm.act_format(qtype)
-    x = _x(8, n_in, seed=61)
-    xq = cp.empty((8, n_in), cp.int8)
-    xd = cp.empty((8, n_in // qm.XBLOCK[fmt]), cp.float32)
-    qm.quantize_activations(fmt, cp.asarray(x), xq, xd)
+    xq, xd = _rounded(cp, qm, qtype, _x(8, n_in, seed=61))
     ref = cp.full((8, n_out), np.nan, cp.float32)
     qm.matmul_prequantized(w, xq, xd, ref, kernel="dp4a")
     ref = ref.get()
@@ -329,11 +332,7 @@ def test_split_k_equals_one_warp_per_row(cp, qm, qtype, n_out, n_in):
     """The one-token split-K kernel (every type) against mm_q's one-token kernel, bit for bit, with the
     fused bias and residual add: rows of 72 and 448 32-weight units (rounds not a multiple of 8 warps)."""
     w, _ = _weight(qm, qtype, n_out, n_in, seed=62)
-    fmt = qm.act_format(qtype)
-    x = _x(1, n_in, seed=63)
-    xq = cp.empty((1, n_in), cp.int8)
-    xd = cp.empty((1, n_in // qm.XBLOCK[fmt]), cp.float32)
-    qm.quantize_activations(fmt, cp.asarray(x), xq, xd)
+    xq, xd = _rounded(cp, qm, qtype, _x(1, n_in, seed=63))
     bias = cp.asarray(_x(1, n_out, seed=64)[0])
     resid = _x(1, n_out, seed=65)
     ref, out = cp.asarray(resid), cp.asarray(resid)
