@@ -127,23 +127,31 @@ def cmd_synth(args) -> int:
 
 def cmd_train_mtp(args) -> int:
     import os
+    from dataclasses import asdict
     from .mtp_train import train_mtp
+    from .mtp_train_defaults import DEFAULTS, resolve_device
     from .mtp_train_fit import FitOptions
     for f in args.text or ():
         if not os.path.isfile(f) or not os.access(f, os.R_OK):
             raise ValueError(f"{f}: not a readable file")
+    device, backend = resolve_device(args.device, args.backend)
+    for name, value in asdict(DEFAULTS[device]).items():       # options not given: the device's defaults
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.steps < 1 or args.batch < 1 or args.topk < 1 or args.lr <= 0:
         raise ValueError("--steps, --batch and --topk must be >= 1 and --lr > 0")
     from .api import LLM
     t0 = time.perf_counter()
-    llm = LLM(args.model, backend=args.backend, n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads)
+    llm = LLM(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads)
     print(f"loaded {llm.model_path} ({llm.config.arch}) on {llm.backend.describe()} in "
-          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
+          f"{time.perf_counter() - t0:.1f} s; training on {device}: {args.steps} steps of {args.batch} windows of "
+          f"{args.ctx} tokens, lr {args.lr:g}, {args.train_tokens} text tokens, {args.answers} answers", file=sys.stderr)
     opts = FitOptions(steps=args.steps, seed=args.seed, lr=args.lr, batch=args.batch, topk=args.topk,
                       warmup=min(20, max(1, args.steps // 10)))
     rep = train_mtp(llm, args.output, args.text, opts, ctx=args.ctx, train_tokens=args.train_tokens,
                     eval_tokens=args.eval_tokens, out_type=args.type, checkpoint_dir=args.checkpoint,
-                    checkpoint_every=args.checkpoint_every)
+                    checkpoint_every=args.checkpoint_every, device=device, answers=args.answers,
+                    answer_tokens=args.answer_tokens)
     print(rep.summary())
     return 0
 
@@ -211,20 +219,32 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--blocks", type=int, default=None, help="number of blocks (default: the preset's)")
     sy.add_argument("--out", "-o", required=True, help="output GGUF file")
     sy.set_defaults(func=cmd_synth)
+    from .mtp_train_defaults import default_help
     tm = sub.add_parser("train-mtp", help="train an MTP block for a model by self-distillation (docs/mtp_training.md)")
     _model_args(tm)
     tm.add_argument("--text", nargs="+", default=None,
                     help="training text files (UTF-8; every tenth is held out); default: the Python stdlib sources")
     tm.add_argument("--output", "-o", required=True, help="output sidecar GGUF (loader/mtp.py layout)")
-    tm.add_argument("--steps", type=int, default=300)
+    tm.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                    help="where the training math runs: cpu (numpy) or cuda (CuPy); auto: cuda when the model's "
+                         "pass runs on the CUDA backend. Options below left out take the device's default")
+    tm.add_argument("--steps", type=int, default=None, help="training steps " + default_help("steps"))
     tm.add_argument("--seed", type=int, default=0)
-    tm.add_argument("--lr", type=float, default=3e-4, help="peak Adam learning rate (warm-up, cosine decay)")
-    tm.add_argument("--batch", type=int, default=2, help="windows of --ctx tokens per step")
-    tm.add_argument("--ctx", type=int, default=256, help="window length in tokens")
+    tm.add_argument("--lr", type=float, default=None,
+                    help="peak Adam learning rate, warm-up and cosine decay " + default_help("lr"))
+    tm.add_argument("--batch", type=int, default=None, help="windows of --ctx tokens per step " + default_help("batch"))
+    tm.add_argument("--ctx", type=int, default=None, help="window length in tokens " + default_help("ctx"))
     tm.add_argument("--topk", type=int, default=1,
                     help="1: cross-entropy on the model's greedy token; k > 1: KL to its top-k distribution")
-    tm.add_argument("--train-tokens", type=int, default=65536, help="tokens of text the model is run over")
-    tm.add_argument("--eval-tokens", type=int, default=8192, help="held-out tokens for the agreement figure")
+    tm.add_argument("--train-tokens", type=int, default=None,
+                    help="tokens of text files the model is run over " + default_help("train_tokens"))
+    tm.add_argument("--eval-tokens", type=int, default=None,
+                    help="held-out tokens of text files for the agreement figure " + default_help("eval_tokens"))
+    tm.add_argument("--answers", type=int, default=None,
+                    help="answer the first N built-in coding prompts with the model (greedy) and add the answers "
+                         "to the text, every tenth held out " + default_help("answers"))
+    tm.add_argument("--answer-tokens", type=int, default=None,
+                    help="longest answer in tokens " + default_help("answer_tokens"))
     tm.add_argument("--type", default="Q8_0", choices=("Q8_0", "F16"), help="matrix type of the output")
     tm.add_argument("--checkpoint", default=None, help="directory: resume from / save checkpoints there")
     tm.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints")

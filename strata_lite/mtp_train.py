@@ -1,8 +1,10 @@
 """`strata-lite train-mtp`: fit an MTP block to a model by self-distillation (docs/mtp_training.md).
 
     data    (mtp_train_data)  the frozen model over the text: last hidden states, its own top-k tokens
+    answers (mtp_train_answers) optional text: the model's greedy answers to coding prompts
     model   (mtp_train_model) the block's float forward and hand-written backward, the chunked loss
     fit     (mtp_train_fit)   Adam, schedule, clipping, checkpoints
+    device  (mtp_train_device) numpy on the host or CuPy on the GPU for all of the above math
     output  loader.mtp.write_mtp_arrays: the sidecar GGUF that load_mtp_file reads
 """
 from __future__ import annotations
@@ -19,9 +21,11 @@ from gguf import GGMLQuantizationType as QType
 from .loader.atomic_file import written_whole
 from .loader.gguf_file import GGUFFile
 from .loader.mtp import write_mtp_arrays
-from .mtp_train_data import MtpData, collect, read_tokens, split_files, stdlib_files
+from .mtp_train_data import MtpData, collect, read_tokens, split_files, split_held_out, stdlib_files
+from .mtp_train_device import array_module, device_module, to_device, to_host, tree_to
 from .mtp_train_fit import FitOptions, fit
 from .mtp_train_model import FrozenHead, evaluate, init_params
+from .mtp_train_prompts import prompts
 
 OUT_TYPES = {"Q8_0": QType.Q8_0, "F16": QType.F16}
 COLLECT_K = 8        # top-k targets kept per row (a cached data set serves --topk 1 .. 8 alike)
@@ -30,22 +34,38 @@ COLLECT_K = 8        # top-k targets kept per row (a cached data set serves --to
 @dataclass
 class TrainReport:
     out_path: str
+    device: str = "cpu"
     n_train_tokens: int = 0
-    n_eval_rows: int = 0
-    collect_s: float = 0.0
+    n_answer_tokens: int = 0                  # of them, the model's own answers
+    answers_s: float = 0.0                    # generating the answers
+    collect_s: float = 0.0                    # the model's pass over all text
+    train_s: float = 0.0                      # the training steps
     step_s: float = 0.0                       # mean wall time of a training step
     losses: list = field(default_factory=list)
-    eval_before: tuple = (float("nan"), float("nan"))   # (loss, top-1 agreement) on held-out rows
-    eval_after: tuple = (float("nan"), float("nan"))
+    held: dict = field(default_factory=dict)  # held-out set name -> HeldOut
 
     def summary(self) -> str:
         first = np.mean(self.losses[:10]) if self.losses else float("nan")
         last = np.mean(self.losses[-10:]) if self.losses else float("nan")
-        return (f"train-mtp: {len(self.losses)} steps, {self.step_s:.2f} s/step, loss {first:.4f} -> {last:.4f} "
-                f"(mean of first/last 10); model pass over {self.n_train_tokens} tokens {self.collect_s:.0f} s\n"
-                f"held-out ({self.n_eval_rows} rows): top-1 agreement with the model's token i+2 "
-                f"{self.eval_before[1]:.4f} -> {self.eval_after[1]:.4f}, loss {self.eval_before[0]:.4f} -> "
-                f"{self.eval_after[0]:.4f}\nwrote {self.out_path}")
+        lines = [f"train-mtp on {self.device}: {len(self.losses)} steps in {self.train_s:.1f} s "
+                 f"({self.step_s:.3f} s/step), loss {first:.4f} -> {last:.4f} (mean of first/last 10)",
+                 f"{self.n_train_tokens} training tokens, {self.n_answer_tokens} of them the model's answers "
+                 f"(generated in {self.answers_s:.1f} s); the model's pass over all text {self.collect_s:.1f} s"]
+        for name, h in self.held.items():
+            lines.append(f"held-out {name} ({h.rows} rows): top-1 agreement with the model's token i+2 "
+                         f"{h.before[1]:.4f} -> {h.after[1]:.4f}, loss {h.before[0]:.4f} -> {h.after[0]:.4f}")
+        if not self.held:
+            lines.append("held-out: none (no text file or prompt fell in the held-out tenth), so no top-1 "
+                         "agreement figure")
+        return "\n".join(lines + [f"wrote {self.out_path}"])
+
+
+@dataclass
+class HeldOut:
+    data: MtpData
+    rows: int
+    before: tuple = (float("nan"), float("nan"))   # (loss, top-1 agreement)
+    after: tuple = (float("nan"), float("nan"))
 
 
 def _fingerprint(*parts) -> str:
@@ -55,12 +75,16 @@ def _fingerprint(*parts) -> str:
     return h.hexdigest()[:16]
 
 
+def _model_key(llm) -> tuple:
+    st = os.stat(llm.model_path)
+    return os.path.abspath(llm.model_path), st.st_size, st.st_mtime_ns
+
+
 def _cached_collect(llm, ids, ctx, k, cache_dir, progress, desc) -> MtpData:
     """collect(), kept in cache_dir (keyed by model file, tokens, ctx and k) so a resumed run skips it."""
     path = None
     if cache_dir:
-        st = os.stat(llm.model_path)
-        key = _fingerprint(os.path.abspath(llm.model_path), st.st_size, st.st_mtime_ns, ids, ctx, k)
+        key = _fingerprint(*_model_key(llm), ids, ctx, k)
         path = os.path.join(cache_dir, f"mtp-data-{desc}-{key}.npz")
         if os.path.exists(path):
             return MtpData.load(path)
@@ -71,11 +95,32 @@ def _cached_collect(llm, ids, ctx, k, cache_dir, progress, desc) -> MtpData:
     return data
 
 
+def _cached_answers(llm, asked: list[str], max_tokens: int, cache_dir, progress) -> list[np.ndarray]:
+    """mtp_train_answers.answer_ids on llm's model and backend, kept in cache_dir (keyed by model file,
+    prompts and max_tokens) so a resumed run trains on the same answers without generating them again."""
+    from .mtp_train_answers import answer_ids
+    path = None
+    if cache_dir:
+        key = _fingerprint(*_model_key(llm), asked, max_tokens)
+        path = os.path.join(cache_dir, f"mtp-answers-{key}.npz")
+        if os.path.exists(path):
+            with np.load(path) as z:
+                return np.split(z["ids"], np.cumsum(z["lengths"])[:-1])
+    out = answer_ids(llm.model_path, llm.backend.name, asked, max_tokens, progress)
+    if path:
+        with written_whole(path) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, ids=np.concatenate(out), lengths=np.asarray([len(a) for a in out], np.int64))
+    return out
+
+
 def evaluate_data(cfg, params, frozen, data: MtpData, batch: int = 4) -> tuple[float, float]:
-    """-> (mean loss against the greedy token, top-1 agreement) over every row of data."""
+    """-> (mean loss against the greedy token, top-1 agreement) over every row of data, batch windows at a
+    time on the parameters' device."""
+    xp = array_module(next(iter(params.values())))
     loss = hits = rows = 0.0
     for lo in range(0, len(data), batch):
-        b = data.batch(np.arange(lo, min(lo + batch, len(data))), k=1)
+        b = [to_device(xp, a) for a in data.batch(np.arange(lo, min(lo + batch, len(data))), k=1)]
         l, h, n = evaluate(cfg, params, frozen, b)
         loss, hits, rows = loss + l * n, hits + h, rows + n
     return loss / max(rows, 1), hits / max(rows, 1)
@@ -84,8 +129,11 @@ def evaluate_data(cfg, params, frozen, data: MtpData, batch: int = 4) -> tuple[f
 def train_mtp(llm, out_path: str, text_files: list[str] | None = None, opts: FitOptions = FitOptions(),
               ctx: int = 256, train_tokens: int = 65536, eval_tokens: int = 8192, out_type: str = "Q8_0",
               checkpoint_dir: str | None = None, checkpoint_every: int = 25, progress: bool = True,
-              log=None) -> TrainReport:
-    """Train an MTP block for llm (api.LLM, n_ctx >= ctx) and write it to out_path as a sidecar GGUF."""
+              log=None, device: str = "cpu", answers: int = 0, answer_tokens: int = 512) -> TrainReport:
+    """Train an MTP block for llm (api.LLM, n_ctx >= ctx) and write it to out_path as a sidecar GGUF.
+    device: where the training math runs ("cpu": numpy, "cuda": CuPy); the model's pass runs on llm's
+    backend. answers: the first that many of mtp_train_prompts.prompts() are answered by the model (greedy,
+    at most answer_tokens each) and the answers added to the text (every tenth prompt's held out)."""
     log = sys.stderr if log is None else log
     if out_type.upper() not in OUT_TYPES:
         raise ValueError(f"--type must be one of {', '.join(OUT_TYPES)}, not {out_type!r}")
@@ -94,6 +142,9 @@ def train_mtp(llm, out_path: str, text_files: list[str] | None = None, opts: Fit
         raise ValueError(f"{out_path}: directory {out_dir} does not exist")
     if ctx < 3 or ctx > llm.n_ctx:
         raise ValueError(f"--ctx must be between 3 and the model context {llm.n_ctx}, not {ctx}")
+    if answers < 0 or answer_tokens < 1:
+        raise ValueError("--answers must be >= 0 and --answer-tokens >= 1")
+    xp = device_module(device)
     if checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)
     files = stdlib_files() if not text_files else list(text_files)
@@ -101,39 +152,51 @@ def train_mtp(llm, out_path: str, text_files: list[str] | None = None, opts: Fit
         if not os.path.isfile(f) or not os.access(f, os.R_OK):
             raise ValueError(f"{f}: not a readable file")
     train_files, held_files = split_files(files)
-    cfg, rep = llm.config, TrainReport(out_path)
+    asked = prompts()[:answers]
+    train_prompts, held_prompts = split_held_out(asked, str)
+    cfg, rep = llm.config, TrainReport(out_path, device)
 
     t0 = time.perf_counter()
-    ids = read_tokens(llm, train_files, train_tokens)
+    answered = dict(zip(asked, _cached_answers(llm, asked, answer_tokens, checkpoint_dir, progress))) if asked else {}
+    rep.answers_s = time.perf_counter() - t0
+    train_answers = [answered[q] for q in train_prompts]
+    ids = np.concatenate([*train_answers, read_tokens(llm, train_files, train_tokens)])
     data = _cached_collect(llm, ids, ctx, max(opts.topk, COLLECT_K), checkpoint_dir, progress, "train")
-    held = None
-    if held_files and eval_tokens >= ctx:
-        held = _cached_collect(llm, read_tokens(llm, held_files, eval_tokens), ctx, 1, checkpoint_dir,
-                               progress, "held-out")
-    rep.collect_s, rep.n_train_tokens = time.perf_counter() - t0, len(data) * ctx
-    print(f"{len(data)} training windows of {ctx} tokens from {len(train_files)} files, "
-          f"{0 if held is None else len(held)} held-out windows from {len(held_files)} files", file=log)
+    held_sets = {"text": read_tokens(llm, held_files, eval_tokens) if held_files and eval_tokens >= ctx else None,
+                 "answers": np.concatenate([answered[q] for q in held_prompts]) if held_prompts else None}
+    for name, held_ids in held_sets.items():
+        if held_ids is not None and len(held_ids) >= ctx:
+            d = _cached_collect(llm, held_ids, ctx, 1, checkpoint_dir, progress, f"held-out-{name}")
+            rep.held[name] = HeldOut(d, d.tgt_ids.shape[0] * d.tgt_ids.shape[1])
+    rep.collect_s = time.perf_counter() - t0 - rep.answers_s
+    rep.n_train_tokens = len(data) * ctx
+    rep.n_answer_tokens = min(rep.n_train_tokens, sum(len(a) for a in train_answers))
+    print(f"{len(data)} training windows of {ctx} tokens from {len(train_files)} files and {len(train_prompts)} "
+          f"answers; held out: {', '.join(f'{len(h.data)} windows of {n}' for n, h in rep.held.items()) or 'none'} "
+          f"({len(held_files)} files, {len(held_prompts)} answers)", file=log)
 
     rms = float(np.median(np.sqrt((data.hidden[:, :, :] ** 2).mean(-1))))
-    params = init_params(cfg, llm.weights, rms)
-    frozen = FrozenHead.from_model(llm.weights)
-    if held is not None:
-        rep.eval_before = evaluate_data(cfg, params, frozen, held)
-        rep.n_eval_rows = held.tgt_ids.shape[0] * held.tgt_ids.shape[1]
+    params = tree_to(xp, init_params(cfg, llm.weights, rms))
+    frozen = FrozenHead.from_model(llm.weights).to(xp)
+    eval_batch = max(4, opts.batch)
+    for h in rep.held.values():
+        h.before = evaluate_data(cfg, params, frozen, h.data, eval_batch)
     sig = {"model": os.path.abspath(llm.model_path), "model_bytes": os.path.getsize(llm.model_path),
            "data": _fingerprint(data.next_ids), "ctx": ctx}
     t1 = time.perf_counter()
     st = fit(cfg, params, frozen, data, opts, checkpoint_dir, checkpoint_every, sig, progress, log=log)
     rep.losses = [float(x) for x in st.losses]
-    rep.step_s = (time.perf_counter() - t1) / max(1, st.taken)
-    if held is not None:
-        rep.eval_after = evaluate_data(cfg, st.params, frozen, held)
+    rep.train_s = time.perf_counter() - t1
+    rep.step_s = rep.train_s / max(1, st.taken)
+    for h in rep.held.values():
+        h.after = evaluate_data(cfg, st.params, frozen, h.data, eval_batch)
     write_sidecar(llm, st.params, out_path, out_type)
     return rep
 
 
 def write_sidecar(llm, params: dict, out_path: str, out_type: str = "Q8_0") -> None:
-    """params (MtpParams) -> the sidecar GGUF of llm's model (loader/mtp.py layout)."""
+    """params (MtpParams, numpy or cupy arrays) -> the sidecar GGUF of llm's model (loader/mtp.py layout)."""
+    params = {k: to_host(a) for k, a in params.items()}
     arrays = {"eh_proj": np.concatenate([params["eh_embed"], params["eh_hidden"]], axis=1),
               "enorm": params["enorm"], "hnorm": params["hnorm"]}
     arrays.update((k, a) for k, a in params.items() if k not in ("eh_embed", "eh_hidden", "enorm", "hnorm"))

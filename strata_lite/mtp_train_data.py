@@ -6,7 +6,10 @@ windows of ctx tokens. Each window runs through the model from an empty cache on
 (Transformer.forward with return_hidden); window row i (i = 0 .. ctx - 2) of the MTP data is
     hidden h[i] (n_embd,) float32,  next id t[i+1],  targets: the model's top-k ids after t[..i+1]
     (the greedy token i + 2 first) and their probabilities renormalized over those k.
-A file of every tenth CRC value is held out (never trained on) and serves the agreement measurement.
+A file of every tenth CRC value is held out (never trained on) and serves the agreement measurement; the
+same rule splits the prompts whose answers are training text (mtp_train_answers).
+The model's pass runs on the engine's backend; its top-k is taken there too (on the GPU for CUDA: only
+the k ids and probabilities per row, not the logits, are copied to the host).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .batch import Batch
+from .mtp_train_device import array_module
 
 SKIP_DIRS = ("site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__")
 
@@ -34,12 +38,20 @@ def stdlib_files() -> list[str]:
 
 
 def split_files(files: list[str]) -> tuple[list[str], list[str]]:
-    """-> (training files, held-out files), each in CRC32 order; one file alone is all training."""
-    files = sorted(set(files), key=lambda f: (zlib.crc32(os.path.abspath(f).encode()), f))
-    held = [f for f in files if zlib.crc32(os.path.abspath(f).encode()) % 10 == 0]
-    if not held or len(held) == len(files):
-        return files, []
-    return [f for f in files if f not in held], held
+    """-> (training files, held-out files), each in CRC32 order of the absolute path; one file alone is
+    all training."""
+    return split_held_out(sorted(set(files)), lambda f: os.path.abspath(f))
+
+
+def split_held_out(items: list[str], key) -> tuple[list[str], list[str]]:
+    """-> (training items, held-out items) in CRC32 order of key(item): those whose CRC32 is 0 mod 10 are
+    held out, unless that is none or all of them (then everything is training)."""
+    crc = {x: zlib.crc32(key(x).encode()) for x in items}
+    items = sorted(items, key=lambda x: (crc[x], x))
+    held = [x for x in items if crc[x] % 10 == 0]
+    if not held or len(held) == len(items):
+        return items, []
+    return [x for x in items if crc[x] % 10], held
 
 
 def read_tokens(llm, files: list[str], max_tokens: int) -> np.ndarray:
@@ -96,22 +108,27 @@ def collect(llm, ids: np.ndarray, ctx: int, k: int, progress: bool = True, desc:
         win = ids[w * ctx:(w + 1) * ctx]
         batch = Batch.single(win, 0, llm._pages)
         batch.validate(llm.kv.n_pages, llm.kv.page_size, cfg.n_vocab)
-        logits, hidden = llm.model.forward(batch, llm.kv, return_hidden=True)
-        logits, hidden = llm.backend.to_host(logits), llm.backend.to_host(hidden)
-        data.hidden[w] = hidden[:T]
+        logits, hidden = llm.model.forward(batch, llm.kv, return_hidden=True)   # on the backend's device
+        ids_k, p_k = top_k(logits[1:], k)
+        data.hidden[w] = llm.backend.to_host(hidden[:T])
         data.next_ids[w] = win[1:]
-        data.tgt_ids[w], data.tgt_p[w] = top_k(logits[1:], k)
+        data.tgt_ids[w], data.tgt_p[w] = llm.backend.to_host(ids_k), llm.backend.to_host(p_k)
     return data
 
 
-def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """logits (n, n_vocab) -> (ids (n, k) by descending logit, their softmax probabilities renormalized)."""
+def top_k(logits, k: int):
+    """logits (n, n_vocab), numpy or cupy -> (ids (n, k) int32 by descending logit, their softmax
+    probabilities renormalized over the k, float32), of the same module. Ties go to the lower id, as argmax
+    picks the first; k > n_vocab gives n_vocab columns."""
+    xp = array_module(logits)
+    n, k = logits.shape[0], min(k, logits.shape[-1])
     if k == 1:
-        return logits.argmax(-1).astype(np.int32)[:, None], np.ones((len(logits), 1), np.float32)
-    part = np.argpartition(-logits, k - 1, axis=-1)[:, :k] if k < logits.shape[-1] else \
-        np.tile(np.arange(logits.shape[-1]), (len(logits), 1))
-    vals = np.take_along_axis(logits, part, -1)
-    order = np.lexsort((part, -vals), axis=-1)           # ties to the lower id, as argmax picks the first
-    ids, vals = np.take_along_axis(part, order, -1), np.take_along_axis(vals, order, -1)
-    p = np.exp(vals - vals[:, :1])
-    return ids.astype(np.int32), (p / p.sum(-1, keepdims=True)).astype(np.float32)
+        return logits.argmax(-1).astype(xp.int32)[:, None], xp.ones((n, 1), xp.float32)
+    z, rows = logits.copy(), xp.arange(n)
+    ids, vals = xp.empty((n, k), xp.int32), xp.empty((n, k), logits.dtype)
+    for j in range(k):            # k whole-row argmax passes (k <= 8 here): no sort, same on numpy and cupy
+        ids[:, j] = z.argmax(-1)
+        vals[:, j] = z[rows, ids[:, j]]
+        z[rows, ids[:, j]] = -np.inf
+    p = xp.exp(vals - vals[:, :1])
+    return ids, (p / p.sum(-1, keepdims=True)).astype(xp.float32)

@@ -2,8 +2,13 @@
 clipping, a tqdm bar with the loss, and resumable npz checkpoints (written whole).
 
 Deterministic for a seed: the windows of step s are fixed by (seed, s) alone (epoch e visits the windows
-in the order of default_rng([seed, e]).permutation), so a run resumed from a checkpoint takes exactly the
-steps an uninterrupted run takes.
+in the order of default_rng([seed, e]).permutation, numpy on the host whatever the device), so a run
+resumed from a checkpoint takes exactly the steps an uninterrupted run takes, and the CPU and GPU runs of a
+seed train on the same windows in the same order.
+
+The arrays live where the parameters do (numpy, or cupy: mtp_train_device): each step's windows are copied
+to that device explicitly, the loss and gradient norm come back as one number each per step (logging and
+the finite-loss check), checkpoints are numpy npz either way (a checkpoint resumes on either device).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .loader.atomic_file import written_whole
+from .mtp_train_device import array_module, to_device, to_host, tree_to
 from .mtp_train_model import loss_and_grads
 
 CHECKPOINT_NAME = "mtp-train.npz"
@@ -62,13 +68,20 @@ class FitState:
 
     @classmethod
     def fresh(cls, params: dict) -> "FitState":
-        return cls(params, {k: np.zeros_like(a) for k, a in params.items()},
-                   {k: np.zeros_like(a) for k, a in params.items()}, 0, [])
+        return cls(params, {k: array_module(a).zeros_like(a) for k, a in params.items()},
+                   {k: array_module(a).zeros_like(a) for k, a in params.items()}, 0, [])
+
+    def to(self, xp) -> "FitState":
+        """The state with parameters and moments on xp's device."""
+        return FitState(tree_to(xp, self.params), tree_to(xp, self.m), tree_to(xp, self.v), self.step,
+                        self.losses, self.taken)
 
 
 def adam_step(opts: FitOptions, st: FitState, grads: dict) -> float:
-    """Clip the gradients to opts.clip (global norm) and take one Adam step; -> the norm before clipping."""
-    norm = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values()))
+    """Clip the gradients to opts.clip (global norm) and take one Adam step; -> the norm before clipping
+    (summed in float64 on the device; one number copied back)."""
+    xp = array_module(next(iter(grads.values())))
+    norm = math.sqrt(float(sum((g.astype(np.float64) ** 2).sum() for g in grads.values())))
     scale = min(1.0, opts.clip / norm) if norm > 0 else 1.0
     lr, t = opts.lr_at(st.step), st.step + 1
     c1, c2 = 1 - opts.beta1 ** t, 1 - opts.beta2 ** t
@@ -78,13 +91,14 @@ def adam_step(opts: FitOptions, st: FitState, grads: dict) -> float:
         st.m[k] += (1 - opts.beta1) * g
         st.v[k] *= opts.beta2
         st.v[k] += (1 - opts.beta2) * g * g
-        p -= (lr / c1) * st.m[k] / (np.sqrt(st.v[k] / c2) + opts.adam_eps)
+        p -= (lr / c1) * st.m[k] / (xp.sqrt(st.v[k] / c2) + opts.adam_eps)
     st.step = t
     return norm
 
 
 def save_checkpoint(path: str, st: FitState, signature: dict) -> None:
-    arrays = {f"{kind}/{k}": a for kind, d in (("p", st.params), ("m", st.m), ("v", st.v)) for k, a in d.items()}
+    arrays = {f"{kind}/{k}": to_host(a) for kind, d in (("p", st.params), ("m", st.m), ("v", st.v))
+              for k, a in d.items()}
     with written_whole(path) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, step=np.int64(st.step), losses=np.asarray(st.losses, np.float64),
@@ -118,19 +132,21 @@ def fit(cfg, params: dict, frozen, data, opts: FitOptions, checkpoint_dir: str |
     """Train params (a dict of float arrays, updated in place unless a checkpoint is resumed) on data
     (mtp_train_data.MtpData) for opts.steps steps. checkpoint_dir: resume from its checkpoint when present
     (and of this run: same signature, options and parameter shapes), save every checkpoint_every steps and
-    at the end. stop_after: return after that many steps of this call (tests: an interrupted run)."""
+    at the end. stop_after: return after that many steps of this call (tests: an interrupted run).
+    The device is the parameters' (numpy or cupy arrays; frozen and the returned state on the same one)."""
     log = sys.stderr if log is None else log
+    xp = array_module(next(iter(params.values())))
     sig = dict(signature or {}, options=asdict(opts), shapes={k: list(a.shape) for k, a in params.items()})
     path = os.path.join(checkpoint_dir, CHECKPOINT_NAME) if checkpoint_dir else None
     st = FitState.fresh(params)
     if path and os.path.exists(path):
-        st = load_checkpoint(path, sig)
+        st = load_checkpoint(path, sig).to(xp)
         print(f"resuming from {path} at step {st.step}", file=log)
     end = opts.steps if stop_after is None else min(opts.steps, st.step + stop_after)
     with tqdm(total=opts.steps, initial=st.step, desc="train-mtp", unit="step", disable=not progress,
               file=log) as bar:
         while st.step < end:
-            batch = data.batch(step_windows(opts, len(data), st.step), opts.topk)
+            batch = [to_device(xp, a) for a in data.batch(step_windows(opts, len(data), st.step), opts.topk)]
             loss, grads, _ = loss_and_grads(cfg, st.params, frozen, batch)
             if not math.isfinite(loss):
                 raise ValueError(f"the loss is {loss} at step {st.step}; try a lower --lr")

@@ -4,8 +4,9 @@ The same math as models/transformer.py decoder_block (RMSNorm, q/k/v with option
 q/k norms, RoPE, causal GQA attention, output projection, residual, RMSNorm, SwiGLU, residual), on a
 batch of equal-length sequences x (B, T, n_embd) at positions 0..T-1, in float (no int8 KV, no
 activation rounding: the engine's quantization noise is not part of what is trained). Every function is
-generic over the dtype of its inputs (float32 for training, float64 for the finite-difference check).
-Each *_fwd returns (output, cache); the matching *_bwd takes the output's gradient and that cache.
+generic over the dtype of its inputs (float32 for training, float64 for the finite-difference check) and
+over their array module (numpy, or CuPy on the GPU: mtp_train_device.array_module). Each *_fwd returns
+(output, cache); the matching *_bwd takes the output's gradient and that cache.
 Weights are (n_out, n_in) as GGUF stores them: y = x @ W.T.
 """
 from __future__ import annotations
@@ -14,10 +15,12 @@ import math
 
 import numpy as np
 
+from .mtp_train_device import array_module, to_device
+
 
 def rmsnorm_fwd(x, w, eps):
     """x (..., n), w (n,) -> x / rms(x) * w."""
-    r = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    r = 1.0 / array_module(x).sqrt((x * x).mean(-1, keepdims=True) + eps)
     xh = x * r
     return xh * w, (xh, r, w)
 
@@ -42,11 +45,12 @@ def linear_bwd(dy, x, w, has_bias=False):
     return dy @ w, d2.T @ x2, (d2.sum(0) if has_bias else None)
 
 
-def rope_tables(n_pos, base, n_rot, dtype):
-    """cos, sin (n_pos, n_rot/2): theta = pos * base**(-2i/n_rot), in float64 as the kernels do."""
+def rope_tables(n_pos, base, n_rot, dtype, xp=np):
+    """cos, sin (n_pos, n_rot/2) as xp arrays: theta = pos * base**(-2i/n_rot), in float64 on the host as
+    the kernels do (one small explicit copy to the device per forward for cupy)."""
     inv = base ** (-2.0 * np.arange(n_rot // 2) / n_rot)
     theta = np.arange(n_pos, dtype=np.float64)[:, None] * inv
-    return np.cos(theta).astype(dtype), np.sin(theta).astype(dtype)
+    return to_device(xp, np.cos(theta).astype(dtype)), to_device(xp, np.sin(theta).astype(dtype))
 
 
 def rope(x, cos, sin, n_rot, neox, inverse=False):
@@ -66,14 +70,14 @@ def attention_fwd(q, k, v):
     """Causal GQA: q (B, T, Hq, d), k and v (B, T, Hkv, d); query head h reads kv head h // (Hq/Hkv).
     -> (B, T, Hq, d)."""
     B, T, Hq, d = q.shape
-    Hkv = k.shape[2]
+    Hkv, xp = k.shape[2], array_module(q)
     g = Hq // Hkv
     qg = q.reshape(B, T, Hkv, g, d).transpose(0, 2, 3, 1, 4)       # (B, Hkv, g, T, d)
     kt, vt = k.transpose(0, 2, 1, 3)[:, :, None], v.transpose(0, 2, 1, 3)[:, :, None]   # (B, Hkv, 1, T, d)
     scale = 1.0 / math.sqrt(d)
     s = (qg @ kt.swapaxes(-1, -2)) * scale
-    s = s + np.triu(np.full((T, T), -np.inf, dtype=s.dtype), 1)
-    p = np.exp(s - s.max(-1, keepdims=True))
+    s = s + xp.triu(xp.full((T, T), -np.inf, dtype=s.dtype), 1)
+    p = xp.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     o = p @ vt                                                        # (B, Hkv, g, T, d)
     return o.transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, d), (qg, kt, vt, p, scale)
@@ -114,7 +118,7 @@ def block_fwd(cfg, p, x, rope_cs):
     x1 = x + linear_fwd(a, p["attn_output"])[0]
     f, c_fn = rmsnorm_fwd(x1, p["ffn_norm"], cfg.rms_eps)
     gate, up = linear_fwd(f, p["ffn_gate"])[0], linear_fwd(f, p["ffn_up"])[0]
-    sg = 1.0 / (1.0 + np.exp(-gate))
+    sg = 1.0 / (1.0 + array_module(gate).exp(-gate))
     act = gate * sg * up
     x2 = x1 + linear_fwd(act, p["ffn_down"])[0]
     return x2, (h, c_an, c_qn, c_kn, c_att, a, f, c_fn, gate, up, sg, act)

@@ -7,7 +7,8 @@ the block's arrays. Frozen (FrozenHead): the embedding, the shared head norm (th
 and the output matrix. The loss is the cross-entropy against soft targets over k token ids per row
 (k = 1, probability 1: the model's own greedy token; k > 1: its renormalized top-k distribution, i.e.
 the KL to it up to a constant), computed in row chunks so that only (chunk, n_vocab) logits live at once.
-Everything is generic over the dtype of the parameters (float32 to train, float64 for the gradient check).
+Everything is generic over the dtype of the parameters (float32 to train, float64 for the gradient check)
+and over their array module (numpy, or CuPy with every input on the GPU: FrozenHead.to, tree_to).
 """
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from .kernels.cpu.dequant import dequantize
+from .loader.weights import QuantTensor
+from .mtp_train_device import array_module, to_device, to_host
 from .mtp_train_math import block_bwd, block_fwd, rmsnorm_bwd, rmsnorm_fwd, rope_tables
 
 BLOCK_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 BLOCK_VECTORS = ("attn_norm", "ffn_norm", "attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_q_norm",
                  "attn_k_norm")
 HEAD_CHUNK_ROWS = 64     # rows of logits computed at once: (64, 151936) float32 = 39 MB for Qwen2.5
+GPU_HEAD_CHUNK_ROWS = 2048   # on the GPU: 1.2 GB for Qwen2.5, and mat-muls large enough to fill the device
 
 
 def dequant(w) -> np.ndarray:
@@ -60,10 +64,10 @@ def init_params(cfg, weights, hidden_rms: float) -> dict:
 
 @dataclass
 class FrozenHead:
-    """The frozen parts, as float arrays of the training dtype."""
-    embed: object            # QuantTensor (rows dequantized on demand) or a float (n_vocab, n_embd) array
-    head_norm: np.ndarray    # (n_embd,)
-    head: np.ndarray         # (n_vocab, n_embd)
+    """The frozen parts, as float arrays of the training dtype (numpy, or cupy after to())."""
+    embed: object            # QuantTensor (host only: rows dequantized on demand) or a float (n_vocab, n_embd) array
+    head_norm: object        # (n_embd,)
+    head: object             # (n_vocab, n_embd)
 
     @classmethod
     def from_model(cls, weights, dtype=np.float32, mtp=None) -> "FrozenHead":
@@ -74,10 +78,26 @@ class FrozenHead:
         head = dequant(out).astype(dtype, copy=False)
         return cls(head if out is emb else emb, norm.astype(dtype), head)
 
-    def embed_rows(self, ids: np.ndarray, dtype) -> np.ndarray:
+    def to(self, xp) -> "FrozenHead":
+        """This head with its arrays on xp's device (explicit copies). A quantized embedding is dequantized
+        whole for cupy (n_vocab x n_embd floats, like the head), so rows are gathered on the device; a tied
+        embedding stays the head's one array."""
+        if xp is np:
+            return self
+        head = to_device(xp, self.head)
+        if self.embed is self.head:
+            embed = head
+        elif isinstance(self.embed, QuantTensor):
+            embed = to_device(xp, dequant(self.embed).astype(self.head.dtype, copy=False))
+        else:
+            embed = to_device(xp, self.embed)
+        return FrozenHead(embed, to_device(xp, self.head_norm), head)
+
+    def embed_rows(self, ids, dtype):
+        """Embedding rows of ids (any shape; arrays of the embedding's module) -> (ids.size, n_embd)."""
+        if not isinstance(self.embed, QuantTensor):
+            return self.embed[ids.reshape(-1)].astype(dtype, copy=False)
         ids = np.asarray(ids).reshape(-1)
-        if isinstance(self.embed, np.ndarray):
-            return self.embed[ids].astype(dtype, copy=False)
         return dequantize(self.embed.qtype, np.ascontiguousarray(np.asarray(self.embed.raw)[ids]),
                           self.embed.n_in).astype(dtype, copy=False)
 
@@ -90,7 +110,7 @@ def trunk_fwd(cfg, p, frozen, hidden, next_ids):
     en, c_e = rmsnorm_fwd(e, p["enorm"], cfg.rms_eps)
     hn, c_h = rmsnorm_fwd(hidden.astype(dt, copy=False), p["hnorm"], cfg.rms_eps)
     x0 = en @ p["eh_embed"].T + hn @ p["eh_hidden"].T
-    cs = rope_tables(T, cfg.rope_freq_base, cfg.n_rot, dt)
+    cs = rope_tables(T, cfg.rope_freq_base, cfg.n_rot, dt, array_module(p["eh_hidden"]))
     x, c_blk = block_fwd(cfg, p, x0, cs)
     return x, (en, c_e, hn, c_h, c_blk, cs)
 
@@ -107,30 +127,33 @@ def trunk_bwd(cfg, p, dx, cache) -> dict:
 
 
 def head_loss(cfg, frozen, x, tgt_ids, tgt_p, want_grad=True):
-    """x (N, n_embd); tgt_ids, tgt_p (N, k) -> (mean loss, dx (N, n_embd) or None, top-1 hits vs tgt_ids[:, 0])."""
-    N = x.shape[0]
+    """x (N, n_embd); tgt_ids, tgt_p (N, k) -> (mean loss, dx (N, n_embd) or None, top-1 hits vs tgt_ids[:, 0]).
+    The per-chunk loss and hits stay device scalars until the end: one device -> host copy per call."""
+    N, xp = x.shape[0], array_module(x)
     xn, c_n = rmsnorm_fwd(x, frozen.head_norm.astype(x.dtype, copy=False), cfg.rms_eps)
     W = frozen.head if frozen.head.dtype == x.dtype else frozen.head.astype(x.dtype)
-    dxn = np.empty_like(xn) if want_grad else None
-    loss, hits = 0.0, 0
-    for lo in range(0, N, HEAD_CHUNK_ROWS):
-        hi = min(lo + HEAD_CHUNK_ROWS, N)
+    dxn = xp.empty_like(xn) if want_grad else None
+    chunk = HEAD_CHUNK_ROWS if xp is np else GPU_HEAD_CHUNK_ROWS
+    losses, hits = [], []
+    for lo in range(0, N, chunk):
+        hi = min(lo + chunk, N)
         z = xn[lo:hi] @ W.T                                       # (c, n_vocab)
-        hits += int((z.argmax(-1) == tgt_ids[lo:hi, 0]).sum())
+        hits.append((z.argmax(-1) == tgt_ids[lo:hi, 0]).sum())
         z -= z.max(-1, keepdims=True)
-        rows, ids = np.arange(hi - lo)[:, None], tgt_ids[lo:hi]
+        rows, ids = xp.arange(hi - lo)[:, None], tgt_ids[lo:hi]
         zt = z[rows, ids]                                         # (c, k) shifted target logits
-        np.exp(z, out=z)
+        xp.exp(z, out=z)
         s = z.sum(-1, keepdims=True)
         q = tgt_p[lo:hi].astype(x.dtype)
-        loss += float(-(q * (zt - np.log(s))).sum())
+        losses.append(-(q * (zt - xp.log(s))).sum())
         if want_grad:
             z /= s                                               # softmax; d loss / d z = softmax * sum(q) - q
             z *= q.sum(-1, keepdims=True)
             z[rows, ids] -= q                                     # a row's k ids are distinct
             dxn[lo:hi] = (z @ W) / N
     dx = rmsnorm_bwd(dxn, c_n)[0] if want_grad else None
-    return loss / N, dx, hits
+    loss = sum(float(v) for v in to_host(xp.stack(losses)))     # summed in float64, chunk by chunk
+    return loss / N, dx, int(to_host(xp.stack(hits)).sum())
 
 
 def loss_and_grads(cfg, p, frozen, batch):

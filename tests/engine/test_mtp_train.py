@@ -11,8 +11,14 @@ from strata_lite.cli import main
 from strata_lite.loader.gguf_file import GGUFFile
 from strata_lite.loader.mtp import load_mtp, load_mtp_file
 from strata_lite.models.mtp import MtpHead
+import strata_lite.mtp_train as mtp_train
+import strata_lite.mtp_train_defaults as mtp_defaults
+from strata_lite.kernels import cuda_unavailable_reason
 from strata_lite.mtp_train import write_sidecar
-from strata_lite.mtp_train_data import collect, top_k
+from strata_lite.mtp_train_answers import answer_ids
+from strata_lite.mtp_train_data import collect, split_held_out, top_k
+from strata_lite.mtp_train_defaults import DEFAULTS, resolve_device
+from strata_lite.mtp_train_prompts import TASKS, prompts
 from strata_lite.mtp_train_fit import CHECKPOINT_NAME, FitOptions, fit
 from strata_lite.mtp_train_model import (FrozenHead, evaluate, init_params, logits, loss_and_grads,
                                         params_from_mtp)
@@ -180,6 +186,87 @@ def test_top_k_puts_the_greedy_token_first():
     ids, p = top_k(x, 3)
     assert ids.tolist() == [[1, 2, 4]] and abs(p.sum() - 1) < 1e-6 and p[0, 0] == p[0, 1] > p[0, 2]
     assert top_k(x, 1)[0].tolist() == [[1]]
+    assert top_k(x, 8)[0].tolist() == [[1, 2, 4, 0, 3]] and top_k(x, 8)[0].dtype == np.int32
+
+
+def test_device_follows_the_backend(monkeypatch):
+    monkeypatch.setattr(mtp_defaults, "cuda_unavailable_reason", lambda: None)          # a GPU
+    assert resolve_device("auto", "auto") == ("cuda", "cuda")
+    assert resolve_device("auto", "cpu") == ("cpu", "cpu")
+    assert resolve_device("cpu", "auto") == ("cpu", "auto")     # the model's pass may still use the GPU
+    monkeypatch.setattr(mtp_defaults, "cuda_unavailable_reason", lambda: "no GPU")
+    assert resolve_device("auto", "auto") == ("cpu", "auto")
+    assert resolve_device("auto", "cuda") == ("cuda", "cuda")
+    assert resolve_device("cuda", "auto") == ("cuda", "cuda")
+    assert resolve_device("cuda", "cpu") == ("cuda", "cpu")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_cli_options_default_by_device(tmp_path, monkeypatch, device):
+    """Options left out take the device's defaults (the CPU's are the sizes documented before GPU
+    training existed); given ones are kept."""
+    model = write_tiny_model(tmp_path / "m.gguf")
+    seen = {}
+    monkeypatch.setattr(mtp_defaults, "resolve_device", lambda d, b: (device, "cpu"))
+    monkeypatch.setattr(mtp_train, "train_mtp", lambda llm, out, text, opts, **kw: seen.update(kw, opts=opts) or
+                        type("R", (), {"summary": lambda self: "ok"})())
+    assert main(["train-mtp", "--model", str(model), "--steps", "7", "-o", str(tmp_path / "o.gguf")]) == 0
+    d = DEFAULTS[device]
+    assert seen["opts"].steps == 7 and seen["opts"].batch == d.batch and seen["opts"].lr == d.lr
+    assert (seen["ctx"], seen["train_tokens"], seen["eval_tokens"], seen["answers"], seen["device"]) == \
+        (d.ctx, d.train_tokens, d.eval_tokens, d.answers, device)
+    if device == "cpu":
+        assert (d.steps, d.batch, d.ctx, d.train_tokens, d.eval_tokens, d.lr, d.answers) == \
+            (300, 2, 256, 65536, 8192, 3e-4, 0)
+
+
+@pytest.mark.skipif(cuda_unavailable_reason() is None, reason="a GPU is here: --device cuda would train")
+def test_cli_device_cuda_without_a_gpu_is_one_line(tmp_path, capsys):
+    model = write_tiny_model(tmp_path / "m.gguf")
+    assert main(["train-mtp", "--model", str(model), "--device", "cuda", "-o", str(tmp_path / "o.gguf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "CuPy" in err[0]
+
+
+def test_prompts_and_their_held_out_share():
+    ps = prompts()
+    assert len(ps) == len(set(ps)) == 4 * len(TASKS) and all(len(p) > 40 for p in ps)
+    assert all(sum(t in p for p in ps[:len(TASKS)]) == 1 for t in TASKS)     # the first round: every task once
+    train, held = split_held_out(ps, str)
+    assert sorted(train + held) == sorted(ps) and 12 <= len(held) <= 36
+    assert split_held_out(ps[:20], str)[1]          # the CLI tests' --answers 20 hold one out
+    assert split_held_out(ps, str) == (train, held)
+    assert split_held_out([], str) == ([], [])
+
+
+def test_answers_are_the_greedy_continuations(tmp_path):
+    """answer_ids (the engine, several sequences at once) gives the chat prompt and what LLM.generate
+    produces for it greedily."""
+    model = write_tiny_model(tmp_path / "m.gguf")
+    asked = prompts()[:3]
+    got = answer_ids(str(model), "cpu", asked, 8, progress=False)
+    llm = LLM(str(model), backend="cpu", n_ctx=512)
+    for text, ids in zip(asked, got):
+        chat = llm.tokenize(llm.apply_chat_template([{"role": "user", "content": text}]), parse_special=True)
+        assert ids.dtype == np.int32 and ids[:len(chat)].tolist() == chat
+        assert ids[len(chat):].tolist() == llm.generate(chat, max_tokens=8).token_ids
+
+
+def test_cli_trains_on_the_models_answers(tmp_path, capsys):
+    """--answers: the answers join the training text, the held-out ones get their own agreement line, and
+    they are kept in the checkpoint directory for a resumed run."""
+    model = write_tiny_model(tmp_path / "m.gguf")
+    text = tmp_path / "t.py"
+    text.write_text("".join(f"def f{j}(x):\n    return x * {j}\n" for j in range(40)))
+    ck = tmp_path / "ck"
+    args = ["train-mtp", "--model", str(model), "--text", str(text), "--steps", "2", "--ctx", "32",
+            "--answers", "20", "--answer-tokens", "8", "--checkpoint", str(ck), "-o", str(tmp_path / "o.gguf")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "held-out answers" in out and "held-out text" not in out, out      # one file: all training
+    assert len([p for p in ck.iterdir() if p.name.startswith("mtp-answers-")]) == 1
+    assert main(args) == 0
+    assert "resuming from" in capsys.readouterr().err
 
 
 def test_cli_bad_model_is_one_line(tmp_path, capsys):

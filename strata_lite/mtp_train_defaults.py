@@ -1,0 +1,47 @@
+"""Where `train-mtp` runs and how large a run is when the command line does not say: the training device
+picked from --device and --backend, and each device's defaults (docs/mtp_training.md gives the reasons).
+Light to import: the command line builds its help from DEFAULTS."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .kernels import cuda_unavailable_reason
+from .mtp_train_prompts import prompts
+
+
+@dataclass(frozen=True)
+class RunDefaults:
+    steps: int
+    batch: int               # windows per step
+    ctx: int                 # window length in tokens
+    train_tokens: int        # tokens of text files the model is run over
+    eval_tokens: int         # held-out tokens of text files
+    lr: float                # peak Adam learning rate
+    answers: int             # prompts whose greedy answers are added to the text (mtp_train_prompts)
+    answer_tokens: int       # longest answer
+
+
+# cpu: the sizes of a run of a few hours on a small machine. cuda: estimated from rates measured on an
+# H200 with a model of the 0.5B shape to take about 3.5 minutes (docs/mtp_training.md, "Run size on the GPU").
+DEFAULTS = {
+    "cpu": RunDefaults(steps=300, batch=2, ctx=256, train_tokens=65536, eval_tokens=8192, lr=3e-4, answers=0,
+                       answer_tokens=512),
+    "cuda": RunDefaults(steps=400, batch=16, ctx=512, train_tokens=1_000_000, eval_tokens=65536, lr=1e-3,
+                        answers=len(prompts()) // 2, answer_tokens=384),
+}
+
+
+def resolve_device(device: str, backend: str) -> tuple[str, str]:
+    """(--device, --backend) -> (the device of the training math, the engine backend of the model's pass).
+    device "auto": cuda when the engine runs on CUDA (backend cuda, or auto with a GPU CuPy can use), else
+    cpu. device cuda with backend auto puts the model's pass on CUDA too; any other pair is taken as given."""
+    if device == "auto":
+        device = "cuda" if backend == "cuda" or (backend == "auto" and cuda_unavailable_reason() is None) else "cpu"
+    if device == "cuda" and backend == "auto":
+        backend = "cuda"
+    return device, backend
+
+
+def default_help(name: str) -> str:
+    """'(cpu: X, cuda: Y)' for an option's help."""
+    return "(cpu: {}, cuda: {})".format(*(getattr(DEFAULTS[d], name) for d in ("cpu", "cuda")))
