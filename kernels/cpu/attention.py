@@ -14,11 +14,12 @@ clipped to [-127, 127] (an all-zero group gets scale 0 and q 0), so ``x ~= q * s
     kv head[, key split]); the tile's queries are all the query heads of that kv head's
     GQA group for those tokens, so each dequantized K/V block is reused by
     tile_tokens * group_size query rows;
-  * keys are processed in blocks of ``_BK`` positions: a block of K is dequantized
-    (int8 * scale -> float32) into a transposed buffer, V into a row buffer, then for
-    every query row: scores by an outer-product loop (vectorizes over the block),
-    online softmax in float32 (running max / running sum, base-2 with log2(e) folded
-    into the query), acc += p @ V (vectorizes over head_dim);
+  * keys are processed in blocks of ``_BK`` positions: the block's scores for every query row
+    (float path: K dequantized (int8 * scale -> float32) into a row buffer, dot products
+    register-blocked 2 rows x 2 keys; integer paths: the int8 rows gathered, integer dots,
+    below), V dequantized into a row buffer, then for every query row online softmax in
+    float32 (running max / running sum, base-2 with log2(e) folded into the query's
+    scale), acc += p @ V (vectorizes over head_dim);
   * exp2 is a branch-free polynomial (Taylor degree 6 on [-0.5, 0.5], rel. error
     < 2e-7) that LLVM vectorizes, ~7x faster than calling libm expf per score;
   * items are spread over threads longest-first (greedy least-loaded), because causal
@@ -29,20 +30,34 @@ clipped to [-127, 127] (an all-zero group gets scale 0 and q 0), so ``x ~= q * s
 Batch invariance: a query's result does not depend on what else is in the call (other
 sequences, how its own prompt was chunked, how many threads split its keys). Keys are always
 processed in fixed chunks of ``_CHUNK_KEYS`` absolute positions; each chunk's softmax state
-starts fresh and the chunks are folded left to right by one function (``_fold``, no
-fast-math, so no contraction or reassociation can differ between call sites), whether one
-thread folds them as it goes or a split writes them out for ``_attn_merge``.
+starts fresh and the chunks are folded left to right by one function (``_fold``), whether one
+thread folds them as it goes or a split writes them out for ``_attn_merge``. Numba compiles a
+callee with its caller's fast-math flags, so ``_attn_merge`` carries the kernel's flags: with
+plain flags its ``_fold`` was not contracted to FMAs while the kernel's was, and a split query
+differed from the unsplit one in the last bit (1 KV head, 2 threads; 2026-12-02).
+
+The scores q.k of a block have three paths (``QK_PATHS``, chosen by ``qk_path``): the K block
+dequantized to float32 and multiplied with the float query ("float", the default), or integer dot
+products of the int8 K rows with the query rounded per 32 channels to int16 ("int16") or to int8 as
+ggml rounds activations ("int8"; attention_int8.py), taken with STRATA_LITE_ATTN_QK=int16|int8.
+The integer paths measured 10-21% faster (docs/cpu.md, "CPU attention at long context") but a
+score's error grows with the largest |q| of its group: the engine folds K's smoothing scales into q
+(|q| up to 7,353 in the tiny test model's second layer), and there int16 put its logits 0.9% of
+their spread off the float64 reference (float: 3e-6; tests/engine/test_api.py allows 1e-4).
 """
 import math
+import os
 
 import numba
 import numpy as np
 from numba import njit, prange
 
+from .attention_int8 import GROUP, quantize_row, quantize_row16, scores_int16, scores_int8
 from .elementwise import exp2_poly
+from .isa import int8_enabled
 from ..kv_layout import kv_scale_groups
 
-__all__ = ["kv_store", "attention"]
+__all__ = ["kv_store", "attention", "qk_path", "QK_PATHS"]
 
 _BK = 64          # key positions per block (compile-time constant)
 _TILE_Q = 16      # query tokens per work item (times group size query rows)
@@ -53,6 +68,7 @@ _LOG2E = 1.4426950408889634
 # fastmath without 'arcp' / 'nnan' / 'ninf': reassociation and contraction (for
 # vectorized reductions and FMAs) only.
 _FM = {"reassoc", "contract", "nsz"}
+QK_PATHS = ("float", "int8", "int16")     # how a block's scores q.k are computed (_KERNELS)
 
 
 # ----------------------------------------------------------------------------- kv_store
@@ -269,180 +285,260 @@ def _exp2_block(s, p, pbits, ebits):
         pbits[j] += ebits[j]
 
 
-@njit(cache=True, parallel=True, fastmath=_FM)
-def _attn_kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
-                 qscale, out, tstart, tend, n_split, items, counts,
-                 part_acc, part_m, part_l):
-    n_heads = q.shape[1]
-    hd = q.shape[2]
-    n_kv = k_pages.shape[2]
+# The two ways to score a block of keys (attention_int8.py; `_make_kernel` builds a kernel with one).
+# prep: query row x (head_dim,) -> row r of the path's query buffers (float: Qs = x * qscale; int8 /
+# int16: Qi / Qd, the rounded query). keys: the block's K (positions kb .. kb + nk - 1 of the sequence,
+# kv head g) -> S[:rows, :_BK]; keys past nk score 0 (the caller masks them).
+
+@njit(cache=True, inline="always")
+def _prep_float(x, qscale, Qs, Qi, Qd, r):
+    for d in range(x.shape[0]):
+        Qs[r, d] = x[d] * qscale
+
+
+@njit(cache=True, inline="always")
+def _prep_int8(x, qscale, Qs, Qi, Qd, r):
+    quantize_row(x, Qi, Qd, r, qscale)
+
+
+@njit(cache=True, inline="always")
+def _keys_float(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S):
     ps = k_pages.shape[1]
-    G = n_heads // n_kv
+    hd = k_pages.shape[3]
     ng = k_scales.shape[3]
     gs = hd // ng
-    n_threads = counts.shape[0] - 1
-    max_rows = _TILE_Q * G
-    for th in prange(n_threads):
-        Qs = np.empty((max_rows, hd), np.float32)
-        acc = np.empty((max_rows, hd), np.float32)
-        m = np.empty(max_rows, np.float32)
-        l = np.empty(max_rows, np.float32)
-        acc_run = np.empty((max_rows, hd), np.float32)     # the chunks folded so far (n_split == 1)
-        m_run = np.empty(max_rows, np.float32)
-        l_run = np.empty(max_rows, np.float32)
-        rpos = np.empty(max_rows, np.int64)
-        Kb = np.zeros((_BK, hd), np.float32)
-        S = np.empty((max_rows, _BK), np.float32)
-        Vb = np.zeros((_BK, hd), np.float32)
-        s = np.empty(_BK, np.float32)
-        p = np.empty(_BK, np.float32)
-        pbits = p.view(np.int32)
-        ebits = np.empty(_BK, np.int32)
-        for ii in range(counts[th], counts[th + 1]):
-            it = items[ii]
-            sp = it % n_split
-            g = (it // n_split) % n_kv
-            ti = it // (n_split * n_kv)
-            t0 = tstart[ti]
-            ntq = tend[ti] - t0
-            seq = token_seq[t0]
-            rows = ntq * G
-            kmax = 0
-            for a in range(ntq):
-                pos = token_pos[t0 + a]
-                if pos + 1 > kmax:
-                    kmax = pos + 1
-                for hh in range(G):
-                    r = a * G + hh
-                    rpos[r] = pos
-                    for d in range(hd):
-                        Qs[r, d] = q[t0 + a, g * G + hh, d] * qscale
-            for r in range(rows):
-                m_run[r] = _NEG
-                l_run[r] = 0.0
-                for d in range(hd):
-                    acc_run[r, d] = 0.0
-            # this split's chunks of keys
-            nchunk = (kmax + _CHUNK_KEYS - 1) // _CHUNK_KEYS
-            cper = (nchunk + n_split - 1) // n_split
-            for c in range(sp * cper, min(nchunk, (sp + 1) * cper)):
+    for j in range(nk):
+        kp = kb + j
+        page = page_tables[seq, kp // ps]
+        # 1-D row views first: indexing the 4-D cache inside the d loop kept it scalar
+        # (decode, 600 keys, 12 heads: 210 -> 87 us per layer)
+        krow = k_pages[page, kp % ps, g]
+        kscr = k_scales[page, kp % ps, g]
+        kbj = Kb[j]
+        for gi in range(ng):
+            ksc = kscr[gi]
+            o = gi * gs
+            for d in range(gs):
+                kbj[o + d] = np.float32(krow[o + d]) * ksc
+    for j in range(nk, _BK):
+        for d in range(hd):
+            Kb[j, d] = 0.0
+    # scores S = Qs @ Kb^T, register-blocked 2 rows x 2 keys (shared loads)
+    for r in range(0, rows, 2):
+        r1 = min(r + 1, rows - 1)                 # odd tail: duplicate last row
+        if rpos[r] < kb and rpos[r1] < kb:        # both rows fully masked here
+            continue
+        for j in range(0, _BK, 2):
+            a00 = np.float32(0.0)
+            a01 = np.float32(0.0)
+            a10 = np.float32(0.0)
+            a11 = np.float32(0.0)
+            for d in range(hd):
+                q0 = Qs[r, d]
+                q1 = Qs[r1, d]
+                k0 = Kb[j, d]
+                k1 = Kb[j + 1, d]
+                a00 += q0 * k0
+                a01 += q0 * k1
+                a10 += q1 * k0
+                a11 += q1 * k1
+            S[r, j] = a00
+            S[r, j + 1] = a01
+            S[r1, j] = a10
+            S[r1, j + 1] = a11
+
+
+@njit(cache=True, inline="always")
+def _prep_int16(x, qscale, Qs, Qi, Qd, r):
+    quantize_row16(x, Qi, Qd, r, qscale)
+
+
+@njit(cache=True, inline="always")
+def _keys_int16(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S):
+    _gather_int(k_pages, k_scales, page_tables, seq, g, kb, nk, Kq, Kst)
+    scores_int16(Qi, Qd, Kq, Kst, S, rows)
+
+
+@njit(cache=True, inline="always")
+def _keys_int8(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S):
+    _gather_int(k_pages, k_scales, page_tables, seq, g, kb, nk, Kq, Kst)
+    scores_int8(Qi, Qd, Kq, Kst, S, rows)
+
+
+@njit(cache=True, inline="always")
+def _gather_int(k_pages, k_scales, page_tables, seq, g, kb, nk, Kq, Kst):
+    ps = k_pages.shape[1]
+    hd = k_pages.shape[3]
+    for j in range(nk):                           # the block's int8 rows, as Kq's type (int16: sign-extended)
+        kp = kb + j
+        page = page_tables[seq, kp // ps]
+        krow = k_pages[page, kp % ps, g]
+        kscr = k_scales[page, kp % ps, g]
+        kqj = Kq[j]
+        for d in range(hd):
+            kqj[d] = krow[d]
+        for gi in range(Kst.shape[0]):
+            Kst[gi, j] = kscr[gi]
+    for j in range(nk, _BK):
+        for d in range(hd):
+            Kq[j, d] = 0
+        for gi in range(Kst.shape[0]):
+            Kst[gi, j] = 0.0
+
+
+def _make_kernel(prep, keys, qdtype):
+    """The attention kernel with one way to score keys (prep / keys above)."""
+    @njit(cache=True, parallel=True, fastmath=_FM)
+    def kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+               qscale, out, tstart, tend, n_split, items, counts,
+               part_acc, part_m, part_l):
+        n_heads = q.shape[1]
+        hd = q.shape[2]
+        n_kv = k_pages.shape[2]
+        ps = k_pages.shape[1]
+        G = n_heads // n_kv
+        ng = k_scales.shape[3]
+        gs = hd // ng
+        n_threads = counts.shape[0] - 1
+        max_rows = _TILE_Q * G
+        for th in prange(n_threads):
+            Qs = np.empty((max_rows, hd), np.float32)
+            Qi = np.empty((max_rows, hd), qdtype)
+            Qd = np.empty((max_rows, ng), np.float32)
+            acc = np.empty((max_rows, hd), np.float32)
+            m = np.empty(max_rows, np.float32)
+            l = np.empty(max_rows, np.float32)
+            acc_run = np.empty((max_rows, hd), np.float32)     # the chunks folded so far (n_split == 1)
+            m_run = np.empty(max_rows, np.float32)
+            l_run = np.empty(max_rows, np.float32)
+            rpos = np.empty(max_rows, np.int64)
+            Kb = np.zeros((_BK, hd), np.float32)
+            Kq = np.zeros((_BK, hd), qdtype)
+            Kst = np.zeros((ng, _BK), np.float32)
+            S = np.empty((max_rows, _BK), np.float32)
+            Vb = np.zeros((_BK, hd), np.float32)
+            s = np.empty(_BK, np.float32)
+            p = np.empty(_BK, np.float32)
+            pbits = p.view(np.int32)
+            ebits = np.empty(_BK, np.int32)
+            for ii in range(counts[th], counts[th + 1]):
+                it = items[ii]
+                sp = it % n_split
+                g = (it // n_split) % n_kv
+                ti = it // (n_split * n_kv)
+                t0 = tstart[ti]
+                ntq = tend[ti] - t0
+                seq = token_seq[t0]
+                rows = ntq * G
+                kmax = 0
+                for a in range(ntq):
+                    pos = token_pos[t0 + a]
+                    if pos + 1 > kmax:
+                        kmax = pos + 1
+                    for hh in range(G):
+                        r = a * G + hh
+                        rpos[r] = pos
+                        prep(q[t0 + a, g * G + hh], qscale, Qs, Qi, Qd, r)
                 for r in range(rows):
-                    m[r] = _NEG
-                    l[r] = 0.0
+                    m_run[r] = _NEG
+                    l_run[r] = 0.0
                     for d in range(hd):
-                        acc[r, d] = 0.0
-                k_lo = c * _CHUNK_KEYS
-                k_hi = min(kmax, k_lo + _CHUNK_KEYS)
-                for kb in range(k_lo, k_hi, _BK):
-                    nk = min(_BK, k_hi - kb)
-                    for j in range(nk):
-                        kp = kb + j
-                        page = page_tables[seq, kp // ps]
-                        slot = kp % ps
-                        # 1-D row views first: indexing the 4-D cache inside the d loop kept it scalar
-                        # (decode, 600 keys, 12 heads: 210 -> 87 us per layer)
-                        krow = k_pages[page, slot, g]
-                        vrow = v_pages[page, slot, g]
-                        kscr = k_scales[page, slot, g]
-                        vscr = v_scales[page, slot, g]
-                        kbj = Kb[j]
-                        vbj = Vb[j]
-                        for gi in range(ng):
-                            ksc = kscr[gi]
-                            vsc = vscr[gi]
-                            o = gi * gs
-                            for d in range(gs):
-                                kbj[o + d] = np.float32(krow[o + d]) * ksc
-                            for d in range(gs):
-                                vbj[o + d] = np.float32(vrow[o + d]) * vsc
-                    if nk < _BK:
+                        acc_run[r, d] = 0.0
+                # this split's chunks of keys
+                nchunk = (kmax + _CHUNK_KEYS - 1) // _CHUNK_KEYS
+                cper = (nchunk + n_split - 1) // n_split
+                for c in range(sp * cper, min(nchunk, (sp + 1) * cper)):
+                    for r in range(rows):
+                        m[r] = _NEG
+                        l[r] = 0.0
+                        for d in range(hd):
+                            acc[r, d] = 0.0
+                    k_lo = c * _CHUNK_KEYS
+                    k_hi = min(kmax, k_lo + _CHUNK_KEYS)
+                    for kb in range(k_lo, k_hi, _BK):
+                        nk = min(_BK, k_hi - kb)
+                        keys(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S)
+                        for j in range(nk):
+                            kp = kb + j
+                            page = page_tables[seq, kp // ps]
+                            vrow = v_pages[page, kp % ps, g]
+                            vscr = v_scales[page, kp % ps, g]
+                            vbj = Vb[j]
+                            for gi in range(ng):
+                                vsc = vscr[gi]
+                                o = gi * gs
+                                for d in range(gs):
+                                    vbj[o + d] = np.float32(vrow[o + d]) * vsc
                         for j in range(nk, _BK):
                             for d in range(hd):
-                                Kb[j, d] = 0.0
                                 Vb[j, d] = 0.0
-                    # scores S = Qs @ Kb^T, register-blocked 2 rows x 2 keys (shared loads)
-                    for r in range(0, rows, 2):
-                        r1 = min(r + 1, rows - 1)                 # odd tail: duplicate last row
-                        if rpos[r] < kb and rpos[r1] < kb:        # both rows fully masked here
-                            continue
-                        for j in range(0, _BK, 2):
-                            a00 = np.float32(0.0)
-                            a01 = np.float32(0.0)
-                            a10 = np.float32(0.0)
-                            a11 = np.float32(0.0)
-                            for d in range(hd):
-                                q0 = Qs[r, d]
-                                q1 = Qs[r1, d]
-                                k0 = Kb[j, d]
-                                k1 = Kb[j + 1, d]
-                                a00 += q0 * k0
-                                a01 += q0 * k1
-                                a10 += q1 * k0
-                                a11 += q1 * k1
-                            S[r, j] = a00
-                            S[r, j + 1] = a01
-                            S[r1, j] = a10
-                            S[r1, j + 1] = a11
-                    for r in range(rows):
-                        nvalid = min(nk, rpos[r] + 1 - kb)
-                        if nvalid <= 0:
-                            continue
-                        mold = m[r]
-                        if nvalid < _BK:
+                        for r in range(rows):
+                            nvalid = min(nk, rpos[r] + 1 - kb)
+                            if nvalid <= 0:
+                                continue
+                            mold = m[r]
+                            if nvalid < _BK:
+                                for j in range(nvalid, _BK):
+                                    S[r, j] = _NEG
+                            mx = mold
+                            for j in range(_BK):
+                                v = S[r, j]
+                                mx = v if v > mx else mx
+                            for j in range(_BK):
+                                s[j] = S[r, j] - mx
+                            _exp2_block(s, p, pbits, ebits)
                             for j in range(nvalid, _BK):
-                                S[r, j] = _NEG
-                        mx = mold
-                        for j in range(_BK):
-                            v = S[r, j]
-                            mx = v if v > mx else mx
-                        for j in range(_BK):
-                            s[j] = S[r, j] - mx
-                        _exp2_block(s, p, pbits, ebits)
-                        for j in range(nvalid, _BK):
-                            p[j] = 0.0
-                        psum = np.float32(0.0)
-                        for j in range(_BK):
-                            psum += p[j]
-                        if mx > mold:
-                            corr = np.float32(np.exp2(max(mold - mx, np.float32(-126.0))))
-                            l[r] = l[r] * corr + psum
-                            for d in range(hd):
-                                acc[r, d] *= corr
-                            m[r] = mx
-                        else:
-                            l[r] += psum
-                        # acc += p @ Vb, 4 keys per pass (p is 0 beyond nvalid, Vb is 0 beyond nk)
-                        # (full-block trip count: a compile-time constant unrolls better than
-                        # skipping the masked tail)
-                        for j in range(0, _BK, 4):
-                            p0 = p[j]
-                            p1 = p[j + 1]
-                            p2 = p[j + 2]
-                            p3 = p[j + 3]
-                            for d in range(hd):
-                                acc[r, d] += (p0 * Vb[j, d] + p1 * Vb[j + 1, d]) + (p2 * Vb[j + 2, d] + p3 * Vb[j + 3, d])
-                for a in range(ntq):
-                    for hh in range(G):
-                        r = a * G + hh
-                        if n_split == 1:
-                            _fold(m_run, l_run, acc_run[r], r, m[r], l[r], acc[r])
-                        else:
-                            h = g * G + hh
-                            part_m[c, t0 + a, h] = m[r]
-                            part_l[c, t0 + a, h] = l[r]
-                            for d in range(hd):
-                                part_acc[c, t0 + a, h, d] = acc[r, d]
-            if n_split == 1:
-                for a in range(ntq):
-                    for hh in range(G):
-                        r = a * G + hh
-                        _finish(l_run[r], acc_run[r], out[t0 + a, g * G + hh])
+                                p[j] = 0.0
+                            psum = np.float32(0.0)
+                            for j in range(_BK):
+                                psum += p[j]
+                            if mx > mold:
+                                corr = np.float32(np.exp2(max(mold - mx, np.float32(-126.0))))
+                                l[r] = l[r] * corr + psum
+                                for d in range(hd):
+                                    acc[r, d] *= corr
+                                m[r] = mx
+                            else:
+                                l[r] += psum
+                            # acc += p @ Vb, 4 keys per pass (p is 0 beyond nvalid, Vb is 0 beyond nk)
+                            # (full-block trip count: a compile-time constant unrolls better than
+                            # skipping the masked tail)
+                            for j in range(0, _BK, 4):
+                                p0 = p[j]
+                                p1 = p[j + 1]
+                                p2 = p[j + 2]
+                                p3 = p[j + 3]
+                                for d in range(hd):
+                                    acc[r, d] += ((p0 * Vb[j, d] + p1 * Vb[j + 1, d])
+                                                  + (p2 * Vb[j + 2, d] + p3 * Vb[j + 3, d]))
+                    for a in range(ntq):
+                        for hh in range(G):
+                            r = a * G + hh
+                            if n_split == 1:
+                                _fold(m_run, l_run, acc_run[r], r, m[r], l[r], acc[r])
+                            else:
+                                h = g * G + hh
+                                part_m[c, t0 + a, h] = m[r]
+                                part_l[c, t0 + a, h] = l[r]
+                                for d in range(hd):
+                                    part_acc[c, t0 + a, h, d] = acc[r, d]
+                if n_split == 1:
+                    for a in range(ntq):
+                        for hh in range(G):
+                            r = a * G + hh
+                            _finish(l_run[r], acc_run[r], out[t0 + a, g * G + hh])
+    return kernel
+
+
+_KERNELS = {"float": _make_kernel(_prep_float, _keys_float, np.int8),
+            "int8": _make_kernel(_prep_int8, _keys_int8, np.int8),
+            "int16": _make_kernel(_prep_int16, _keys_int16, np.int16)}
 
 
 @njit(cache=True)
 def _fold(m_run, l_run, acc_run, r, m, l, acc):
     """Fold one chunk's softmax state (m, l, acc (hd,)) into row r of the running state (left to
-    right over chunks). No fast-math: every call site computes exactly this."""
+    right over chunks). Compiled with its caller's fast-math flags: its callers carry the same (_FM)."""
     if l == 0.0:
         return
     mx = max(m_run[r], m)
@@ -461,7 +557,7 @@ def _finish(l, acc, out):
         out[d] = acc[d] * inv
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, fastmath=_FM)
 def _attn_merge(part_acc, part_m, part_l, out):
     """out[t, h] = the left fold of the chunks' states (unwritten chunks have l = 0: skipped)."""
     n_chunk, n_tok, n_heads, hd = part_acc.shape
@@ -476,13 +572,23 @@ def _attn_merge(part_acc, part_m, part_l, out):
         _finish(l_run[0], acc_run, out[t, h])
 
 
-def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out):
+def qk_path(head_dim, qk="auto"):
+    """The q.k path attention() takes: "float", or "int8" / "int16" (AVX2, head_dim a multiple of GROUP
+    channels; float otherwise). "auto": STRATA_LITE_ATTN_QK if set, else float."""
+    if qk == "auto":
+        qk = os.environ.get("STRATA_LITE_ATTN_QK") or "float"
+    if qk not in QK_PATHS:
+        raise ValueError(f"qk must be one of {QK_PATHS} or 'auto', got {qk!r}")
+    return qk if qk == "float" or (head_dim % GROUP == 0 and int8_enabled()) else "float"
+
+
+def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out, qk="auto"):
     """Causal attention of q (n_tok, n_heads, head_dim) f32 over the int8 paged KV cache.
 
     Token t (sequence token_seq[t], position token_pos[t]) attends to positions
     0..token_pos[t] of its sequence (which must already be stored, including its own).
     Query head h uses kv head h // (n_heads // n_kv_heads).  Result -> out (same shape
-    as q, float32)."""
+    as q, float32). qk: the q.k path (qk_path)."""
     _req(q, "q", np.float32, 3)
     _req(out, "out", np.float32, 3)
     if out.shape != q.shape:
@@ -508,8 +614,8 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
         part_acc = np.empty((1, 1, 1, 1), np.float32)
         part_m = np.empty((1, 1, 1), np.float32)
         part_l = np.empty((1, 1, 1), np.float32)
-    _attn_kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
-                 np.float32(scale * _LOG2E), out, tstart, tend, n_split, items, counts,
-                 part_acc, part_m, part_l)
+    _KERNELS[qk_path(hd, qk)](q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                              np.float32(scale * _LOG2E), out, tstart, tend, n_split, items, counts,
+                              part_acc, part_m, part_l)
     if n_split > 1:
         _attn_merge(part_acc, part_m, part_l, out)

@@ -80,3 +80,18 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
             w /= w.sum()
             out[t, h] = w @ V[:, g, :]
     return out
+
+
+def round_query(q, path):
+    """q (..., head_dim) float32 as attention's q.k path multiplies it (kernels/cpu/attention_int8.py), per
+    32 channels: "int8" as ggml's Q8_0 (act_reference.ref_q8_0), "int16" q = rint(x / d) * d with
+    d = max|x| / 32767 in float32; "float": q itself."""
+    from act_reference import ref_q8_0
+    if path == "float":
+        return q
+    if path == "int8":
+        return ref_q8_0(q.reshape(-1, q.shape[-1])).reshape(q.shape)
+    b = q.reshape(q.shape[:-1] + (-1, 32)).astype(np.float32)
+    d = np.abs(b).max(-1, keepdims=True) / np.float32(32767)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    return (np.rint(b * inv) * d).reshape(q.shape)

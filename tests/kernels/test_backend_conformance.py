@@ -11,7 +11,8 @@ Tolerances (float32 kernels vs float64 references):
     of the output scale (angles up to 40K rad: float32 angles would be off by ~1e-3).
   * add, take_rows, split_cols, embed (bit-exact dequantization), kv_store (the same float32 rounding
     rule on every backend: the KV layout is shared): exact.
-  * attention: float64 reference over the same int8 cache -> 1e-5 (as test_attention.py).
+  * attention: float64 reference over the same int8 cache, on the query as the backend's q.k path rounds
+    it (the CPU's integer paths: reference.round_query) -> 1e-5 (as test_attention.py).
   * sampling: ids exact, except rows whose outcome sits within 1e-5 of a boundary of the semantics
     (cdf vs uniform, cumsum vs top_p, p vs min_p * p0, near-equal logits), which are skipped and must
     be rare; logprobs: float64 log-softmax of float32 logits -> 2e-5 absolute.
@@ -27,6 +28,7 @@ import pytest
 import reference as ref  # tests/kernels/reference.py
 from act_reference import round_like_ggml
 from strata_lite.kernels import get_backend
+from strata_lite.kernels.cpu.attention import qk_path
 from strata_lite.kernels.kv_layout import kv_scale_groups
 from strata_lite.kernels.qtypes import SUPPORTED_QTYPES
 from strata_lite.kernels.sample_rows import SampleRows
@@ -168,7 +170,8 @@ def test_kv_store_attention(be, n_heads, n_kv, hd):
         scale = 1.0 / np.sqrt(hd)
         out = poisoned(be, q.shape)
         be.attention(be.from_host(q), *dev, *cache, scale, out=out, max_keys=int(pos.max()) + 1)
-        want = ref.attention(q, seq, pos, tables, kp, ks, vp, vs, scale)
+        q_used = ref.round_query(q, qk_path(hd)) if be.name == "cpu" else q     # the CPU's q.k path rounds q
+        want = ref.attention(q_used, seq, pos, tables, kp, ks, vp, vs, scale)
         np.testing.assert_allclose(be.to_host(out), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 

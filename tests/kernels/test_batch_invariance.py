@@ -48,11 +48,15 @@ def _cache(rng, n_pages=24, ps=16, n_kv=2, hd=64, n=300):
     return cache, table
 
 
-def test_attention_of_a_query_does_not_depend_on_the_call():
-    """Alone (1 token: the key range is split over threads), among its prompt chunk, next to another
-    sequence's tokens: the same bits. Positions past 512 keys exercise the chunk fold."""
+@pytest.mark.parametrize("qk", ["float", "int8", "int16"])
+@pytest.mark.parametrize("n_kv", [2, 1])
+def test_attention_of_a_query_does_not_depend_on_the_call(qk, n_kv):
+    """Alone, among its prompt chunk, next to another sequence's tokens, on 1 or 2 threads (one token
+    over 1 KV head on 2 threads: the key range is split and the chunks merged): the same bits, on every
+    q.k path. Positions past 512 keys exercise the chunk fold."""
+    import numba
     rng = np.random.default_rng(3)
-    cache, table = _cache(rng, n_pages=80, ps=16, n=620)
+    cache, table = _cache(rng, n_pages=80, ps=16, n_kv=n_kv, n=620)
     n_heads, hd = 8, 64
     q = rng.standard_normal((40, n_heads, hd)).astype(np.float32)
     seq = np.array([0] * 30 + [1] * 10, np.int32)
@@ -60,12 +64,18 @@ def test_attention_of_a_query_does_not_depend_on_the_call():
 
     def run(idx):
         out = np.empty((len(idx), n_heads, hd), np.float32)
-        attention(q[idx].copy(), seq[idx].copy(), pos[idx].copy(), table, *cache, 0.125, out)
+        attention(q[idx].copy(), seq[idx].copy(), pos[idx].copy(), table, *cache, 0.125, out, qk=qk)
         return out
 
     everything = run(np.arange(40))
-    for idx in ([29], [0], [35], list(range(0, 7)), [3, 33], list(range(20, 40))):
-        np.testing.assert_array_equal(run(np.asarray(idx)), everything[idx])
+    threads = numba.get_num_threads()
+    try:
+        for n_threads in sorted({1, threads}):
+            numba.set_num_threads(n_threads)
+            for idx in ([29], [0], [35], list(range(0, 7)), [3, 33], list(range(20, 40))):
+                np.testing.assert_array_equal(run(np.asarray(idx)), everything[idx])
+    finally:
+        numba.set_num_threads(threads)
 
 
 def test_elementwise_serial_and_parallel_forms_agree():
