@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from . import nibble_int8
+from . import nibble_gemm, nibble_int8
 from .dequant import IQ2_KSIGNS, IQ3XXS_GRID, f16_at
 
 BLOCK_BYTES = 144
@@ -86,4 +86,4 @@ CODE_TABLE = np.concatenate([IQ3_CODE_VALUES, IQ3_CODE_VALUES])      # one copy 
 
 def matvec(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray) -> None:
     """out (n_tok, n_rows) = x @ W.T; W repacked (n_rows, nb, 144), x float32 (n_tok, nb, 256)."""
-    nibble_int8.matvec(raw3, x3, out, CODE_TABLE, nibble_int8.IQ3)
+    nibble_gemm.multiply(raw3, x3, out, CODE_TABLE, nibble_int8.IQ3)

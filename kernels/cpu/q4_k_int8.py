@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from . import nibble_int8
+from . import nibble_gemm, nibble_int8
 from .dequant import f16_at, k_scale_min
 
 BLOCK_BYTES = 160
@@ -56,4 +56,4 @@ def repack(raw: np.ndarray, n_cols: int, f16t) -> np.ndarray:
 
 def matvec(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray) -> None:
     """out (n_tok, n_rows) = x @ W.T; W repacked (n_rows, nb, 160), x float32 (n_tok, nb, 256)."""
-    nibble_int8.matvec(raw3, x3, out, _NO_TABLE, nibble_int8.Q4K)
+    nibble_gemm.multiply(raw3, x3, out, _NO_TABLE, nibble_int8.Q4K)

@@ -74,6 +74,12 @@ def _q5_0_weights(builder, p):
     """The same for a Q5_0 block, unpacked in registers (ggml: weight j < 16 is the low nibble of qs[j]
     plus bit j of qh as 16, weight j + 16 the high nibble plus bit j + 16; minus 16): the integers the
     lossless Q8_0 repacking stores, so the dots and every float after them are the same."""
+    c, d = _q5_0_codes(builder, p)
+    return builder.sub(c, ir.Constant(L.V32B, [16] * 32)), d
+
+
+def _q5_0_codes(builder, p):
+    """(the 32 unsigned 5-bit codes w + 16, scale) of a Q5_0 block (q8_0_gemm.py multiplies them unsigned)."""
     nib = _nibbles(builder, p, 6)
     qh = builder.bitcast(L.load(builder, p, 2, L.I32), ir.VectorType(L.I8, 4))
     spread = builder.shuffle_vector(qh, ir.Constant(ir.VectorType(L.I8, 4), None),
@@ -81,8 +87,7 @@ def _q5_0_weights(builder, p):
     bit = ir.Constant(L.V32B, [1 << (i % 8) for i in range(32)])
     fifth = builder.select(builder.icmp_unsigned("==", builder.and_(spread, bit), bit),
                            ir.Constant(L.V32B, [16] * 32), ir.Constant(L.V32B, [0] * 32))
-    w = builder.sub(builder.or_(nib, fifth), ir.Constant(L.V32B, [16] * 32))
-    return w, _f16(builder, p)
+    return builder.or_(nib, fifth), _f16(builder, p)
 
 
 def _nibbles(builder, p, off):
@@ -96,6 +101,11 @@ def _nibbles(builder, p, off):
 def _q4_0_weights(builder, p):
     """A Q4_0 block (f16 d, 16 bytes of codes): weight = code - 8."""
     return builder.sub(_nibbles(builder, p, 2), ir.Constant(L.V32B, [8] * 32)), _f16(builder, p)
+
+
+def _q4_0_codes(builder, p):
+    """(the 32 unsigned codes w + 8, scale) of a Q4_0 block."""
+    return _nibbles(builder, p, 2), _f16(builder, p)
 
 
 def _iq4_nl_weights(builder, p):
@@ -112,7 +122,7 @@ def _make_dot(block_weights, doc_format: str):
     @intrinsic
     def dot(typingctx, raw3, r0, xq, xd, t0, n_tok, out):
         if not (L.c_arrays((raw3, types.uint8, 3), (xq, types.int8, 3), (xd, types.float32, 2))
-                and L.strided_array(out, types.float32, 2)          # own_blocks_int8.py: column slices
+                and L.strided_array(out, types.float32, 2)          # a column slice of an output too
                 and L.tile_args(r0, t0, n_tok, MAX_TOK)):
             return None
         sig = types.void(raw3, types.intp, xq, xd, types.intp, n_tok, out)

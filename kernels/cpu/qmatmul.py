@@ -17,7 +17,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from . import own_blocks_int8, q8_0_int8
+from . import q8_0_gemm, q8_0_int8
 from . import matvec as mv
 from .act_quant import round_activations
 from .dequant import (QK, QK_HALF, F16_TABLE, IQ3XXS_GRID, IQ4NL_VALUES, check_raw,
@@ -28,7 +28,8 @@ from ..qtypes import block_geometry
 # Largest n_tok that uses the fused kernels (measured crossover on 2 Zen 4 cores, see bench).
 MATVEC_MAX_TOK = 8
 # The int8 layouts (IQ3_XXS, Q4_K, Q6_K repacked; Q8_0, and Q4_0 / Q5_0 / IQ4_NL in their own blocks)
-# take their int8 kernel for every token count: its result for a token does not depend on the other
+# take their int8 kernel for every token count (prompt chunks: the register-tiled GEMMs of q8_0_gemm.py and
+# nibble_gemm.py, with the same bits): its result for a token does not depend on the other
 # tokens of the call (integer block dots, then a fixed order of float sums per token and row), so a
 # token's logits do not depend on what shares its forward (batch invariance: speculative verification,
 # prefix caching and chunked prompts rely on it). Dequantize + BLAS was faster for prompt chunks of
@@ -105,8 +106,8 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
     if w.int8:
         kind = _INT8_KIND.get(w.qtype, q8_0_int8.Q8_0_KIND)
         x3 = x.reshape(n_tok, w.nb, q8_0_int8.QK)
-        if kind != q8_0_int8.Q8_0_KIND and n_tok >= own_blocks_int8.MIN_TOK and not w.small:
-            own_blocks_int8.matmul(w.raw3, x3, out, kind)     # prompt chunks: unpacked once, same bits
+        if n_tok >= q8_0_gemm.MIN_TOK:
+            q8_0_gemm.matmul(w.raw3, x3, out, kind)           # prompt chunks: register-tiled, same bits
         else:
             (q8_0_int8.mv_avx2_serial if w.small else q8_0_int8.mv_avx2)(w.raw3, x3, out, kind)
         return out

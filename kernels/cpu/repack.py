@@ -158,7 +158,7 @@ SMALL_BYTES = 160 * 1024
 
 def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool = False) -> PackedWeight:
     """QuantTensor-like w -> PackedWeight. With `int8` (an AVX2 CPU) Q8_0, Q5_0, Q4_0 and IQ4_NL keep their
-    blocks for q8_0_int8.py (own_blocks_int8.py for prompt chunks) and IQ3_XXS, Q4_K and Q6_K are repacked
+    blocks for q8_0_int8.py (q8_0_gemm.py for prompt chunks) and IQ3_XXS, Q4_K and Q6_K are repacked
     for nibble_int8.py (with `repack`); without it Q5_0, Q4_0 and IQ4_NL are repacked to Q8_0 (with
     `repack`).
 

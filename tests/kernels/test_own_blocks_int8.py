@@ -8,8 +8,7 @@ lossless Q8_0 repacking they replaced (repack.py) and against float64.
 * Lossless unpacking: the kernel fed 127 e_j (activation scale exactly 1) returns 127 x the weight that
   gguf.quants.dequantize gives, bit for bit, for every column j: every nibble, fifth bit and table value
   is unpacked to the integer the file holds.
-* Prompt chunks (MIN_TOK+ tokens, matrices above SMALL_BYTES: own_blocks_int8.py) unpack the matrix once
-  into Q8_0 blocks for the Q8_0 kernel, in slabs of rows when it is large: the same bits, slabs or not.
+* Prompt chunks (q8_0_gemm.MIN_TOK+ tokens) take the register-tiled GEMM: tests/kernels/test_prompt_gemm.py.
 * Float64 reference (gguf.quants.dequantize, activations rounded to Q8_0 as llama.cpp does): weights and
   rounded activations are exact float32 products (<= 18 significant bits each), so the reference is exact
   and the only error is float32 rounding in the kernel: the product d_w d_a, then one FMA per block into
@@ -24,7 +23,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
 
-from strata_lite.kernels.cpu import own_blocks_int8, q8_0_int8, repack as rp
+from strata_lite.kernels.cpu import q8_0_int8, repack as rp
 from strata_lite.kernels.cpu.act_quant import round_activations
 from strata_lite.kernels.cpu.backend import CpuBackend
 from strata_lite.kernels.cpu.isa import host_has_avx2
@@ -86,27 +85,6 @@ def test_bits_equal_the_q8_0_repacked_path(qtype, n_out, n_cols):
             np.testing.assert_array_equal(out, ref, err_msg=f"{mv.__name__}, {n_tok} tokens")
         np.testing.assert_array_equal(be.qmatmul(new, x), ref)
         np.testing.assert_array_equal(be.qmatmul(old, x), ref)
-
-
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_prompt_chunks_unpacked_once_give_the_same_bits(qtype, monkeypatch):
-    n_out, n_cols = 405, 896                                     # above SMALL_BYTES in every format
-    raw = _rows(qtype, n_out, n_cols, seed=21)
-    old, new = _old_and_new(qtype, raw, n_out, n_cols)
-    assert not new.small
-    be = CpuBackend()
-    for n_tok in (1, 3, 9, own_blocks_int8.MIN_TOK - 1, own_blocks_int8.MIN_TOK, 40):
-        x = _x(n_tok, n_cols, seed=n_tok)
-        ref = be.qmatmul(old, x)
-        np.testing.assert_array_equal(be.qmatmul(new, x), ref)
-        for scratch in (own_blocks_int8.SCRATCH_BYTES, 70 * n_cols // 32 * 34):   # one slab; 6 of 64 rows + 21
-            monkeypatch.setattr(own_blocks_int8, "SCRATCH_BYTES", scratch)
-            out = np.full_like(ref, np.nan)
-            own_blocks_int8.matmul(new.raw3, x.reshape(n_tok, -1, 32), out, OWN[qtype])
-            np.testing.assert_array_equal(out, ref, err_msg=f"{n_tok} tokens, {scratch} bytes of scratch")
-    q8 = np.empty((n_out - 5, n_cols // 32, 34), np.uint8)
-    own_blocks_int8.unpack_rows(OWN[qtype], new.raw3, 5, q8)
-    np.testing.assert_array_equal(q8, old.raw3[5:])             # the unpacking is the Q8_0 repacking
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
