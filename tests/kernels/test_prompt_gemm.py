@@ -27,6 +27,7 @@ from strata_lite.kernels.cpu.backend import CpuBackend
 from strata_lite.kernels.cpu.dequant import F16_TABLE
 from strata_lite.kernels.cpu.isa import host_has_avx2
 from test_dequant import random_rows
+from test_own_blocks_int8 import _rows as own_block_rows
 
 pytestmark = pytest.mark.skipif(not host_has_avx2(), reason="the int8 kernels need an AVX2 CPU")
 
@@ -48,19 +49,12 @@ def _x(n_tok, n_cols, seed):
 
 
 def _q8_rows(qtype, n_out, n_cols, seed):
-    """Random blocks plus the extremes: Q8_0 weights of -128, Q5_0 fifth bits all set / all clear, codes 0
-    and 15 (Q4_0 -8, IQ4_NL -127)."""
+    """Random blocks plus the extremes: Q8_0 weights of -128; for the own-block types test_own_blocks_int8's
+    (Q5_0 fifth bits all set / all clear, codes 0 and 15: Q4_0 -8, IQ4_NL -127)."""
+    if qtype != QType.Q8_0:
+        return own_block_rows(qtype, n_out, n_cols, seed)
     raw = random_rows(qtype, n_out, n_cols, seed=seed)
-    b = raw.reshape(n_out, n_cols // 32, -1)
-    if qtype == QType.Q8_0:
-        b[0, 1, 2:] = 0x80
-        return raw
-    lo = 6 if qtype == QType.Q5_0 else 2
-    b[0, 0, lo:] = 0x00
-    b[-1, -1, lo:] = 0xFF
-    if qtype == QType.Q5_0:
-        b[0, -1, 2:6] = 0xFF
-        b[-1, 0, 2:6] = 0x00
+    raw.reshape(n_out, n_cols // 32, -1)[0, 1, 2:] = 0x80
     return raw
 
 
