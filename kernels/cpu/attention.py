@@ -302,27 +302,35 @@ def _prep_int8(x, qscale, Qs, Qi, Qd, r):
 
 
 @njit(cache=True, inline="always")
-def _keys_float(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S):
-    ps = k_pages.shape[1]
-    hd = k_pages.shape[3]
-    ng = k_scales.shape[3]
+def _dequant_rows(pages, scales, page_tables, seq, g, kb, nk, buf):
+    """Positions [kb, kb + nk) of kv head g of one sequence's K or V cache -> buf[:nk] (float32 rows, q * scale
+    per group), buf[nk:_BK] zeroed."""
+    ps = pages.shape[1]
+    hd = pages.shape[3]
+    ng = scales.shape[3]
     gs = hd // ng
     for j in range(nk):
         kp = kb + j
         page = page_tables[seq, kp // ps]
         # 1-D row views first: indexing the 4-D cache inside the d loop kept it scalar
         # (decode, 600 keys, 12 heads: 210 -> 87 us per layer)
-        krow = k_pages[page, kp % ps, g]
-        kscr = k_scales[page, kp % ps, g]
-        kbj = Kb[j]
+        row = pages[page, kp % ps, g]
+        scr = scales[page, kp % ps, g]
+        bj = buf[j]
         for gi in range(ng):
-            ksc = kscr[gi]
+            sc = scr[gi]
             o = gi * gs
             for d in range(gs):
-                kbj[o + d] = np.float32(krow[o + d]) * ksc
+                bj[o + d] = np.float32(row[o + d]) * sc
     for j in range(nk, _BK):
         for d in range(hd):
-            Kb[j, d] = 0.0
+            buf[j, d] = 0.0
+
+
+@njit(cache=True, inline="always")
+def _keys_float(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S):
+    _dequant_rows(k_pages, k_scales, page_tables, seq, g, kb, nk, Kb)
+    hd = k_pages.shape[3]
     # scores S = Qs @ Kb^T, register-blocked 2 rows x 2 keys (shared loads)
     for r in range(0, rows, 2):
         r1 = min(r + 1, rows - 1)                 # odd tail: duplicate last row
@@ -395,10 +403,8 @@ def _make_kernel(prep, keys, qdtype):
         n_heads = q.shape[1]
         hd = q.shape[2]
         n_kv = k_pages.shape[2]
-        ps = k_pages.shape[1]
         G = n_heads // n_kv
         ng = k_scales.shape[3]
-        gs = hd // ng
         n_threads = counts.shape[0] - 1
         max_rows = _TILE_Q * G
         for th in prange(n_threads):
@@ -458,20 +464,7 @@ def _make_kernel(prep, keys, qdtype):
                     for kb in range(k_lo, k_hi, _BK):
                         nk = min(_BK, k_hi - kb)
                         keys(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S)
-                        for j in range(nk):
-                            kp = kb + j
-                            page = page_tables[seq, kp // ps]
-                            vrow = v_pages[page, kp % ps, g]
-                            vscr = v_scales[page, kp % ps, g]
-                            vbj = Vb[j]
-                            for gi in range(ng):
-                                vsc = vscr[gi]
-                                o = gi * gs
-                                for d in range(gs):
-                                    vbj[o + d] = np.float32(vrow[o + d]) * vsc
-                        for j in range(nk, _BK):
-                            for d in range(hd):
-                                Vb[j, d] = 0.0
+                        _dequant_rows(v_pages, v_scales, page_tables, seq, g, kb, nk, Vb)
                         for r in range(rows):
                             nvalid = min(nk, rpos[r] + 1 - kb)
                             if nvalid <= 0:
