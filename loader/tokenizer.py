@@ -121,6 +121,7 @@ class Tokenizer:
     bos_id: int | None
     eos_id: int | None
     eog_ids: frozenset[int]
+    special_ids: frozenset[int]     # control, unknown and user-defined tokens
     add_bos: bool
     add_eos: bool
 
@@ -216,6 +217,7 @@ class Tokenizer:
 
         user = np.flatnonzero(types == USER_DEFINED).tolist()
         ctrl = np.flatnonzero((types == CONTROL) | (types == UNKNOWN)).tolist()
+        self.special_ids = frozenset(user + ctrl)
         self._special_re = {False: alternation(user), True: alternation(user + ctrl)}
         self._text_to_id = {}
         for i in user + ctrl:  # the first id wins when two special tokens share a text

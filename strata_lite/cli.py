@@ -1,4 +1,5 @@
-"""`strata-lite` command line: generate, perplexity, quantize, imatrix, kld, synth, train-mtp, info (serve, fleet)."""
+"""`strata-lite` command line: generate, perplexity, quantize, imatrix, kld, synth, train-mtp, mtp-vocab, info (serve,
+fleet)."""
 from __future__ import annotations
 
 import argparse
@@ -151,8 +152,17 @@ def cmd_train_mtp(args) -> int:
     rep = train_mtp(llm, args.output, args.text, opts, ctx=args.ctx, train_tokens=args.train_tokens,
                     eval_tokens=args.eval_tokens, out_type=args.type, checkpoint_dir=args.checkpoint,
                     checkpoint_every=args.checkpoint_every, device=device, answers=args.answers,
-                    answer_tokens=args.answer_tokens)
+                    answer_tokens=args.answer_tokens, draft_vocab=args.draft_vocab)
     print(rep.summary())
+    return 0
+
+
+def cmd_mtp_vocab(args) -> int:
+    from .mtp_vocab import add_draft_vocab
+    from .loader.known_models import resolve_model
+    rep = add_draft_vocab(resolve_model(args.model), args.mtp, args.output, args.text, args.size)
+    print(rep.summary())
+    print(f"wrote {args.output}")
     return 0
 
 
@@ -219,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--blocks", type=int, default=None, help="number of blocks (default: the preset's)")
     sy.add_argument("--out", "-o", required=True, help="output GGUF file")
     sy.set_defaults(func=cmd_synth)
-    from .mtp_train_defaults import default_help
+    from .mtp_train_defaults import DRAFT_VOCAB, default_help
     tm = sub.add_parser("train-mtp", help="train an MTP block for a model by self-distillation (docs/mtp_training.md)")
     _model_args(tm)
     tm.add_argument("--text", nargs="+", default=None,
@@ -246,9 +256,22 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--answer-tokens", type=int, default=None,
                     help="longest answer in tokens " + default_help("answer_tokens"))
     tm.add_argument("--type", default="Q8_0", choices=("Q8_0", "F16"), help="matrix type of the output")
+    tm.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB,
+                    help="the block drafts only this many tokens, the training text's most frequent (its head "
+                         "reads only their rows: docs/mtp_training.md); 0: every token")
     tm.add_argument("--checkpoint", default=None, help="directory: resume from / save checkpoints there")
     tm.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints")
     tm.set_defaults(func=cmd_train_mtp)
+    mv = sub.add_parser("mtp-vocab", help="give an MTP sidecar a draft vocabulary counted over a text "
+                                          "(docs/mtp_training.md)")
+    mv.add_argument("--model", default=None, help="the model the sidecar is for (default: the default model)")
+    mv.add_argument("--mtp", required=True, help="the MTP sidecar GGUF")
+    mv.add_argument("--text", nargs="+", default=None,
+                    help="text files to count tokens in (UTF-8; every tenth held out for the coverage figure); "
+                         "default: the Python stdlib sources")
+    mv.add_argument("--size", type=int, default=DRAFT_VOCAB, help="tokens in the draft vocabulary")
+    mv.add_argument("--output", "-o", required=True, help="output sidecar GGUF")
+    mv.set_defaults(func=cmd_mtp_vocab)
     sub.add_parser("info", help="versions, CPU extensions and kernels, GPU, model cache").set_defaults(func=cmd_info)
     from .server.cli_serve import add_serve_parser   # the CLI sits above the server (layering exemption)
     from .server.fleet import add_fleet_parser

@@ -40,7 +40,7 @@ from .perplexity import log_softmax
 from .runner import ModelRunner, RequestState, load_model
 from .scheduler import Scheduler
 from .spec import SpecController
-from .spec.mtp_drafter import block_for_spec
+from .spec.mtp_drafter import block_for_spec, mtp_source
 from .sampling import InvalidRequest
 from .sequence import Request
 
@@ -310,7 +310,8 @@ class Engine(StepLoop):
         log.info("warm-up done in %.1f s", time.perf_counter() - t0)
 
     def _mtp_weights(self, loaded):
-        """The MTP block to draft with (--spec auto or mtp; --mtp FILE or the model file's own), or None.
+        """The MTP block to draft with (--spec auto or mtp; --mtp FILE, the model file's own, or the one this package
+        ships for it: mtp_source), or None.
         NoMtpBlock for --spec mtp without one."""
         cfg = self.config
         if not self._spec.wants_mtp:
@@ -319,7 +320,8 @@ class Engine(StepLoop):
             return None
         weights = block_for_spec(loaded.path, loaded.config, self._spec.mode, cfg.mtp)
         if weights is not None:
-            log.info("drafting with the MTP block of %s (--spec %s)", cfg.mtp or loaded.path, cfg.spec)
+            log.info("drafting with the MTP block of %s (--spec %s)", mtp_source(loaded.path, loaded.config, cfg.mtp),
+                     cfg.spec)
         return weights
 
 

@@ -24,8 +24,10 @@ from .loader.mtp import write_mtp_arrays
 from .mtp_train_data import MtpData, collect, read_tokens, split_files, split_held_out, stdlib_files
 from .mtp_train_device import array_module, device_module, to_device, to_host, tree_to
 from .mtp_train_fit import FitOptions, fit
-from .mtp_train_model import FrozenHead, evaluate, init_params
+from .mtp_train_model import FrozenHead, draft_hits, evaluate, init_params
 from .mtp_train_prompts import prompts
+from .mtp_train_defaults import DRAFT_VOCAB
+from .mtp_vocab import draft_vocab_of
 
 OUT_TYPES = {"Q8_0": QType.Q8_0, "F16": QType.F16}
 COLLECT_K = 8        # top-k targets kept per row (a cached data set serves --topk 1 .. 8 alike)
@@ -43,6 +45,7 @@ class TrainReport:
     step_s: float = 0.0                       # mean wall time of a training step
     losses: list = field(default_factory=list)
     held: dict = field(default_factory=dict)  # held-out set name -> HeldOut
+    draft_vocab: int = 0                      # size of the sidecar's draft vocabulary (0: none)
 
     def summary(self) -> str:
         first = np.mean(self.losses[:10]) if self.losses else float("nan")
@@ -54,6 +57,9 @@ class TrainReport:
         for name, h in self.held.items():
             lines.append(f"held-out {name} ({h.rows} rows): top-1 agreement with the model's token i+2 "
                          f"{h.before[1]:.4f} -> {h.after[1]:.4f}, loss {h.before[0]:.4f} -> {h.after[0]:.4f}")
+            if self.draft_vocab:
+                lines.append(f"  drafting from the {self.draft_vocab}-token draft vocabulary (which holds "
+                             f"{h.draft[1]:.2%} of the model's tokens i+2 there): top-1 agreement {h.draft[0]:.4f}")
         if not self.held:
             lines.append("held-out: none (no text file or prompt fell in the held-out tenth), so no top-1 "
                          "agreement figure")
@@ -66,6 +72,7 @@ class HeldOut:
     rows: int
     before: tuple = (float("nan"), float("nan"))   # (loss, top-1 agreement)
     after: tuple = (float("nan"), float("nan"))
+    draft: tuple = (float("nan"), float("nan"))    # (top-1 agreement within the draft vocabulary, its coverage)
 
 
 def _fingerprint(*parts) -> str:
@@ -126,14 +133,31 @@ def evaluate_data(cfg, params, frozen, data: MtpData, batch: int = 4) -> tuple[f
     return loss / max(rows, 1), hits / max(rows, 1)
 
 
+def draft_agreement(cfg, params, frozen, data: MtpData, vocab: np.ndarray, batch: int = 4) -> tuple[float, float]:
+    """-> (top-1 agreement of the head cut to the draft vocabulary vocab, the fraction of the model's greedy
+    tokens i + 2 that vocab holds) over every row of data: what drafting with the sidecar sees."""
+    xp = array_module(next(iter(params.values())))
+    ids = to_device(xp, vocab.astype(np.int64))
+    cut = FrozenHead(frozen.embed, frozen.head_norm, frozen.head[ids])
+    hits = rows = 0
+    for lo in range(0, len(data), batch):
+        b = [to_device(xp, a) for a in data.batch(np.arange(lo, min(lo + batch, len(data))), k=1)]
+        h, n = draft_hits(cfg, params, cut, b, ids)
+        hits, rows = hits + h, rows + n
+    return hits / max(rows, 1), float(np.isin(data.tgt_ids[..., 0], vocab).mean())
+
+
 def train_mtp(llm, out_path: str, text_files: list[str] | None = None, opts: FitOptions = FitOptions(),
               ctx: int = 256, train_tokens: int = 65536, eval_tokens: int = 8192, out_type: str = "Q8_0",
               checkpoint_dir: str | None = None, checkpoint_every: int = 25, progress: bool = True,
-              log=None, device: str = "cpu", answers: int = 0, answer_tokens: int = 512) -> TrainReport:
+              log=None, device: str = "cpu", answers: int = 0, answer_tokens: int = 512,
+              draft_vocab: int = DRAFT_VOCAB) -> TrainReport:
     """Train an MTP block for llm (api.LLM, n_ctx >= ctx) and write it to out_path as a sidecar GGUF.
     device: where the training math runs ("cpu": numpy, "cuda": CuPy); the model's pass runs on llm's
     backend. answers: the first that many of mtp_train_prompts.prompts() are answered by the model (greedy,
-    at most answer_tokens each) and the answers added to the text (every tenth prompt's held out)."""
+    at most answer_tokens each) and the answers added to the text (every tenth prompt's held out).
+    draft_vocab: the sidecar's draft vocabulary holds that many of the training text's most frequent tokens
+    (mtp_vocab.py); 0, or at least the model's vocabulary: none (the head scores every token)."""
     log = sys.stderr if log is None else log
     if out_type.upper() not in OUT_TYPES:
         raise ValueError(f"--type must be one of {', '.join(OUT_TYPES)}, not {out_type!r}")
@@ -144,6 +168,8 @@ def train_mtp(llm, out_path: str, text_files: list[str] | None = None, opts: Fit
         raise ValueError(f"--ctx must be between 3 and the model context {llm.n_ctx}, not {ctx}")
     if answers < 0 or answer_tokens < 1:
         raise ValueError("--answers must be >= 0 and --answer-tokens >= 1")
+    if draft_vocab < 0:
+        raise ValueError(f"--draft-vocab must be >= 0, not {draft_vocab}")
     xp = device_module(device)
     if checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)
@@ -160,9 +186,9 @@ def train_mtp(llm, out_path: str, text_files: list[str] | None = None, opts: Fit
     answered = dict(zip(asked, _cached_answers(llm, asked, answer_tokens, checkpoint_dir, progress))) if asked else {}
     rep.answers_s = time.perf_counter() - t0
     train_answers = [answered[q] for q in train_prompts]
-    ids = np.concatenate([*train_answers, read_tokens(llm, train_files, train_tokens)])
+    ids = np.concatenate([*train_answers, read_tokens(llm.tokenizer, train_files, train_tokens)])
     data = _cached_collect(llm, ids, ctx, max(opts.topk, COLLECT_K), checkpoint_dir, progress, "train")
-    held_sets = {"text": read_tokens(llm, held_files, eval_tokens) if held_files and eval_tokens >= ctx else None,
+    held_sets = {"text": read_tokens(llm.tokenizer, held_files, eval_tokens) if held_files and eval_tokens >= ctx else None,
                  "answers": np.concatenate([answered[q] for q in held_prompts]) if held_prompts else None}
     for name, held_ids in held_sets.items():
         if held_ids is not None and len(held_ids) >= ctx:
@@ -188,16 +214,22 @@ def train_mtp(llm, out_path: str, text_files: list[str] | None = None, opts: Fit
     rep.losses = [float(x) for x in st.losses]
     rep.train_s = time.perf_counter() - t1
     rep.step_s = rep.train_s / max(1, st.taken)
+    vocab = draft_vocab_of(llm.tokenizer, ids, draft_vocab) if 0 < draft_vocab < cfg.n_vocab else None
+    rep.draft_vocab = 0 if vocab is None else len(vocab)
     for h in rep.held.values():
         h.after = evaluate_data(cfg, st.params, frozen, h.data, eval_batch)
-    write_sidecar(llm, st.params, out_path, out_type)
+        if vocab is not None:
+            h.draft = draft_agreement(cfg, st.params, frozen, h.data, vocab, eval_batch)
+    write_sidecar(llm, st.params, out_path, out_type, vocab)
     return rep
 
 
-def write_sidecar(llm, params: dict, out_path: str, out_type: str = "Q8_0") -> None:
-    """params (MtpParams, numpy or cupy arrays) -> the sidecar GGUF of llm's model (loader/mtp.py layout)."""
+def write_sidecar(llm, params: dict, out_path: str, out_type: str = "Q8_0", draft_vocab=None) -> None:
+    """params (MtpParams, numpy or cupy arrays) -> the sidecar GGUF of llm's model (loader/mtp.py layout),
+    with draft_vocab (ascending token ids) as its draft vocabulary when given."""
     params = {k: to_host(a) for k, a in params.items()}
     arrays = {"eh_proj": np.concatenate([params["eh_embed"], params["eh_hidden"]], axis=1),
               "enorm": params["enorm"], "hnorm": params["hnorm"]}
     arrays.update((k, a) for k, a in params.items() if k not in ("eh_embed", "eh_hidden", "enorm", "hnorm"))
-    write_mtp_arrays(GGUFFile(llm.model_path), llm.config, out_path, arrays, OUT_TYPES[out_type.upper()])
+    write_mtp_arrays(GGUFFile(llm.model_path), llm.config, out_path, arrays, OUT_TYPES[out_type.upper()],
+                     draft_vocab)

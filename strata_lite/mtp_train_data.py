@@ -54,8 +54,8 @@ def split_held_out(items: list[str], key) -> tuple[list[str], list[str]]:
     return [x for x in items if crc[x] % 10], held
 
 
-def read_tokens(llm, files: list[str], max_tokens: int) -> np.ndarray:
-    """int32 token ids of the files, concatenated, at most max_tokens."""
+def read_tokens(tokenizer, files: list[str], max_tokens: int) -> np.ndarray:
+    """int32 token ids of the files (loader.tokenizer.Tokenizer), concatenated, at most max_tokens."""
     ids: list[int] = []
     for f in files:
         if len(ids) >= max_tokens:
@@ -65,7 +65,7 @@ def read_tokens(llm, files: list[str], max_tokens: int) -> np.ndarray:
                 text = fh.read()
         except UnicodeDecodeError:
             raise ValueError(f"{f}: not UTF-8 text") from None
-        ids += llm.tokenize(text, add_special=False, parse_special=False)
+        ids += tokenizer.encode(text, add_special=False, parse_special=False)
     return np.asarray(ids[:max_tokens], dtype=np.int32)
 
 

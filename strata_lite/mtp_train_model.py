@@ -177,6 +177,17 @@ def evaluate(cfg, p, frozen, batch):
     return loss, hits, tgt_ids.shape[0] * tgt_ids.shape[1]
 
 
+def draft_hits(cfg, p, frozen, batch, vocab):
+    """-> (top-1 hits, rows) of a head cut to a draft vocabulary against the model's greedy token i + 2:
+    frozen's head holds only the rows of vocab (ascending token ids, an integer array of the parameters'
+    module), so its argmax column j drafts token vocab[j]."""
+    hidden, next_ids, tgt_ids, _ = batch
+    x, _ = trunk_fwd(cfg, p, frozen, hidden, next_ids)
+    xn, _ = rmsnorm_fwd(x.reshape(-1, x.shape[-1]), frozen.head_norm.astype(x.dtype, copy=False), cfg.rms_eps)
+    pick = vocab[(xn @ frozen.head.astype(x.dtype, copy=False).T).argmax(-1)]
+    return int((pick == tgt_ids[..., 0].reshape(-1)).sum()), pick.shape[0]
+
+
 def logits(cfg, p, frozen, hidden, next_ids):
     """(B, T, n_vocab) logits of the token at i + 2 (small inputs: tests)."""
     x, _ = trunk_fwd(cfg, p, frozen, hidden, next_ids)

@@ -6,11 +6,16 @@ block at rope position i with the block's own KV layer, and predicts the token a
 head:
     x = eh_proj([enorm(embed(t[i+1])); hnorm(h[i])])      (as E @ enorm(e) + H @ hnorm(h): loader/mtp.py)
     x = block(x);  logits = head(head_norm(x))
-The block's output x is the hidden state a chained draft feeds back in place of h.
+The block's output x is the hidden state a chained draft feeds back in place of h. With a draft
+vocabulary (loader/mtp.py) the head holds only its rows: logits column j scores token draft_vocab[j]
+(token_ids maps a column back).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..batch import Batch
+from ..loader.mtp import draft_head
 from .k_smoothing import k_channel_scales
 from .transformer import BlockRows, Transformer, _Layer, decoder_block
 
@@ -29,7 +34,10 @@ class MtpHead:
         self.layer.smooth_k(be, self.k_scales, model.group)
         self.embed = model.token_embd if mtp.embed_tokens is None else be.upload_weight(mtp.embed_tokens)
         self.head_norm = model.output_norm if mtp.head_norm is None else be.from_host(mtp.head_norm)
-        self.head = model.output if mtp.head is None else be.upload_weight(mtp.head)
+        head = draft_head(model.weights.output, mtp)
+        self.head = model.output if head is model.weights.output else be.upload_weight(head)
+        self.n_head = head.n_out             # logits columns: n_vocab, or the draft vocabulary's size
+        self.vocab = mtp.draft_vocab         # None, or column -> token id (int32)
 
     def forward(self, batch: Batch, hidden, layer_kv):
         """batch: one row per position i (positions = i, token_ids = the token at i + 1, the sequences'
@@ -37,7 +45,8 @@ class MtpHead:
         hidden (n, n_embd): the main model's last hidden state at each i (or the previous draft's block
         output). -> (logits (len(batch.logit_rows), n_vocab) of the token at i + 2 for the batch's logit
         rows, the block's output at every row (n, n_embd)). Rows that only fill the KV layer (a prompt
-        chunk's) skip the head, the block's largest mat-mul."""
+        chunk's) skip the head, the block's largest mat-mul. With a draft vocabulary the logits have its
+        n_head columns (token_ids)."""
         be, cfg = self.backend, self.cfg
         rows = BlockRows(be, batch)
         e = be.rmsnorm(be.embed(self.embed, rows.ids), self.enorm, cfg.rms_eps)
@@ -47,11 +56,16 @@ class MtpHead:
         decoder_block(be, cfg, self.layer, self.mtp.block, x, rows, layer_kv, lambda *a: None)
         n, sel = x.shape[0], batch.logit_rows
         if len(sel) == 0:
-            return be.empty((0, cfg.n_vocab)), x
+            return be.empty((0, self.n_head)), x
         y = x if len(sel) == n else be.take_rows(x, be.from_host(sel))
         return self.logits(y), x
 
+    def token_ids(self, columns) -> np.ndarray:
+        """Logits columns (host ints) -> the token ids they score."""
+        columns = np.asarray(columns, np.int64)
+        return columns if self.vocab is None else self.vocab[columns].astype(np.int64)
+
     def logits(self, x):
-        """The head alone: block outputs x (m, n_embd) -> logits (m, n_vocab) of the token each predicts
+        """The head alone: block outputs x (m, n_embd) -> logits (m, n_head) of the token each predicts
         (head(head_norm(x)), row by row: the same values whether run in forward or later on kept rows)."""
         return self.backend.qmatmul(self.head, self.backend.rmsnorm(x, self.head_norm, self.cfg.rms_eps))

@@ -35,7 +35,8 @@ import numpy as np
 from ..batch import Batch
 from ..kernels.sample_rows import SampleRows
 from ..loader.gguf_file import GGUFFile
-from ..loader.mtp import load_mtp, load_mtp_file
+from ..loader.known_models import resolve_model, shipped_mtp_head
+from ..loader.mtp import draft_head, load_mtp, load_mtp_file
 from ..models.mtp import MtpHead
 from .suffix_index import Draft
 
@@ -44,14 +45,23 @@ class NoMtpBlock(ValueError):
     """--spec mtp for a model without an MTP block (and no --mtp file)."""
 
 
-def mtp_weights(model_path: str, config, mtp_file: str | None):
-    """The MTP block for a model: from mtp_file (a sidecar, loader/mtp.py) when given, else embedded in the
-    model file, else None."""
+def mtp_source(model_path: str, config, mtp_file: str | None) -> str | None:
+    """The file an MTP block comes from: mtp_file (a sidecar, loader/mtp.py) when given, else the model file
+    when it embeds one, else the sidecar this package ships for that model (loader/known_models.py
+    shipped_mtp_head), else None."""
     if mtp_file is not None:
-        return load_mtp_file(str(mtp_file), config)
+        return str(mtp_file)
     if config.n_mtp_layers == 1:
+        return model_path
+    return shipped_mtp_head(model_path)
+
+
+def mtp_weights(model_path: str, config, mtp_file: str | None):
+    """The MTP block for a model (mtp_source), or None."""
+    if mtp_file is None and config.n_mtp_layers == 1:
         return load_mtp(GGUFFile(model_path), config)
-    return None
+    source = mtp_source(model_path, config, mtp_file)
+    return None if source is None else load_mtp_file(source, config)
 
 
 def block_for_spec(model_path: str, config, spec, mtp_file: str | None):
@@ -71,17 +81,16 @@ def no_block_message(model_path: str, config) -> str:
 
 
 def check_mtp_available(model: str | None, spec, mtp_file: str | None) -> None:
-    """Before serving: NoMtpBlock (one line) when spec is 'mtp' and neither the model file nor mtp_file has
-    an MTP block; a GGUFError naming the field when mtp_file does not fit the model."""
+    """Before serving: NoMtpBlock (one line) when spec is 'mtp' and there is no MTP block (mtp_source); a
+    GGUFError naming the field when mtp_file does not fit the model."""
     if spec != "mtp" and mtp_file is None:
         return
-    from ..loader.known_models import resolve_model
     from ..loader.model_config import config_from_metadata
     path = resolve_model(model)
     cfg = config_from_metadata(GGUFFile(path).metadata, path)
     if mtp_file is not None:
         load_mtp_file(str(mtp_file), cfg)        # raises on a mismatch
-    elif spec == "mtp" and cfg.n_mtp_layers != 1:
+    elif spec == "mtp" and mtp_source(path, cfg, None) is None:
         raise NoMtpBlock(no_block_message(path, cfg))
 
 
@@ -112,13 +121,14 @@ def mtp_cost(weights, mtp) -> MtpCost:
 
         target = sum over the n_layers main blocks of their matrices' bytes + bytes(output matrix)
         block  = (bytes(eh_proj) + bytes(the MTP block's attention and FFN matrices)) / target
-        head   = bytes(the MTP head: shared_head_head, else the model's output matrix) / target
+        head   = bytes(the MTP head: shared_head_head, else the model's output matrix; only the draft
+                 vocabulary's rows when the block has one: loader.mtp.draft_head) / target
 
     Drafting k tokens costs k * head + (k - 1) * block target decode steps (MtpCost.token). Embedding
     tables count for neither (a forward reads one row per token), nor do norm vectors and biases."""
     target = sum(_matrix_bytes(lw) for lw in weights.layers) + weights.output.nbytes
     block = mtp.eh_proj_embed.nbytes + mtp.eh_proj_hidden.nbytes + _matrix_bytes(mtp.block)
-    head = (weights.output if mtp.head is None else mtp.head).nbytes
+    head = draft_head(weights.output, mtp).nbytes
     return MtpCost(head / target, block / target)
 
 
@@ -197,7 +207,8 @@ class MtpDrafter:
         if m == 0:
             return []
         s = self.backend.sample(logits, SampleRows.from_rows([{"n_logprobs": 0}] * m), None)
-        return [(int(t), float(np.exp(lp))) for t, lp in zip(s.ids[:m], s.logprob[:m])]
+        tokens = self.head.token_ids(s.ids[:m])      # a draft vocabulary's columns -> token ids
+        return [(int(t), float(np.exp(lp))) for t, lp in zip(tokens, s.logprob[:m])]
 
     # drafting
     def ready(self, seq) -> bool:

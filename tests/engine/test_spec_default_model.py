@@ -1,4 +1,4 @@
-"""Greedy output with suffix drafting equals greedy output without it, token for token, on the default
+"""Greedy output with suffix or MTP drafting equals greedy output without it, token for token, on the default
 model: one slot, two slots decoding together, and a slot decoding while another reads a long prompt.
 Exact because the forward (CPU and CUDA) is batch-invariant (docs/bounds.md): a token's logits do not depend on
 the verify width, the other slots or the prompt chunks sharing its step."""
@@ -59,13 +59,17 @@ def reference(default_model_path, test_backend):
         eng.stop()
 
 
-@pytest.mark.parametrize("spec", [4, "auto"])
+@pytest.mark.parametrize("spec", [4, "auto", "mtp"])
 def test_greedy_output_with_drafts_equals_without(default_model_path, test_backend, reference, spec):
+    """auto and mtp draft with the MTP block the package ships for the default model (loader/heads/)."""
     eng = _engine(default_model_path, test_backend, spec)
     try:
+        assert (eng._runner.mtp is not None) == (spec != 4)
         for name, reqs in _scenarios(eng).items():
             assert _run(eng, reqs, name) == reference[name], name
-        totals = eng._spec.totals
+        totals, by_source = eng._spec.totals, eng._spec.by_source
     finally:
         eng.stop()
     assert totals["accepted"] > 0 and totals["drafted"] > totals["accepted"] / 2
+    if spec == "mtp":
+        assert by_source["mtp"]["accepted"] > 0

@@ -1,0 +1,162 @@
+"""Draft vocabularies of MTP blocks (loader/mtp.py nextn.draft_vocab, strata_lite/mtp_vocab.py): the choice
+of tokens, the sidecar round trip, the cut head's logits equal the full head's columns bit for bit, drafts
+map back to token ids and keep greedy output unchanged, the cost rule prices the cut head, bad tensors fail
+with a line naming them, and the `mtp-vocab` / `train-mtp --draft-vocab` commands write what loads."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT, GGUFWriter
+
+from strata_lite import LLM
+from strata_lite.cli import main
+from strata_lite.loader.errors import GGUFError
+from strata_lite.loader.gguf_file import GGUFFile
+from strata_lite.loader.mtp import choose_draft_vocab, load_mtp_file, write_draft_vocab, write_mtp_file
+from strata_lite.models.mtp import MtpHead
+from strata_lite.mtp_vocab import coverage, draft_vocab_of
+from strata_lite.spec.mtp_drafter import mtp_cost, mtp_weights
+from test_mtp_drafting import PROMPTS, Mini, _engine, _run_all
+from tiny_model import write_tiny_model
+
+N_CTX = 256
+KW = dict(arch="qwen2", qtype=QT.Q8_0, n_embd=64, n_ff=128, n_heads=4, n_kv_heads=2)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mtpv")
+    embedded = write_tiny_model(d / "mtp.gguf", mtp=True, **KW)
+    plain = write_tiny_model(d / "plain.gguf", **KW)
+    llm = LLM(str(embedded), backend="cpu", n_ctx=N_CTX)
+    side = d / "plain.mtp.gguf"
+    write_mtp_file(GGUFFile(embedded), llm.config, str(side))
+    # a vocabulary of every id the test prompts and their greedy continuations can reach is not needed:
+    # drafts outside it are simply never proposed; take the even ids and the special tokens
+    vocab = choose_draft_vocab(np.where(np.arange(llm.config.n_vocab) % 2 == 0, 10, 0), 140,
+                               sorted(llm.tokenizer.special_ids | llm.tokenizer.eog_ids))
+    cut = d / "plain.vocab.mtp.gguf"
+    write_draft_vocab(str(side), llm.config, vocab, str(cut))
+    return dict(embedded=str(embedded), plain=str(plain), sidecar=str(side), cut=str(cut), vocab=vocab)
+
+
+def test_choose_draft_vocab_keeps_special_tokens_then_the_most_frequent():
+    counts = np.array([5, 0, 9, 9, 1, 7, 0, 3])
+    assert choose_draft_vocab(counts, 3, [6]).tolist() == [2, 3, 6]           # 6 kept; ties: lower id first
+    assert choose_draft_vocab(counts, 4, []).tolist() == [0, 2, 3, 5]
+    assert choose_draft_vocab(counts, 8, [1]).tolist() == list(range(8))
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match="between 1 and the vocabulary's 8"):
+            choose_draft_vocab(counts, bad, [])
+
+
+def test_draft_vocab_of_text_and_its_coverage(files):
+    llm = LLM(files["plain"], backend="cpu", n_ctx=N_CTX)
+    tok = llm.tokenizer
+    ids = np.asarray(tok.encode("hello hello world " * 20, add_special=False), np.int32)
+    vocab = draft_vocab_of(tok, ids, 12)
+    assert len(vocab) == 12 and set(tok.special_ids | tok.eog_ids) <= set(vocab.tolist())
+    assert set(np.unique(ids).tolist()) <= set(vocab.tolist())     # few distinct ids: all of them fit
+    assert coverage(vocab, ids) == 1.0 and coverage(vocab, np.array([0, 1, 999])) == pytest.approx(
+        np.isin([0, 1, 999], vocab).mean())
+
+
+def test_sidecar_round_trip_and_the_cut_head(files):
+    llm = LLM(files["plain"], backend="cpu", n_ctx=N_CTX)
+    full, cut = (load_mtp_file(files[k], llm.config) for k in ("sidecar", "cut"))
+    assert full.draft_vocab is None and np.array_equal(cut.draft_vocab, files["vocab"])
+    head_full, head_cut = MtpHead(llm.model, full), MtpHead(llm.model, cut)
+    assert head_cut.n_head == len(files["vocab"]) and head_full.n_head == llm.config.n_vocab
+    x = llm.backend.from_host(np.random.default_rng(1).standard_normal((5, llm.config.n_embd)).astype(np.float32))
+    a = llm.backend.to_host(head_full.logits(x))
+    b = llm.backend.to_host(head_cut.logits(x))
+    np.testing.assert_array_equal(b, a[:, files["vocab"]])      # the same rows' bytes: the same bits
+    assert head_cut.token_ids([0, 3]).tolist() == files["vocab"][[0, 3]].tolist()
+    # the cost rule prices the head by the rows it reads
+    c_full, c_cut = (mtp_cost(llm.model.weights, w) for w in (full, cut))
+    assert c_cut.block == c_full.block
+    assert c_cut.head == pytest.approx(c_full.head * len(files["vocab"]) / llm.config.n_vocab, rel=1e-12)
+    # a second cut: copied again, the vocabulary replaced
+    write_draft_vocab(files["cut"], llm.config, files["vocab"][:50], files["cut"] + ".2")
+    assert load_mtp_file(files["cut"] + ".2", llm.config).draft_vocab.tolist() == files["vocab"][:50].tolist()
+
+
+def test_drafts_come_from_the_vocabulary(files):
+    mini = Mini(files["plain"], mtp_file=files["cut"], width=3)
+    mini.add("x", [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], 20)
+    mini.add("y", list(range(30, 75)), 14)
+    mini.run()
+    drafted = [t for _, _, toks, _ in mini.drafts for t in toks]
+    assert len(drafted) > 10 and set(drafted) <= set(files["vocab"].tolist())
+
+
+def test_greedy_output_with_the_cut_head_equals_spec_off(files):
+    on, off = _engine(files["plain"], "mtp", mtp=files["cut"]), _engine(files["plain"], "off")
+    try:
+        on._spec.width = 3
+        assert _run_all(on, PROMPTS, "m-") == _run_all(off, PROMPTS, "o-")
+        assert on._spec.by_source["mtp"]["drafted"] > 20
+    finally:
+        on.stop()
+        off.stop()
+
+
+def _sidecar_with_vocab(src, dst, vocab):
+    """A copy of the sidecar src with a hand-made nextn.draft_vocab tensor (any dtype / order)."""
+    gf = GGUFFile(src)
+    w = GGUFWriter(str(dst), gf.metadata["general.architecture"])
+    for key, value in gf.metadata.items():
+        if key.startswith("qwen2.") or key.startswith("tokenizer."):
+            vt, et = gf.field_types[key]
+            w.add_key_value(key, list(value) if isinstance(value, (list, tuple)) else value, vt,
+                            **({"sub_type": et} if et is not None else {}))
+    for name, info in gf.tensors.items():
+        data = gf.array(name) if len(info.shape) == 1 else np.asarray(gf.rows(name))
+        w.add_tensor(name, data, raw_dtype=None if len(info.shape) == 1 else info.qtype)
+    w.add_tensor("blk.2.nextn.draft_vocab", vocab)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("vocab,why", [(np.array([3, 2, 9], np.int32), "ascending"),
+                                       (np.array([1, 1, 4], np.int32), "ascending"),
+                                       (np.array([1, 5000], np.int32), "ascending token ids without repeats in"),
+                                       (np.array([1.0, 2.0], np.float32), "1-D I32")])
+def test_bad_draft_vocab_is_one_clear_error(files, tmp_path, vocab, why):
+    llm = LLM(files["plain"], backend="cpu", n_ctx=N_CTX)
+    bad = tmp_path / "bad.gguf"
+    _sidecar_with_vocab(files["sidecar"], bad, vocab)
+    with pytest.raises(GGUFError, match="draft_vocab") as e:
+        load_mtp_file(str(bad), llm.config)
+    assert why in str(e.value) and str(bad) in str(e.value)
+
+
+def test_cli_mtp_vocab_and_train_mtp_draft_vocab(files, tmp_path, capsys):
+    text = [tmp_path / f"t{i}.py" for i in range(12)]
+    for i, t in enumerate(text):
+        t.write_text("".join(f"def f{j}(x):\n    return x * {j + i}\n" for j in range(30)))
+    out = tmp_path / "v.gguf"
+    assert main(["mtp-vocab", "--model", files["plain"], "--mtp", files["sidecar"], "--size", "100",
+                 "--text", *map(str, text), "-o", str(out)]) == 0
+    lines = capsys.readouterr().out
+    assert "draft vocabulary: 100 tokens" in lines and "held-out tokens" in lines
+    cfg = LLM(files["plain"], backend="cpu", n_ctx=N_CTX).config
+    assert len(load_mtp_file(str(out), cfg).draft_vocab) == 100
+    assert main(["mtp-vocab", "--model", files["plain"], "--mtp", files["sidecar"], "--size", "999",
+                 "--text", *map(str, text), "-o", str(out)]) == 2
+    assert "--size must be between 1 and 261" in capsys.readouterr().err
+    side = tmp_path / "t.gguf"
+    assert main(["train-mtp", "--model", files["plain"], "--text", *map(str, text), "--steps", "2", "--ctx", "32",
+                 "--train-tokens", "2000", "--eval-tokens", "64", "--draft-vocab", "80", "-o", str(side)]) == 0
+    lines = capsys.readouterr().out
+    assert "drafting from the 80-token draft vocabulary" in lines, lines
+    assert len(load_mtp_file(str(side), cfg).draft_vocab) == 80
+    assert main(["train-mtp", "--model", files["plain"], "--text", *map(str, text), "--steps", "1", "--ctx", "32",
+                 "--train-tokens", "200", "--eval-tokens", "0", "-o", str(side)]) == 0
+    assert load_mtp_file(str(side), cfg).draft_vocab is None       # the default is larger than 262 tokens
+
+
+def test_mtp_weights_reads_the_vocabulary_of_a_sidecar(files):
+    llm = LLM(files["plain"], backend="cpu", n_ctx=N_CTX)
+    w = mtp_weights(files["plain"], llm.config, files["cut"])
+    assert np.array_equal(w.draft_vocab, files["vocab"])
