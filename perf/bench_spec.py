@@ -1,7 +1,7 @@
 """Speculative decoding on an agent workload: decode tok/s with `--spec off` and `--spec auto` (or N),
 acceptance and mean accepted length per turn type, at 1 and 2 decoding slots and next to a long prompt
-read. In-process engines on the CPU backend (default model unless --model), greedy, so both modes
-generate the same tokens (checked) and only the speed differs.
+read. In-process engines on the CPU backend (--backend cuda: the GPU; default model unless --model),
+greedy, so both modes generate the same tokens (checked) and only the speed differs.
 
 Turn types (one conversation each, built with the model's chat template):
   tool   - a tool-calling conversation (tool schema in the system prompt, earlier tool calls and results);
@@ -141,9 +141,9 @@ class DraftLog:
 
 
 def run_mode(args, spec) -> dict:
-    eng = Engine(EngineConfig(model=args.model, backend="cpu", n_ctx=8192, parallel=2, step_tokens=256,
+    eng = Engine(EngineConfig(model=args.model, backend=args.backend, n_ctx=8192, parallel=2, step_tokens=256,
                               threads=args.threads, spec=spec, host_kv_gib=1.0,
-                              mtp=args.mtp if spec in ("mtp", "auto") else None))
+                              mtp=args.mtp if str(spec).split(":")[0] in ("mtp", "auto") else None))
     eng.start()
     eng.wait_ready(600)
     log = DraftLog(eng)
@@ -192,6 +192,7 @@ def main():
     ap.add_argument("--spec", default="auto", help="the drafting mode to compare with off (auto, mtp or N)")
     ap.add_argument("--mtp", default=None, help="sidecar GGUF with an MTP block (strata-lite train-mtp)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--long-read-tokens", type=int, default=3000)
     ap.add_argument("--json", default=None)
@@ -200,7 +201,8 @@ def main():
     off, on = res["off"], res[args.spec]
     same = all(off[s][k]["tokens"] == on[s][k]["tokens"] for s in ("alone", "pairs") for k in off[s]) \
         and off["read"]["tokens"] == on["read"]["tokens"]
-    print(f"strata_lite speculative decoding, CPU backend, {os.cpu_count()} cores ({platform.processor() or platform.machine()}),"
+    print(f"strata_lite speculative decoding, {args.backend} backend, {os.cpu_count()} cores "
+          f"({platform.processor() or platform.machine()}),"
           f" threads {args.threads or 'all'}, max_tokens {args.max_tokens}; same tokens in both modes: {same}")
     print(f"{'scenario':<10} {'turn':<6} {'off tok/s':>9} {args.spec + ' tok/s':>11} {'speed-up':>8} "
           f"{'accepted':>8} {'tok/draft':>9}")

@@ -95,14 +95,16 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         "(docs/scheduler.md, 'Disk tier')")
     p.add_argument("--kv-disk-gib", type=_positive_float, default=20.0,
                    help="size limit of --kv-disk; least recently used pages are deleted beyond it (default 20)")
-    p.add_argument("--spec", type=_spec, default="auto", metavar="auto|mtp|suffix|off|N",
+    p.add_argument("--spec", type=_spec, default="auto", metavar="auto|mtp|suffix|off|N|mtp:N",
                    help="speculative decoding: auto (default: drafts from the conversation itself, or from the "
                         "model's MTP block when it has one, whichever promises more per step; draft widths from "
                         "measured acceptance and step cost), mtp (the MTP block only), suffix (the conversation "
-                        "only), off, or up to N drafted tokens per step from the conversation (docs/speculative.md)")
+                        "only), off, up to N drafted tokens per step from the conversation (N), or up to N from "
+                        "the MTP block every step, whatever they cost (mtp:N) (docs/speculative.md)")
     p.add_argument("--mtp", default=None, metavar="FILE",
                    help="GGUF file holding the model's MTP block (a sidecar written for this model); a model "
-                        "file that embeds one needs no flag (docs/speculative.md, 'MTP drafting')")
+                        "file that embeds one, and the default model (whose block ships with the package), "
+                        "need no flag (docs/speculative.md, 'MTP drafting')")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_serve)
     return p
@@ -122,11 +124,12 @@ def api_key_from_args(args) -> str | None:
 
 
 def cmd_serve(args) -> int:
+    from strata_lite.spec.controller import split_spec
     from strata_lite.spec.mtp_drafter import check_mtp_available
     from .serve import serve
     config = config_from_args(args)
     # --spec mtp without an MTP block, or an --mtp file for another model: one line before anything starts
-    check_mtp_available(config.model, config.spec, config.mtp)
+    check_mtp_available(config.model, split_spec(config.spec)[0], config.mtp)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -16,9 +16,9 @@ from .kernels.sample_rows import SampleRows
 from .kv_cache import KVCache
 from .runner import load_model
 from .sampling import InvalidRequest, SamplingParams, draw_uniform, needs_counts, sample_row
-from .spec.controller import SpecController, parse_spec
+from .spec.controller import SpecController, parse_spec, split_spec
 from .spec.generate import drafted_tokens
-from .spec.mtp_drafter import MtpDrafter, block_for_spec
+from .spec.mtp_drafter import MtpDrafter, block_for_spec, use_shipped
 from .text_stream import TextStream
 
 PAGE_SIZE = 64
@@ -37,8 +37,9 @@ class LLM:
                  n_threads: int | None = None, n_batch: int = 512, vram_reserve_mib: int = 1024,
                  spec: str | int = "off", mtp: str | None = None):
         """spec: speculative decoding in generate()/stream(), as `serve --spec`: "off" (default: one token per
-        forward), "auto", "suffix", "mtp" or N (docs/speculative.md); mtp: a sidecar GGUF with the model's MTP
-        block (else the model file's own, if any). NoMtpBlock (a ValueError) for spec "mtp" without one."""
+        forward), "auto", "suffix", "mtp", N or "mtp:N" (docs/speculative.md); mtp: a sidecar GGUF with the
+        model's MTP block (else the model file's own, or the default model's shipped one:
+        mtp_drafter.use_shipped). NoMtpBlock (a ValueError) for spec "mtp" or "mtp:N" without one."""
         self.spec = parse_spec(spec)
         loaded = load_model(model, backend, n_threads, vram_reserve_mib)
         self.model_path, self.config, self.tokenizer = loaded.path, loaded.config, loaded.tokenizer
@@ -48,7 +49,8 @@ class LLM:
         if self.n_ctx < 1 or self.n_batch < 1:
             raise ValueError("n_ctx and n_batch must be positive")
         cfg = self.config
-        mtp_w = block_for_spec(loaded.path, cfg, self.spec, mtp)
+        mode = split_spec(self.spec)[0]
+        mtp_w = block_for_spec(loaded.path, cfg, mode, mtp, use_shipped(mode, self.backend))
         self.kv = KVCache(self.backend, cfg.n_layers + (mtp_w is not None), cfg.n_kv_heads, cfg.head_dim,
                           n_pages=math.ceil(self.n_ctx / PAGE_SIZE), page_size=PAGE_SIZE)
         self._pages = list(range(self.kv.n_pages))   # the single sequence owns every page, in order

@@ -30,9 +30,10 @@ class EngineConfig:
     vram_reserve_mib: int = 1024      # CUDA: GPU memory left free when planning weights, KV and workspaces
     page_size: int = 64
     stuck_step_s: float = 60.0        # /health: a step running longer than max(this, 100x the median step) is stuck
-    spec: str | int = "auto"          # speculative decoding: "auto" | "off" | "suffix" | "mtp" | N drafted tokens
+    spec: str | int = "auto"          # speculative decoding: "auto" | "off" | "suffix" | "mtp" | N | "mtp:N"
                                       # (docs/speculative.md)
-    mtp: str | None = None            # sidecar GGUF with the model's MTP block; None: the model file's own, if any
+    mtp: str | None = None            # sidecar GGUF with the model's MTP block; None: the model file's own, or
+                                      # the default model's shipped one (spec/mtp_drafter.py mtp_source)
     kv_disk: str | None = None        # directory of the disk KV tier (kv_disk.py); None = no disk tier
     kv_disk_gib: float = 20.0         # its size limit
 

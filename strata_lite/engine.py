@@ -40,7 +40,7 @@ from .perplexity import log_softmax
 from .runner import ModelRunner, RequestState, load_model
 from .scheduler import Scheduler
 from .spec import SpecController
-from .spec.mtp_drafter import block_for_spec, mtp_source
+from .spec.mtp_drafter import block_for_spec, mtp_source, use_shipped
 from .sampling import InvalidRequest
 from .sequence import Request
 
@@ -318,10 +318,11 @@ class Engine(StepLoop):
             if cfg.mtp is not None:
                 log.warning("--mtp %s is not used: --spec %s does not draft with an MTP block", cfg.mtp, cfg.spec)
             return None
-        weights = block_for_spec(loaded.path, loaded.config, self._spec.mode, cfg.mtp)
+        shipped = use_shipped(self._spec.mode, loaded.backend)
+        weights = block_for_spec(loaded.path, loaded.config, self._spec.mode, cfg.mtp, shipped)
         if weights is not None:
-            log.info("drafting with the MTP block of %s (--spec %s)", mtp_source(loaded.path, loaded.config, cfg.mtp),
-                     cfg.spec)
+            log.info("drafting with the MTP block of %s (--spec %s)",
+                     mtp_source(loaded.path, loaded.config, cfg.mtp, shipped), cfg.spec)
         return weights
 
 

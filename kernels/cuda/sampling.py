@@ -88,8 +88,8 @@ def _check(logits, rows: SampleRows, counts, ws: SamplingWorkspace) -> None:
     if not isinstance(logits, xp.ndarray) or logits.ndim != 2 or logits.dtype != np.float32 \
             or not logits.flags.c_contiguous:
         raise ValueError(f"logits must be a C-contiguous 2-D float32 {xp.__name__} array")
-    m, n_vocab = logits.shape
-    if n_vocab != ws.n_vocab or m > ws.params.shape[0]:
+    m, n_vocab = logits.shape          # fewer columns than the workspace's: an MTP head's draft vocabulary
+    if n_vocab > ws.n_vocab or m > ws.params.shape[0]:
         raise ValueError(f"logits {logits.shape} exceed the workspace ({ws.params.shape[0]}, {ws.n_vocab})")
     if len(rows) != m:
         raise ValueError(f"{len(rows)} sample rows for {m} logit rows")
@@ -102,7 +102,7 @@ def _check(logits, rows: SampleRows, counts, ws: SamplingWorkspace) -> None:
 
 
 def sample(logits, rows: SampleRows, counts, ws: SamplingWorkspace) -> Sampled:
-    """Device logits (m, n_vocab) float32 (unchanged), host SampleRows, device int32 count table (or
+    """Device logits (m, n <= ws.n_vocab) float32 (unchanged), host SampleRows, device int32 count table (or
     None when no row has penalties), ws from sampling_workspace -> host Sampled. Synchronizes."""
     _check(logits, rows, counts, ws)
     xp, m = ws.xp, logits.shape[0]

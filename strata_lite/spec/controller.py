@@ -1,7 +1,8 @@
 """SpecController: how many drafted tokens each decoding sequence verifies in a step, and from which source.
 
-Modes (`--spec`): `off`; `N` (up to N suffix-drafted tokens whenever the index has them); `suffix`, `mtp`
-(drafts from the suffix index, or from the model's MTP block: mtp_drafter.py) with auto widths; `auto`
+Modes (`--spec`): `off`; `N` (up to N suffix-drafted tokens whenever the index has them); `mtp:N` (up to N
+MTP-drafted tokens every step: no cost rule, the chain stops only at N or where no page is free); `suffix`,
+`mtp` (drafts from the suffix index, or from the model's MTP block: mtp_drafter.py) with auto widths; `auto`
 (default): suffix drafts, or with an MTP block per sequence and step the source with the larger expected
 gain (SpecController._pick_mtp). Auto widths: the width that maximizes the expected generated tokens per
 second of the step, from two things learned online:
@@ -48,21 +49,33 @@ PRIOR_SLOPE = 0.1        # before a slope is measured: one more token costs this
 
 
 MODES = ("auto", "off", "suffix", "mtp")
+MAX_WIDTH = 32           # the largest fixed width (`N`, `mtp:N`)
 
 
 def parse_spec(value) -> int | str:
-    """'auto' | 'off' | 'suffix' | 'mtp' | N >= 1 (CLI and config); ValueError naming the accepted values."""
+    """'auto' | 'off' | 'suffix' | 'mtp' | N | 'mtp:N', N = 1..MAX_WIDTH (CLI and config), normalized ('MTP:04'
+    -> 'mtp:4', '5' -> 5); ValueError naming the accepted values."""
     v = str(value).strip().lower()
     if v in MODES:
         return v
+    source, colon, width = v.rpartition(":")          # "mtp:4" -> ("mtp", ":", "4"); "4" -> ("", "", "4")
     try:
-        n = int(v)
+        n = int(width) if source == ("mtp" if colon else "") else 0
     except ValueError:
         n = 0
-    if n < 1 or n > 32:
-        raise ValueError(f"spec must be 'auto', 'off', 'suffix', 'mtp' or a number of drafted tokens 1..32, "
-                         f"got {value!r}")
-    return n
+    if not 1 <= n <= MAX_WIDTH:
+        raise ValueError(f"spec must be 'auto', 'off', 'suffix', 'mtp', a number of drafted tokens 1..{MAX_WIDTH} "
+                         f"or 'mtp:N' (N MTP-drafted tokens, 1..{MAX_WIDTH}), got {value!r}")
+    return f"mtp:{n}" if colon else n
+
+
+def split_spec(spec) -> tuple[str, int | str]:
+    """A parse_spec value -> (mode, one of MODES: the draft source(s); width: "auto" or the fixed cap):
+    N -> ("suffix", N), "mtp:N" -> ("mtp", N), any other -> (it, "auto")."""
+    if isinstance(spec, int):
+        return "suffix", spec
+    mode, _, n = spec.partition(":")
+    return mode, int(n) if n else "auto"
 
 
 @dataclass
@@ -135,15 +148,15 @@ class SpecController:
     """Implements the Scheduler's drafter interface: drafts(seqs, limits) and observe(seq, n_drafted, n_accepted).
 
     Sources: the suffix index (spec/suffix_index.py) and, once use_mtp() gave it one, the model's MTP block
-    (spec/mtp_drafter.py). `off`: none; `N`: suffix drafts of up to N tokens; `suffix`: suffix drafts, auto
-    widths; `mtp`: MTP drafts, auto widths; `auto`: per sequence and step the source with the larger
-    expected gain net of what producing the draft costs (_pick_mtp), auto widths; without an MTP block
-    `auto` is `suffix`."""
+    (spec/mtp_drafter.py). `off`: none; `N`: suffix drafts of up to N tokens; `mtp:N`: MTP drafts of up to N
+    tokens, whatever they cost; `suffix`: suffix drafts, auto widths; `mtp`: MTP drafts, auto widths; `auto`:
+    per sequence and step the source with the larger expected gain net of what producing the draft costs
+    (_pick_mtp), auto widths; without an MTP block `auto` is `suffix`."""
 
     def __init__(self, mode: int | str = "auto", drafter: SuffixDrafter | None = None):
-        self.mode = parse_spec(mode)
-        self.max_draft = 0 if self.mode == "off" else int(self.mode) if isinstance(self.mode, int) else MAX_DRAFT
-        self.width: int | str = self.mode if isinstance(self.mode, int) else "auto"   # "auto" or a fixed cap
+        self.spec = parse_spec(mode)          # as given (`--spec`)
+        self.mode, self.width = split_spec(self.spec)       # one of MODES; "auto" or a fixed cap
+        self.max_draft = 0 if self.mode == "off" else MAX_DRAFT if self.width == "auto" else self.width
         self.drafter = drafter or SuffixDrafter()
         self.mtp = None                       # MtpDrafter (use_mtp)
         self.cost = StepCost()
@@ -237,18 +250,20 @@ class SpecController:
         """ready: seq -> cap, the sequences whose MTP first token can be had. Those that pick the block on
         estimates (_pick_mtp with the running means of its first-token and per-step probabilities: no head
         has run yet) get a chain (MtpDrafter.propose: the head, then one forward per further token, stopped
-        where a token could no longer pay for itself); each takes its chain when _pick_mtp still holds with
-        the chain's own confidences. With none picking the block for PROBE_EVERY steps (auto widths), one
-        sequence without a suffix draft gets a one-token probe."""
+        where a token could no longer pay for itself; under a fixed width only at the cap or where no page is
+        free); each takes its chain when _pick_mtp still holds with the chain's own confidences. With none
+        picking the block for PROBE_EVERY steps (auto widths), one sequence without a suffix draft gets a
+        one-token probe."""
         cost = self._mtp_cost()
         caps, floors = {}, {}
         for seq, cap in ready.items():
             sp = seq.spec
             if self._pick_mtp(sp, [self.mtp_first_p * self.mtp_step_p ** i for i in range(cap)], cost):
                 caps[seq] = cap
-                # token i pays for itself when R_i = A_i * conf_i > m_i (A_i: R_i at confidence 1)
-                reach = self._reach(sp, "mtp", [1.0] * cap, 0)
-                floors[seq] = [cost.token(i) / a if a > 0 else math.inf for i, a in enumerate(reach)]
+                if self.width == "auto":    # a fixed width drafts whatever the chain costs
+                    # token i pays for itself when R_i = A_i * conf_i > m_i (A_i: R_i at confidence 1)
+                    reach = self._reach(sp, "mtp", [1.0] * cap, 0)
+                    floors[seq] = [cost.token(i) / a if a > 0 else math.inf for i, a in enumerate(reach)]
         probe = None
         if not caps and self.width == "auto" and self.mtp_idle >= PROBE_EVERY:
             probe = next((s for s in ready if not len(s.spec.draft)), None)

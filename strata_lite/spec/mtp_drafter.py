@@ -45,34 +45,41 @@ class NoMtpBlock(ValueError):
     """--spec mtp for a model without an MTP block (and no --mtp file)."""
 
 
-def mtp_source(model_path: str, config, mtp_file: str | None) -> str | None:
+def mtp_source(model_path: str, config, mtp_file: str | None, shipped: bool = True) -> str | None:
     """The file an MTP block comes from: mtp_file (a sidecar, loader/mtp.py) when given, else the model file
-    when it embeds one, else the sidecar this package ships for that model (loader/known_models.py
-    shipped_mtp_head), else None."""
+    when it embeds one, else (with shipped) the sidecar this package ships for that model
+    (loader/known_models.py shipped_mtp_head), else None."""
     if mtp_file is not None:
         return str(mtp_file)
     if config.n_mtp_layers == 1:
         return model_path
-    return shipped_mtp_head(model_path)
+    return shipped_mtp_head(model_path) if shipped else None
 
 
-def mtp_weights(model_path: str, config, mtp_file: str | None):
+def mtp_weights(model_path: str, config, mtp_file: str | None, shipped: bool = True):
     """The MTP block for a model (mtp_source), or None."""
     if mtp_file is None and config.n_mtp_layers == 1:
         return load_mtp(GGUFFile(model_path), config)
-    source = mtp_source(model_path, config, mtp_file)
+    source = mtp_source(model_path, config, mtp_file, shipped)
     return None if source is None else load_mtp_file(source, config)
 
 
-def block_for_spec(model_path: str, config, spec, mtp_file: str | None):
-    """The MTP block a drafting mode uses: mtp_weights for spec "auto" or "mtp", None for the others;
-    NoMtpBlock for "mtp" without one."""
+def block_for_spec(model_path: str, config, spec, mtp_file: str | None, shipped: bool = True):
+    """The MTP block a drafting mode uses: mtp_weights for spec "auto" or "mtp" (a shipped sidecar only with
+    shipped), None for the others; NoMtpBlock for "mtp" without one."""
     if spec not in ("auto", "mtp"):
         return None
-    weights = mtp_weights(model_path, config, mtp_file)
+    weights = mtp_weights(model_path, config, mtp_file, shipped)
     if weights is None and spec == "mtp":
         raise NoMtpBlock(no_block_message(model_path, config))
     return weights
+
+
+def use_shipped(mode: str, backend) -> bool:
+    """Whether drafting mode `mode` ("auto", "mtp", ...) takes the sidecar shipped for the model: "mtp" on any
+    backend, "auto" on the CPU only (with an MTP block the CUDA runner replays no captured decode graphs,
+    runner.py, which costs more than drafting gains there: docs/speculative.md)."""
+    return mode == "mtp" or backend.name == "cpu"
 
 
 def no_block_message(model_path: str, config) -> str:

@@ -185,6 +185,24 @@ def test_logprobs(cp, smp, n_vocab):
 
 
 @gpu
+def test_fewer_columns_than_the_workspace(cp, smp):
+    """An MTP head cut to its draft vocabulary gives logits narrower than the model's vocabulary, sampled
+    with the engine's workspace: the same ids and logprobs as a workspace of their own width; wider logits
+    than the workspace are refused."""
+    rng = np.random.default_rng(26)
+    logits = random_logits(rng, 3, 32768)
+    rows = SampleRows.from_rows([dict(n_logprobs=0)] * 3)
+    ws = smp.sampling_workspace(8, BIG_VOCAB)
+    got = smp.sample(cp.asarray(logits), rows, None, ws)
+    want = run(cp, smp, logits, rows)
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.logprob, want.logprob)
+    check_against_references(got, logits, rows, None)
+    with pytest.raises(ValueError, match="exceed the workspace"):
+        smp.sample(cp.asarray(random_logits(rng, 1, BIG_VOCAB + 1)), SampleRows.greedy(1), None, ws)
+
+
+@gpu
 def test_rows_are_independent(cp, smp):
     """Batch invariance: each row's result equals that row sampled alone, bit for bit."""
     rng = np.random.default_rng(24)
