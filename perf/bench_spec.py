@@ -1,5 +1,5 @@
 """Speculative decoding on an agent workload: decode tok/s with `--spec off` and `--spec auto` (or N),
-acceptance and mean accepted length per turn type, at 1 and 2 decoding slots and next to a long prompt
+acceptance and mean accepted length per turn type, at 1, 2 and 4 decoding slots and next to a long prompt
 read. In-process engines on the CPU backend (--backend cuda: the GPU; default model unless --model),
 greedy, so both modes generate the same tokens (checked) and only the speed differs.
 
@@ -9,7 +9,8 @@ Turn types (one conversation each, built with the model's chat template):
   quote  - the user asks for a function of a file the conversation already holds, verbatim
   edit   - rewrite a function shown in the prompt with one name changed
   prose  - free prose
-Scenarios: each turn alone (1 slot); two turns at once (2 slots: tool+edit, quote+prose); the edit turn
+Scenarios: each turn alone (1 slot); two turns at once (2 slots: tool+edit, quote+prose); the four turns
+at once (4 slots); the edit turn
 while another request reads a --long-read-tokens prompt (acceptance and tok/s during the read, against
 the edit turn alone in the same mode).
 
@@ -60,6 +61,8 @@ VARIANTS = [
          files="src/parser.py, src/lexer.py and src/ast.py", story="a baker who finds an old map"),
     dict(push="def heappushpop", pop="def heapify", sift="def _heappop_max(", sift_end="def _heapreplace_max(",
          files="app/models.py, app/views.py and app/urls.py", story="two children building a raft"),
+    dict(push="def _heapify_max", pop="def _siftdown(", sift="def _siftup_max(", sift_end="def merge(",
+         files="pkg/io.py, pkg/net.py and pkg/fs.py", story="a fox who learns to sing"),
 ]
 
 
@@ -141,17 +144,18 @@ class DraftLog:
 
 
 def run_mode(args, spec) -> dict:
-    eng = Engine(EngineConfig(model=args.model, backend=args.backend, n_ctx=8192, parallel=2, step_tokens=256,
+    eng = Engine(EngineConfig(model=args.model, backend=args.backend, n_ctx=8192, parallel=4, step_tokens=256,
                               threads=args.threads, spec=spec, host_kv_gib=1.0,
                               mtp=args.mtp if str(spec).split(":")[0] in ("mtp", "auto") else None))
     eng.start()
     eng.wait_ready(600)
     log = DraftLog(eng)
-    prompts, pair_prompts, read_prompts = ({k: encode(eng, m) for k, m in conversations(v).items()}
-                                           for v in VARIANTS)
-    out = {"alone": {}, "pairs": {}, "read": {}}
+    prompts, pair_prompts, read_prompts, four_prompts = ({k: encode(eng, m) for k, m in conversations(v).items()}
+                                                         for v in VARIANTS)
+    out = {"alone": {}, "pairs": {}, "four": {}, "read": {}}
     try:
-        for name, p in [*prompts.items(), *pair_prompts.items(), ("edit", read_prompts["edit"])]:
+        warm = [*prompts.items(), *pair_prompts.items(), *four_prompts.items(), ("edit", read_prompts["edit"])]
+        for name, p in warm:
             Run(eng, f"warm-{name}-{len(p)}", p, 1).join()    # prefill: every measured turn reuses its prompt
         for name, p in prompts.items():
             r = Run(eng, f"{name}-alone", p, args.max_tokens).join()
@@ -161,6 +165,10 @@ def run_mode(args, spec) -> dict:
             rb = Run(eng, f"{b}-pair", pair_prompts[b], args.max_tokens)
             for name, r in ((a, ra.join()), (b, rb.join())):
                 out["pairs"][name] = dict(tok_s=r.rate(), tokens=r.tokens, stats=log.stats(r.rid))
+        runs = {name: Run(eng, f"{name}-four", p, args.max_tokens) for name, p in four_prompts.items()}
+        for name, r in runs.items():
+            r.join()
+            out["four"][name] = dict(tok_s=r.rate(), tokens=r.tokens, stats=log.stats(r.rid))
         long_text = (CODE * 4)[:args.long_read_tokens * 4]
         long_prompt = eng.tokenizer.encode(long_text, add_special=True)[:args.long_read_tokens]
         # the third edit turn alone, then again during the read; the global index is emptied before
@@ -199,14 +207,14 @@ def main():
     args = ap.parse_args()
     res = {mode: run_mode(args, mode) for mode in ("off", args.spec)}
     off, on = res["off"], res[args.spec]
-    same = all(off[s][k]["tokens"] == on[s][k]["tokens"] for s in ("alone", "pairs") for k in off[s]) \
+    same = all(off[s][k]["tokens"] == on[s][k]["tokens"] for s in ("alone", "pairs", "four") for k in off[s]) \
         and off["read"]["tokens"] == on["read"]["tokens"]
     print(f"strata_lite speculative decoding, {args.backend} backend, {os.cpu_count()} cores "
           f"({platform.processor() or platform.machine()}),"
           f" threads {args.threads or 'all'}, max_tokens {args.max_tokens}; same tokens in both modes: {same}")
     print(f"{'scenario':<10} {'turn':<6} {'off tok/s':>9} {args.spec + ' tok/s':>11} {'speed-up':>8} "
           f"{'accepted':>8} {'tok/draft':>9}")
-    for scen in ("alone", "pairs"):
+    for scen in ("alone", "pairs", "four"):
         for name in off[scen]:
             a, b = off[scen][name]["tok_s"], on[scen][name]["tok_s"]
             rate, length = on[scen][name]["stats"]

@@ -54,12 +54,14 @@ class TrainReport:
                  f"({self.step_s:.3f} s/step), loss {first:.4f} -> {last:.4f} (mean of first/last 10)",
                  f"{self.n_train_tokens} training tokens, {self.n_answer_tokens} of them the model's answers "
                  f"(generated in {self.answers_s:.1f} s); the model's pass over all text {self.collect_s:.1f} s"]
+        if self.draft_vocab:
+            lines.append(f"draft vocabulary: {self.draft_vocab} tokens, the training text's most frequent")
         for name, h in self.held.items():
             lines.append(f"held-out {name} ({h.rows} rows): top-1 agreement with the model's token i+2 "
                          f"{h.before[1]:.4f} -> {h.after[1]:.4f}, loss {h.before[0]:.4f} -> {h.after[0]:.4f}")
             if self.draft_vocab:
-                lines.append(f"  drafting from the {self.draft_vocab}-token draft vocabulary (which holds "
-                             f"{h.draft[1]:.2%} of the model's tokens i+2 there): top-1 agreement {h.draft[0]:.4f}")
+                lines.append(f"  drafting from the draft vocabulary (which holds {h.draft[1]:.2%} of the model's "
+                             f"tokens i+2 there): top-1 agreement {h.draft[0]:.4f}")
         if not self.held:
             lines.append("held-out: none (no text file or prompt fell in the held-out tenth), so no top-1 "
                          "agreement figure")

@@ -12,6 +12,7 @@ from strata_lite.loader.errors import GGUFError
 from strata_lite.loader.gguf_file import GGUFFile
 from strata_lite.loader.mtp import choose_draft_vocab, load_mtp_file, write_draft_vocab, write_mtp_file
 from strata_lite.models.mtp import MtpHead
+from strata_lite.mtp_train_data import split_files
 from strata_lite.mtp_vocab import coverage, draft_vocab_of
 from strata_lite.spec.mtp_drafter import mtp_cost, mtp_weights
 from test_mtp_drafting import PROMPTS, Mini, _engine, _run_all
@@ -132,9 +133,11 @@ def test_bad_draft_vocab_is_one_clear_error(files, tmp_path, vocab, why):
 
 
 def test_cli_mtp_vocab_and_train_mtp_draft_vocab(files, tmp_path, capsys):
-    text = [tmp_path / f"t{i}.py" for i in range(12)]
-    for i, t in enumerate(text):
-        t.write_text("".join(f"def f{j}(x):\n    return x * {j + i}\n" for j in range(30)))
+    text = []
+    while len(text) < 12 or not split_files(list(map(str, text)))[1]:     # a held-out file (CRC32 of its path)
+        t = tmp_path / f"t{len(text)}.py"
+        t.write_text("".join(f"def f{j}(x):\n    return x * {j + len(text)}\n" for j in range(30)))
+        text.append(t)
     out = tmp_path / "v.gguf"
     assert main(["mtp-vocab", "--model", files["plain"], "--mtp", files["sidecar"], "--size", "100",
                  "--text", *map(str, text), "-o", str(out)]) == 0
@@ -149,7 +152,7 @@ def test_cli_mtp_vocab_and_train_mtp_draft_vocab(files, tmp_path, capsys):
     assert main(["train-mtp", "--model", files["plain"], "--text", *map(str, text), "--steps", "2", "--ctx", "32",
                  "--train-tokens", "2000", "--eval-tokens", "64", "--draft-vocab", "80", "-o", str(side)]) == 0
     lines = capsys.readouterr().out
-    assert "drafting from the 80-token draft vocabulary" in lines, lines
+    assert "draft vocabulary: 80 tokens" in lines and "drafting from the draft vocabulary" in lines, lines
     assert len(load_mtp_file(str(side), cfg).draft_vocab) == 80
     assert main(["train-mtp", "--model", files["plain"], "--text", *map(str, text), "--steps", "1", "--ctx", "32",
                  "--train-tokens", "200", "--eval-tokens", "0", "-o", str(side)]) == 0
