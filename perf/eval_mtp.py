@@ -1,7 +1,8 @@
 """MTP drafts against suffix drafts at fixed widths k = 1..4: first-draft acceptance, mean accepted length,
 drafted tokens per step and decode tok/s on held-out code prompts and on chat prompts.
 
-For a model (default: the default model) and an MTP sidecar (--mtp, from `strata-lite train-mtp`), on the CPU
+For a model (default: the default model) and an MTP sidecar (--mtp, from `strata-lite train-mtp`; default:
+the model's own block or the one shipped for the default model), on the CPU
 backend, greedy, one request at a time: every prompt is answered (up to --max-tokens tokens) by an engine
 with `--spec off`, then by one with `--spec mtp:K` (the block drafts exactly up to K tokens every step) and one
 with `--spec K` (the suffix index drafts up to K tokens whenever it has them) for each K. Every mode must
@@ -21,7 +22,7 @@ SpecController.by_source): a "step" is a decode step of a request that verified 
   tok/fwd     generated tokens per decode forward (1 + accepted per step; steps without a draft count as 1)
   tok/s       decode tok/s from each request's first token on (all requests of the kind together)
 
-usage: python perf/eval_mtp.py --mtp M.mtp.gguf [--model M] [--threads 2] [--max-tokens 128] [--code 6]
+usage: python perf/eval_mtp.py [--mtp M.mtp.gguf] [--model M] [--threads 2] [--max-tokens 128] [--code 6]
            [--chat 6] [--ks 1,2,3,4] [--json out.json]
 """
 from __future__ import annotations
@@ -125,7 +126,8 @@ def _f(x, fmt):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="GGUF path or known model key (default: the default model)")
-    ap.add_argument("--mtp", required=True, help="sidecar GGUF with the model's MTP block (strata-lite train-mtp)")
+    ap.add_argument("--mtp", default=None, help="sidecar GGUF with the model's MTP block (strata-lite train-mtp); "
+                                                "default: the model's own, or the one shipped for the default model")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per answer at most (default 128)")
     ap.add_argument("--code", type=int, default=6, help="held-out code prompts (default 6)")
@@ -145,7 +147,8 @@ def main():
             check_same(res["off"], res[str(spec)], spec)
         print(f"spec {spec}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
     figs = {str(m): {kind: summary(runs) for kind, runs in res[str(m)].items()} for m in modes}
-    print(f"\nMTP vs suffix drafts at fixed widths: {args.model or 'default model'}, MTP {Path(args.mtp).name}; CPU "
+    block = Path(args.mtp).name if args.mtp else "shipped/own"
+    print(f"\nMTP vs suffix drafts at fixed widths: {args.model or 'default model'}, MTP {block}; CPU "
           f"backend, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), threads "
           f"{args.threads or 'all'}; greedy, 1 slot, max_tokens {args.max_tokens}; "
           + ", ".join(f"{len(v)} {k} prompts ({figs['off'][k]['tokens']} tokens)" for k, v in texts.items())

@@ -279,8 +279,11 @@ def test_tool_calls(client, engine):
     assert c2.finish_reason in ("stop", "length") and not c2.message.tool_calls
     assert c2.message.content and c2.message.content.strip()
     _check_usage(r2.usage, 24, c2.finish_reason, _prompt_len(engine, msgs, TOOLS))
-    # the first turn's prompt was cached
-    assert r2.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens
+    # the first turn's prompt was cached; with an MTP block (the default model's shipped one drafts under
+    # --spec auto on the CPU) a placement keeps one token less: its block row needs the main model's hidden
+    # state at the last cached position, which is not cached (spec/mtp_drafter.py, TieredKV reread_last)
+    reread = 1 if engine._runner.mtp is not None else 0
+    assert r2.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - reread
 
 
 # --------------------------------------------------------------------------------------------- 4. errors
