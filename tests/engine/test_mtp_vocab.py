@@ -100,8 +100,9 @@ def test_greedy_output_with_the_cut_head_equals_spec_off(files):
         off.stop()
 
 
-def _sidecar_with_vocab(src, dst, vocab):
-    """A copy of the sidecar src with a hand-made nextn.draft_vocab tensor (any dtype / order)."""
+def _sidecar_with_vocab(src, dst, vocab, extra=()):
+    """A copy of the sidecar src with a hand-made nextn.draft_vocab tensor (any dtype / order) and extra
+    tensors [(name, raw rows, qtype)]."""
     gf = GGUFFile(src)
     w = GGUFWriter(str(dst), gf.metadata["general.architecture"])
     for key, value in gf.metadata.items():
@@ -113,6 +114,8 @@ def _sidecar_with_vocab(src, dst, vocab):
         data = gf.array(name) if len(info.shape) == 1 else np.asarray(gf.rows(name))
         w.add_tensor(name, data, raw_dtype=None if len(info.shape) == 1 else info.qtype)
     w.add_tensor("blk.2.nextn.draft_vocab", vocab)
+    for name, data, qtype in extra:
+        w.add_tensor(name, data, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -163,3 +166,32 @@ def test_mtp_weights_reads_the_vocabulary_of_a_sidecar(files):
     llm = LLM(files["plain"], backend="cpu", n_ctx=N_CTX)
     w = mtp_weights(files["plain"], llm.config, files["cut"])
     assert np.array_equal(w.draft_vocab, files["vocab"])
+
+
+def test_a_shared_head_of_the_vocabularys_rows(files, tmp_path):
+    """A sidecar with its own shared_head_head holds only the draft vocabulary's rows; write_draft_vocab
+    cuts those rows again for a smaller vocabulary. Rows copied from the output matrix give its logits."""
+    llm = LLM(files["plain"], backend="cpu", n_ctx=N_CTX)
+    out = GGUFFile(files["plain"])
+    info = out.tensors["output.weight"]
+    vocab = files["vocab"]
+    rows = np.ascontiguousarray(np.asarray(out.rows("output.weight"))[vocab])
+    own = tmp_path / "own.gguf"
+    _sidecar_with_vocab(files["sidecar"], own, vocab, [("blk.2.nextn.shared_head_head.weight", rows, info.qtype)])
+    w = load_mtp_file(str(own), llm.config)
+    assert w.head is not None and w.head.n_out == len(vocab)
+    x = llm.backend.from_host(np.random.default_rng(2).standard_normal((3, llm.config.n_embd)).astype(np.float32))
+    want = llm.backend.to_host(MtpHead(llm.model, load_mtp_file(files["cut"], llm.config)).logits(x))
+    np.testing.assert_array_equal(llm.backend.to_host(MtpHead(llm.model, w).logits(x)), want)
+    smaller = vocab[::3]
+    write_draft_vocab(str(own), llm.config, smaller, str(tmp_path / "smaller.gguf"))
+    w2 = load_mtp_file(str(tmp_path / "smaller.gguf"), llm.config)
+    assert w2.head.n_out == len(smaller) and np.array_equal(w2.draft_vocab, smaller)
+    np.testing.assert_array_equal(llm.backend.to_host(MtpHead(llm.model, w2).logits(x)), want[:, ::3])
+    with pytest.raises(GGUFError, match="lacks rows"):
+        write_draft_vocab(str(own), llm.config, np.array([2, 255], np.int32), str(tmp_path / "x.gguf"))
+    bad = tmp_path / "bad.gguf"                                  # a head of the whole vocabulary's rows
+    _sidecar_with_vocab(files["sidecar"], bad, vocab, [("blk.2.nextn.shared_head_head.weight",
+                                                        np.asarray(out.rows("output.weight")), info.qtype)])
+    with pytest.raises(GGUFError, match="shared_head_head"):
+        load_mtp_file(str(bad), llm.config)
