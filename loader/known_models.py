@@ -6,6 +6,7 @@ Windows, ~/.cache/strata_lite on Linux), or $STRATA_LITE_CACHE when set.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -92,12 +93,19 @@ def known_model_path(model: KnownModel) -> Path:
 
 def known_model_of(path: str | os.PathLike) -> KnownModel | None:
     """The known model a GGUF file is, by size and sha256 (a cache file's verified marker, else the file
-    hashed: only when its size is a known model's), or None."""
+    hashed: only when its size is a known model's), or None. Remembered per (file, size, mtime): serve's
+    check, the engine's load and its log line ask about the same file."""
     path = Path(path)
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except OSError:
         return None
+    return _known_model_of(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _known_model_of(path: str, size: int, mtime_ns: int) -> KnownModel | None:
+    path = Path(path)
     candidates = [m for m in KNOWN_MODELS.values() if m.nbytes == size]
     if not candidates:
         return None

@@ -36,7 +36,7 @@ from ..batch import Batch
 from ..kernels.sample_rows import SampleRows
 from ..loader.gguf_file import GGUFFile
 from ..loader.known_models import resolve_model, shipped_mtp_head
-from ..loader.mtp import draft_head, load_mtp, load_mtp_file
+from ..loader.mtp import load_mtp, load_mtp_file
 from ..models.mtp import MtpHead
 from .suffix_index import Draft
 
@@ -135,7 +135,9 @@ def mtp_cost(weights, mtp) -> MtpCost:
     tables count for neither (a forward reads one row per token), nor do norm vectors and biases."""
     target = sum(_matrix_bytes(lw) for lw in weights.layers) + weights.output.nbytes
     block = mtp.eh_proj_embed.nbytes + mtp.eh_proj_hidden.nbytes + _matrix_bytes(mtp.block)
-    head = draft_head(weights.output, mtp).nbytes
+    out = weights.output       # draft_head's rows, counted without gathering them (every row has the same bytes)
+    head = (mtp.head.nbytes if mtp.head is not None else
+            out.nbytes if mtp.draft_vocab is None else out.nbytes // out.n_out * len(mtp.draft_vocab))
     return MtpCost(head / target, block / target)
 
 

@@ -4,13 +4,15 @@ map back to token ids and keep greedy output unchanged, the cost rule prices the
 with a line naming them, and the `mtp-vocab` / `train-mtp --draft-vocab` commands write what loads."""
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as QT, GGUFWriter
+from gguf import GGMLQuantizationType as QT
 
 from strata_lite import LLM
 from strata_lite.cli import main
 from strata_lite.loader.errors import GGUFError
 from strata_lite.loader.gguf_file import GGUFFile
-from strata_lite.loader.mtp import choose_draft_vocab, load_mtp_file, write_draft_vocab, write_mtp_file
+from strata_lite.loader.model_config import config_from_metadata
+from strata_lite.loader.mtp import (_copied, _write_sidecar, choose_draft_vocab, load_mtp_file, write_draft_vocab,
+                                     write_mtp_file)
 from strata_lite.models.mtp import MtpHead
 from strata_lite.mtp_train_data import split_files
 from strata_lite.mtp_vocab import coverage, draft_vocab_of
@@ -102,24 +104,11 @@ def test_greedy_output_with_the_cut_head_equals_spec_off(files):
 
 def _sidecar_with_vocab(src, dst, vocab, extra=()):
     """A copy of the sidecar src with a hand-made nextn.draft_vocab tensor (any dtype / order) and extra
-    tensors [(name, raw rows, qtype)]."""
+    tensors [(name, raw rows, qtype)], through the loader's own sidecar writer."""
     gf = GGUFFile(src)
-    w = GGUFWriter(str(dst), gf.metadata["general.architecture"])
-    for key, value in gf.metadata.items():
-        if key.startswith("qwen2.") or key.startswith("tokenizer."):
-            vt, et = gf.field_types[key]
-            w.add_key_value(key, list(value) if isinstance(value, (list, tuple)) else value, vt,
-                            **({"sub_type": et} if et is not None else {}))
-    for name, info in gf.tensors.items():
-        data = gf.array(name) if len(info.shape) == 1 else np.asarray(gf.rows(name))
-        w.add_tensor(name, data, raw_dtype=None if len(info.shape) == 1 else info.qtype)
-    w.add_tensor("blk.2.nextn.draft_vocab", vocab)
-    for name, data, qtype in extra:
-        w.add_tensor(name, data, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    cfg = config_from_metadata(gf.metadata, gf.path)
+    tensors = [_copied(gf, name) for name in gf.tensors] + [("blk.2.nextn.draft_vocab", vocab, None), *extra]
+    _write_sidecar(gf, cfg, cfg.n_layers, str(dst), tensors)
 
 
 @pytest.mark.parametrize("vocab,why", [(np.array([3, 2, 9], np.int32), "ascending"),
