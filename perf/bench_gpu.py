@@ -253,11 +253,15 @@ def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_ste
     return rows
 
 
-def step_breakdown(model_path, ctx=4096, n_steps=100):
+def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None, build="default"):
     """(label, µs per step, graph µs, inputs µs, sampling µs) of a batch-1 decode step with the engine sized
     for ctx: the graph replay timed by CUDA events, the host work around it (batch checks and the input copy,
-    greedy sampling with the ids' copy back) by host clocks."""
+    greedy sampling with the ids' copy back) by host clocks. programmatic: capture the graphs with (True) or
+    without (False) programmatic dependent launch (None: the backend's default); build: the qmatmul.cu build
+    (qmatmul.BUILDS) the dp4a mat-muls of the graphs use."""
     from strata_lite.batch import Batch
+    from strata_lite.kernels.cuda import qmatmul as qm
+    from strata_lite.kernels.cuda.graphs import StepGraphs
     from strata_lite.kernels.sample_rows import SampleRows
     from strata_lite.runner import ModelRunner, load_model
     import cupy as cp
@@ -265,6 +269,17 @@ def step_breakdown(model_path, ctx=4096, n_steps=100):
     loaded = load_model(model_path, backend="cuda")
     runner = ModelRunner(loaded, kv_tokens=ctx + 512, page_size=64, host_bytes=0, n_ctx=ctx, max_step_tokens=512,
                          max_seqs=1)
+    variant = []
+    if programmatic is not None or build != "default":
+        runner.graphs = None
+        default_build = qm.BUILDS["default"]
+        qm.BUILDS["default"] = qm.BUILDS[build]
+        try:
+            runner.graphs = StepGraphs(lambda b: runner.model.forward(b, runner.kv), max_pages=ctx // 64,
+                                       max_keys=ctx, scratch_page=runner.scratch_page, programmatic=programmatic)
+        finally:
+            qm.BUILDS["default"] = default_build
+        variant = [f"PDL {'on' if runner.graphs.programmatic else 'off'}"] + ([build] if build != "default" else [])
     batch = Batch(np.array([5], np.int32), np.full(1, ctx - 1, np.int32), np.zeros(1, np.int32),
                   np.arange(ctx // 64, dtype=np.int32)[None], np.arange(1, dtype=np.int64))
     greedy = SampleRows.greedy(1)
@@ -295,8 +310,15 @@ def step_breakdown(model_path, ctx=4096, n_steps=100):
     for _ in range(n_steps):
         runner.sample(logits[:1], greedy)
     sampling = (time.perf_counter() - t0) / n_steps
-    return (f"{os.path.basename(model_path)} decode batch 1 ctx {ctx // 1024}K", step * 1e6,
+    label = f"{os.path.basename(model_path)} decode batch 1 ctx {ctx // 1024}K"
+    return (" ".join([label] + variant), step * 1e6,
             float(np.median(gpu)) * 1e6, inputs * 1e6, sampling * 1e6)
+
+
+def print_breakdown(brows):
+    print(f"\n{'decode step, engine sized for 4K (µs)':60s} {'step':>7s} {'graph':>7s} {'inputs':>7s} {'sampling':>8s}")
+    for label, step, gpu, inputs, sampling in brows:
+        print(f"{label:60s} {step:7.0f} {gpu:7.0f} {inputs:7.0f} {sampling:8.0f}")
 
 
 def synth_models(out_dir, quick):
@@ -320,6 +342,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="one model, fewer kernels")
     ap.add_argument("--json", default=None, help="also write every figure to this file")
     ap.add_argument("--explore", action="store_true", help="only the dp4a kernel variants (kernel_notes.md)")
+    ap.add_argument("--pdl-ab", action="store_true",
+                    help="only the decode step breakdown, graphs captured without and with programmatic dependent "
+                         "launch (twice each, alternating)")
     args = ap.parse_args(argv)
     import cupy as cp
     from strata_lite.kernels.cuda.backend import CudaBackend
@@ -328,6 +353,15 @@ def main(argv=None) -> int:
     if args.explore:
         print(f"\n{be.describe()}; copy bandwidth {copy_bw / 1e9:,.0f} GB/s (read + write)")
         variant_rows(cp, copy_bw)
+        return 0
+    if args.pdl_ab:
+        os.makedirs(args.models, exist_ok=True)
+        brows = [step_breakdown(path, programmatic=p, build=b) for path in synth_models(args.models, args.quick)
+                 for p, b in ((False, "default"), (True, "default"), (False, "default"), (True, "default"))]
+        print_breakdown(brows)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": be.describe(), "step_breakdown": brows}, f, indent=1)
         return 0
     krows = kernel_rows(cp, copy_bw)
     grows = gemm_rows(cp)
@@ -346,9 +380,7 @@ def main(argv=None) -> int:
     print(f"\n{'end to end (synthetic weights)':60s} {'tok/s':>9s}")
     for label, tps in erows:
         print(f"{label:60s} {tps:9.0f}")
-    print(f"\n{'decode step, engine sized for 4K (µs)':48s} {'step':>7s} {'graph':>7s} {'inputs':>7s} {'sampling':>8s}")
-    for label, step, gpu, inputs, sampling in brows:
-        print(f"{label:48s} {step:7.0f} {gpu:7.0f} {inputs:7.0f} {sampling:8.0f}")
+    print_breakdown(brows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": be.describe(), "copy_bw": copy_bw, "kernels": krows, "gemm": grows, "e2e": erows,

@@ -17,6 +17,7 @@ __device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
 // logits (m, V) float32, 16-byte aligned rows when vec4; best (m,) int32. grid m, block ARGMAX_THREADS.
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_rows(const float* __restrict__ logits,
                                                                         int* __restrict__ best, int V, int vec4) {
+    grid_dependency_sync();
     __shared__ float sv[ARGMAX_THREADS / WARP];
     __shared__ int si[ARGMAX_THREADS / WARP];
     const int r = blockIdx.x, t = threadIdx.x;

@@ -366,6 +366,7 @@ __device__ __forceinline__ void attn_body(
         const float* __restrict__ v_scales, float* __restrict__ out, float* __restrict__ ws_acc,           \
         float* __restrict__ ws_ml, float qscale, int n_heads, int n_kv, int G, int n_ht, int page_size,    \
         int max_pages, int ws_splits, int looped) {                                                        \
+        grid_dependency_sync();                                                                           \
         attn_body<D, HT>(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, out,  \
                          ws_acc, ws_ml, qscale, n_heads, n_kv, G, n_ht, page_size, max_pages, ws_splits,   \
                          looped);                                                                          \
@@ -393,6 +394,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_merge(const float* __restr
                                                            const i32* __restrict__ token_pos,
                                                            float* __restrict__ out, int n_heads, int D,
                                                            int ws_splits) {
+    grid_dependency_sync();
     __shared__ alignas(16) float a[MCH][WARP];
     __shared__ alignas(16) float ml[MCH][2];
     __shared__ float mprev[MCH], wa[MCH], wb[MCH];

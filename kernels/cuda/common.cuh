@@ -49,3 +49,14 @@ __device__ __forceinline__ float warp_max(float v) {
 // silu(g) * u = g / (1 + exp(-g)) * u with IEEE expf (no fast math): exp(-g) = inf gives -0. One definition
 // for the element-wise kernel and the mat-mul epilogue that fuses it, so both give the same bits.
 __device__ __forceinline__ float silu_mul1(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// Programmatic dependent launch (kernels/cuda/pdl.py). Every kernel calls this before its first global
+// memory access (read or write): wait until the kernel before it in the stream has finished and its writes
+// are visible, then let the next kernel be scheduled. Both are no-ops for an ordinary launch, and the PTX
+// exists from sm_90 only (older GPUs launch without PDL).
+__device__ __forceinline__ void grid_dependency_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}

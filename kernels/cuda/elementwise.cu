@@ -33,6 +33,7 @@ __device__ __forceinline__ float row_scale(float ss, int d, double eps) {
 }
 
 extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, double eps, float* out, int d) {
+    grid_dependency_sync();
     const i64 base = (i64)blockIdx.x * d;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) { float v = x[base + j]; ss += v * v; }
@@ -66,6 +67,7 @@ __device__ __forceinline__ void rmsnorm_row4(const float* x, const float* w, dou
 }
 
 extern "C" __global__ void rmsnorm_f32_x4(const float* x, const float* w, double eps, float* out, int d) {
+    grid_dependency_sync();
     rmsnorm_row4(x, w, eps, out, d, nullptr);
 }
 
@@ -94,10 +96,12 @@ __device__ __forceinline__ void rmsnorm_round(const float* x, const float* w, do
 }
 extern "C" __global__ void rmsnorm_q8_0(const float* x, const float* w, double eps, float* out, i8* xq, float* xd,
                                         int d) {
+    grid_dependency_sync();
     rmsnorm_round<32>(x, w, eps, out, xq, xd, d);
 }
 extern "C" __global__ void rmsnorm_q8_k(const float* x, const float* w, double eps, float* out, i8* xq, float* xd,
                                         int d) {
+    grid_dependency_sync();
     rmsnorm_round<256>(x, w, eps, out, xq, xd, d);
 }
 
@@ -120,6 +124,7 @@ __device__ __forceinline__ CS rope_angle(int pos, int i, double freq_base, int n
 
 // tab (n_pos, n_rot / 2): the cos / sin of every position < n_pos. grid n_pos, any block.
 extern "C" __global__ void rope_table_f32(CS* tab, double freq_base, int n_rot, int n_pos) {
+    grid_dependency_sync();
     const int half = n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x)
         tab[(i64)blockIdx.x * half + i] = rope_angle(blockIdx.x, i, freq_base, n_rot);
@@ -168,6 +173,7 @@ __device__ __forceinline__ void rope_heads(float* xt, int n_heads, int head_dim,
 extern "C" __global__ void rope_f32(float* x, const i32* positions, double freq_base, int n_heads,
                                     int head_dim, int n_rot, int neox, const float* channel_scale,
                                     const CS* tab, int tab_rows) {
+    grid_dependency_sync();
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     rope_angles(cs, sn, positions[blockIdx.x], freq_base, n_rot, tab, tab_rows);
     rope_heads(x + (i64)blockIdx.x * n_heads * head_dim, n_heads, head_dim, n_rot, neox, channel_scale, cs, sn);
@@ -177,6 +183,7 @@ extern "C" __global__ void rope_f32(float* x, const i32* positions, double freq_
 extern "C" __global__ void rope_qk_f32(float* q, float* k, const i32* positions, double freq_base, int n_q,
                                        int n_k, int head_dim, int n_rot, int neox, const float* q_scale,
                                        const float* k_scale, const CS* tab, int tab_rows) {
+    grid_dependency_sync();
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     rope_angles(cs, sn, positions[blockIdx.x], freq_base, n_rot, tab, tab_rows);
     rope_heads(q + (i64)blockIdx.x * n_q * head_dim, n_q, head_dim, n_rot, neox, q_scale, cs, sn);
@@ -188,11 +195,13 @@ extern "C" __global__ void rope_qk_f32(float* q, float* k, const i32* positions,
 // silu_mul1: common.cuh. out may alias either input: every element is read before it is written, by one thread.
 
 extern "C" __global__ void silu_mul_f32(const float* gate, const float* up, float* out, i64 n) {
+    grid_dependency_sync();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = silu_mul1(gate[i], up[i]);
 }
 
 extern "C" __global__ void silu_mul_f32_x4(const F4* gate, const F4* up, F4* out, i64 n4) {
+    grid_dependency_sync();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n4) return;
     const F4 g = gate[i], u = up[i];
@@ -201,11 +210,13 @@ extern "C" __global__ void silu_mul_f32_x4(const F4* gate, const F4* up, F4* out
 
 // out = a + b where b has nb elements repeated over a's n (nb == n: same shape; nb == n_cols: bias).
 extern "C" __global__ void add_f32(const float* a, const float* b, float* out, i64 n, i64 nb) {
+    grid_dependency_sync();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + b[i % nb];
 }
 
 extern "C" __global__ void add_f32_x4(const F4* a, const F4* b, F4* out, i64 n4, i64 nb4) {
+    grid_dependency_sync();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n4) return;
     const F4 u = a[i], v = b[i % nb4];
@@ -218,6 +229,7 @@ extern "C" __global__ void add_f32_x4(const F4* a, const F4* b, F4* out, i64 n4,
 // start and width multiples of 4 (passed in floats, used in F4 units).
 extern "C" __global__ void copy_rows_f32(const float* x, const i32* rows, i64 x_cols, i64 start,
                                          float* out, int width) {
+    grid_dependency_sync();
     const i64 src = rows ? (i64)rows[blockIdx.x] : (i64)blockIdx.x;
     const float* xr = x + src * x_cols + start;
     float* o = out + (i64)blockIdx.x * width;
@@ -226,6 +238,7 @@ extern "C" __global__ void copy_rows_f32(const float* x, const i32* rows, i64 x_
 
 extern "C" __global__ void copy_rows_f32_x4(const float* x, const i32* rows, i64 x_cols, i64 start,
                                             float* out, int width) {
+    grid_dependency_sync();
     const i64 src = rows ? (i64)rows[blockIdx.x] : (i64)blockIdx.x;
     const F4* xr = (const F4*)(x + src * x_cols + start);
     F4* o = (F4*)(out + (i64)blockIdx.x * width);

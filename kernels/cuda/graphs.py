@@ -11,13 +11,16 @@ context's empty CTAs. A token's result does not depend on the grid (attention.cu
 the same bits. Each graph allocates its intermediates from a private CuPy memory pool during capture; the pool
 lives as long as the graph and nothing else allocates from it, so replays write to the addresses that were
 captured. The forward is run once eagerly in that pool before capture, so the capture itself allocates
-nothing new (kernels compiled, pool blocks cached).
+nothing new (kernels compiled, pool blocks cached). On sm_90 and newer the capture launches every kernel
+with programmatic dependent launch (pdl.py: a kernel is scheduled while the one before it finishes and
+waits for it inside; the same bits), which hides most of each launch's latency in a replay; a driver that
+refuses it is noted in `programmatic` and the graphs are captured with ordinary launches.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .runtime import cupy
+from .runtime import cupy, programmatic_launches, programmatic_supported
 
 
 class _StaticBatch:
@@ -66,8 +69,13 @@ def key_buckets(max_keys: int) -> tuple:
 class StepGraphs:
     """forward(batch) -> logits (device, (n, n_vocab)) is the model's forward over the engine's KV cache."""
 
-    def __init__(self, forward, max_pages: int, max_keys: int, scratch_page: int, buckets=(1, 2, 4, 8, 16)):
+    def __init__(self, forward, max_pages: int, max_keys: int, scratch_page: int, buckets=(1, 2, 4, 8, 16),
+                 programmatic: bool | None = None):
         self.cp = cp = cupy()
+        # programmatic dependent launches in the captures: None = where the device supports them
+        self.programmatic = (programmatic_supported(cp.cuda.Device().id) if programmatic is None
+                             else bool(programmatic))
+        self.programmatic_error = None
         self.buckets = tuple(sorted(int(b) for b in buckets))
         self.key_buckets = key_buckets(int(max_keys))
         self.max_pages = int(max_pages)
@@ -82,13 +90,25 @@ class StepGraphs:
                 with cp.cuda.using_allocator(pool.malloc):
                     forward(static)                                 # warm-up: compile, fill the pool
                     stream.synchronize()
-                    stream.begin_capture()
                     try:
-                        logits = forward(static)
-                    finally:
-                        graph = stream.end_capture()
+                        graph, logits = self._capture(stream, forward, static, self.programmatic)
+                    except RuntimeError as e:                       # cuLaunchKernelEx refused
+                        if not self.programmatic:
+                            raise
+                        self.programmatic, self.programmatic_error = False, str(e)
+                        graph, logits = self._capture(stream, forward, static, False)
                 graph.upload(stream)
                 self._graphs[b, keys] = (graph, static, logits, pool)
+
+    @staticmethod
+    def _capture(stream, forward, static, programmatic: bool):
+        stream.begin_capture()
+        try:
+            with programmatic_launches(programmatic):
+                logits = forward(static)
+        finally:
+            graph = stream.end_capture()
+        return graph, logits
 
     @property
     def max_tokens(self) -> int:

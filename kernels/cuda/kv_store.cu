@@ -32,6 +32,7 @@ extern "C" __global__ void __launch_bounds__(KV_MAX_THREADS) kv_store(
     const i32* __restrict__ token_pos, const i32* __restrict__ page_tables, int max_pages,
     i8* __restrict__ k_pages, float* __restrict__ k_scales, i8* __restrict__ v_pages, float* __restrict__ v_scales,
     int n_kv, int head_dim, int n_groups, int page_size, int span) {
+    grid_dependency_sync();
     __shared__ u32 amax[KV_MAX_THREADS];             // bits of |x|: non-negative floats order as integers
     const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
     const float* x = blockIdx.z ? v : k;

@@ -147,6 +147,7 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         GRID_SMEM(T);                                                                                     \
         extern __shared__ float2 part[];                                                                  \
         load_grid<T>(grid);                                                                               \
+        grid_dependency_sync();                                                                           \
         mm_q_sk<T>(W, row_bytes, n_out, k, xq, xd, OUT_ARGS, grid, part);                                 \
     }
 
@@ -156,6 +157,7 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
         GRID_SMEM(T);                                                                                     \
         load_grid<T>(grid);                                                                               \
+        grid_dependency_sync();                                                                           \
         mm_q<T, TILE, RW, G, false>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);               \
     }
 #define MM_Q_GLU_KERNEL(NAME, T, TILE, G)                                                                 \
@@ -164,6 +166,7 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
         GRID_SMEM(T);                                                                                     \
         load_grid<T>(grid);                                                                               \
+        grid_dependency_sync();                                                                           \
         mm_q<T, TILE, 2, G, true>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                 \
     }
 // The variants the launcher picks from (qmatmul.py dp4a_variant: (TILE, RW, G) by token tile and type).
@@ -259,11 +262,13 @@ __device__ __forceinline__ void mm_f(const u8* __restrict__ W, int row_bytes, in
     extern "C" __global__ void __launch_bounds__(256) mm_##NAME##_t##TILE(                               \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const float* __restrict__ x,           \
         int n_tok, OUT_PARAMS) {                                                                          \
+        grid_dependency_sync();                                                                           \
         mm_f<TILE, false, LOADW>(W, row_bytes, n_out, k, x, n_tok, OUT_ARGS);                             \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(256) mmglu_##NAME##_t##TILE(                            \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const float* __restrict__ x,           \
         int n_tok, OUT_PARAMS) {                                                                          \
+        grid_dependency_sync();                                                                           \
         mm_f<TILE, true, LOADW>(W, row_bytes, n_out, k, x, n_tok, OUT_ARGS);                              \
     }
 #define MM_F_KERNELS(NAME, LOADW) \
@@ -278,6 +283,7 @@ MM_F_KERNELS(bf16, w8_bf16)
 // with the fused rmsnorm + rounding of elementwise.cu.
 extern "C" __global__ void __launch_bounds__(256) quant_q8_0(const float* __restrict__ x, i8* __restrict__ xq,
                                                              float* __restrict__ xd, int n_blocks) {
+    grid_dependency_sync();
     const int blk = blockIdx.x * blockDim.y + threadIdx.y;
     if (blk >= n_blocks) return;
     round_q8_0(x[(size_t)blk * 32 + threadIdx.x], xq + (size_t)blk * 32, xd + blk);
@@ -285,6 +291,7 @@ extern "C" __global__ void __launch_bounds__(256) quant_q8_0(const float* __rest
 
 extern "C" __global__ void __launch_bounds__(256) quant_q8_k(const float* __restrict__ x, i8* __restrict__ xq,
                                                              float* __restrict__ xd, int n_blocks) {
+    grid_dependency_sync();
     const int blk = blockIdx.x * blockDim.y + threadIdx.y, lane = threadIdx.x;
     if (blk >= n_blocks) return;
     float v[8];
@@ -317,6 +324,7 @@ __device__ __forceinline__ void dq_rows(const u8* __restrict__ W, int row_bytes,
         int n_out, int k, const i32* __restrict__ ids, float* __restrict__ out) {                         \
         GRID_SMEM(T);                                                                                     \
         load_grid<T>(grid);                                                                               \
+        grid_dependency_sync();                                                                           \
         dq_rows<T>(W, row_bytes, n_out, k, ids, out, grid);                                               \
     }
 DQ_KERNEL(q8_0, TQ8_0)
@@ -351,6 +359,7 @@ __device__ __forceinline__ void dq_rows_f(const u8* __restrict__ W, int row_byte
 #define DQ_F_KERNEL(NAME, LOADW)                                                                          \
     extern "C" __global__ void __launch_bounds__(256) dq_##NAME(const u8* __restrict__ W, int row_bytes, \
         int n_out, int k, const i32* __restrict__ ids, float* __restrict__ out) {                         \
+        grid_dependency_sync();                                                                           \
         dq_rows_f<LOADW>(W, row_bytes, n_out, k, ids, out);                                               \
     }
 DQ_F_KERNEL(f32, w8_f32)

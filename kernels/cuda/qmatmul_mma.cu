@@ -183,6 +183,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
         GRID_SMEM(T);                                                                                     \
         __shared__ T::U su[MMA_WARPS][32];                                                                \
         load_grid<T>(grid);                                                                               \
+        grid_dependency_sync();                                                                           \
         mmq<T, NB, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, su[threadIdx.y]);          \
     }
 #define MMQ_KERNELS(NAME, T) MMQ_KERNEL(NAME, T, 1, false, mmq) MMQ_KERNEL(NAME, T, 2, false, mmq) \

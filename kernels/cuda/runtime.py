@@ -7,11 +7,13 @@ graphs.py swaps for its capturing stream.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 
 from .. import BackendUnavailable
+from . import pdl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NVRTC_OPTIONS = ("--std=c++17", f"-I{HERE}")   # no --use_fast_math: the KV store must match the CPU bit for bit
@@ -63,9 +65,33 @@ def kernel(cu_file: str, name: str, options: tuple = ()):
     return module(cu_file, options).get_function(name)
 
 
+_programmatic = [False]      # inside programmatic_launches(): launches go through pdl.launch
+
+
 def launch(cu_file: str, name: str, grid, block, args, shared_mem: int = 0, options: tuple = ()) -> None:
     """Launch on CuPy's current stream; grid/block are int tuples, args cupy arrays and numpy scalars."""
-    kernel(cu_file, name, tuple(options))(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+    k = kernel(cu_file, name, tuple(options))
+    if _programmatic[0]:
+        pdl.launch(k.kernel.ptr, grid, block, args, shared_mem, cupy().cuda.get_current_stream().ptr)
+    else:
+        k(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+
+
+@functools.lru_cache(maxsize=None)
+def programmatic_supported(device_id: int) -> bool:
+    """Programmatic dependent launch on this device (pdl.supported: sm_90+, driver, env)."""
+    return pdl.supported(int(cupy().cuda.Device(device_id).compute_capability))   # CuPy gives "90"
+
+
+@contextlib.contextmanager
+def programmatic_launches(on: bool = True):
+    """Launches inside the block may overlap the previous kernel's tail (pdl.py); on=False: ordinary."""
+    before = _programmatic[0]
+    _programmatic[0] = bool(on)
+    try:
+        yield
+    finally:
+        _programmatic[0] = before
 
 
 def cdiv(a: int, b: int) -> int:

@@ -69,13 +69,17 @@ def test_cuda_logits_match_cpu(synth_path):
 def test_prompt_chunks_and_decode_graphs_are_batch_invariant(synth_path):
     """A token's logits are the same bits whether it is read in a 200-token prompt chunk, in a 64-token
     chunk, or decoded alone through a captured graph next to padded rows (every kernel computes each token
-    with a fixed order of its own)."""
+    with a fixed order of its own). On sm_90 and newer the graphs are captured with programmatic dependent
+    launches (kernels/cuda/pdl.py), so this also checks that they leave the bits alone."""
+    import cupy as cp
     from strata_lite.batch import Batch
     from strata_lite.runner import ModelRunner, load_model
     loaded = load_model(synth_path, backend="cuda")
     runner = ModelRunner(loaded, kv_tokens=1024, page_size=64, host_bytes=0, n_ctx=512,
                          max_step_tokens=N_TOK, max_seqs=4)
     assert runner.graphs is not None
+    if int(cp.cuda.Device().compute_capability) >= 90:
+        assert runner.graphs.programmatic, runner.graphs.programmatic_error
     be = runner.backend
     ids = _prompt(loaded.config.n_vocab, seed=1)
     pages = runner.kv.alloc(4)

@@ -1,0 +1,203 @@
+"""Depth-2 MTP training (chained drafts): the mixed attention against a float64 loop over positions, the
+gradient of loss1 + w * loss2 (pass 2's inputs from pass 1 held constant) against central finite
+differences, chain weight 0 as the one-pass loss and gradients bit for bit, a short run lowering the
+depth-2 loss, and the held-out depth-2 line of the command."""
+import math
+
+import numpy as np
+import pytest
+
+from strata_lite import LLM
+from strata_lite.cli import main
+from strata_lite.mtp_train_data import collect
+from strata_lite.mtp_train_fit import FitOptions, fit
+from strata_lite.mtp_train_math import attention_fwd, mixed_attention_bwd, mixed_attention_fwd
+from strata_lite.mtp_train_model import (FrozenHead, chain_fwd, depth1_loss_and_grads, depth2_loss_and_grads,
+                                        evaluate, evaluate_depths, init_params, loss_and_grads, trunk_fwd,
+                                        trunk_kv)
+from tiny_model import write_tiny_model
+
+
+def _mixed_reference(q, k, v, k_ctx, v_ctx):
+    """Row t of each sequence and query head h: softmax over the scores of context rows 0..t and its own
+    key, the weighted sum of those values; kv head h // (Hq / Hkv). float64, one position at a time."""
+    B, T, Hq, d = q.shape
+    g = Hq // k.shape[2]
+    out = np.zeros((B, T, Hq, d))
+    for b in range(B):
+        for t in range(T):
+            for h in range(Hq):
+                keys = np.concatenate([k_ctx[b, :t + 1, h // g], k[b, t:t + 1, h // g]])
+                vals = np.concatenate([v_ctx[b, :t + 1, h // g], v[b, t:t + 1, h // g]])
+                s = keys @ q[b, t, h] / math.sqrt(d)
+                w = np.exp(s - s.max())
+                out[b, t, h] = (w / w.sum()) @ vals
+    return out
+
+
+def _qkv(rng, B=2, T=6, Hq=4, Hkv=2, d=8):
+    return (rng.standard_normal((B, T, Hq, d)), *(rng.standard_normal((B, T, Hkv, d)) for _ in range(4)))
+
+
+def test_mixed_attention_matches_a_loop_over_positions():
+    q, k, v, kc, vc = _qkv(np.random.default_rng(0))
+    out, _ = mixed_attention_fwd(q, k, v, kc, vc)
+    np.testing.assert_allclose(out, _mixed_reference(q, k, v, kc, vc), rtol=1e-12, atol=1e-12)
+    # float32 in, float32 out (training's dtype), within its rounding
+    out32, _ = mixed_attention_fwd(*(a.astype(np.float32) for a in (q, k, v, kc, vc)))
+    assert out32.dtype == np.float32 and np.abs(out32 - out).max() <= 1e-5
+
+
+def test_mixed_attention_with_the_rows_own_kv_as_context_is_causal_attention():
+    """Context row t+1 standing in for row t's own key: the causal attention of those rows, shifted."""
+    q, k, v, _, _ = _qkv(np.random.default_rng(1))
+    causal, _ = attention_fwd(q, k, v)
+    mixed, _ = mixed_attention_fwd(q[:, 1:], k[:, 1:], v[:, 1:], k[:, :-1], v[:, :-1])
+    np.testing.assert_allclose(mixed, causal[:, 1:], rtol=1e-12, atol=1e-12)
+
+
+def test_mixed_attention_backward_matches_finite_differences():
+    """dq, dk, dv of sum(out * r) along random directions; the context gets no gradient (a constant)."""
+    rng = np.random.default_rng(2)
+    q, k, v, kc, vc = _qkv(rng)
+    r = rng.standard_normal(q.shape)
+    _, cache = mixed_attention_fwd(q, k, v, kc, vc)
+    grads = mixed_attention_bwd(r, cache)
+    eps = 1e-6
+    for i, g in enumerate(grads):
+        d = rng.standard_normal(g.shape)
+        args = [q, k, v]
+        args[i] = args[i] + eps * d
+        plus = (mixed_attention_fwd(*args, kc, vc)[0] * r).sum()
+        args[i] = args[i] - 2 * eps * d
+        minus = (mixed_attention_fwd(*args, kc, vc)[0] * r).sum()
+        fd = (plus - minus) / (2 * eps)
+        assert g.shape == args[i].shape and abs(fd - (g * d).sum()) <= 1e-7 * max(1.0, abs(fd)), i
+
+
+def _problem(tmp_path, arch, k=1):
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", arch=arch, mtp=False, n_embd=32, n_ff=64)
+    llm = LLM(str(path), backend="cpu", n_ctx=64, n_batch=64)
+    cfg, rng = llm.config, np.random.default_rng(1)
+    p = {n: a.astype(np.float64) + 0.05 * rng.standard_normal(a.shape)
+         for n, a in init_params(cfg, llm.weights, 2.0).items()}
+    B, T = 2, 5
+    tgt = np.stack([rng.permutation(cfg.n_vocab)[:k] for _ in range(B * T)]).reshape(B, T, k)
+    batch = (2.0 * rng.standard_normal((B, T, cfg.n_embd)), rng.integers(0, cfg.n_vocab, (B, T)), tgt,
+             rng.dirichlet(np.ones(k), (B, T)))
+    return cfg, p, FrozenHead.from_model(llm.weights, np.float64), batch
+
+
+def test_chain_rows_are_the_block_on_its_own_output(tmp_path):
+    """Depth-2 row t (position t + 1) equals a plain forward of the rows 0..t of pass 1 followed by one row
+    (hidden x1[t], token next_ids[t + 1]) whose attention sees pass 1's keys of rows 0..t: i.e. pass 1 run
+    on t + 2 rows whose last row's hidden state and token are replaced, read at its last row."""
+    cfg, p, frozen, (hidden, next_ids, _, _) = _problem(tmp_path, "qwen3")
+    x1, cache = trunk_fwd(cfg, p, frozen, hidden, next_ids)
+    x2, _ = chain_fwd(cfg, p, frozen, x1, trunk_kv(cache), next_ids)
+    assert x2.shape == (hidden.shape[0], hidden.shape[1] - 1, hidden.shape[2])
+    for t in range(x2.shape[1]):
+        h, ids = hidden[:, :t + 2].copy(), next_ids[:, :t + 2].copy()
+        h[:, t + 1] = x1[:, t]
+        # a causal pass over these rows lets rows 0..t see each other exactly as pass 1 did (causality),
+        # and the last row sees them and itself: the chained draft's attention
+        full, _ = trunk_fwd(cfg, p, frozen, h, ids)
+        np.testing.assert_allclose(x2[:, t], full[:, t + 1], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("arch,k", [("qwen2", 1), ("qwen3", 3), ("llama", 1)])
+def test_chain_gradients_match_finite_differences(tmp_path, arch, k):
+    """The gradient of loss1 + w * loss2, pass 2's inputs (pass 1's output and keys/values) fixed at the
+    unperturbed parameters' values (the stop-gradient objective), against central differences in float64:
+    a random direction per tensor and two entries each."""
+    cfg, p, frozen, batch = _problem(tmp_path, arch, k)
+    w = 0.7
+    loss, grads, _ = loss_and_grads(cfg, p, frozen, batch, chain_weight=w)
+    _, _, _, x1, kv1 = depth1_loss_and_grads(cfg, p, frozen, batch)
+    assert sorted(grads) == sorted(p)
+    rng, eps = np.random.default_rng(3), 1e-6
+
+    def total(q):
+        return (depth1_loss_and_grads(cfg, q, frozen, batch)[0] +
+                w * depth2_loss_and_grads(cfg, q, frozen, batch, x1, kv1)[0])
+
+    assert abs(total(p) - loss) <= 1e-12 * abs(loss)
+
+    def fd(name, d):
+        return (total(dict(p, **{name: p[name] + d})) - total(dict(p, **{name: p[name] - d}))) / (2 * eps)
+
+    for name, a in p.items():
+        g = grads[name]
+        assert g.shape == a.shape and g.dtype == np.float64, name
+        d = rng.standard_normal(a.shape)
+        f = fd(name, eps * d)
+        assert abs(f - (g * d).sum()) <= 1e-6 * max(1.0, abs(f)), name
+        for idx in rng.integers(0, a.size, 2):
+            e = np.zeros(a.size)
+            e[idx] = eps
+            f = fd(name, e.reshape(a.shape))
+            assert abs(f - g.reshape(-1)[idx]) <= 1e-6 * max(1.0, abs(f)), (name, idx)
+
+
+def test_chain_weight_zero_is_the_one_pass_result(tmp_path):
+    """float32, as training runs: the same loss, hits and gradients, bit for bit."""
+    cfg, p64, frozen64, batch64 = _problem(tmp_path, "qwen2", k=3)
+    p = {n: a.astype(np.float32) for n, a in p64.items()}
+    frozen = FrozenHead(frozen64.embed, frozen64.head_norm.astype(np.float32), frozen64.head.astype(np.float32))
+    batch = (batch64[0].astype(np.float32), batch64[1], batch64[2], batch64[3].astype(np.float32))
+    loss0, g0, hits0 = loss_and_grads(cfg, p, frozen, batch, chain_weight=0.0)
+    loss1, g1, hits1, _, _ = depth1_loss_and_grads(cfg, p, frozen, batch)
+    assert loss0 == loss1 and hits0 == hits1 and sorted(g0) == sorted(g1)
+    for name in g1:
+        np.testing.assert_array_equal(g0[name], g1[name], err_msg=name)
+    loss_c, g_c, _ = loss_and_grads(cfg, p, frozen, batch, chain_weight=0.5)
+    assert loss_c > loss0 and any(not np.array_equal(g_c[n], g0[n]) for n in g0)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("chain")
+    llm = LLM(str(write_tiny_model(d / "m.gguf", n_embd=64, n_ff=128)), backend="cpu", n_ctx=64, n_batch=64)
+    ids = np.random.default_rng(0).integers(0, 256, 32 * 24).astype(np.int32)
+    return llm, collect(llm, ids, 32, 1, progress=False)
+
+
+def test_training_with_the_chain_lowers_the_depth2_loss(data):
+    """30 steps: the depth-2 loss over every window falls, and by more than a one-pass run's does; the
+    depth-1 figures of evaluate_depths are evaluate's."""
+    llm, d = data
+    cfg, frozen, every = llm.config, FrozenHead.from_model(llm.weights), d.batch(np.arange(len(d)), k=1)
+    rms = float(np.median(np.sqrt((d.hidden ** 2).mean(-1))))
+
+    def run(w):
+        opts = FitOptions(steps=30, lr=2e-3, warmup=3, batch=2, chain_weight=w)
+        return fit(cfg, init_params(cfg, llm.weights, rms), frozen, d, opts, progress=False).params
+
+    trained = run(0.5)
+    before, chained, one_pass = (evaluate_depths(cfg, q, frozen, every)
+                                 for q in (init_params(cfg, llm.weights, rms), trained, run(0.0)))
+    assert chained[0] == evaluate(cfg, trained, frozen, every)
+    assert chained[1][2] == len(d) * (d.next_ids.shape[1] - 1)
+    print(f"depth-2 loss {before[1][0]:.3f} -> {chained[1][0]:.3f} (one-pass run {one_pass[1][0]:.3f}); "
+          f"depth-1 {before[0][0]:.3f} -> {chained[0][0]:.3f} (one-pass run {one_pass[0][0]:.3f})")
+    assert chained[1][0] < 0.85 * before[1][0]
+    assert chained[1][0] < one_pass[1][0]
+
+
+def test_cli_chain_weight(tmp_path, capsys):
+    """--chain-weight reaches the options and the held-out report prints the depth-2 agreement; a negative
+    weight is one line and exit status 2."""
+    model = write_tiny_model(tmp_path / "m.gguf")
+    texts = []
+    for i in range(12):
+        t = tmp_path / f"t{i}.py"
+        t.write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n" for j in range(12)))
+        texts.append(str(t))
+    args = ["train-mtp", "--model", str(model), "--text", *texts, "--steps", "2", "--ctx", "32",
+            "--eval-tokens", "64", "--draft-vocab", "0", "-o", str(tmp_path / "o.gguf")]
+    assert main(args + ["--chain-weight", "0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "depth 1 + 0.25 x depth 2" in out and "agreement with the model's token i+3" in out, out
+    assert main(args + ["--chain-weight", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--chain-weight" in err[0]
