@@ -111,6 +111,12 @@ class Backend(ABC):
         """Quantize k, v (n, n_kv_heads, head_dim) and store token t at sequence token_seq[t], position
         token_pos[t] (device int32 (n,)), page_tables device int32 (n_seqs, max_pages); in place on the
         layer's device pages / scales."""
+    def rope_kv_store(self, q, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                      freq_base: float, n_rot: int, neox: bool, q_scale=None, k_scale=None) -> None:
+        """rope_qk(q, k, token_pos, ...) then kv_store(k, v, token_seq, token_pos, ...): this step's q and k
+        rotated in place and k, v stored (a backend may do both in one kernel, with the same bits)."""
+        self.rope_qk(q, k, token_pos, freq_base, n_rot, neox, q_scale, k_scale)
+        self.kv_store(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales)
     @abstractmethod
     def attention(self, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
                   scale: float, out=None, max_keys: int | None = None):

@@ -18,7 +18,7 @@ from . import attention as attn_k
 from . import elementwise as ew
 from . import qmatmul as qm
 from . import sampling as smp
-from .kv_store import kv_store
+from .kv_store import kv_store, rope_kv_store
 from .memory import VramPlan
 from .runtime import cupy
 
@@ -196,6 +196,12 @@ class CudaBackend(Backend):
 
     def kv_store(self, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales):
         kv_store(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales)
+
+    def rope_kv_store(self, q, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                      freq_base, n_rot, neox, q_scale=None, k_scale=None):
+        rope_kv_store(q, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                      float(freq_base), int(n_rot), bool(neox), q_scale, k_scale,
+                      table=self._rope_table(freq_base, n_rot))
 
     def attention(self, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale,
                   out=None, max_keys=None):

@@ -21,7 +21,7 @@ __all__ = ["rmsnorm", "rmsnorm_round", "can_round", "RopeTable", "rope_table", "
 CU = "elementwise.cu"
 BLOCK = 256            # threads per CTA of the flat kernels, and the most per row of the row kernels
 ROPE_MAX_ROT = 512     # shared cos/sin table of elementwise.cu (ROPE_MAX_HALF)
-_NULL = np.uint64(0)   # a null pointer argument
+NULL_PTR = np.uint64(0)   # a null pointer argument
 
 
 def _req(arr, name, dtype=np.float32, ndim=None):
@@ -97,7 +97,7 @@ def rmsnorm_round(x, weight, eps: float, out, fmt: str, xq, xd) -> None:
            shared_mem=4 * d)
 
 
-def _rope_shape(x, name: str, positions, n_rot, channel_scale) -> tuple[int, int, int, int]:
+def check_rope_shape(x, name: str, positions, n_rot, channel_scale) -> tuple[int, int, int, int]:
     """Checks of a rope launch on x (n_tok, n_heads, head_dim) -> (n_tok, n_heads, head_dim, n_rot)."""
     _req(x, name, ndim=3)
     _req(positions, "positions", np.int32, ndim=1)
@@ -135,9 +135,9 @@ def rope_table(freq_base: float, n_rot: int, n_pos: int) -> RopeTable:
     return RopeTable(values, float(freq_base), n_rot, n_pos)
 
 
-def _table_args(table: RopeTable | None, freq_base: float, n_rot: int) -> tuple:
+def rope_table_args(table: RopeTable | None, freq_base: float, n_rot: int) -> tuple:
     if table is None:
-        return _NULL, np.int32(0)
+        return NULL_PTR, np.int32(0)
     if (table.freq_base, table.n_rot) != (float(freq_base), n_rot):
         raise ValueError(f"rope table of freq_base={table.freq_base}, n_rot={table.n_rot} used for "
                          f"freq_base={freq_base}, n_rot={n_rot}")
@@ -153,12 +153,12 @@ def rope(x, positions, freq_base: float, n_rot: int, neox: bool, channel_scale=N
     (n_heads, head_dim) float32 or None: then every channel is multiplied by its factor afterwards.
     table (rope_table of the same freq_base and n_rot) or None: its values for the positions it holds
     (the same bits, without the double-precision pow / cos / sin in the launch)."""
-    n_tok, n_heads, hd, n_rot = _rope_shape(x, "x", positions, n_rot, channel_scale)
-    tab = _table_args(table, freq_base, n_rot)
+    n_tok, n_heads, hd, n_rot = check_rope_shape(x, "x", positions, n_rot, channel_scale)
+    tab = rope_table_args(table, freq_base, n_rot)
     if n_tok == 0:
         return
     block = _row_block(n_heads * (n_rot // 2))
-    scale = _NULL if channel_scale is None else channel_scale
+    scale = NULL_PTR if channel_scale is None else channel_scale
     launch(CU, "rope_f32", (n_tok,), (block,),
            (x, positions, np.float64(freq_base), np.int32(n_heads), np.int32(hd), np.int32(n_rot),
             np.int32(bool(neox)), scale, *tab))
@@ -167,18 +167,18 @@ def rope(x, positions, freq_base: float, n_rot: int, neox: bool, channel_scale=N
 def rope_qk(q, k, positions, freq_base: float, n_rot: int, neox: bool, q_scale=None, k_scale=None,
             table: RopeTable | None = None) -> None:
     """rope(q, ..., q_scale) and rope(k, ..., k_scale) of the same tokens in one launch (the same bits)."""
-    n_tok, n_q, hd, n_rot = _rope_shape(q, "q", positions, n_rot, q_scale)
-    _rope_shape(k, "k", positions, n_rot, k_scale)
+    n_tok, n_q, hd, n_rot = check_rope_shape(q, "q", positions, n_rot, q_scale)
+    check_rope_shape(k, "k", positions, n_rot, k_scale)
     if k.shape[2] != hd:
         raise ValueError(f"q {q.shape} and k {k.shape} must share head_dim")
-    tab = _table_args(table, freq_base, n_rot)
+    tab = rope_table_args(table, freq_base, n_rot)
     if n_tok == 0:
         return
     block = _row_block(max(n_q, k.shape[1]) * (n_rot // 2))
     launch(CU, "rope_qk_f32", (n_tok,), (block,),
            (q, k, positions, np.float64(freq_base), np.int32(n_q), np.int32(k.shape[1]), np.int32(hd),
-            np.int32(n_rot), np.int32(bool(neox)), _NULL if q_scale is None else q_scale,
-            _NULL if k_scale is None else k_scale, *tab))
+            np.int32(n_rot), np.int32(bool(neox)), NULL_PTR if q_scale is None else q_scale,
+            NULL_PTR if k_scale is None else k_scale, *tab))
 
 
 def silu_mul(gate, up, out) -> None:
@@ -220,7 +220,7 @@ def _copy_rows(x, rows, start, width, out):
     m, x_cols = out.shape[0], x.shape[1]
     if m == 0 or width == 0:
         return
-    src = _NULL if rows is None else rows
+    src = NULL_PTR if rows is None else rows
     args = (x, src, np.int64(x_cols), np.int64(start), out, np.int32(width))
     if _vec4(x_cols, x, out) and start % 4 == 0 and width % 4 == 0:
         launch(CU, "copy_rows_f32_x4", (m,), (_row_block(width // 4),), args)

@@ -11,16 +11,17 @@ q = round_half_away_from_zero(x / scale) clipped to +-127; an all-zero group get
 
 Host/device placement: every array is a device (cupy) array; sizes are read from shapes on the host.
 Index validity is the caller's (checked when the batch is built). Launches on CuPy's current stream
-(graph-capturable).
+(graph-capturable). rope_kv_store: elementwise.rope_qk and kv_store in one launch (the same bits).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..kv_layout import KV_GROUP, kv_scale_groups
+from . import elementwise as ew
 from .runtime import launch
 
-__all__ = ["kv_store"]
+__all__ = ["kv_store", "rope_kv_store"]
 
 _MAX_THREADS = 1024            # one block covers n_groups * span channels (KV_MAX_THREADS in kv_store.cu)
 CU = "kv_store.cu"
@@ -42,11 +43,8 @@ def _check(name, arr, dtype, ndim):
         raise ValueError(f"{name} must be C-contiguous")
 
 
-def kv_store(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales) -> None:
-    """Quantize k, v (n_tok, n_kv_heads, head_dim) float32 into the paged cache (written in place).
-
-    token_seq, token_pos (n_tok,) int32; page_tables (n_seqs, max_pages) int32; pages int8 and scales
-    float32 of one layer, as above. Launches on CuPy's current stream (graph-capturable)."""
+def _store_args(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales) -> tuple:
+    """Checks of a store -> (threads per CTA, n_groups, span)."""
     for name, arr, dt, nd in (("k", k, np.float32, 3), ("v", v, np.float32, 3), ("token_seq", token_seq, np.int32, 1),
                               ("token_pos", token_pos, np.int32, 1), ("page_tables", page_tables, np.int32, 2),
                               ("k_pages", k_pages, np.int8, 4), ("v_pages", v_pages, np.int8, 4),
@@ -66,9 +64,44 @@ def kv_store(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages
     threads = want[3] * span
     if threads > _MAX_THREADS:
         raise ValueError(f"head_dim {head_dim} too large for kv_store (at most {_MAX_THREADS} padded channels)")
+    return threads, want[3], span
+
+
+def kv_store(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales) -> None:
+    """Quantize k, v (n_tok, n_kv_heads, head_dim) float32 into the paged cache (written in place).
+
+    token_seq, token_pos (n_tok,) int32; page_tables (n_seqs, max_pages) int32; pages int8 and scales
+    float32 of one layer, as above. Launches on CuPy's current stream (graph-capturable)."""
+    threads, n_groups, span = _store_args(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
+                                          v_scales)
+    n_tok, n_kv, head_dim = k.shape
     if n_tok == 0:
         return
-    page_size = k_pages.shape[1]
     launch(CU, "kv_store", (n_tok, n_kv, 2), (threads,),
            (k, v, token_seq, token_pos, page_tables, np.int32(page_tables.shape[1]), k_pages, k_scales, v_pages,
-            v_scales, np.int32(n_kv), np.int32(head_dim), np.int32(want[3]), np.int32(page_size), np.int32(span)))
+            v_scales, np.int32(n_kv), np.int32(head_dim), np.int32(n_groups), np.int32(k_pages.shape[1]),
+            np.int32(span)))
+
+
+def rope_kv_store(q, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                  freq_base: float, n_rot: int, neox: bool, q_scale=None, k_scale=None, table=None) -> None:
+    """ew.rope_qk(q, k, token_pos, freq_base, n_rot, neox, q_scale, k_scale, table) then kv_store(k, v, ...)
+    in one launch, the same bits: q (n_tok, n_q, head_dim) and k rotated in place, k and v stored.
+    n_q must be a multiple of k's n_kv (grouped-query attention: CTA (t, h) rotates query heads
+    h * n_q / n_kv ...)."""
+    threads, n_groups, span = _store_args(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
+                                          v_scales)
+    n_tok, n_q, head_dim, n_rot = ew.check_rope_shape(q, "q", token_pos, n_rot, q_scale)
+    ew.check_rope_shape(k, "k", token_pos, n_rot, k_scale)
+    n_kv = k.shape[1]
+    if q.shape[2] != head_dim or n_q % n_kv:
+        raise ValueError(f"q {q.shape} must share head_dim with k {k.shape} and have a multiple of its heads")
+    tab = ew.rope_table_args(table, freq_base, n_rot)
+    if n_tok == 0:
+        return
+    launch(CU, "rope_kv_store", (n_tok, n_kv, 3), (threads,),
+           (q, k, v, token_seq, token_pos, page_tables, np.int32(page_tables.shape[1]), k_pages, k_scales, v_pages,
+            v_scales, np.int32(n_q), np.int32(n_kv), np.int32(head_dim), np.int32(n_groups),
+            np.int32(k_pages.shape[1]), np.int32(span), np.float64(freq_base), np.int32(n_rot),
+            np.int32(bool(neox)), ew.NULL_PTR if q_scale is None else q_scale, ew.NULL_PTR if k_scale is None else k_scale,
+            *tab))

@@ -87,8 +87,8 @@ def decoder_block(be, cfg, lw, hw, x, rows: BlockRows, layer_kv, obs) -> None:
         q = be.rmsnorm(q.reshape(-1, cfg.head_dim), lw.attn_q_norm, cfg.rms_eps).reshape(q.shape)
         k = be.rmsnorm(k.reshape(-1, cfg.head_dim), lw.attn_k_norm, cfg.rms_eps).reshape(k.shape)
     # K smoothing (k_smoothing.py) folded into rope: q*s . k/s = q . k
-    be.rope_qk(q, k, rows.pos, cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox, lw.q_scale, lw.k_inv_scale)
-    be.kv_store(k, v, rows.seq, rows.pos, rows.tables, *layer_kv)
+    be.rope_kv_store(q, k, v, rows.seq, rows.pos, rows.tables, *layer_kv, cfg.rope_freq_base, cfg.n_rot,
+                     cfg.rope_neox, lw.q_scale, lw.k_inv_scale)
     a = be.attention(q, rows.seq, rows.pos, rows.tables, *layer_kv, 1.0 / math.sqrt(cfg.head_dim),
                      max_keys=rows.max_keys)                      # (n, n_heads, head_dim)
     a = a.reshape(n, cfg.n_heads * cfg.head_dim)

@@ -108,3 +108,45 @@ def test_kv_store_in_cuda_graph():
         for got, exp in zip(dev, want):
             bits = np.uint8 if exp.dtype == np.int8 else np.uint32
             np.testing.assert_array_equal(got.get().view(bits), exp.view(bits))
+
+
+@pytest.mark.parametrize("n_q,n_kv,hd,n_rot,neox,scaled,tabled", [
+    (14, 2, 64, 64, True, True, True),       # the 0.5B shape with K smoothing and the rope table
+    (32, 8, 128, 128, True, False, True),    # the 8B shape
+    (4, 1, 128, 64, False, True, False),     # partial rotation, adjacent pairs, angles computed in the kernel
+    (3, 1, 40, 40, True, False, True)])      # one scale group of 40 channels
+def test_rope_kv_store_gives_the_bits_of_rope_qk_then_kv_store(cp, n_q, n_kv, hd, n_rot, neox, scaled, tabled):
+    """The fused launch the decoder block uses: q, k rotated in place and the cache the same bits as
+    elementwise.rope_qk followed by kv_store (positions past the table computed in the kernel)."""
+    from strata_lite.kernels.cuda import elementwise as ew
+    from strata_lite.kernels.cuda.kv_store import kv_store, rope_kv_store
+    rng = np.random.default_rng(n_q * hd + n_rot)
+    k, v, seq, pos, pt, cache = _case(rng, 5, n_kv, hd)
+    q = rng.standard_normal((5, n_q, hd)).astype(np.float32) * 3
+    qs = cp.asarray(rng.uniform(0.5, 2, (n_q, hd)).astype(np.float32)) if scaled else None
+    ks = cp.asarray(rng.uniform(0.5, 2, (n_kv, hd)).astype(np.float32)) if scaled else None
+    table = ew.rope_table(1e6, n_rot, 10) if tabled else None      # positions >= 10 computed in the kernel
+    d_pos, d_seq, d_pt = cp.asarray(pos), cp.asarray(seq), cp.asarray(pt)
+    ref_q, ref_k, ref_v = cp.asarray(q), cp.asarray(k), cp.asarray(v)
+    ref_cache = [cp.asarray(c) for c in cache]
+    ew.rope_qk(ref_q, ref_k, d_pos, 1e6, n_rot, neox, qs, ks, table=table)
+    kv_store(ref_k, ref_v, d_seq, d_pos, d_pt, *ref_cache)
+    got_q, got_k, got_v = cp.asarray(q), cp.asarray(k), cp.asarray(v)
+    got_cache = [cp.asarray(c) for c in cache]
+    rope_kv_store(got_q, got_k, got_v, d_seq, d_pos, d_pt, *got_cache, 1e6, n_rot, neox, qs, ks, table=table)
+    for name, got, exp in zip(("q", "k", "v", "k_pages", "k_scales", "v_pages", "v_scales"),
+                              (got_q, got_k, got_v, *got_cache), (ref_q, ref_k, ref_v, *ref_cache)):
+        got, exp = got.get(), exp.get()
+        bits = np.uint8 if got.dtype == np.int8 else np.uint32
+        np.testing.assert_array_equal(got.view(bits), exp.view(bits), err_msg=name)
+    assert not np.array_equal(got_q.get(), q)                     # rope did rotate
+
+
+def test_rope_kv_store_validation(cp):
+    from strata_lite.kernels.cuda.kv_store import rope_kv_store
+    k, v, seq, pos, pt, cache = _case(np.random.default_rng(0), 2, 2, 64)
+    args = [cp.asarray(a) for a in (k, v, seq, pos, pt)] + [cp.asarray(c) for c in cache]
+    with pytest.raises(ValueError, match="multiple of its heads"):
+        rope_kv_store(cp.zeros((2, 3, 64), cp.float32), *args, 1e4, 64, True)
+    with pytest.raises(ValueError, match="n_rot"):
+        rope_kv_store(cp.zeros((2, 4, 64), cp.float32), *args, 1e4, 66, True)
