@@ -141,6 +141,8 @@ def cmd_train_mtp(args) -> int:
             setattr(args, name, value)
     if args.steps < 1 or args.batch < 1 or args.topk < 1 or args.lr <= 0:
         raise ValueError("--steps, --batch and --topk must be >= 1 and --lr > 0")
+    if not 0 <= args.chain_weight < float("inf"):
+        raise ValueError(f"--chain-weight must be a finite number >= 0, not {args.chain_weight}")
     from .api import LLM
     t0 = time.perf_counter()
     llm = LLM(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads)
@@ -148,7 +150,7 @@ def cmd_train_mtp(args) -> int:
           f"{time.perf_counter() - t0:.1f} s; training on {device}: {args.steps} steps of {args.batch} windows of "
           f"{args.ctx} tokens, lr {args.lr:g}, {args.train_tokens} text tokens, {args.answers} answers", file=sys.stderr)
     opts = FitOptions(steps=args.steps, seed=args.seed, lr=args.lr, batch=args.batch, topk=args.topk,
-                      warmup=min(20, max(1, args.steps // 10)))
+                      warmup=min(20, max(1, args.steps // 10)), chain_weight=args.chain_weight)
     rep = train_mtp(llm, args.output, args.text, opts, ctx=args.ctx, train_tokens=args.train_tokens,
                     eval_tokens=args.eval_tokens, out_type=args.type, checkpoint_dir=args.checkpoint,
                     checkpoint_every=args.checkpoint_every, device=device, answers=args.answers,
@@ -229,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--blocks", type=int, default=None, help="number of blocks (default: the preset's)")
     sy.add_argument("--out", "-o", required=True, help="output GGUF file")
     sy.set_defaults(func=cmd_synth)
-    from .mtp_train_defaults import DRAFT_VOCAB, default_help
+    from .mtp_train_defaults import CHAIN_WEIGHT, DRAFT_VOCAB, default_help
     tm = sub.add_parser("train-mtp", help="train an MTP block for a model by self-distillation (docs/mtp_training.md)")
     _model_args(tm)
     tm.add_argument("--text", nargs="+", default=None,
@@ -246,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--ctx", type=int, default=None, help="window length in tokens " + default_help("ctx"))
     tm.add_argument("--topk", type=int, default=1,
                     help="1: cross-entropy on the model's greedy token; k > 1: KL to its top-k distribution")
+    tm.add_argument("--chain-weight", type=float, default=CHAIN_WEIGHT,
+                    help="weight of the depth-2 loss (the block run again on its own output, as a chained "
+                         f"second draft); 0: one pass (default {CHAIN_WEIGHT:g})")
     tm.add_argument("--train-tokens", type=int, default=None,
                     help="tokens of text files the model is run over " + default_help("train_tokens"))
     tm.add_argument("--eval-tokens", type=int, default=None,

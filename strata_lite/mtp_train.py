@@ -24,7 +24,7 @@ from .loader.mtp import write_mtp_arrays
 from .mtp_train_data import MtpData, collect, read_tokens, split_files, split_held_out, stdlib_files
 from .mtp_train_device import array_module, device_module, to_device, to_host, tree_to
 from .mtp_train_fit import FitOptions, fit
-from .mtp_train_model import FrozenHead, draft_hits, evaluate, init_params
+from .mtp_train_model import FrozenHead, draft_hits, evaluate, evaluate_depths, init_params
 from .mtp_train_prompts import prompts
 from .mtp_train_defaults import DRAFT_VOCAB
 from .mtp_vocab import draft_vocab_of
@@ -43,15 +43,17 @@ class TrainReport:
     collect_s: float = 0.0                    # the model's pass over all text
     train_s: float = 0.0                      # the training steps
     step_s: float = 0.0                       # mean wall time of a training step
-    losses: list = field(default_factory=list)
+    losses: list = field(default_factory=list)   # per step: loss1 + chain_weight * loss2
+    chain_weight: float = 0.0                 # the depth-2 loss's weight (0: pass 1 alone)
     held: dict = field(default_factory=dict)  # held-out set name -> HeldOut
     draft_vocab: int = 0                      # size of the sidecar's draft vocabulary (0: none)
 
     def summary(self) -> str:
         first = np.mean(self.losses[:10]) if self.losses else float("nan")
         last = np.mean(self.losses[-10:]) if self.losses else float("nan")
+        loss = "loss" if not self.chain_weight else f"loss (depth 1 + {self.chain_weight:g} x depth 2)"
         lines = [f"train-mtp on {self.device}: {len(self.losses)} steps in {self.train_s:.1f} s "
-                 f"({self.step_s:.3f} s/step), loss {first:.4f} -> {last:.4f} (mean of first/last 10)",
+                 f"({self.step_s:.3f} s/step), {loss} {first:.4f} -> {last:.4f} (mean of first/last 10)",
                  f"{self.n_train_tokens} training tokens, {self.n_answer_tokens} of them the model's answers "
                  f"(generated in {self.answers_s:.1f} s); the model's pass over all text {self.collect_s:.1f} s"]
         if self.draft_vocab:
@@ -59,6 +61,9 @@ class TrainReport:
         for name, h in self.held.items():
             lines.append(f"held-out {name} ({h.rows} rows): top-1 agreement with the model's token i+2 "
                          f"{h.before[1]:.4f} -> {h.after[1]:.4f}, loss {h.before[0]:.4f} -> {h.after[0]:.4f}")
+            lines.append(f"  depth 2 (a chained second draft, fed the block's output and the token i+2): top-1 "
+                         f"agreement with the model's token i+3 {h.before2[1]:.4f} -> {h.after2[1]:.4f}, loss "
+                         f"{h.before2[0]:.4f} -> {h.after2[0]:.4f}")
             if self.draft_vocab:
                 lines.append(f"  drafting from the draft vocabulary (which holds {h.draft[1]:.2%} of the model's "
                              f"tokens i+2 there): top-1 agreement {h.draft[0]:.4f}")
@@ -74,6 +79,8 @@ class HeldOut:
     rows: int
     before: tuple = (float("nan"), float("nan"))   # (loss, top-1 agreement)
     after: tuple = (float("nan"), float("nan"))
+    before2: tuple = (float("nan"), float("nan"))  # the same at depth 2 (evaluate_depths)
+    after2: tuple = (float("nan"), float("nan"))
     draft: tuple = (float("nan"), float("nan"))    # (top-1 agreement within the draft vocabulary, its coverage)
 
 
@@ -123,16 +130,28 @@ def _cached_answers(llm, asked: list[str], max_tokens: int, cache_dir, progress)
     return out
 
 
+def _mean_over(params, data: MtpData, batch: int, fn) -> list[tuple[float, float]]:
+    """fn(batch arrays on the parameters' device) -> [(mean loss, top-1 hits, rows), ...] per figure; ->
+    [(mean loss, top-1 agreement), ...] over every row of data, batch windows at a time."""
+    xp = array_module(next(iter(params.values())))
+    sums = None
+    for lo in range(0, len(data), batch):
+        b = [to_device(xp, a) for a in data.batch(np.arange(lo, min(lo + batch, len(data))), k=1)]
+        got = [(l * n, h, n) for l, h, n in fn(b)]
+        sums = got if sums is None else [tuple(map(sum, zip(s, g))) for s, g in zip(sums, got)]
+    return [(l / max(n, 1), h / max(n, 1)) for l, h, n in sums]
+
+
 def evaluate_data(cfg, params, frozen, data: MtpData, batch: int = 4) -> tuple[float, float]:
     """-> (mean loss against the greedy token, top-1 agreement) over every row of data, batch windows at a
     time on the parameters' device."""
-    xp = array_module(next(iter(params.values())))
-    loss = hits = rows = 0.0
-    for lo in range(0, len(data), batch):
-        b = [to_device(xp, a) for a in data.batch(np.arange(lo, min(lo + batch, len(data))), k=1)]
-        l, h, n = evaluate(cfg, params, frozen, b)
-        loss, hits, rows = loss + l * n, hits + h, rows + n
-    return loss / max(rows, 1), hits / max(rows, 1)
+    return _mean_over(params, data, batch, lambda b: [evaluate(cfg, params, frozen, b)])[0]
+
+
+def evaluate_depths_data(cfg, params, frozen, data: MtpData, batch: int = 4) -> list[tuple[float, float]]:
+    """-> [(loss, top-1 agreement) against the model's token i + 2, the same of the depth-2 pass (a chained
+    second draft) against its token i + 3] over every row of data (evaluate_depths)."""
+    return _mean_over(params, data, batch, lambda b: evaluate_depths(cfg, params, frozen, b))
 
 
 def draft_agreement(cfg, params, frozen, data: MtpData, vocab: np.ndarray, batch: int = 4) -> tuple[float, float]:
@@ -208,18 +227,18 @@ def train_mtp(llm, out_path: str, text_files: list[str] | None = None, opts: Fit
     frozen = FrozenHead.from_model(llm.weights).to(xp)
     eval_batch = max(4, opts.batch)
     for h in rep.held.values():
-        h.before = evaluate_data(cfg, params, frozen, h.data, eval_batch)
+        h.before, h.before2 = evaluate_depths_data(cfg, params, frozen, h.data, eval_batch)
     sig = {"model": os.path.abspath(llm.model_path), "model_bytes": os.path.getsize(llm.model_path),
            "data": _fingerprint(data.next_ids), "ctx": ctx}
     t1 = time.perf_counter()
     st = fit(cfg, params, frozen, data, opts, checkpoint_dir, checkpoint_every, sig, progress, log=log)
-    rep.losses = [float(x) for x in st.losses]
+    rep.losses, rep.chain_weight = [float(x) for x in st.losses], opts.chain_weight
     rep.train_s = time.perf_counter() - t1
     rep.step_s = rep.train_s / max(1, st.taken)
     vocab = draft_vocab_of(llm.tokenizer, ids, draft_vocab) if 0 < draft_vocab < cfg.n_vocab else None
     rep.draft_vocab = 0 if vocab is None else len(vocab)
     for h in rep.held.values():
-        h.after = evaluate_data(cfg, st.params, frozen, h.data, eval_batch)
+        h.after, h.after2 = evaluate_depths_data(cfg, st.params, frozen, h.data, eval_batch)
         if vocab is not None:
             h.draft = draft_agreement(cfg, st.params, frozen, h.data, vocab, eval_batch)
     write_sidecar(llm, st.params, out_path, out_type, vocab)

@@ -35,6 +35,12 @@ DEFAULTS = {
 # rows for Qwen2.5; 32768 of the stdlib's most frequent tokens hold 99.x% of held-out code (docs/mtp_training.md)
 DRAFT_VOCAB = 32768
 
+# The depth-2 loss's weight (docs/mtp_training.md, "Depth 2"): a second draft is verified only when the
+# first was accepted (about 0.7 of the time for the default model's head), so its rows count for at most
+# that; below it, since the first draft is also drafted alone (--spec mtp:1, auto's one-token drafts) and
+# must not lose to the second, whose harder rows give the larger loss and gradients.
+CHAIN_WEIGHT = 0.5
+
 
 def resolve_device(device: str, backend: str) -> tuple[str, str]:
     """(--device, --backend) -> (the device of the training math, the engine backend of the model's pass).

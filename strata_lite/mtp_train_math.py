@@ -7,6 +7,8 @@ activation rounding: the engine's quantization noise is not part of what is trai
 generic over the dtype of its inputs (float32 for training, float64 for the finite-difference check) and
 over their array module (numpy, or CuPy on the GPU: mtp_train_device.array_module). Each *_fwd returns
 (output, cache); the matching *_bwd takes the output's gradient and that cache.
+A chained draft's rows (depth 2, mtp_train_model.chain_fwd) run the same block with mixed attention: each
+row attends to constant keys/values of earlier positions (the depth-1 rows) and to its own key/value.
 Weights are (n_out, n_in) as GGUF stores them: y = x @ W.T.
 """
 from __future__ import annotations
@@ -97,9 +99,48 @@ def attention_bwd(do, cache):
             dv.transpose(0, 2, 1, 3))
 
 
-def block_fwd(cfg, p, x, rope_cs):
+def mixed_attention_fwd(q, k, v, k_ctx, v_ctx):
+    """The attention of a chained draft's rows. q (B, T, Hq, d), k and v (B, T, Hkv, d): the rows' own
+    query, key and value; k_ctx, v_ctx (B, T, Hkv, d): constant keys/values of the preceding positions,
+    aligned so that query row t sees context rows 0..t (row t of a draft at position p = t + 1 sees the
+    depth-1 rows at positions 0..p-1) and then its own key (no other draft row's). GQA as attention_fwd.
+    -> (B, T, Hq, d). Softmax over the T context scores (masked past t) and the own score, appended last."""
+    B, T, Hq, d = q.shape
+    Hkv, xp = k.shape[2], array_module(q)
+    qg = q.reshape(B, T, Hkv, Hq // Hkv, d).transpose(0, 2, 3, 1, 4)   # (B, Hkv, g, T, d)
+    kt, vt = k.transpose(0, 2, 1, 3)[:, :, None], v.transpose(0, 2, 1, 3)[:, :, None]   # (B, Hkv, 1, T, d)
+    kc, vc = k_ctx.transpose(0, 2, 1, 3)[:, :, None], v_ctx.transpose(0, 2, 1, 3)[:, :, None]
+    scale = 1.0 / math.sqrt(d)
+    s_ctx = (qg @ kc.swapaxes(-1, -2)) * scale                        # (B, Hkv, g, T, T)
+    s_ctx = s_ctx + xp.triu(xp.full((T, T), -np.inf, dtype=s_ctx.dtype), 1)
+    s_own = (qg * kt).sum(-1, keepdims=True) * scale                  # (B, Hkv, g, T, 1)
+    s = xp.concatenate([s_ctx, s_own], -1)                            # (B, Hkv, g, T, T + 1)
+    p = xp.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = p[..., :T] @ vc + p[..., T:] * vt                             # (B, Hkv, g, T, d)
+    return o.transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, d), (qg, kt, vt, kc, vc, p, scale)
+
+
+def mixed_attention_bwd(do, cache):
+    """-> (dq, dk, dv) in the shapes of q, k, v; none for k_ctx, v_ctx (constants: stop-gradient)."""
+    qg, kt, vt, kc, vc, p, scale = cache
+    B, Hkv, g, T, d = qg.shape
+    dog = do.reshape(B, T, Hkv, g, d).transpose(0, 2, 3, 1, 4)
+    dp = array_module(do).concatenate([dog @ vc.swapaxes(-1, -2), (dog * vt).sum(-1, keepdims=True)], -1)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) * scale           # (B, Hkv, g, T, T + 1)
+    dq = ds[..., :T] @ kc + ds[..., T:] * kt                          # (B, Hkv, g, T, d)
+    dk = (ds[..., T:] * qg).sum(2)                                    # (B, Hkv, T, d)
+    dv = (p[..., T:] * dog).sum(2)
+    return (dq.transpose(0, 3, 1, 2, 4).reshape(B, T, Hkv * g, d), dk.transpose(0, 2, 1, 3),
+            dv.transpose(0, 2, 1, 3))
+
+
+def block_fwd(cfg, p, x, rope_cs, ctx_kv=None):
     """One decoder block: x (B, T, n_embd) -> x + attn + ffn. p: the block's float arrays by GGUF name
-    (attn_norm, attn_q, ..., attn_q_bias or None, attn_q_norm or None). rope_cs: rope_tables(T, ...)."""
+    (attn_norm, attn_q, ..., attn_q_bias or None, attn_q_norm or None). rope_cs: (cos, sin) of the rows'
+    rope positions, (T, n_rot/2) each (rope_tables, sliced for rows not at 0..T-1). ctx_kv: None for causal
+    attention among the rows; else (k_ctx, v_ctx) of mixed_attention_fwd (constants).
+    The cache's last entry is the rows' roped (k, v) (B, T, Hkv, head_dim): block_kv."""
     B, T, _ = x.shape
     hd, cos, sin = cfg.head_dim, rope_cs[0], rope_cs[1]
     h, c_an = rmsnorm_fwd(x, p["attn_norm"], cfg.rms_eps)
@@ -113,7 +154,12 @@ def block_fwd(cfg, p, x, rope_cs):
         k, c_kn = rmsnorm_fwd(k, p["attn_k_norm"], cfg.rms_eps)
     q = rope(q, cos, sin, cfg.n_rot, cfg.rope_neox)
     k = rope(k, cos, sin, cfg.n_rot, cfg.rope_neox)
-    a, c_att = attention_fwd(q, k, v)
+    if ctx_kv is None:
+        a, c_att = attention_fwd(q, k, v)
+        c_att = (attention_bwd, c_att)
+    else:
+        a, c_att = mixed_attention_fwd(q, k, v, *ctx_kv)
+        c_att = (mixed_attention_bwd, c_att)
     a = a.reshape(B, T, -1)
     x1 = x + linear_fwd(a, p["attn_output"])[0]
     f, c_fn = rmsnorm_fwd(x1, p["ffn_norm"], cfg.rms_eps)
@@ -121,12 +167,17 @@ def block_fwd(cfg, p, x, rope_cs):
     sg = 1.0 / (1.0 + array_module(gate).exp(-gate))
     act = gate * sg * up
     x2 = x1 + linear_fwd(act, p["ffn_down"])[0]
-    return x2, (h, c_an, c_qn, c_kn, c_att, a, f, c_fn, gate, up, sg, act)
+    return x2, (h, c_an, c_qn, c_kn, c_att, a, f, c_fn, gate, up, sg, act, (k, v))
+
+
+def block_kv(cache):
+    """The roped keys and values (B, T, Hkv, head_dim) of a block_fwd's rows."""
+    return cache[-1]
 
 
 def block_bwd(cfg, p, dx2, cache, rope_cs):
     """-> (dx, {name: gradient}) for the block's arrays (biases and q/k norms only where present)."""
-    h, c_an, c_qn, c_kn, c_att, a, f, c_fn, gate, up, sg, act = cache
+    h, c_an, c_qn, c_kn, (att_bwd, c_att), a, f, c_fn, gate, up, sg, act, _ = cache
     B, T, _ = dx2.shape
     hd, cos, sin = cfg.head_dim, rope_cs[0], rope_cs[1]
     g = {}
@@ -138,7 +189,7 @@ def block_bwd(cfg, p, dx2, cache, rope_cs):
     dx1, g["ffn_norm"] = rmsnorm_bwd(df + df2, c_fn)
     dx1 = dx1 + dx2
     da, g["attn_output"], _ = linear_bwd(dx1, a, p["attn_output"])
-    dq, dk, dv = attention_bwd(da.reshape(B, T, -1, hd), c_att)
+    dq, dk, dv = att_bwd(da.reshape(B, T, -1, hd), c_att)
     dq = rope(dq, cos, sin, cfg.n_rot, cfg.rope_neox, inverse=True)
     dk = rope(dk, cos, sin, cfg.n_rot, cfg.rope_neox, inverse=True)
     if c_qn is not None:

@@ -7,6 +7,10 @@ the block's arrays. Frozen (FrozenHead): the embedding, the shared head norm (th
 and the output matrix. The loss is the cross-entropy against soft targets over k token ids per row
 (k = 1, probability 1: the model's own greedy token; k > 1: its renormalized top-k distribution, i.e.
 the KL to it up to a constant), computed in row chunks so that only (chunk, n_vocab) logits live at once.
+Chained drafts (depth 2, chain_fwd): row i + 1 is run again on the block's own output x[i] in place of
+h[i + 1], with the text token t[i+2], predicting the model's token at i + 3; its attention sees the depth-1
+rows' keys/values of positions <= i and its own (mixed_attention_fwd), all of pass 1 held constant.
+The training loss is loss1 + chain_weight * loss2 (loss_and_grads).
 Everything is generic over the dtype of the parameters (float32 to train, float64 for the gradient check)
 and over their array module (numpy, or CuPy with every input on the GPU: FrozenHead.to, tree_to).
 """
@@ -19,7 +23,7 @@ import numpy as np
 from .kernels.cpu.dequant import dequantize
 from .loader.weights import QuantTensor
 from .mtp_train_device import array_module, to_device, to_host
-from .mtp_train_math import block_bwd, block_fwd, rmsnorm_bwd, rmsnorm_fwd, rope_tables
+from .mtp_train_math import block_bwd, block_fwd, block_kv, rmsnorm_bwd, rmsnorm_fwd, rope_tables
 
 BLOCK_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 BLOCK_VECTORS = ("attn_norm", "ffn_norm", "attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_q_norm",
@@ -102,17 +106,37 @@ class FrozenHead:
                           self.embed.n_in).astype(dtype, copy=False)
 
 
-def trunk_fwd(cfg, p, frozen, hidden, next_ids):
-    """hidden (B, T, n_embd), next_ids (B, T) -> (block output x (B, T, n_embd), cache)."""
+def trunk_fwd(cfg, p, frozen, hidden, next_ids, ctx_kv=None):
+    """hidden (B, T, n_embd), next_ids (B, T) -> (block output x (B, T, n_embd), cache; trunk_kv reads the
+    rows' roped keys/values from it). ctx_kv: None for depth-1 rows at rope positions 0..T-1 (causal
+    attention); for depth-2 rows (chain_fwd) at positions 1..T, the constant (k_ctx, v_ctx) of
+    mtp_train_math.mixed_attention_fwd."""
     B, T, n = hidden.shape
     dt = p["eh_hidden"].dtype
     e = frozen.embed_rows(next_ids, dt).reshape(B, T, n)
     en, c_e = rmsnorm_fwd(e, p["enorm"], cfg.rms_eps)
     hn, c_h = rmsnorm_fwd(hidden.astype(dt, copy=False), p["hnorm"], cfg.rms_eps)
     x0 = en @ p["eh_embed"].T + hn @ p["eh_hidden"].T
-    cs = rope_tables(T, cfg.rope_freq_base, cfg.n_rot, dt, array_module(p["eh_hidden"]))
-    x, c_blk = block_fwd(cfg, p, x0, cs)
+    first = 0 if ctx_kv is None else 1
+    cos, sin = rope_tables(first + T, cfg.rope_freq_base, cfg.n_rot, dt, array_module(p["eh_hidden"]))
+    cs = (cos[first:], sin[first:])
+    x, c_blk = block_fwd(cfg, p, x0, cs, ctx_kv)
     return x, (en, c_e, hn, c_h, c_blk, cs)
+
+
+def trunk_kv(cache):
+    """The roped keys and values (B, T, Hkv, head_dim) of a trunk_fwd's rows."""
+    return block_kv(cache[4])
+
+
+def chain_fwd(cfg, p, frozen, x1, kv1, next_ids):
+    """Depth 2, as a chained draft runs at inference: x1 (B, T, n_embd) and kv1 ((B, T, Hkv, head_dim) each)
+    are pass 1's block output and roped keys/values (constants: no gradient flows back into pass 1), next_ids
+    (B, T) the text tokens t[i+1] of pass 1's rows. Row i + 1 (rope position i + 1) gets hidden x1[i] and
+    token next_ids[i + 1] = t[i+2] and attends to pass 1's rows 0..i and its own key/value.
+    -> (x2 (B, T - 1, n_embd) predicting the tokens at i + 3, i.e. the targets of rows 1..T-1; cache)."""
+    k1, v1 = kv1
+    return trunk_fwd(cfg, p, frozen, x1[:, :-1], next_ids[:, 1:], (k1[:, :-1], v1[:, :-1]))
 
 
 def trunk_bwd(cfg, p, dx, cache) -> dict:
@@ -156,25 +180,66 @@ def head_loss(cfg, frozen, x, tgt_ids, tgt_p, want_grad=True):
     return loss / N, dx, int(to_host(xp.stack(hits)).sum())
 
 
-def loss_and_grads(cfg, p, frozen, batch):
-    """batch: (hidden (B, T, n_embd), next_ids (B, T), tgt_ids (B, T, k), tgt_p (B, T, k))
-    -> (mean loss, {name: gradient}, top-1 hits)."""
-    hidden, next_ids, tgt_ids, tgt_p = batch
-    x, cache = trunk_fwd(cfg, p, frozen, hidden, next_ids)
+def rows_loss(cfg, frozen, x, tgt_ids, tgt_p, want_grad=True):
+    """head_loss over block outputs x (B, T, n_embd) and targets (B, T, k) -> (mean loss, dx (B, T, n_embd)
+    or None, top-1 hits)."""
     k = tgt_ids.shape[-1]
     loss, dx, hits = head_loss(cfg, frozen, x.reshape(-1, x.shape[-1]), tgt_ids.reshape(-1, k),
-                               tgt_p.reshape(-1, k))
-    return loss, trunk_bwd(cfg, p, dx.reshape(x.shape), cache), hits
+                               tgt_p.reshape(-1, k), want_grad)
+    return loss, (dx.reshape(x.shape) if want_grad else None), hits
+
+
+def depth1_loss_and_grads(cfg, p, frozen, batch):
+    """Pass 1 -> (mean loss, {name: gradient}, top-1 hits, its block output x, its roped (k, v)): the last
+    two are pass 2's constant inputs (chain_fwd)."""
+    hidden, next_ids, tgt_ids, tgt_p = batch
+    x, cache = trunk_fwd(cfg, p, frozen, hidden, next_ids)
+    loss, dx, hits = rows_loss(cfg, frozen, x, tgt_ids, tgt_p)
+    return loss, trunk_bwd(cfg, p, dx, cache), hits, x, trunk_kv(cache)
+
+
+def depth2_loss_and_grads(cfg, p, frozen, batch, x1, kv1):
+    """Pass 2 on pass 1's constants x1, kv1 (chain_fwd) against the targets of rows 1..T-1 (the model's
+    tokens i + 3) -> (mean loss, {name: gradient}, top-1 hits)."""
+    _, next_ids, tgt_ids, tgt_p = batch
+    x2, cache = chain_fwd(cfg, p, frozen, x1, kv1, next_ids)
+    loss, dx, hits = rows_loss(cfg, frozen, x2, tgt_ids[:, 1:], tgt_p[:, 1:])
+    return loss, trunk_bwd(cfg, p, dx, cache), hits
+
+
+def loss_and_grads(cfg, p, frozen, batch, chain_weight=0.0):
+    """batch: (hidden (B, T, n_embd), next_ids (B, T), tgt_ids (B, T, k), tgt_p (B, T, k))
+    -> (mean loss, {name: gradient}, top-1 hits of pass 1). The loss is loss1 + chain_weight * loss2 with
+    pass 2's inputs from pass 1 held constant (the gradient is that of this stop-gradient objective);
+    chain_weight 0 runs pass 1 alone."""
+    loss, grads, hits, x1, kv1 = depth1_loss_and_grads(cfg, p, frozen, batch)
+    if chain_weight:
+        loss2, grads2, _ = depth2_loss_and_grads(cfg, p, frozen, batch, x1, kv1)
+        loss += chain_weight * loss2
+        for name, g in grads2.items():
+            grads[name] += chain_weight * g
+    return loss, grads, hits
 
 
 def evaluate(cfg, p, frozen, batch):
     """-> (mean loss, top-1 hits, rows): the head's argmax against the model's greedy token i + 2."""
     hidden, next_ids, tgt_ids, tgt_p = batch
     x, _ = trunk_fwd(cfg, p, frozen, hidden, next_ids)
-    k = tgt_ids.shape[-1]
-    loss, _, hits = head_loss(cfg, frozen, x.reshape(-1, x.shape[-1]), tgt_ids.reshape(-1, k),
-                              tgt_p.reshape(-1, k), want_grad=False)
+    loss, _, hits = rows_loss(cfg, frozen, x, tgt_ids, tgt_p, want_grad=False)
     return loss, hits, tgt_ids.shape[0] * tgt_ids.shape[1]
+
+
+def evaluate_depths(cfg, p, frozen, batch):
+    """-> [(mean loss, top-1 hits, rows) of pass 1 (as evaluate), the same of pass 2]: pass 2's argmax
+    against the model's greedy token i + 3, i.e. a chained second draft's agreement."""
+    hidden, next_ids, tgt_ids, tgt_p = batch
+    x1, cache = trunk_fwd(cfg, p, frozen, hidden, next_ids)
+    x2, _ = chain_fwd(cfg, p, frozen, x1, trunk_kv(cache), next_ids)
+    out = []
+    for x, ids, q in ((x1, tgt_ids, tgt_p), (x2, tgt_ids[:, 1:], tgt_p[:, 1:])):
+        loss, _, hits = rows_loss(cfg, frozen, x, ids, q, want_grad=False)
+        out.append((loss, hits, ids.shape[0] * ids.shape[1]))
+    return out
 
 
 def draft_hits(cfg, p, frozen, batch, vocab):

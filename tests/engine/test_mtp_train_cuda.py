@@ -89,6 +89,21 @@ def test_loss_and_gradients_match_numpy(cp, tmp_path, monkeypatch, arch, k, chun
     assert err_cp <= F32_GRAD_TOL and abs(loss32 - loss64) <= F32_LOSS_TOL * abs(loss64)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_chain_loss_and_gradients_match_numpy(cp, tmp_path, arch):
+    """loss1 + 0.5 * loss2 (the depth-2 pass, its mixed attention) on the GPU against numpy, with the
+    bounds of test_loss_and_gradients_match_numpy."""
+    llm = _tiny(tmp_path, arch, n_embd=32, n_ff=64)
+    cfg = llm.config
+    p64, f64, b64 = _problem(llm, 1, np.float64)
+    loss64, g64, _ = loss_and_grads(cfg, p64, f64, b64, chain_weight=0.5)
+    loss, g, _ = loss_and_grads(cfg, *_on_gpu(cp, p64, f64, b64), chain_weight=0.5)
+    assert abs(loss - loss64) <= F64_TOL * abs(loss64) and _grad_err(g, g64) <= F64_TOL
+    p32, f32, b32 = _problem(llm, 1, np.float32)
+    loss32, g32, _ = loss_and_grads(cfg, *_on_gpu(cp, p32, f32, b32), chain_weight=0.5)
+    assert _grad_err(g32, g64) <= F32_GRAD_TOL and abs(loss32 - loss64) <= F32_LOSS_TOL * abs(loss64)
+
+
 def test_top_k_matches_numpy(cp):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((40, 1000)).astype(np.float32)
