@@ -105,8 +105,8 @@ class ModelRunner:
                  max_step_tokens: int, max_seqs: int, count_rows: int = 0, disk_dir: str | None = None,
                  disk_bytes: int = 0, mtp_weights=None):
         """mtp_weights (loader.mtp.MtpWeights): draft with the model's MTP block (spec/mtp_drafter.py): the
-        KV cache gets one more layer (index n_layers) for it, every forward hands its hidden states to the
-        drafter, and decode steps are not replayed as captured graphs."""
+        KV cache gets one more layer (index n_layers) for it and every forward hands its hidden states to
+        the drafter (captured graphs return them beside the logits)."""
         cfg, self.loaded = loaded.config, loaded
         self.backend, self.model = loaded.backend, loaded.model
         self.n_ctx, self.max_step_tokens, self.max_seqs = n_ctx, max_step_tokens, max_seqs
@@ -126,12 +126,13 @@ class ModelRunner:
                             or ArrayKVCopier(self.kv, staging, self.backend))
             self.disk = DiskKV(disk_dir, disk_bytes, loaded.path, staging, stage_copier)
         self.model.reserve(max_step_tokens, n_ctx, max_seqs)
-        # decode steps replayed as captured graphs where the backend captures them; padded rows of a
-        # graph's batch-size bucket read and write only the scratch page, which no sequence ever gets
+        # decode and verify steps replayed as captured graphs where the backend captures them; padded rows
+        # of a graph's token-count bucket read and write only the scratch page, which no sequence ever gets
         self.scratch_page = self.kv.alloc(1)[0] if scratch else -1
-        self.graphs = None if self.mtp is not None else self.backend.decode_graphs(
-            lambda b: self.model.forward(b, self.kv), max_pages=math.ceil(n_ctx / page_size), max_keys=n_ctx,
-            scratch_page=self.scratch_page)
+        with_hidden = self.mtp is not None
+        self.graphs = self.backend.decode_graphs(
+            lambda b: self.model.forward(b, self.kv, all_hidden=with_hidden), max_pages=math.ceil(n_ctx / page_size),
+            max_keys=n_ctx, scratch_page=self.scratch_page)
         self.counts = self.backend.token_counts(count_rows, cfg.n_vocab) if count_rows else None
         self._free_count_rows = list(range(count_rows - 1, -1, -1))
 
@@ -139,7 +140,11 @@ class ModelRunner:
         """Device float32 logits (len(batch.logit_rows), n_vocab); ValueError for a bad batch."""
         batch.validate(self.kv.n_pages, self.kv.page_size, self.n_vocab)
         if self.graphs is not None and self.graphs.accepts(batch):
-            return self.graphs.run(batch)
+            if self.mtp is None:
+                return self.graphs.run(batch)
+            logits, hidden = self.graphs.run(batch)
+            self.mtp.keep_hidden(hidden)
+            return logits
         if self.mtp is not None:            # the drafter fills its KV layer from every row's hidden state
             return self.mtp.target_forward(batch)
         return self.model.forward(batch, self.kv)

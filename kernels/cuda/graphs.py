@@ -1,9 +1,13 @@
-"""Decode steps captured as CUDA graphs, one per batch-size bucket, replayed with one launch from Python.
+"""Decode and verify steps captured as CUDA graphs, one per token-count bucket, replayed with one launch
+from Python.
 
-A decode step has one token per sequence. Its inputs are copied into static device buffers of the
-bucket (the smallest bucket >= the number of tokens): token ids, positions, and one page-table row per
-token; rows past the real tokens are padding that reads and writes only the scratch page, whose contents
-nobody reads. Attention is captured for a number of keys (its grid: one CTA per 128-key split of that
+A step that fits has logits for every token and up to the largest bucket's tokens: a decode step (one
+token per sequence) or a speculative verify step (a sequence's pending token and its drafts, beside other
+sequences' tokens). Its inputs are copied into static device buffers of the bucket (the smallest bucket
+>= the number of tokens): token ids, positions, and one page-table row per token (a sequence's row
+repeated for each of its tokens: every token reads and writes the cache through its own row, and within a
+step a sequence's tokens are stored before attention reads them, as in an eager forward); rows past the
+real tokens are padding that reads and writes only the scratch page, whose contents nobody reads. Attention is captured for a number of keys (its grid: one CTA per 128-key split of that
 many), and CTAs past a token's own keys exit at once, so one graph serves every position below it; each
 token-count bucket is captured for a few key counts (key_buckets: 4096, x4, ..., the context length) and a
 step replays the smallest that holds its longest sequence, so short contexts do not launch the long
@@ -67,7 +71,9 @@ def key_buckets(max_keys: int) -> tuple:
 
 
 class StepGraphs:
-    """forward(batch) -> logits (device, (n, n_vocab)) is the model's forward over the engine's KV cache."""
+    """forward(batch) -> logits (device, (n, n_vocab)), or a tuple of device arrays with one row per token
+    (logits and the last hidden states, for an MTP drafter), is the model's forward over the engine's KV
+    cache; run() returns the same shape of result."""
 
     def __init__(self, forward, max_pages: int, max_keys: int, scratch_page: int, buckets=(1, 2, 4, 8, 16),
                  programmatic: bool | None = None):
@@ -91,38 +97,37 @@ class StepGraphs:
                     forward(static)                                 # warm-up: compile, fill the pool
                     stream.synchronize()
                     try:
-                        graph, logits = self._capture(stream, forward, static, self.programmatic)
+                        graph, outputs = self._capture(stream, forward, static, self.programmatic)
                     except RuntimeError as e:                       # cuLaunchKernelEx refused
                         if not self.programmatic:
                             raise
                         self.programmatic, self.programmatic_error = False, str(e)
-                        graph, logits = self._capture(stream, forward, static, False)
+                        graph, outputs = self._capture(stream, forward, static, False)
                 graph.upload(stream)
-                self._graphs[b, keys] = (graph, static, logits, pool)
+                self._graphs[b, keys] = (graph, static, outputs, pool)
 
     @staticmethod
     def _capture(stream, forward, static, programmatic: bool):
         stream.begin_capture()
         try:
             with programmatic_launches(programmatic):
-                logits = forward(static)
+                outputs = forward(static)
         finally:
             graph = stream.end_capture()
-        return graph, logits
+        return graph, outputs
 
     @property
     def max_tokens(self) -> int:
         return self.buckets[-1]
 
     def accepts(self, batch) -> bool:
-        """A decode step that fits: one token per sequence, logits for every token, in bucket range."""
+        """A step that fits: logits for every token, in bucket range (decode or verify, module docstring)."""
         n = len(batch.token_ids)
         if n == 0 or n > self.buckets[-1] or len(batch.logit_rows) != n:
             return False
         if batch.page_tables.shape[1] > self.max_pages or batch.max_pos > self.key_buckets[-1]:
             return False
-        return (np.array_equal(batch.logit_rows, np.arange(n))
-                and len(np.unique(batch.token_seq)) == n)
+        return np.array_equal(batch.logit_rows, np.arange(n))
 
     def bucket(self, batch) -> tuple:
         """(tokens, keys) of the graph that replays a Batch that `accepts`."""
@@ -130,9 +135,12 @@ class StepGraphs:
         return (next(b for b in self.buckets if b >= n), next(k for k in self.key_buckets if k >= batch.max_pos))
 
     def run(self, batch):
-        """Replay the bucket's graph for a host Batch that `accepts`; -> logits (n, n_vocab) device view."""
+        """Replay the bucket's graph for a host Batch that `accepts`; -> logits (n, n_vocab) device view (or
+        the forward's tuple, each array's first n rows). The views hold until the next replay of the bucket."""
         n = len(batch.token_ids)
-        graph, static, logits, _ = self._graphs[self.bucket(batch)]
+        graph, static, outputs, _ = self._graphs[self.bucket(batch)]
         static.fill(self.cp, batch)
         graph.launch(self.cp.cuda.get_current_stream())
-        return logits[:n]
+        if isinstance(outputs, tuple):
+            return tuple(o[:n] for o in outputs)
+        return outputs[:n]

@@ -163,6 +163,11 @@ class MtpDrafter:
         logits, self.hidden = self.model.forward(batch, self.kv, all_hidden=True)
         return logits
 
+    def keep_hidden(self, hidden) -> None:
+        """The hidden states of a forward run elsewhere (a captured graph's, valid until its next replay:
+        fill() reads them in the same step)."""
+        self.hidden = hidden
+
     def fill(self, plan) -> None:
         """Scheduler hook (complete_step, after acceptance, before commit): the block's rows for every
         position of the plan's sequences computed and kept in this step, [first position, n_computed);

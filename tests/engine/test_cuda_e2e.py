@@ -104,6 +104,30 @@ def test_prompt_chunks_and_decode_graphs_are_batch_invariant(synth_path):
     np.testing.assert_array_equal(three[2], whole[-1])
 
 
+def test_verify_steps_replay_graphs_with_the_bits_of_prompt_chunks(synth_path):
+    """A speculative verify step (a sequence's pending token and two drafts, beside another sequence's one
+    token) is replayed from a graph, and each token's logits are the bits of its prompt-chunk row."""
+    from strata_lite.batch import Batch
+    from strata_lite.runner import ModelRunner, load_model
+    loaded = load_model(synth_path, backend="cuda")
+    runner = ModelRunner(loaded, kv_tokens=1024, page_size=64, host_bytes=0, n_ctx=512,
+                         max_step_tokens=N_TOK, max_seqs=4)
+    be = runner.backend
+    ids = _prompt(loaded.config.n_vocab, seed=5)
+    pages = runner.kv.alloc(4)
+    whole = be.to_host(runner.forward(Batch.single(ids, 0, pages)))
+    a, b = runner.kv.alloc(4), runner.kv.alloc(4)
+    runner.forward(Batch.single(ids[:100], 0, a, logit_rows=[]))
+    runner.forward(Batch.single(ids[:50], 0, b, logit_rows=[]))
+    tables = np.stack([np.asarray(a, np.int32), np.asarray(b, np.int32)])
+    step = Batch(np.array([ids[100], ids[101], ids[102], ids[50]], np.int32), np.array([100, 101, 102, 50], np.int32),
+                 np.array([0, 0, 0, 1], np.int32), tables, np.arange(4))
+    assert runner.graphs.accepts(step) and runner.graphs.bucket(step)[0] == 4
+    got = be.to_host(runner.forward(step))
+    np.testing.assert_array_equal(got[:3], whole[100:103])
+    np.testing.assert_array_equal(got[3], whole[50])
+
+
 def test_decode_graphs_per_key_bucket_give_the_same_bits(synth_path, monkeypatch):
     """Graphs captured for fewer keys than the context (key buckets 128 and 512 here) give a token the bits
     of its prompt-chunk row, whichever bucket replays it."""
