@@ -128,6 +128,29 @@ def test_verify_steps_replay_graphs_with_the_bits_of_prompt_chunks(synth_path):
     np.testing.assert_array_equal(got[3], whole[50])
 
 
+def test_graphs_return_the_hidden_states_an_mtp_drafter_reads(synth_path):
+    """Graphs of a forward that returns (logits, last hidden states), as the runner captures them for an MTP
+    drafter, replay both with the bits of the eager forward (a verify-shaped step)."""
+    from strata_lite.batch import Batch
+    from strata_lite.kernels.cuda.graphs import StepGraphs
+    from strata_lite.runner import ModelRunner, load_model
+    loaded = load_model(synth_path, backend="cuda")
+    runner = ModelRunner(loaded, kv_tokens=1024, page_size=64, host_bytes=0, n_ctx=512,
+                         max_step_tokens=N_TOK, max_seqs=4)
+    be, kv = runner.backend, runner.kv
+    graphs = StepGraphs(lambda b: runner.model.forward(b, kv, all_hidden=True), max_pages=8, max_keys=512,
+                        scratch_page=runner.scratch_page, buckets=(4,))
+    ids = _prompt(loaded.config.n_vocab, seed=7)
+    a = kv.alloc(4)
+    runner.forward(Batch.single(ids[:60], 0, a, logit_rows=[]))
+    step = Batch.single(ids[60:63], 60, a)
+    want_logits, want_hidden = (be.to_host(t) for t in runner.model.forward(step, kv, all_hidden=True))
+    assert graphs.accepts(step)
+    got_logits, got_hidden = (be.to_host(t) for t in graphs.run(step))
+    np.testing.assert_array_equal(got_logits, want_logits)
+    np.testing.assert_array_equal(got_hidden, want_hidden)
+
+
 def test_decode_graphs_per_key_bucket_give_the_same_bits(synth_path, monkeypatch):
     """Graphs captured for fewer keys than the context (key buckets 128 and 512 here) give a token the bits
     of its prompt-chunk row, whichever bucket replays it."""
