@@ -28,6 +28,7 @@ def _gpu_lines() -> list[str]:
     why_not = cuda_unavailable_reason()
     if why_not is not None:
         return [f"GPU: none usable ({why_not})"]
+    from .kernels.cuda import pdl
     from .kernels.cuda.runtime import cupy
     cp = cupy()
     lines = [f"GPU: CuPy {cp.__version__}, CUDA runtime {cp.cuda.runtime.runtimeGetVersion()}"]
@@ -36,8 +37,9 @@ def _gpu_lines() -> list[str]:
         with cp.cuda.Device(i):
             free, total = cp.cuda.runtime.memGetInfo()
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-        lines.append(f"  cuda:{i} {name}, sm_{props['major']}{props['minor']}, "
-                     f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
+        cc = int(props["major"]) * 10 + int(props["minor"])
+        lines.append(f"  cuda:{i} {name}, sm_{cc}, {free / 2**30:.1f} of {total / 2**30:.1f} GiB free; "
+                     f"{pdl.describe(cc)}")
     return lines
 
 

@@ -37,3 +37,4 @@ def test_info_lists_the_gpu():
     r = subprocess.run([sys.executable, "-m", "strata_lite.cli", "info"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "GPU: CuPy " in r.stdout and "  cuda:0 " in r.stdout
+    assert "decode graphs with " in r.stdout              # how they launch (kernels/cuda/pdl.py describe)

@@ -59,6 +59,17 @@ def supported(compute_capability: int) -> bool:
     return compute_capability >= 90 and enabled_by_env() and _launch_kernel_ex() is not None
 
 
+def describe(compute_capability: int) -> str:
+    """How decode graphs launch their kernels on a device of this compute capability (strata-lite info)."""
+    if compute_capability < 90:
+        return f"decode graphs with ordinary launches (programmatic dependent launch needs sm_90, this is sm_{compute_capability})"
+    if not enabled_by_env():
+        return "decode graphs with ordinary launches (STRATA_LITE_CUDA_PDL=0)"
+    if _launch_kernel_ex() is None:
+        return "decode graphs with ordinary launches (the driver has no cuLaunchKernelEx)"
+    return "decode graphs with programmatic dependent launch"
+
+
 def pack_args(args) -> list:
     """Kernel arguments as ctypes buffers holding their bytes: device arrays (anything with .data.ptr, i.e.
     cupy arrays and views) as their pointer, numpy scalars as their own bytes (np.int32 -> 4 bytes, ...).

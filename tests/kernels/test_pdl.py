@@ -52,3 +52,15 @@ def test_launch_config_matches_the_driver_layout():
     assert ctypes.sizeof(pdl._LaunchAttribute) == 72
     assert ctypes.sizeof(pdl._LaunchConfig) == 56
     assert pdl._LaunchConfig.hStream.offset == 32 and pdl._LaunchConfig.attrs.offset == 40
+
+
+def test_describe_says_how_decode_graphs_launch(monkeypatch):
+    monkeypatch.setattr(pdl, "_launch_kernel_ex", lambda: object())
+    monkeypatch.delenv("STRATA_LITE_CUDA_PDL", raising=False)
+    assert pdl.describe(90) == "decode graphs with programmatic dependent launch"
+    assert "needs sm_90, this is sm_86" in pdl.describe(86)
+    monkeypatch.setenv("STRATA_LITE_CUDA_PDL", "0")
+    assert "STRATA_LITE_CUDA_PDL=0" in pdl.describe(90)
+    monkeypatch.delenv("STRATA_LITE_CUDA_PDL")
+    monkeypatch.setattr(pdl, "_launch_kernel_ex", lambda: None)
+    assert "no cuLaunchKernelEx" in pdl.describe(120)
