@@ -219,6 +219,12 @@ def main():
             a, b = off[scen][name]["tok_s"], on[scen][name]["tok_s"]
             rate, length = on[scen][name]["stats"]
             print(f"{scen:<10} {name:<6} {a:>9.1f} {b:>11.1f} {b / a if a else 0:>7.2f}x {rate:>8.0%} {length:>9.2f}")
+    # several slots share every step: what they decode together (tok/s summed over the turns run at once)
+    for scen, groups in (("pairs", (("tool", "edit"), ("quote", "prose"))), ("four", (tuple(off["four"]),))):
+        for g in groups:
+            a, b = (sum(r[scen][k]["tok_s"] for k in g) for r in (off, on))
+            print(f"{scen:<10} {'+'.join(g):<22} together: off {a:.1f} tok/s, {args.spec} {b:.1f} tok/s "
+                  f"({b / a if a else 0:.2f}x)")
     rd_off, rd_on = off["read"], on["read"]
     print(f"edit turn during a {rd_on['n_read']}-token read: off {rd_off['tok_s_during']:.1f} tok/s "
           f"({rd_off['tok_s_during'] / rd_off['tok_s_alone']:.0%} of its {rd_off['tok_s_alone']:.1f} alone), "
