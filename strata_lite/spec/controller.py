@@ -20,14 +20,18 @@ slots E / T is high and only confident drafts pass; a sequence whose drafts keep
 gets a one-token probe every PROBE_EVERY steps so it can come back.
 
 An MTP-drafted token also costs the block's own forwards: token i costs m_i = head (+ block for i >= 1)
-target decode steps (mtp_drafter.mtp_cost: weight bytes read relative to one target forward). A sequence
-drafts k tokens from the block only when G(k) - (m_0 + ... + m_{k-1}) > 0, G(k) = R_0 + ... + R_{k-1}
-(and, in `auto`, when that net gain beats the suffix draft's G); in the width choice an MTP token's
-marginal seconds are c + m_i * t_1 (t_1: the cost line's one-token step). Suffix drafts cost nothing to
-produce. The block's head runs only for sequences that pass this test on estimates (the running means of
-the block's first-token and per-step probabilities), and the chain stops at a token that cannot pay for
-itself; when no sequence has drafted from the block for PROBE_EVERY steps, one without a suffix draft
-gets a one-token MTP probe, so the estimates can recover.
+target decode steps (mtp_drafter.mtp_cost: weight bytes read relative to one target forward), so its
+marginal seconds are dt_i = c + m_i * t_1 (t_1: the cost line's one-token step; a suffix token's are c).
+Priced at the step's rate before any draft, E0 / T0 tokens per second (n decoding sequences: E0 = n,
+T0 = the cost line at n tokens), token i must bring P_i = E0 / T0 * dt_i tokens to pay: the width
+choice's first test. A sequence drafts k tokens from the block only when the net gain
+N(k) = (R_0 - P_0) + ... + (R_{k-1} - P_{k-1}) is positive for some k (and, in `auto`, beats the suffix
+draft's, priced the same way). The block's head runs only for sequences that pass this test on estimates
+(the running means of the block's first-token and per-step probabilities), so with many decoding
+sequences, where E0 / T0 is high and the block's forwards hold up the whole step, it runs only for drafts
+the width choice may take; the chain stops at a token that cannot pay for itself (R_i < P_i). When no
+sequence has drafted from the block for PROBE_EVERY steps, one without a suffix draft gets a one-token
+MTP probe, so the estimates can recover. Before any step is timed, P_i = m_i (MTP) or 0 (suffix).
 """
 from __future__ import annotations
 
@@ -166,6 +170,7 @@ class SpecController:
         self.mtp_step_p = 0.5                 # running mean of the MTP's probability at depths >= 1
         self.mtp_idle = 0                     # steps with an MTP first token ready but no MTP draft verified
         self._mtp_probe = None                # the sequence of this step's one-token MTP probe, if any
+        self._price = None                    # this step's (E0 / T0, c, t_1): _token_price
         self.totals = dict(drafted=0, accepted=0, steps=0)
         self.by_source = {"suffix": dict(drafted=0, accepted=0), "mtp": dict(drafted=0, accepted=0)}
         self.outcomes: list[tuple[int, int]] = []     # (drafted, accepted) per verified draft, for metrics
@@ -211,6 +216,7 @@ class SpecController:
         before max_tokens / the context, and KV pages). -> {seq: draft tokens} for those that draft."""
         chosen, ready = {}, {}
         self._mtp_probe = None
+        self._price = self._step_price(len(seqs))
         for seq in seqs:
             sp = seq.spec
             if sp is None:
@@ -261,9 +267,10 @@ class SpecController:
             if self._pick_mtp(sp, [self.mtp_first_p * self.mtp_step_p ** i for i in range(cap)], cost):
                 caps[seq] = cap
                 if self.width == "auto":    # a fixed width drafts whatever the chain costs
-                    # token i pays for itself when R_i = A_i * conf_i > m_i (A_i: R_i at confidence 1)
+                    # token i pays for itself when R_i = A_i * conf_i > P_i (A_i: R_i at confidence 1)
                     reach = self._reach(sp, "mtp", [1.0] * cap, 0)
-                    floors[seq] = [cost.token(i) / a if a > 0 else math.inf for i, a in enumerate(reach)]
+                    floors[seq] = [self._token_price("mtp", i, cost) / a if a > 0 else math.inf
+                                   for i, a in enumerate(reach)]
         probe = None
         if not caps and self.width == "auto" and self.mtp_idle >= PROBE_EVERY:
             probe = next((s for s in ready if not len(s.spec.draft)), None)
@@ -287,26 +294,40 @@ class SpecController:
 
     def _pick_mtp(self, sp: SeqSpec, conf, cost: MtpCost) -> bool:
         """Whether a sequence drafts from the MTP block, given the MTP draft's confidences conf (estimated
-        or its chain's): its net gain (_mtp_net) is positive (mode mtp) or beats the suffix draft's
-        expected gain (mode auto; suffix drafts cost nothing to produce). Expected gain = the sum over draft
-        depths of R_i, the chance that drafted token i is reached and accepted (the same estimate the auto
-        widths use). Under a fixed width mode mtp always drafts from the block."""
-        net = self._mtp_net(sp, conf, cost)
+        or its chain's): its net gain (_net: R_i, the chance that drafted token i is reached and accepted,
+        the estimate the auto widths use, less its price P_i) is positive (mode mtp) or beats the suffix
+        draft's net gain (mode auto). Under a fixed width mode mtp always drafts from the block."""
+        net = self._net(sp, "mtp", conf, 0, cost)
         if self.sources == ("mtp",):
             return net > 0 or self.width != "auto"
-        return net > self._gain(sp, "suffix", sp.draft.conf, sp.draft.match_len)
+        return net > self._net(sp, "suffix", sp.draft.conf, sp.draft.match_len, cost)
 
-    def _mtp_net(self, sp: SeqSpec, conf, cost: MtpCost) -> float:
-        """max over k >= 0 of G(k) - cost.draft(k): the expected accepted tokens of the draft's best prefix
-        less what producing it costs, in target decode steps (a token is worth one step of the sequence)."""
+    def _net(self, sp: SeqSpec, source: str, conf, match_len: int, cost: MtpCost) -> float:
+        """max over k >= 0 of N(k) = sum over i < k of R_i - P_i: the expected accepted tokens of the draft's
+        best prefix less what its tokens cost, in tokens at the step's rate (module docstring)."""
         best = total = 0.0
-        for i, R in enumerate(self._reach(sp, "mtp", conf, 0)):
-            total += R - cost.token(i)
+        for i, R in enumerate(self._reach(sp, source, conf, match_len)):
+            total += R - self._token_price(source, i, cost)
             best = max(best, total)
         return best
 
-    def _gain(self, sp: SeqSpec, source: str, conf, match_len: int) -> float:
-        return sum(self._reach(sp, source, conf, match_len))
+    def _step_price(self, n_decode: int):
+        """(E0 / T0, c, t_1) of a step of n_decode one-token sequences, from the cost line; None before any
+        step was timed."""
+        line = self.cost.line()
+        if line is None:
+            return None
+        icpt, slope = line
+        return n_decode / (icpt + slope * n_decode), slope, max(icpt + slope, slope)
+
+    def _token_price(self, source: str, i: int, cost: MtpCost) -> float:
+        """P_i: the tokens drafted token i (from 0) of a source must be expected to bring to pay for its
+        seconds at the step's rate (module docstring)."""
+        m = cost.token(i) if source == "mtp" else 0.0
+        if self._price is None:
+            return m
+        rate, slope, one = self._price
+        return rate * (slope + m * one)
 
     def _reach(self, sp: SeqSpec, source: str, conf, match_len: int) -> list[float]:
         """R_i for each drafted token: per-depth acceptance (by source and match length) times the

@@ -462,13 +462,14 @@ def _decoding(tokens, rid="s"):
     return Sequence(Request(rid, tuple(tokens), max_tokens=10))
 
 
-@pytest.mark.parametrize("scale,width", [(0.05, 2), (1.0, 1), (4.0, 0)], ids=["cheap", "tiny-model", "dear"])
+@pytest.mark.parametrize("scale,width", [(0.05, 2), (0.5, 1), (4.0, 0)], ids=["cheap", "half", "dear"])
 def test_mtp_width_weighs_the_blocks_cost(files, llm, scale, width):
-    """The tiny model's block priced at 0.05, 1 and 4 times its byte ratio (head h = 0.185, block b = 0.498
-    at 1x), a head of 90% per step and the acceptance priors (R_0 = 0.45, R_1 = 0.2025, R_2 = 0.091):
-    cheap, two tokens pay; at 1x the first token pays (R_0 = 0.45 > h + c / t_1 = 0.285) and the second does
-    not (R_1 < h + b); at 4x not even the first: the estimate (R_0 = 0.5 * 0.5 = 0.25 < 4h) declines before
-    any head runs."""
+    """The tiny model's block priced at 0.05, 0.5 and 4 times its byte ratio (head h = 0.185, block b = 0.498
+    at 1x), a cost line of 0.09 s + 0.01 s per token and the acceptance priors (R_0 = 0.45, R_1 = 0.2025 for
+    the chain's confidences 0.9, 0.81): token i must bring P_i = E0 / T0 * (c + m_i * t_1) = 0.1 + m_i
+    tokens at one sequence. Cheap, two tokens pay; at 0.5x the first pays (R_0 = 0.45 > 0.1 + h/2 = 0.19)
+    and the second does not (R_1 < 0.1 + h/2 + b/2 = 0.44); at 4x not even the first: the estimate
+    (R_0 = 0.5 * 0.5 = 0.25 < 0.1 + 4h) declines before any head runs."""
     real = mtp_cost(llm.model.weights, mtp_weights(files["embedded"], llm.config, None))
     cost = MtpCost(scale * real.head, scale * real.block)
     mtp = _ChainMtp([0.9 ** (i + 1) for i in range(8)], cost)
@@ -480,9 +481,28 @@ def test_mtp_width_weighs_the_blocks_cost(files, llm, scale, width):
     assert len(mtp.calls) == (width > 0)                  # declined: no chain, so no head
     if width:
         assert seq.spec.source == "mtp"
-        # chain floors: token i is drafted only while the confidence reaches m_i / A_i (A_0 = 0.5, A_1 = 0.25)
+        # chain floors: token i is drafted only while the confidence reaches P_i / A_i (A_0 = 0.5, A_1 = 0.25)
         floors = mtp.calls[0][1][seq]
-        assert floors[:2] == pytest.approx([cost.head / 0.5, (cost.head + cost.block) / 0.25])
+        assert floors[:2] == pytest.approx([(0.1 + cost.head) / 0.5, (0.1 + cost.head + cost.block) / 0.25])
+
+
+def test_block_forwards_are_priced_at_the_steps_rate(files, llm):
+    """The tiny model's block at half its byte ratio (head h = 0.093): one decoding sequence drafts a token
+    (the estimate R_0 = 0.25 > P_0 = 10 / s * (0.01 s + h * 0.1 s) = 0.19), but beside three more, whose
+    step the block holds up, E0 / T0 = 4 / 0.13 s and P_0 = 0.59 > 0.25: no sequence drafts, and the head
+    runs for none of them."""
+    real = mtp_cost(llm.model.weights, mtp_weights(files["embedded"], llm.config, None))
+    cost = MtpCost(0.5 * real.head, 0.5 * real.block)
+    for n, width in ((1, 1), (4, 0)):
+        mtp = _ChainMtp([0.9 ** (i + 1) for i in range(8)], cost)
+        ctl = _timed_controller("mtp", mtp)
+        seqs = [_decoding([7, 3, 9, 4], rid=f"s{j}") for j in range(n)]
+        for seq in seqs:
+            ctl.attach(seq)
+        got = ctl.drafts(seqs, {seq: 4 for seq in seqs})
+        assert [len(got.get(seq, [])) for seq in seqs] == [width] * n
+        assert len(mtp.calls) == (width > 0)
+    assert ctl._token_price("mtp", 0, cost) == pytest.approx(4 / 0.13 * (0.01 + cost.head * 0.1))
 
 
 def test_auto_takes_the_suffix_draft_when_the_block_does_not_pay():
