@@ -253,14 +253,12 @@ def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_ste
     return rows
 
 
-def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None, build="default"):
+def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None):
     """(label, µs per step, graph µs, inputs µs, sampling µs) of a batch-1 decode step with the engine sized
     for ctx: the graph replay timed by CUDA events, the host work around it (batch checks and the input copy,
     greedy sampling with the ids' copy back) by host clocks. programmatic: capture the graphs with (True) or
-    without (False) programmatic dependent launch (None: the backend's default); build: the qmatmul.cu build
-    (qmatmul.BUILDS) the dp4a mat-muls of the graphs use."""
+    without (False) programmatic dependent launch (None: the backend's default)."""
     from strata_lite.batch import Batch
-    from strata_lite.kernels.cuda import qmatmul as qm
     from strata_lite.kernels.cuda.graphs import StepGraphs
     from strata_lite.kernels.sample_rows import SampleRows
     from strata_lite.runner import ModelRunner, load_model
@@ -270,16 +268,11 @@ def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None, build="
     runner = ModelRunner(loaded, kv_tokens=ctx + 512, page_size=64, host_bytes=0, n_ctx=ctx, max_step_tokens=512,
                          max_seqs=1)
     variant = []
-    if programmatic is not None or build != "default":
+    if programmatic is not None:
         runner.graphs = None
-        default_build = qm.BUILDS["default"]
-        qm.BUILDS["default"] = qm.BUILDS[build]
-        try:
-            runner.graphs = StepGraphs(lambda b: runner.model.forward(b, runner.kv), max_pages=ctx // 64,
-                                       max_keys=ctx, scratch_page=runner.scratch_page, programmatic=programmatic)
-        finally:
-            qm.BUILDS["default"] = default_build
-        variant = [f"PDL {'on' if runner.graphs.programmatic else 'off'}"] + ([build] if build != "default" else [])
+        runner.graphs = StepGraphs(lambda b: runner.model.forward(b, runner.kv), max_pages=ctx // 64,
+                                   max_keys=ctx, scratch_page=runner.scratch_page, programmatic=programmatic)
+        variant = [f"PDL {'on' if runner.graphs.programmatic else 'off'}"]
     batch = Batch(np.array([5], np.int32), np.full(1, ctx - 1, np.int32), np.zeros(1, np.int32),
                   np.arange(ctx // 64, dtype=np.int32)[None], np.arange(1, dtype=np.int64))
     greedy = SampleRows.greedy(1)
@@ -356,8 +349,8 @@ def main(argv=None) -> int:
         return 0
     if args.pdl_ab:
         os.makedirs(args.models, exist_ok=True)
-        brows = [step_breakdown(path, programmatic=p, build=b) for path in synth_models(args.models, args.quick)
-                 for p, b in ((False, "default"), (True, "default"), (False, "default"), (True, "default"))]
+        brows = [step_breakdown(path, programmatic=p) for path in synth_models(args.models, args.quick)
+                 for p in (False, True, False, True)]
         print_breakdown(brows)
         if args.json:
             with open(args.json, "w") as f:

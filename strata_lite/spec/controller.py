@@ -216,7 +216,8 @@ class SpecController:
         before max_tokens / the context, and KV pages). -> {seq: draft tokens} for those that draft."""
         chosen, ready = {}, {}
         self._mtp_probe = None
-        self._price = self._step_price(len(seqs))
+        line = self.cost.line()               # once a step: the price and the widths read it
+        self._price = self._step_price(line, len(seqs))
         for seq in seqs:
             sp = seq.spec
             if sp is None:
@@ -232,7 +233,8 @@ class SpecController:
         if ready:
             self._draft_mtp(ready)
         if self.width == "auto":
-            widths = self._auto_widths([s for s in seqs if s.spec is not None and len(s.spec.draft)], len(seqs))
+            widths = self._auto_widths([s for s in seqs if s.spec is not None and len(s.spec.draft)], len(seqs),
+                                       line)
         else:
             widths = {s: min(len(s.spec.draft), self.width) for s in seqs if s.spec is not None}
         probe = self._mtp_probe
@@ -311,10 +313,10 @@ class SpecController:
             best = max(best, total)
         return best
 
-    def _step_price(self, n_decode: int):
-        """(E0 / T0, c, t_1) of a step of n_decode one-token sequences, from the cost line; None before any
-        step was timed."""
-        line = self.cost.line()
+    @staticmethod
+    def _step_price(line, n_decode: int):
+        """(E0 / T0, c, t_1) of a step of n_decode one-token sequences, from the cost line (StepCost.line);
+        None before any step was timed."""
         if line is None:
             return None
         icpt, slope = line
@@ -343,8 +345,7 @@ class SpecController:
             out.append(R)
         return out
 
-    def _auto_widths(self, seqs, n_decode: int) -> dict:
-        line = self.cost.line()
+    def _auto_widths(self, seqs, n_decode: int, line) -> dict:
         if line is None:                  # nothing timed yet: verify one token each to start measuring
             return {s: 1 for s in seqs}
         icpt, slope = line

@@ -16,13 +16,14 @@ import strata_lite.mtp_train_defaults as mtp_defaults
 from strata_lite.kernels import cuda_unavailable_reason
 from strata_lite.mtp_train import write_sidecar
 from strata_lite.mtp_train_answers import answer_ids
-from strata_lite.mtp_train_data import collect, split_held_out, top_k
+from strata_lite.mtp_train_data import split_held_out, top_k
 from strata_lite.mtp_train_defaults import DEFAULTS, resolve_device
 from strata_lite.mtp_train_prompts import TASKS, prompts
 from strata_lite.mtp_train_fit import CHECKPOINT_NAME, FitOptions, fit
 from strata_lite.mtp_train_model import (FrozenHead, evaluate, init_params, logits, loss_and_grads,
                                         params_from_mtp)
 import reference_model
+from mtp_train_helpers import tiny_model_data, write_texts
 from tiny_model import write_tiny_model
 
 IDS = [5, 17, 200, 3, 99, 42, 7, 7, 120, 64, 33, 8, 150, 11, 90, 250, 1, 77]
@@ -121,12 +122,7 @@ def test_gradients_match_finite_differences(tmp_path, arch, k):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny model without an MTP block, its data (the model over a token stream) and a short run."""
-    d = tmp_path_factory.mktemp("train")
-    path = write_tiny_model(d / "m.gguf", n_embd=64, n_ff=128)
-    llm = LLM(str(path), backend="cpu", n_ctx=64, n_batch=64)
-    ids = np.random.default_rng(0).integers(0, 256, 32 * 24).astype(np.int32)
-    data = collect(llm, ids, 32, 4, progress=False)
-    return llm, data
+    return tiny_model_data(tmp_path_factory.mktemp("train"), 4)
 
 
 def _rms(data):
@@ -293,11 +289,7 @@ def test_cli_unreadable_text_is_one_line(tmp_path, capsys):
 
 def test_cli_trains_and_writes_a_sidecar(tmp_path, capsys):
     model = write_tiny_model(tmp_path / "m.gguf")
-    texts = []
-    for i in range(12):
-        t = tmp_path / f"t{i}.py"
-        t.write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n" for j in range(12)))
-        texts.append(str(t))
+    texts = write_texts(tmp_path)
     out, ck = tmp_path / "m.mtp.gguf", tmp_path / "ck"
     args = ["train-mtp", "--model", str(model), "--text", *texts, "--steps", "3", "--ctx", "32",
             "--eval-tokens", "64", "--checkpoint", str(ck), "-o", str(out)]

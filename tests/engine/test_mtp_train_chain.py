@@ -9,12 +9,12 @@ import pytest
 
 from strata_lite import LLM
 from strata_lite.cli import main
-from strata_lite.mtp_train_data import collect
 from strata_lite.mtp_train_fit import FitOptions, fit
 from strata_lite.mtp_train_math import attention_fwd, mixed_attention_bwd, mixed_attention_fwd
 from strata_lite.mtp_train_model import (FrozenHead, chain_fwd, depth1_loss_and_grads, depth2_loss_and_grads,
                                         evaluate, evaluate_depths, init_params, loss_and_grads, trunk_fwd,
                                         trunk_kv)
+from mtp_train_helpers import tiny_model_data, write_texts
 from tiny_model import write_tiny_model
 
 
@@ -156,10 +156,7 @@ def test_chain_weight_zero_is_the_one_pass_result(tmp_path):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("chain")
-    llm = LLM(str(write_tiny_model(d / "m.gguf", n_embd=64, n_ff=128)), backend="cpu", n_ctx=64, n_batch=64)
-    ids = np.random.default_rng(0).integers(0, 256, 32 * 24).astype(np.int32)
-    return llm, collect(llm, ids, 32, 1, progress=False)
+    return tiny_model_data(tmp_path_factory.mktemp("chain"), 1)
 
 
 def test_training_with_the_chain_lowers_the_depth2_loss(data):
@@ -188,11 +185,7 @@ def test_cli_chain_weight(tmp_path, capsys):
     """--chain-weight reaches the options and the held-out report prints the depth-2 agreement; a negative
     weight is one line and exit status 2."""
     model = write_tiny_model(tmp_path / "m.gguf")
-    texts = []
-    for i in range(12):
-        t = tmp_path / f"t{i}.py"
-        t.write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n" for j in range(12)))
-        texts.append(str(t))
+    texts = write_texts(tmp_path)
     args = ["train-mtp", "--model", str(model), "--text", *texts, "--steps", "2", "--ctx", "32",
             "--eval-tokens", "64", "--draft-vocab", "0", "-o", str(tmp_path / "o.gguf")]
     assert main(args + ["--chain-weight", "0.25"]) == 0

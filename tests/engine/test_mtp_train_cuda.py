@@ -17,11 +17,12 @@ from strata_lite import LLM
 from strata_lite.cli import main
 from strata_lite.loader.mtp import load_mtp_file
 from strata_lite.mtp_train import evaluate_data, write_sidecar
-from strata_lite.mtp_train_data import collect, top_k
+from strata_lite.mtp_train_data import top_k
 from strata_lite.mtp_train_device import to_host, tree_to
 from strata_lite.mtp_train_fit import CHECKPOINT_NAME, FitOptions, fit
 import strata_lite.mtp_train_model as mtp_model
 from strata_lite.mtp_train_model import FrozenHead, init_params, logits, loss_and_grads, params_from_mtp
+from mtp_train_helpers import tiny_model_data, write_texts
 from tiny_model import write_tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -132,10 +133,7 @@ def test_embedding_rows_on_the_gpu(cp, tmp_path, tied):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    d = tmp_path_factory.mktemp("train")
-    llm = LLM(str(write_tiny_model(d / "m.gguf", n_embd=64, n_ff=128)), backend="cpu", n_ctx=64, n_batch=64)
-    ids = np.random.default_rng(0).integers(0, 256, 32 * 24).astype(np.int32)
-    return llm, collect(llm, ids, 32, 4, progress=False)
+    return tiny_model_data(tmp_path_factory.mktemp("train"), 4)
 
 
 def _rms(data):
@@ -207,11 +205,7 @@ def test_cli_trains_on_the_gpu(cp, tmp_path, capsys):
     """The whole command on the CUDA backend: the model's answers (engine), its pass over the text with the
     top-k taken on the GPU, training in CuPy, the held-out figures, the sidecar."""
     model = write_tiny_model(tmp_path / "m.gguf", n_embd=256, n_ff=512)
-    texts = []
-    for i in range(12):
-        t = tmp_path / f"t{i}.py"
-        t.write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n" for j in range(12)))
-        texts.append(str(t))
+    texts = write_texts(tmp_path)
     out = tmp_path / "m.mtp.gguf"
     assert main(["train-mtp", "--model", str(model), "--text", *texts, "--device", "cuda", "--steps", "3",
                  "--ctx", "32", "--batch", "4", "--eval-tokens", "64", "--answers", "20", "--answer-tokens", "16",
