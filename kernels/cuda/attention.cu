@@ -5,15 +5,14 @@
 // to positions 0..token_pos[t]; position p lives at page page_tables[seq, p / page_size], slot p % page_size.
 //
 // Work item (one CTA of 4 warps) = (token, kv head, head tile of HT query heads, split of KPS keys), so each
-// dequantized K/V element serves HT query heads. Per split:
+// K/V row read serves HT query heads. Per split (phase_scores, phase_softmax, phase_values):
 //   0  the split's K and V rows and scales are copied into shared memory with cp.async (every row in
 //      flight at once: one memory round trip per split instead of one per step), V behind K;
-//   A  scores: a row group of LPR lanes reads a K row (CPL int8 channels per lane, 4-16 bytes), each lane
-//      dots its channels with its HT query slices for KB keys at once, and the HT*KB = LPR partial sums
-//      are reduce-scattered over the row group (LPR-1 shuffles for LPR scores);
+//   A  scores q.k on the tensor cores (int8 K exact in f16, q split into two f16 halves);
 //   B  softmax over the split's scores, one warp per head: m = max, p = exp2(s - m) (log2(e) is folded
 //      into q), l = sum p; all KPS scores sit in shared memory, so nothing is rescaled inside a split;
-//   C  acc[h][c] += p[h][k] * v[k][c] per row group over its keys, then the row groups are summed in order.
+//   C  acc[h][c] = sum of p[h][k] * v[k][c] on the tensor cores (int8 V exact, p times the V scale split in
+//      two f16 halves).
 // The split's partial (m, l, acc) is either written to the workspace and folded by attn_merge (splits in
 // parallel: decode), or folded in the same CTA (`looped`: one CTA walks all its splits; many tokens).
 // Both modes fold the splits left to right with attn_fold, and every float operation on the value path is
@@ -26,18 +25,48 @@
 #define NT (NW * WARP)
 
 struct alignas(8) u32x2 { u32 a, b; };
-struct alignas(16) u32x4 { u32 a, b, c, d; };
 struct alignas(16) f32x4 { float x, y, z, w; };
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
-// The 4 signed bytes of w -> f[0..3] (exact) without the quarter-rate I2F: bias each byte to unsigned,
-// place it in the mantissa of 2^23 (byte_perm builds 0x4B0000uu), then subtract 2^23 + 128.
-__device__ __forceinline__ void i8x4_to_f32(u32 w, float* f) {
-    const u32 x = w ^ 0x80808080u;
-#pragma unroll
-    for (int b = 0; b < 4; b++) f[b] = __fsub_rn(__int_as_float(__byte_perm(x, 0x4B000000u, 0x7440 + b)), 8388736.f);
+// 2^e as a float (e in [-126, 127]) and the binary exponent of m >= 0 (floor(log2 m); zero and subnormals
+// count as -127) clamped to [-100, 100], so 2^(13 - e) and 2^(e - 13) are normal floats.
+__device__ __forceinline__ float pow2i(int e) { return __int_as_float((e + 127) << 23); }
+__device__ __forceinline__ int exponent_of(float m) {
+    return min(100, max(-100, ((__float_as_int(m) >> 23) & 0xff) - 127));
 }
+
+// Tensor-core products: mma.sync m16n8k16, f16 inputs, f32 accumulators (sm_80+). Fragments (PTX ISA,
+// g = lane / 4, tq = lane % 4; low half of a register = lower index): a[0] = A[g][2tq, 2tq+1],
+// a[1] = A[g+8][2tq, 2tq+1], a[2] = A[g][2tq+8, 2tq+9], a[3] = A[g+8][2tq+8, 2tq+9]; b0 = B[2tq, 2tq+1][g],
+// b1 = B[2tq+8, 2tq+9][g]; c = C[g][2tq], C[g][2tq+1], C[g+8][2tq], C[g+8][2tq+1]. Which key or channel
+// stands at an index k is the kernel's choice as long as A and B agree on it (the loads below pick the
+// orders that keep shared-memory reads free of bank conflicts).
+__device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two int8 values of the biased word x (x = w ^ 0x80808080: byte = v + 128) -> half2 (exact): sel 0x4140
+// takes bytes 0, 1 and 0x4342 bytes 2, 3; byte_perm puts each under 0x64, the half 1024 + byte, and
+// subtracting 1152 (0x6480) leaves v.
+__device__ __forceinline__ u32 i8pair_to_h2(u32 x, u32 sel) {
+    const u32 h = __byte_perm(x, 0x64646464u, sel);
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(h), "r"(0x64806480u));
+    return r;
+}
+
+// x = hi + lo * 2^-11 with hi = f16(x), lo = f16((x - hi) * 2^11) (x - hi is exact in float): the pair
+// carries ~22 of float's 24 bits; each half goes through its own mma accumulator.
+__device__ __forceinline__ void split_f16(float x, u32& hi, u32& lo) {
+    const u16 h = f32_to_f16_rn(x);
+    hi = h;
+    lo = f32_to_f16_rn(__fmul_rn(__fsub_rn(x, f16_to_f32(h)), 2048.f));
+}
+__device__ __forceinline__ float join_f16_sums(float hi, float lo) { return __fmaf_rn(lo, 1.f / 2048.f, hi); }
 
 // cp.async (sm_80+): global -> shared without a register round trip; waited for with cp_async_wait<N>
 __device__ __forceinline__ u32 smem_u32(const void* p) {
@@ -77,57 +106,33 @@ __device__ __forceinline__ void attn_fold(float& M, float& L, float& A, float m,
 
 template <int D, int HT>
 struct Cfg {
-    // channels per lane (4, 8 or 16-byte reads): as many as HT * CPL <= 32 query registers allow, since
-    // fewer lanes per row means fewer shuffles in the score reduction
-    static constexpr int CPL0 = HT <= 2 ? 16 : HT == 4 ? 8 : 4;
-    static constexpr int CPL = CPL0 > D / 32 ? CPL0 : D / 32;
-    static constexpr int NWORD = CPL / 4;                 // u32 words per lane per row
-    static constexpr int LPR = D / CPL;                   // lanes per K/V row (row group)
-    static constexpr int RPW = WARP / LPR;                // row groups per warp
-    static constexpr int NRG = NW * RPW;                  // row groups per CTA
-    static constexpr int KB = LPR / HT;                   // keys per row group per phase-A step
-    static constexpr int STEP = NRG * KB;                 // keys per CTA per phase-A step
-    static constexpr int NG = D / 32;                     // scales per row
-    static constexpr int RS = D + 16;                     // shared row stride in bytes (spreads the banks)
+    static constexpr int NG = D / 32;                     // 32-channel scale groups per row
+    // shared row stride in bytes: 16-byte aligned for cp.async and 4 words mod 32 banks, which the fragment
+    // loads below rely on (rows 2i hit banks 8i apart)
+    static constexpr int RS = D + 16;
     static constexpr bool ONE_BUF = 2 * KPS * RS > 40960; // head_dim 256: K and V take turns in one buffer
     static constexpr int KV_BYTES = (ONE_BUF ? 1 : 2) * KPS * RS;
     static constexpr int SC_CHUNK = NG * 4 < 16 ? NG * 4 : 16;   // cp.async size for a row's scales
-    static constexpr int SSTR = KPS + KB;                 // score row stride (spreads the banks)
-    static constexpr int EPT = (HT * D + NT - 1) / NT;    // output elements per thread
-    static_assert(LPR == 4 || LPR == 8 || LPR == 16 || LPR == 32, "head_dim must be 64, 128 or 256");
-    static_assert(KB >= 1 && KPS % STEP == 0, "head tile too large for head_dim");
-    static_assert(NRG * HT * D * 4 <= KV_BYTES, "row-group sums must fit in the K/V buffer");
+    static constexpr int SSTR = KPS + 8;                  // score row stride
+    static constexpr int MTW = KPS / 16 / NW;             // phase A: 16-key tiles per warp
+    static constexpr int GPW = NG > NW ? NG / NW : 1;     // phase C: channel groups per warp
+    static constexpr int KSPLIT = NW > NG ? NW / NG : 1;  // phase C: warps sharing a group (its key steps split)
+    static_assert(D == 64 || D == 128 || D == 256, "head_dim must be 64, 128 or 256");
+    static_assert(HT <= 8, "a head tile is at most the 8 columns of an m16n8 tile");
+    static_assert((KSPLIT - 1) * HT * D <= HT * SSTR, "the second key-step set's sums must fit in the scores");
 };
 
 // Shared memory of one CTA (static, < 48 KB for every instantiation).
 template <int D, int HT>
 struct Smem {
     using C = Cfg<D, HT>;
-    alignas(16) u8 kv[C::KV_BYTES];          // K rows [KPS][RS], then V rows (or V over K: ONE_BUF); then the
-                                             // row groups' acc as float [NRG][HT][D]
+    alignas(16) u8 kv[C::KV_BYTES];          // K rows [KPS][RS], then V rows (or V over K: ONE_BUF)
     alignas(16) float scl[2][KPS * C::NG];   // K, V scales of the split's keys
-    float S[HT * C::SSTR];                   // scores, then p, per head
+    float S[HT * C::SSTR];                   // scores, then p, per head; then (head_dim 64) part 1's sums
     int rowoff[KPS];                         // cache row (page * page_size + slot) per key
     float sm[HT], sl[HT];                    // split max (log2 units) and sum per head
+    float qf[HT], qinv[HT];                  // per head: 2^(13 - e), 2^(e - 13), e = exponent of max |q * qscale|
 };
-
-// This lane's CPL int8 channels of a shared K/V row as u32 words.
-template <int CPL>
-__device__ __forceinline__ void row_words(const u8* p, u32 (&w)[CPL / 4]) {
-    if constexpr (CPL == 4) {
-        w[0] = *(const u32*)p;
-    } else if constexpr (CPL == 8) {
-        const u32x2 x = *(const u32x2*)p;
-        w[0] = x.a;
-        w[1] = x.b;
-    } else {
-        const u32x4 x = *(const u32x4*)p;
-        w[0] = x.a;
-        w[1] = x.b;
-        w[2] = x.c;
-        w[3] = x.d;
-    }
-}
 
 // Issue cp.async copies of the nk keys' rows of one kv head (and their scales) into shared memory.
 template <int D, int HT>
@@ -136,10 +141,10 @@ __device__ __forceinline__ void stage_rows(u8* rows, float* scl, const i8* __res
                                            int kvh, int n_kv) {
     using C = Cfg<D, HT>;
     constexpr int CPR = D / 16;                              // 16-byte chunks per row
-    for (int i = threadIdx.x; i < nk * CPR; i += NT) {
-        const int k = i / CPR, c = i % CPR;
-        cp_async<16>(rows + k * C::RS + c * 16, pages + ((i64)rowoff[k] * n_kv + kvh) * D + c * 16);
-    }
+    const int c = threadIdx.x % CPR;                         // this thread's chunk of every row it copies
+    const i8* src = pages + (i64)kvh * D + c * 16;
+    for (int k = threadIdx.x / CPR; k < nk; k += NT / CPR)
+        cp_async<16>(rows + k * C::RS + c * 16, src + (i64)rowoff[k] * n_kv * D);
     constexpr int SPR = C::NG * 4 / C::SC_CHUNK;
     for (int i = threadIdx.x; i < nk * SPR; i += NT) {
         const int k = i / SPR, c = i % SPR;
@@ -149,92 +154,123 @@ __device__ __forceinline__ void stage_rows(u8* rows, float* scl, const i8* __res
     cp_async_commit();
 }
 
-// Sum val[0 .. 2*HS) over the lanes of a row group (xor partners HS, HS/2, .., 1), scattering the results:
-// at each stage a lane keeps the half of its values selected by its lane bit and adds its partner's copy
-// of that half, so after log2(2*HS) stages lane l holds the full sum of index l in val[0].
-template <int HS>
-__device__ __forceinline__ void reduce_scatter(float* val, int l) {
-    const bool up = (l & HS) != 0;
-#pragma unroll
-    for (int i = 0; i < HS; i++) {
-        const float send = up ? val[i] : val[i + HS];
-        const float keep = up ? val[i + HS] : val[i];
-        val[i] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, HS));
+// What one CTA works on: token t (sequence seq, n_keys keys), kv head kvh, query heads h0 .. h0 + hcount.
+struct Work {
+    const float* q;              // (n_tok, n_heads, D)
+    int t, seq, n_keys, kvh, h0, hcount, n_heads, n_kv;
+    float qscale;
+};
+
+// Phase A of split s (nk keys; K rows and scales in shared memory): the scores S[h][k], in log2 units.
+//   S[h][k] = sum over groups G of ks[k][G] * (q'_h . k_k over G's 32 channels) * 2^(e_h - 13),
+// q'_h = q_h * qscale * 2^(13 - e_h) (a power of two: exact) with its largest element in [2^13, 2^14): far
+// from f16's overflow and subnormals whatever q's magnitude. A = 16 keys x 16 channels of K, B = 16
+// channels x 8 heads of q' (hi and lo halves); warp w takes keys 16 MTW w .. , one accumulator pair per group.
+// Tile row r holds key pk (r = g) or pk + 8 (r = g + 8), pk = 2g for g < 4 and 2g - 7 above: a half-warp's
+// 8-byte row reads then fall on banks 8 words apart. Index k of a k-step of group G is channel
+// 32G + 8tq + 4st + (0, 1, 2, 3) for k = (2tq, 2tq + 1, 2tq + 8, 2tq + 9), step st = 0, 1: one 8-byte read
+// per row and group. Rows past nk (stale bytes and scales) are never stored.
+// This lane's B fragments of q' for group grp (head g = lane / 4, channels 32 grp + 8tq ..): bh[2st] =
+// channels (0, 1), bh[2st + 1] = (2, 3) of k-step st; bl the lo halves.
+template <int D, int HT>
+__device__ __forceinline__ void q_fragments(const Work& w, int grp, const Smem<D, HT>& sh, u32 (&bh)[4],
+                                            u32 (&bl)[4]) {
+    const int g = threadIdx.x % WARP / 4, tq = threadIdx.x % 4;
+    f32x4 x0 = {0.f, 0.f, 0.f, 0.f}, x1 = x0;
+    float f = 0.f;
+    if (g < w.hcount) {
+        const float* qg = w.q + ((i64)w.t * w.n_heads + w.h0 + g) * D + grp * 32 + 8 * tq;
+        x0 = *(const f32x4*)qg;
+        x1 = *(const f32x4*)(qg + 4);
+        f = sh.qf[g];
     }
-    if constexpr (HS > 1) reduce_scatter<HS / 2>(val, l);
+    const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 ah, al, bh1, bl1;
+        split_f16(__fmul_rn(__fmul_rn(xs[2 * i], w.qscale), f), ah, al);
+        split_f16(__fmul_rn(__fmul_rn(xs[2 * i + 1], w.qscale), f), bh1, bl1);
+        bh[i] = ah | bh1 << 16;
+        bl[i] = al | bl1 << 16;
+    }
 }
 
-// One split's partial for (token t, kv head kvh, heads h0..h0+HT): leaves acc[h][d] (summed over row groups)
-// as float [HT][D] at the start of sh.kv, and m, l per head in sh.sm, sh.sl. Ends with a __syncthreads().
+// q' fragments of every group, built once per CTA where they fit in registers (head_dim <= 128; 256 builds
+// each group's in every split instead).
 template <int D, int HT>
-__device__ __forceinline__ void split_partial(
-    const float* __restrict__ q, const i32* __restrict__ page_tables,
-    const i8* __restrict__ k_pages, const float* __restrict__ k_scales,
-    const i8* __restrict__ v_pages, const float* __restrict__ v_scales,
-    float qscale, int t, int seq, int kvh, int h0, int hcount, int s, int nk,
-    int n_heads, int n_kv, int page_size, int max_pages, Smem<D, HT>& sh) {
-    using C = Cfg<D, HT>;
-    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
-    const int l = lane % C::LPR;                 // lane within the row group
-    const int rg = warp * C::RPW + lane / C::LPR;
-    const int c0 = l * C::CPL;                   // this lane's first channel
-    u8* krows = sh.kv;
-    u8* vrows = C::ONE_BUF ? sh.kv : sh.kv + KPS * C::RS;
-
-    __syncthreads();                             // the previous split's readers are done with shared memory
-    for (int i = tid; i < nk; i += NT) {
-        const int p = s * KPS + i;
-        sh.rowoff[i] = page_tables[(i64)seq * max_pages + p / page_size] * page_size + p % page_size;
-    }
-    __syncthreads();
-    stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, nk, kvh, n_kv);
-    if constexpr (!C::ONE_BUF) stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, nk, kvh, n_kv);
-    float qr[HT][C::CPL];                        // pre-scaled query slices (heads past hcount: 0)
+struct QFrags {
+    static constexpr bool KEEP = D <= 128;
+    u32 h[KEEP ? D / 32 : 1][4], l[KEEP ? D / 32 : 1][4];
+    __device__ __forceinline__ void build(const Work& w, const Smem<D, HT>& sh) {
+        if constexpr (KEEP) {
 #pragma unroll
-    for (int h = 0; h < HT; h++) {
-#pragma unroll
-        for (int c = 0; c < C::CPL; c += 4) {
-            f32x4 x = {0.f, 0.f, 0.f, 0.f};
-            if (h < hcount) x = *(const f32x4*)(q + ((i64)t * n_heads + h0 + h) * D + c0 + c);
-            qr[h][c] = __fmul_rn(x.x, qscale);
-            qr[h][c + 1] = __fmul_rn(x.y, qscale);
-            qr[h][c + 2] = __fmul_rn(x.z, qscale);
-            qr[h][c + 3] = __fmul_rn(x.w, qscale);
+            for (int grp = 0; grp < D / 32; grp++) q_fragments<D, HT>(w, grp, sh, h[grp], l[grp]);
         }
     }
-    if constexpr (C::ONE_BUF) cp_async_wait<0>(); else cp_async_wait<1>();   // K is here (V may still fly)
-    __syncthreads();
+};
 
-    // ---- A: scores -> S[h * SSTR + key]; rows past nk hold stale bytes whose sums are never stored
-    const float* ksc = sh.scl[0] + c0 / 32;
-    for (int base = 0; base < nk; base += C::STEP) {
-        const int kk0 = base + rg * C::KB;
-        float val[C::LPR];                       // val[h * KB + j]: this lane's part of score (key j, head h)
+template <int D, int HT>
+__device__ __forceinline__ void phase_scores(const Work& w, const QFrags<D, HT>& qf, const u8* krows, int nk,
+                                             Smem<D, HT>& sh) {
+    using C = Cfg<D, HT>;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, tq = lane % 4;
+    const int pk = g < 4 ? 2 * g : 2 * g - 7;
+    const float* ksc = sh.scl[0];
+    float sacc[C::MTW][4];
 #pragma unroll
-        for (int j = 0; j < C::KB; j++) {
-            u32 w[C::NWORD];
-            row_words<C::CPL>(krows + (kk0 + j) * C::RS + c0, w);
-            const float sc = ksc[(kk0 + j) * C::NG];
-            float kf[C::CPL];
+    for (int grp = 0; grp < C::NG; grp++) {
+        u32 bh[4], bl[4];
+        if constexpr (QFrags<D, HT>::KEEP) {
 #pragma unroll
-            for (int i = 0; i < C::NWORD; i++) i8x4_to_f32(w[i], kf + 4 * i);
+            for (int i = 0; i < 4; i++) {
+                bh[i] = qf.h[grp][i];
+                bl[i] = qf.l[grp][i];
+            }
+        } else {
+            q_fragments<D, HT>(w, grp, sh, bh, bl);
+        }
 #pragma unroll
-            for (int c = 0; c < C::CPL; c++) kf[c] = __fmul_rn(kf[c], sc);
+        for (int j = 0; j < C::MTW; j++) {
+            const int kb = (warp * C::MTW + j) * 16;
+            if (kb >= nk) break;                 // warp-uniform: tiles past the split's keys
+            const u32x2 wa = *(const u32x2*)(krows + (kb + pk) * C::RS + grp * 32 + 8 * tq);
+            const u32x2 wb = *(const u32x2*)(krows + (kb + pk + 8) * C::RS + grp * 32 + 8 * tq);
+            float ch[4] = {0.f, 0.f, 0.f, 0.f}, cl[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int h = 0; h < HT; h++) {
-                float a = __fmul_rn(qr[h][0], kf[0]);
+            for (int st = 0; st < 2; st++) {
+                const u32 xa = (st ? wa.b : wa.a) ^ 0x80808080u, xb = (st ? wb.b : wb.a) ^ 0x80808080u;
+                const u32 a[4] = {i8pair_to_h2(xa, 0x4140), i8pair_to_h2(xb, 0x4140), i8pair_to_h2(xa, 0x4342),
+                                  i8pair_to_h2(xb, 0x4342)};
+                mma_f16(ch, a, bh[2 * st], bh[2 * st + 1]);
+                mma_f16(cl, a, bl[2 * st], bl[2 * st + 1]);
+            }
+            const float ka = ksc[(kb + pk) * C::NG + grp], kz = ksc[(kb + pk + 8) * C::NG + grp];
 #pragma unroll
-                for (int c = 1; c < C::CPL; c++) a = __fmaf_rn(qr[h][c], kf[c], a);
-                val[h * C::KB + j] = a;
+            for (int i = 0; i < 4; i++) {
+                const float d = join_f16_sums(ch[i], cl[i]), ks = i < 2 ? ka : kz;
+                sacc[j][i] = grp == 0 ? __fmul_rn(ks, d) : __fmaf_rn(ks, d, sacc[j][i]);
             }
         }
-        reduce_scatter<C::LPR / 2>(val, l);      // lane l now holds the full sum of val index l
-        if (kk0 + l % C::KB < nk) sh.S[(l / C::KB) * C::SSTR + kk0 + l % C::KB] = val[0];
     }
-    __syncthreads();
-    if constexpr (C::ONE_BUF) stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, nk, kvh, n_kv);
-    // ---- B: softmax statistics per head, p in place of the scores
-    for (int h = warp; h < HT; h += NW) {
+#pragma unroll
+    for (int j = 0; j < C::MTW; j++) {
+        const int kb = (warp * C::MTW + j) * 16;
+        if (kb >= nk) break;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int h = 2 * tq + (i & 1), k = kb + pk + (i >> 1) * 8;
+            if (h < w.hcount && k < nk) sh.S[h * C::SSTR + k] = __fmul_rn(sacc[j][i], sh.qinv[h]);
+        }
+    }
+}
+
+// Phase B: softmax statistics per head (one warp per head), p = exp2(s - m) in place of the scores;
+// log2(e) is folded into qscale, and all KPS scores sit in shared memory, so nothing is rescaled in a split.
+template <int D, int HT>
+__device__ __forceinline__ void phase_softmax(const Work& w, int nk, Smem<D, HT>& sh) {
+    using C = Cfg<D, HT>;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    for (int h = warp; h < w.hcount; h += NW) {
         float* S = sh.S + h * C::SSTR;
         float m = neg_inf();
         for (int k = lane; k < nk; k += WARP) m = fmaxf(m, S[k]);
@@ -251,56 +287,85 @@ __device__ __forceinline__ void split_partial(
             sh.sl[h] = sum;
         }
     }
-    cp_async_wait<0>();
-    __syncthreads();
-    // ---- C: acc[h][c] = sum over this row group's keys (k = rg, rg + NRG, ...) of p[h][k] * v[k][c]
-    float acc[HT][C::CPL];
-#pragma unroll
-    for (int h = 0; h < HT; h++)
-#pragma unroll
-        for (int c = 0; c < C::CPL; c++) acc[h][c] = 0.f;
-    const float* vsc = sh.scl[1] + c0 / 32;
-#pragma unroll 4
-    for (int k = rg; k < nk; k += C::NRG) {
-        u32 w[C::NWORD];
-        row_words<C::CPL>(vrows + k * C::RS + c0, w);
-        const float sc = vsc[k * C::NG];
-        float vf[C::CPL];
-#pragma unroll
-        for (int i = 0; i < C::NWORD; i++) i8x4_to_f32(w[i], vf + 4 * i);
-#pragma unroll
-        for (int c = 0; c < C::CPL; c++) vf[c] = __fmul_rn(vf[c], sc);
-#pragma unroll
-        for (int h = 0; h < HT; h++) {
-            const float p = sh.S[h * C::SSTR + k];
-#pragma unroll
-            for (int c = 0; c < C::CPL; c++) acc[h][c] = __fmaf_rn(p, vf[c], acc[h][c]);
-        }
-    }
-    __syncthreads();                             // K/V rows no longer needed: kv becomes red[NRG][HT][D]
-    float* red = (float*)sh.kv;
-#pragma unroll
-    for (int h = 0; h < HT; h++)
-#pragma unroll
-        for (int c = 0; c < C::CPL; c += 4)
-            *(f32x4*)(red + (rg * HT + h) * D + c0 + c) = {acc[h][c], acc[h][c + 1], acc[h][c + 2], acc[h][c + 3]};
-    __syncthreads();
-#pragma unroll
-    for (int u = 0; u < C::EPT; u++) {           // row groups summed in order into red[0 .. HT*D)
-        const int e = threadIdx.x + u * NT;
-        if (e < HT * D) {
-            float a = red[e];
-            for (int g = 1; g < C::NRG; g++) a = __fadd_rn(a, red[g * HT * D + e]);
-            red[e] = a;                          // only this thread touches element e of every row group
-        }
-    }
-    __syncthreads();
 }
 
-// grid (n_tok, n_kv * n_ht, looped ? 1 : n_split_grid), block NT.
-// Parallel mode: partials to ws_acc (cap, ws_splits, n_heads, D) and ws_ml (cap, ws_splits, n_heads, 2);
-// CTAs past the token's own splits exit (attn_merge reads only the token's own splits).
-// Looped mode: the CTA folds its splits itself and writes out (n_tok, n_heads, D).
+// Phase C: acc = sum over the split's keys of p[h][k] * vs[k][G] * v[k][c] = 2^(e_G - 13) * (V^T P'), with
+// A = 16 channels x 16 keys of V (exact) and B = 16 keys x 8 heads of P' = p * vs * 2^(13 - e_G) (hi and lo
+// halves; e_G the exponent of the split's largest scale of group G, so P' < 2^14). Warp w takes group w
+// (head_dim 64: two warps per group take alternate key steps, `part`; 256: groups w and w + 4). Tile m of
+// group G: row g is channel 32G + 4g + 2m, row g + 8 the next one; index k of a key step is key 2tq, 2tq + 8,
+// 2tq + 1, 2tq + 9 for k = 2tq, 2tq + 1, 2tq + 8, 2tq + 9: one 4-byte read per key (channels 4g .. 4g + 3)
+// feeds both tiles, and rows 2tq fall on banks 8 words apart. acc[gi][m][i] is (head 2tq + (i & 1),
+// channel chan(gi, m, i)) of this warp's part.
+template <int D, int HT>
+__device__ __forceinline__ int value_group(int gi) {
+    return threadIdx.x / WARP % (Cfg<D, HT>::NG < NW ? Cfg<D, HT>::NG : NW) + gi * NW;
+}
+template <int D, int HT>
+__device__ __forceinline__ int value_channel(int gi, int m, int i) {
+    return value_group<D, HT>(gi) * 32 + 4 * (threadIdx.x % WARP / 4) + 2 * m + (i >> 1);
+}
+template <int D, int HT>
+__device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int nk, Smem<D, HT>& sh,
+                                             float (&acc)[Cfg<D, HT>::GPW][2][4]) {
+    using C = Cfg<D, HT>;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, tq = lane % 4;
+    const float* vsc = sh.scl[1];
+    const int part = warp / C::NG;
+#pragma unroll
+    for (int gi = 0; gi < C::GPW; gi++) {
+        const int grp = value_group<D, HT>(gi);
+        float mv = 0.f;                          // the split's largest V scale of the group -> e_G
+        for (int k = lane; k < nk; k += WARP) mv = fmaxf(mv, vsc[k * C::NG + grp]);
+        const int ev = exponent_of(warp_max(mv));
+        const float fv = pow2i(13 - ev);
+        float ch[2][4] = {}, cl[2][4] = {};
+        for (int kb = part * 16; kb < nk; kb += 16 * C::KSPLIT) {
+            const int kk[4] = {kb + 2 * tq, kb + 2 * tq + 8, kb + 2 * tq + 1, kb + 2 * tq + 9};
+            u32 x[4], ph[4], pl[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                x[j] = *(const u32*)(vrows + kk[j] * C::RS + grp * 32 + 4 * g) ^ 0x80808080u;
+                float pv = 0.f;                  // P' of head g (0 past the keys and for heads past hcount)
+                if (g < w.hcount && kk[j] < nk)
+                    pv = __fmul_rn(__fmul_rn(sh.S[g * C::SSTR + kk[j]], vsc[kk[j] * C::NG + grp]), fv);
+                split_f16(pv, ph[j], pl[j]);
+            }
+            const u32 bh0 = ph[0] | ph[1] << 16, bh1 = ph[2] | ph[3] << 16;
+            const u32 bl0 = pl[0] | pl[1] << 16, bl1 = pl[2] | pl[3] << 16;
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                const u32 t01 = __byte_perm(x[0], x[1], m ? 0x7362 : 0x5140);   // bytes 2m, 2m + 1 of keys
+                const u32 t23 = __byte_perm(x[2], x[3], m ? 0x7362 : 0x5140);   // (k0, k1) and (k2, k3)
+                const u32 a[4] = {i8pair_to_h2(t01, 0x4140), i8pair_to_h2(t01, 0x4342), i8pair_to_h2(t23, 0x4140),
+                                  i8pair_to_h2(t23, 0x4342)};
+                mma_f16(ch[m], a, bh0, bh1);
+                mma_f16(cl[m], a, bl0, bl1);
+            }
+        }
+        const float fvinv = pow2i(ev - 13);
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[gi][m][i] = __fmul_rn(join_f16_sums(ch[m][i], cl[m][i]), fvinv);
+    }
+}
+
+// Issue the copies of split s's K (or V) rows and scales: the page rows first (one key per thread).
+template <int D, int HT>
+__device__ __forceinline__ void stage(u8* rows, float* scl, const i8* __restrict__ pages,
+                                      const float* __restrict__ scales, int nk, int kvh, int n_kv, Smem<D, HT>& sh) {
+    stage_rows<D, HT>(rows, scl, pages, scales, sh.rowoff, nk, kvh, n_kv);
+}
+
+// grid (n_tok, n_kv * n_ht, looped ? 1 : Z), block NT. The CTA takes splits s = z, z + Z, ... of its token
+// (z = blockIdx.z; looped: z = 0, Z = 1), so the copies of split s + Z fly while split s is computed:
+// K(s + Z) is issued when phase A of s is done with the K buffer, V(s + Z) when phase C is done with the V
+// buffer (head_dim 256, one buffer: V(s) after A, K(s + Z) after C). cp.async groups complete in issue
+// order, hence the wait counts.
+// Parallel mode: each split's partial to ws_acc (cap, ws_splits, n_heads, D) and ws_ml (cap, ws_splits,
+// n_heads, 2), folded by attn_merge. Looped mode: the CTA folds its splits in order itself and writes out
+// (n_tok, n_heads, D). Every split's partial is the same bits whichever CTA computes it.
 template <int D, int HT>
 __device__ __forceinline__ void attn_body(
     const float* __restrict__ q, const i32* __restrict__ token_seq, const i32* __restrict__ token_pos,
@@ -309,57 +374,156 @@ __device__ __forceinline__ void attn_body(
     float* __restrict__ ws_acc, float* __restrict__ ws_ml, float qscale, int n_heads, int n_kv, int G,
     int n_ht, int page_size, int max_pages, int ws_splits, int looped) {
     using C = Cfg<D, HT>;
+    static_assert(KPS == NT, "one key of a split per thread");
     __shared__ Smem<D, HT> sh;
-    const int t = blockIdx.x;
-    const int kvh = blockIdx.y / n_ht, tile = blockIdx.y % n_ht;
-    const int h0 = kvh * G + tile * HT;
-    const int hcount = min(HT, G - tile * HT);
-    const int seq = token_seq[t];
-    const int n_keys = token_pos[t] + 1;
-    const int n_own = (n_keys + KPS - 1) / KPS;
-    const int s0 = looped ? 0 : (int)blockIdx.z;
-    const int s1 = looped ? n_own : s0 + 1;
-    if (s0 >= n_own) return;                     // whole CTA: past this token's keys
-    const float* red = (const float*)sh.kv;
+    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP, tq = lane % 4;
+    Work w;
+    w.q = q;
+    w.t = blockIdx.x;
+    w.kvh = blockIdx.y / n_ht;
+    const int tile = blockIdx.y % n_ht;
+    w.h0 = w.kvh * G + tile * HT;
+    w.hcount = min(HT, G - tile * HT);
+    w.seq = token_seq[w.t];
+    w.n_keys = token_pos[w.t] + 1;
+    w.n_heads = n_heads;
+    w.n_kv = n_kv;
+    w.qscale = qscale;
+    const int n_own = (w.n_keys + KPS - 1) / KPS;
+    const int z = looped ? 0 : (int)blockIdx.z, Z = looped ? 1 : (int)gridDim.z;
+    if (z >= n_own) return;                      // whole CTA: past this token's keys
+    u8* krows = sh.kv;
+    u8* vrows = C::ONE_BUF ? sh.kv : sh.kv + KPS * C::RS;
+    auto page_row = [&](int s) {                 // cache row of this thread's key of split s
+        const int p = s * KPS + tid;
+        return p < w.n_keys ? page_tables[(i64)w.seq * max_pages + p / page_size] * page_size + p % page_size : 0;
+    };
+    auto keys_of = [&](int s) { return min(KPS, w.n_keys - s * KPS); };
 
-    float M[C::EPT], L[C::EPT], A[C::EPT];
-    for (int s = s0; s < s1; s++) {
-        split_partial<D, HT>(q, page_tables, k_pages, k_scales, v_pages, v_scales, qscale, t, seq, kvh, h0,
-                             hcount, s, min(KPS, n_keys - s * KPS), n_heads, n_kv, page_size, max_pages, sh);
-#pragma unroll
-        for (int u = 0; u < C::EPT; u++) {
-            const int e = threadIdx.x + u * NT;
-            if (e >= HT * D || e / D >= hcount) continue;
-            const int h = e / D;
-            if (!looped) {
-                const i64 idx = ((i64)t * ws_splits + s) * n_heads + h0 + h;
-                ws_acc[idx * D + e % D] = red[e];
-                if (e % D == 0) {
-                    ws_ml[2 * idx] = sh.sm[h];
-                    ws_ml[2 * idx + 1] = sh.sl[h];
-                }
-            } else if (s == 0) {
-                M[u] = sh.sm[h];
-                L[u] = sh.sl[h];
-                A[u] = red[e];
-            } else {
-                attn_fold(M[u], L[u], A[u], sh.sm[h], sh.sl[h], red[e]);
-            }
+    sh.rowoff[tid] = page_row(z);
+    __syncthreads();
+    stage<D, HT>(krows, sh.scl[0], k_pages, k_scales, keys_of(z), w.kvh, n_kv, sh);
+    if constexpr (!C::ONE_BUF) stage<D, HT>(vrows, sh.scl[1], v_pages, v_scales, keys_of(z), w.kvh, n_kv, sh);
+    for (int h = warp; h < w.hcount; h += NW) {  // the heads' power-of-two normalizations (while K flies)
+        const float* qh = q + ((i64)w.t * n_heads + w.h0 + h) * D;
+        float m = 0.f;
+        for (int c = lane; c < D; c += WARP) m = fmaxf(m, fabsf(__fmul_rn(qh[c], qscale)));
+        m = warp_max(m);
+        if (lane == 0) {
+            const int e = exponent_of(m);
+            sh.qf[h] = pow2i(13 - e);
+            sh.qinv[h] = pow2i(e - 13);
         }
     }
-    if (looped) {
-#pragma unroll
-        for (int u = 0; u < C::EPT; u++) {
-            const int e = threadIdx.x + u * NT;
-            if (e < HT * D && e / D < hcount)
-                out[((i64)t * n_heads + h0 + e / D) * D + e % D] = __fdiv_rn(A[u], L[u]);
+
+    __syncthreads();                             // the normalizations are in
+    QFrags<D, HT> qf;
+    qf.build(w, sh);
+    float M[C::GPW][2][4], L[C::GPW][2][4], A[C::GPW][2][4];   // looped: the fold of this thread's elements
+    for (int s = z; s < n_own; s += Z) {
+        const int nk = keys_of(s), sn = s + Z;
+        const bool more = sn < n_own;
+        const int row_next = more ? page_row(sn) : 0;           // loaded now, stored after phase A
+        if constexpr (C::ONE_BUF) cp_async_wait<0>(); else cp_async_wait<1>();   // K(s) is here
+        __syncthreads();
+        phase_scores<D, HT>(w, qf, krows, nk, sh);
+        __syncthreads();                         // K buffer and scales free
+        if constexpr (C::ONE_BUF) {
+            stage<D, HT>(vrows, sh.scl[1], v_pages, v_scales, nk, w.kvh, n_kv, sh);
+        } else if (more) {
+            sh.rowoff[tid] = row_next;
+            __syncthreads();
+            stage<D, HT>(krows, sh.scl[0], k_pages, k_scales, keys_of(sn), w.kvh, n_kv, sh);
         }
+        phase_softmax<D, HT>(w, nk, sh);
+        if (!C::ONE_BUF && more) cp_async_wait<1>(); else cp_async_wait<0>();    // V(s) is here
+        __syncthreads();
+        float acc[C::GPW][2][4];
+        phase_values<D, HT>(w, vrows, nk, sh, acc);
+        __syncthreads();                         // V buffer, its scales and the p's free
+        if (more) {
+            if constexpr (C::ONE_BUF) {
+                sh.rowoff[tid] = row_next;
+                __syncthreads();
+                stage<D, HT>(krows, sh.scl[0], k_pages, k_scales, keys_of(sn), w.kvh, n_kv, sh);
+            } else {
+                stage<D, HT>(vrows, sh.scl[1], v_pages, v_scales, keys_of(sn), w.kvh, n_kv, sh);
+            }
+        }
+        const int part = warp / C::NG;           // head_dim 64: part 1's sums go through the score buffer
+        if constexpr (C::KSPLIT > 1) {
+            float* red = sh.S;                   // [KSPLIT - 1][HT][D]
+            if (part > 0) {
+#pragma unroll
+                for (int gi = 0; gi < C::GPW; gi++)
+#pragma unroll
+                    for (int m = 0; m < 2; m++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const int h = 2 * tq + (i & 1);
+                            if (h < HT) red[((part - 1) * HT + h) * D + value_channel<D, HT>(gi, m, i)] = acc[gi][m][i];
+                        }
+            }
+            __syncthreads();
+            if (part == 0) {
+#pragma unroll
+                for (int gi = 0; gi < C::GPW; gi++)
+#pragma unroll
+                    for (int m = 0; m < 2; m++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const int h = 2 * tq + (i & 1);
+                            if (h >= HT) continue;
+                            for (int p = 1; p < C::KSPLIT; p++)
+                                acc[gi][m][i] = __fadd_rn(acc[gi][m][i],
+                                                          red[((p - 1) * HT + h) * D + value_channel<D, HT>(gi, m, i)]);
+                        }
+            }
+        }
+        if (part == 0) {
+#pragma unroll
+            for (int gi = 0; gi < C::GPW; gi++)
+#pragma unroll
+                for (int m = 0; m < 2; m++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int h = 2 * tq + (i & 1), c = value_channel<D, HT>(gi, m, i);
+                        if (h >= w.hcount) continue;
+                        if (!looped) {
+                            ws_acc[(((i64)w.t * ws_splits + s) * n_heads + w.h0 + h) * D + c] = acc[gi][m][i];
+                        } else if (s == 0) {
+                            M[gi][m][i] = sh.sm[h];
+                            L[gi][m][i] = sh.sl[h];
+                            A[gi][m][i] = acc[gi][m][i];
+                        } else {
+                            attn_fold(M[gi][m][i], L[gi][m][i], A[gi][m][i], sh.sm[h], sh.sl[h], acc[gi][m][i]);
+                        }
+                    }
+        }
+        if (!looped && tid < w.hcount) {
+            const i64 idx = ((i64)w.t * ws_splits + s) * n_heads + w.h0 + tid;
+            ws_ml[2 * idx] = sh.sm[tid];
+            ws_ml[2 * idx + 1] = sh.sl[tid];
+        }
+    }
+    if (looped && warp / C::NG == 0) {
+#pragma unroll
+        for (int gi = 0; gi < C::GPW; gi++)
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int h = 2 * tq + (i & 1);
+                    if (h < w.hcount)
+                        out[((i64)w.t * n_heads + w.h0 + h) * D + value_channel<D, HT>(gi, m, i)] =
+                            __fdiv_rn(A[gi][m][i], L[gi][m][i]);
+                }
     }
 }
 
 // 5 CTAs per SM where registers and shared memory allow (HT 8 and head_dim 256 would spill or not fit)
 #define ATTN_KERNEL(D, HT)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(NT, HT == 8 || D == 256 ? 4 : 5) attn_d##D##_h##HT(       \
+    extern "C" __global__ void __launch_bounds__(NT, HT == 8 || D >= 128 ? 4 : 5) attn_d##D##_h##HT(       \
         const float* __restrict__ q, const i32* __restrict__ token_seq, const i32* __restrict__ token_pos, \
         const i32* __restrict__ page_tables, const i8* __restrict__ k_pages,                               \
         const float* __restrict__ k_scales, const i8* __restrict__ v_pages,                                \

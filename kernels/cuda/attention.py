@@ -7,8 +7,9 @@ kernels/cpu/attention.attention: token t attends to positions 0..token_pos[t] of
 Flash-decoding with a FIXED number of keys per split (`keys_per_split`): a token's splits, and the order
 they are folded in, depend only on its own position, never on the batch (batch invariance). Two modes,
 chosen from host ints, give the same bits (attention.cu explains why):
-  * split-parallel (n_tok <= ws.split_tokens): grid (n_tok, n_kv_heads * head tiles, ceil(max_keys / KPS)),
-    partials to the workspace, then attn_merge folds each token's own splits;
+  * split-parallel (n_tok <= ws.split_tokens): grid (n_tok, n_kv_heads * head tiles, Z), CTA z computing
+    splits z, z + Z, ... (`split_stride`: about 4 CTAs per SM, each loading its next split while it
+    computes one), partials to the workspace, then attn_merge folds each token's own splits;
   * looped (more tokens, or max_keys <= keys_per_split): one CTA per (token, kv head, head tile) walks its
     splits; no workspace traffic, no merge.
 CTAs past a token's key count exit at once, so a graph captured with max_keys = context length replays
@@ -19,6 +20,7 @@ Host/device placement: arrays are cupy (device); sizes, scale and max_keys are h
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,6 +71,23 @@ def _head_tile(group: int, head_dim: int) -> int:
     """Query heads per CTA: the group rounded up to a power of two, at most 8 (4 for head_dim 256)."""
     cap = 4 if head_dim == 256 else 8
     return min(cap, 1 << (group - 1).bit_length())
+
+
+CTAS_PER_SM = 4             # split-parallel CTAs resident per SM that split_stride aims for
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_id: int) -> int:
+    return int(runtime.cupy().cuda.Device(device_id).attributes["MultiProcessorCount"])
+
+
+def split_stride(n_items: int, n_split: int, n_sm: int) -> int:
+    """Z, the CTAs per (token, kv head, head tile) of a split-parallel launch: all n_split splits (one CTA
+    each) while the n_items = tokens x kv heads x tiles x n_split work items fit CTAS_PER_SM per SM, else
+    fewer CTAs walking several splits each (a grid choice: a split's partial is the same bits whichever
+    CTA computes it)."""
+    per_cta = max(1, -(-n_items // (n_sm * CTAS_PER_SM)))
+    return -(-n_split // per_cta)
 
 
 def _check(name, arr, dtype, shape_or_ndim):
@@ -122,7 +141,8 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     n_split = runtime.cdiv(max_keys, keys_per_split)
     looped = n_tok > ws.split_tokens or n_split == 1
     qscale = np.float32(float(scale) * _LOG2E)
-    runtime.launch(_CU, f"attn_d{hd}_h{ht}", (n_tok, n_kv * n_ht, 1 if looped else n_split), (_THREADS,),
+    z = 1 if looped else split_stride(n_tok * n_kv * n_ht * n_split, n_split, _sm_count(q.device.id))
+    runtime.launch(_CU, f"attn_d{hd}_h{ht}", (n_tok, n_kv * n_ht, z), (_THREADS,),
                    (q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, out,
                     ws.acc, ws.ml, qscale, np.int32(n_heads), np.int32(n_kv), np.int32(group), np.int32(n_ht),
                     np.int32(page_size), np.int32(page_tables.shape[1]), np.int32(ws.n_splits),

@@ -37,3 +37,15 @@ def test_split_k_for_one_token_over_few_long_rows():
     assert not split_k(QType.IQ3_XXS, 1024, 4096, 1, False)      # 4 rounds: not measured to gain
     assert not split_k(QType.Q8_0, 896, 896, 1, False)           # one round of units
     assert not split_k(QType.Q6_K, 1792, 4864, 1, True)          # GLU
+
+
+def test_attention_split_stride():
+    """CTAs per (token, kv head, tile) of a split-parallel attention launch (kernels/cuda/attention.py): one per
+    split while the work items fit CTAS_PER_SM CTAs per SM, else fewer CTAs walking several splits each."""
+    from strata_lite.kernels.cuda.attention import CTAS_PER_SM, split_stride
+    assert CTAS_PER_SM == 4
+    assert split_stride(8 * 32, 32, 132) == 32           # 8B shape at 4K keys: 256 items, one CTA per split
+    assert split_stride(8 * 256, 256, 132) == 64         # at 32K: 2048 items -> 4 splits a CTA
+    assert split_stride(2 * 256, 256, 132) == 256        # 0.5B shape at 32K: 512 items fit
+    assert split_stride(4 * 8 * 256, 256, 132) == 16     # 4 tokens at 32K: 16 splits a CTA
+    assert split_stride(1, 1, 132) == 1

@@ -115,6 +115,25 @@ def test_batch_invariance():
     np.testing.assert_array_equal(looped.view(np.uint32), batch.view(np.uint32))
 
 
+@pytest.mark.parametrize("n_heads,n_kv,hd", [(14, 2, 64), (32, 8, 128), (16, 1, 256)])
+def test_ctas_walking_several_splits_give_the_same_bits(n_heads, n_kv, hd, monkeypatch):
+    """Split-parallel launches whose CTAs walk several splits each (z, z + Z, ...: the next split's copies
+    fly while one is computed) give the bits of one CTA per split, for Z = 1, 3 and every split."""
+    import cupy as cp
+    from strata_lite.kernels.cuda import attention as ak
+    rng = np.random.default_rng(hd + n_kv)
+    c = Cache(cp, rng, [1500, 900], n_kv, hd, page_size=32)
+    seq, pos = [0, 1, 0], [1499, 899, 700]
+    q = rng.standard_normal((len(seq), n_heads, hd)).astype(np.float32)
+    runs = {}
+    for z in (None, 1, 3):
+        monkeypatch.setattr(ak, "split_stride", lambda n_items, n_split, n_sm, z=z: z or n_split)
+        runs[z] = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=1500)
+    check_against_refs(c, q, seq, pos, hd ** -0.5, runs[None])
+    for z in (1, 3):
+        np.testing.assert_array_equal(runs[z].view(np.uint32), runs[None].view(np.uint32))
+
+
 def test_long_context_sharp_softmax():
     """Large scores across many splits (the fold rescales partials whose maxima differ a lot)."""
     import cupy as cp
