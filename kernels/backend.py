@@ -152,9 +152,12 @@ class Backend(ABC):
         v_scales) and the host pool's numpy arrays of the same layout, or None for the generic one."""
         return None
 
-    def decode_graphs(self, forward, max_pages: int, max_keys: int, scratch_page: int):
-        """Captured decode steps (kernels/cuda/graphs.py: accepts(batch), run(batch) -> device logits) for
-        forward(batch) -> device logits, or None where the backend does not capture."""
+    def decode_graphs(self, forward, max_pages: int, max_keys: int, scratch_page: int, logits: bool = True,
+                      row_inputs: tuple = ()):
+        """Captured decode steps (kernels/cuda/graphs.py: accepts(batch), run(batch, *inputs) -> device
+        logits) for forward(batch, *inputs) -> device logits (or a tuple of per-token arrays; logits=False: a
+        forward of batches without logit rows; row_inputs: widths of per-token float32 inputs beside the
+        batch), or None where the backend does not capture."""
         return None
 
     def synchronize(self) -> None:

@@ -130,9 +130,11 @@ class ModelRunner:
         # of a graph's token-count bucket read and write only the scratch page, which no sequence ever gets
         self.scratch_page = self.kv.alloc(1)[0] if scratch else -1
         with_hidden = self.mtp is not None
+        graph_limits = dict(max_pages=math.ceil(n_ctx / page_size), max_keys=n_ctx, scratch_page=self.scratch_page)
         self.graphs = self.backend.decode_graphs(
-            lambda b: self.model.forward(b, self.kv, all_hidden=with_hidden), max_pages=math.ceil(n_ctx / page_size),
-            max_keys=n_ctx, scratch_page=self.scratch_page)
+            lambda b: self.model.forward(b, self.kv, all_hidden=with_hidden), **graph_limits)
+        if self.mtp is not None:
+            self.mtp.capture(lambda forward, **kw: self.backend.decode_graphs(forward, **graph_limits, **kw))
         self.counts = self.backend.token_counts(count_rows, cfg.n_vocab) if count_rows else None
         self._free_count_rows = list(range(count_rows - 1, -1, -1))
 

@@ -31,7 +31,8 @@ class _StaticBatch:
     """The Batch shape the model reads, over static device buffers (bucket size b). token_ids, positions and
     page_tables are views of one device int32 buffer, so a step's inputs cross in one host-to-device copy."""
 
-    def __init__(self, cp, b: int, max_pages: int, max_keys: int, scratch_page: int):
+    def __init__(self, cp, b: int, max_pages: int, max_keys: int, scratch_page: int, logits: bool = True,
+                 row_inputs: tuple = ()):
         self._host = np.zeros(2 * b + b * max_pages, np.int32)       # ids | positions | page tables
         self._host_tables = self._host[2 * b:].reshape(b, max_pages)
         self._host_tables[:] = scratch_page
@@ -40,13 +41,15 @@ class _StaticBatch:
         self.positions = self._dev[b:2 * b]
         self.page_tables = self._dev[2 * b:].reshape(b, max_pages)
         self.token_seq = cp.arange(b, dtype=cp.int32)               # token i reads page-table row i
-        self.logit_rows = cp.arange(b, dtype=cp.int32)
+        self.logit_rows = cp.arange(b if logits else 0, dtype=cp.int32)
+        self.inputs = tuple(cp.zeros((b, w), cp.float32) for w in row_inputs)   # per-token float rows
         self.max_pos = max_keys
         self.b = b
         self.scratch_page = scratch_page
 
-    def fill(self, cp, batch) -> None:
-        """Copy a host decode Batch of n <= b tokens in; the other rows point at the scratch page."""
+    def fill(self, cp, batch, inputs=()) -> None:
+        """Copy a host decode Batch of n <= b tokens in, and the device rows `inputs` (each (n, width)) into
+        the first n rows of self.inputs; the other rows point at the scratch page."""
         n, b = len(batch.token_ids), self.b
         h, ht = self._host, self._host_tables
         h[:2 * b] = 0
@@ -56,6 +59,8 @@ class _StaticBatch:
         rows = batch.page_tables[batch.token_seq]                   # (n, width) the pages of each token
         ht[:n, :rows.shape[1]] = rows
         self._dev.set(h)                                            # pageable source: done when it returns
+        for dst, src in zip(self.inputs, inputs):
+            dst[:n] = src                                           # device to device, queued before the replay
 
 
 KEY_BUCKET_MIN = 4096      # the smallest key count a graph is captured for
@@ -71,12 +76,17 @@ def key_buckets(max_keys: int) -> tuple:
 
 
 class StepGraphs:
-    """forward(batch) -> logits (device, (n, n_vocab)), or a tuple of device arrays with one row per token
-    (logits and the last hidden states, for an MTP drafter), is the model's forward over the engine's KV
-    cache; run() returns the same shape of result."""
+    """forward(batch, *inputs) -> logits (device, (n, n_vocab)), or a tuple of device arrays with one row per
+    token (logits and the last hidden states, for an MTP drafter), is the model's forward over the engine's
+    KV cache; run() returns the same shape of result.
+
+    logits=False captures a forward that computes no logits (batches with no logit rows: an MTP drafter's
+    KV-row fill). row_inputs: widths of per-token float32 device inputs the forward reads beside the batch
+    (an MTP block's hidden states), passed to forward as static arrays of (bucket, width) and copied in by
+    run(batch, *arrays)."""
 
     def __init__(self, forward, max_pages: int, max_keys: int, scratch_page: int, buckets=(1, 2, 4, 8, 16),
-                 programmatic: bool | None = None):
+                 programmatic: bool | None = None, logits: bool = True, row_inputs: tuple = ()):
         self.cp = cp = cupy()
         # programmatic dependent launches in the captures: None = where the device supports them
         self.programmatic = (programmatic_supported(cp.cuda.Device().id) if programmatic is None
@@ -85,16 +95,18 @@ class StepGraphs:
         self.buckets = tuple(sorted(int(b) for b in buckets))
         self.key_buckets = key_buckets(int(max_keys))
         self.max_pages = int(max_pages)
+        self.logits = bool(logits)
         self._graphs = {}
         stream = cp.cuda.get_current_stream()
         if stream.ptr == 0:
             raise RuntimeError("graph capture needs a non-default stream (CudaBackend sets one)")
         for b in self.buckets:
             for keys in self.key_buckets:
-                static = _StaticBatch(cp, b, self.max_pages, keys, int(scratch_page))
+                static = _StaticBatch(cp, b, self.max_pages, keys, int(scratch_page), self.logits,
+                                      tuple(row_inputs))
                 pool = cp.cuda.MemoryPool()
                 with cp.cuda.using_allocator(pool.malloc):
-                    forward(static)                                 # warm-up: compile, fill the pool
+                    forward(static, *static.inputs)                 # warm-up: compile, fill the pool
                     stream.synchronize()
                     try:
                         graph, outputs = self._capture(stream, forward, static, self.programmatic)
@@ -111,7 +123,7 @@ class StepGraphs:
         stream.begin_capture()
         try:
             with programmatic_launches(programmatic):
-                outputs = forward(static)
+                outputs = forward(static, *static.inputs)
         finally:
             graph = stream.end_capture()
         return graph, outputs
@@ -121,25 +133,27 @@ class StepGraphs:
         return self.buckets[-1]
 
     def accepts(self, batch) -> bool:
-        """A step that fits: logits for every token, in bucket range (decode or verify, module docstring)."""
+        """A step that fits: logits for every token (none with logits=False), in bucket range (decode or
+        verify, module docstring)."""
         n = len(batch.token_ids)
-        if n == 0 or n > self.buckets[-1] or len(batch.logit_rows) != n:
+        if n == 0 or n > self.buckets[-1] or len(batch.logit_rows) != (n if self.logits else 0):
             return False
         if batch.page_tables.shape[1] > self.max_pages or batch.max_pos > self.key_buckets[-1]:
             return False
-        return np.array_equal(batch.logit_rows, np.arange(n))
+        return not self.logits or np.array_equal(batch.logit_rows, np.arange(n))
 
     def bucket(self, batch) -> tuple:
         """(tokens, keys) of the graph that replays a Batch that `accepts`."""
         n = len(batch.token_ids)
         return (next(b for b in self.buckets if b >= n), next(k for k in self.key_buckets if k >= batch.max_pos))
 
-    def run(self, batch):
-        """Replay the bucket's graph for a host Batch that `accepts`; -> logits (n, n_vocab) device view (or
-        the forward's tuple, each array's first n rows). The views hold until the next replay of the bucket."""
+    def run(self, batch, *inputs):
+        """Replay the bucket's graph for a host Batch that `accepts` (inputs: one device (n, width) array per
+        row_inputs width); -> logits (n, n_vocab) device view (or the forward's tuple, each array's first n
+        rows). The views hold until the next replay of the bucket."""
         n = len(batch.token_ids)
         graph, static, outputs, _ = self._graphs[self.bucket(batch)]
-        static.fill(self.cp, batch)
+        static.fill(self.cp, batch, inputs)
         graph.launch(self.cp.cuda.get_current_stream())
         if isinstance(outputs, tuple):
             return tuple(o[:n] for o in outputs)

@@ -155,6 +155,18 @@ class MtpDrafter:
         self.first: dict = {}    # seq -> (position of its pending token, block outputs (device), row in them,
                                  #         (first draft token, its probability) once the head ran, else None)
         self.grow = None         # (seq, n_tokens) -> how many fit in its pages: TieredKV.grow_free
+        self.fill_graphs = self.chain_graphs = None     # captured block forwards (capture())
+
+    def capture(self, decode_graphs) -> None:
+        """Replay the block's forwards as captured graphs where the backend captures them: decode_graphs is
+        the backend's (kernels/backend.py) with the engine's page and key limits bound. Two sets: the fill's
+        (KV rows only, no head) and the chain steps' (block and head on every row), each with the hidden
+        states as a per-row input; a step the graphs do not accept (more rows than the largest bucket, a
+        prompt chunk's fill) runs eagerly, with the same bits (kernels/cuda/graphs.py)."""
+        layer_kv, width = self.kv.layer(self.layer), self.model.cfg.n_embd
+        self.fill_graphs = decode_graphs(lambda b, h: self.head.forward(b, h, layer_kv)[1], logits=False,
+                                         row_inputs=(width,))
+        self.chain_graphs = decode_graphs(lambda b, h: self.head.forward(b, h, layer_kv), row_inputs=(width,))
 
     # filling the KV layer
     def target_forward(self, batch):
@@ -197,6 +209,8 @@ class MtpDrafter:
         if not rows:
             return
         out, _ = self._forward(hidden, rows, ids, pos, seq_of, tables, [])
+        if first_seqs and self.fill_graphs is not None:
+            out = out.copy()      # kept past the step (a sequence may sit the next one out): off the graph's buffer
         for seq, row in zip(first_seqs, first_rows):
             self.first[seq] = (seq.n_computed, out, row, None)
 
@@ -212,6 +226,12 @@ class MtpDrafter:
         n_hidden = hidden.shape[0]
         if len(rows) != n_hidden or rows != list(range(n_hidden)):
             hidden = be.take_rows(hidden, be.from_host(np.asarray(rows, np.int32)))
+        graphs = self.chain_graphs if len(logit_rows) else self.fill_graphs
+        if graphs is not None and graphs.accepts(batch):
+            if len(logit_rows):
+                logits, out = graphs.run(batch, hidden)
+                return out, logits
+            return graphs.run(batch, hidden), None
         logits, out = self.head.forward(batch, hidden, self.kv.layer(self.layer))
         return out, logits
 

@@ -1,0 +1,106 @@
+"""MTP drafting on the CUDA backend: the block's forwards replayed as captured graphs (the fill's KV rows and
+the chain steps, spec/mtp_drafter.py capture()) give the eager forward's bits, and the engine's greedy
+output with `--spec mtp` equals `--spec off` token for token with the graphs in use. A tiny model with a
+random MTP block (tests/tiny_model.py) at head_dim 64, the smallest the CUDA attention takes."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from tiny_model import write_tiny_model
+
+pytestmark = pytest.mark.gpu
+
+N_CTX = 512
+
+
+@pytest.fixture(scope="module")
+def mtp_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mtpcuda") / "mtp.gguf"
+    return str(write_tiny_model(path, mtp=True, arch="qwen2", qtype=QT.Q8_0, n_embd=256, n_ff=512, n_heads=4,
+                                n_kv_heads=2))
+
+
+class _Counted:
+    """A StepGraphs whose replays are counted."""
+
+    def __init__(self, graphs):
+        self.graphs, self.runs = graphs, 0
+
+    def accepts(self, batch):
+        return self.graphs.accepts(batch)
+
+    def run(self, batch, *inputs):
+        self.runs += 1
+        return self.graphs.run(batch, *inputs)
+
+
+def test_block_graphs_give_the_eager_bits(mtp_path):
+    from strata_lite.runner import ModelRunner, load_model
+    from strata_lite.spec.mtp_drafter import mtp_weights
+    loaded = load_model(mtp_path, backend="cuda")
+    cfg = loaded.config
+    runner = ModelRunner(loaded, kv_tokens=1024, page_size=64, host_bytes=0, n_ctx=N_CTX, max_step_tokens=64,
+                         max_seqs=4, mtp_weights=mtp_weights(mtp_path, cfg, None))
+    be, kv, d = runner.backend, runner.kv, runner.mtp
+    fill, chain = _Counted(d.fill_graphs), _Counted(d.chain_graphs)
+    rng = np.random.default_rng(0)
+    pages = kv.alloc(2)
+    ids = [int(t) for t in rng.integers(0, cfg.n_vocab, 50)]
+
+    def hidden(n):
+        return be.from_host(rng.standard_normal((n, cfg.n_embd)).astype(np.float32))
+
+    def layer_rows():
+        return [be.to_host(a).copy() for a in kv.layer(d.layer)]
+
+    # a prompt's 40 rows (more than the largest bucket: eager), then a verify-shaped fill of 3 rows and a
+    # chain step, each through the graphs and again eagerly over the same positions
+    d._forward(hidden(40), list(range(40)), ids[1:41], list(range(40)), [0] * 40, [pages], [])
+    h3, h1 = hidden(3), hidden(1)
+    steps = [((h3, [0, 1, 2], ids[41:44], [40, 41, 42], [0] * 3, [pages], []), fill),
+             ((h1, [0], [ids[44]], [43], [0], [pages], [0]), chain)]
+    for args, counted in steps:
+        d.fill_graphs, d.chain_graphs = fill, chain
+        runs = counted.runs
+        with_logits = bool(args[-1])             # a fill asks for no logits (the graph then returns none)
+        out_g, logits_g = d._forward(*args)
+        assert counted.runs == runs + 1
+        got = [be.to_host(out_g)] + ([be.to_host(logits_g)] if with_logits else []) + layer_rows()
+        d.fill_graphs = d.chain_graphs = None
+        out_e, logits_e = d._forward(*args)
+        want = [be.to_host(out_e)] + ([be.to_host(logits_e)] if with_logits else []) + layer_rows()
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+
+
+def _greedy(eng, prompts, tag):
+    from strata_lite.engine_events import DoneEvent, TokenEvent
+    from strata_lite.sequence import Request
+    handles = [eng.submit(Request(f"{tag}{i}", tuple(p), max_tokens=24, logprobs=2)) for i, p in enumerate(prompts)]
+    out = []
+    for h in handles:
+        events = list(h.events(timeout=300))
+        assert isinstance(events[-1], DoneEvent), events[-1]
+        out.append([(e.token_id, e.logprob) for e in events if isinstance(e, TokenEvent)])
+    return out
+
+
+def test_engine_greedy_with_mtp_graphs_equals_spec_off(mtp_path):
+    from spec_engines import start_engine
+    prompts = [[5, 17, 200, 3, 99], [42, 7, 7, 120, 64, 33, 8], [1, 2, 3]]
+    off = start_engine(mtp_path, "off", N_CTX, backend="cuda")
+    try:
+        want = [_greedy(off, [p], "o") for p in prompts[:1]] + [_greedy(off, prompts, "O")]
+    finally:
+        off.stop()
+    on = start_engine(mtp_path, "mtp", N_CTX, backend="cuda")
+    try:
+        d = on._runner.mtp
+        d.fill_graphs, d.chain_graphs = _Counted(d.fill_graphs), _Counted(d.chain_graphs)
+        on._spec.width = 3
+        got = [_greedy(on, [p], "m") for p in prompts[:1]] + [_greedy(on, prompts, "M")]
+        assert got == want
+        assert on._spec.by_source["mtp"]["drafted"] > 20
+        assert d.fill_graphs.runs > 10 and d.chain_graphs.runs > 10
+    finally:
+        on.stop()
