@@ -1,10 +1,11 @@
 """`strata-lite info` and the CPU backend's start-up description name the kernels this machine runs."""
+import os
 import subprocess
 import sys
 
 import pytest
 
-from strata_lite.kernels.cpu.isa import REPORTED, host_features, kernel_family
+from strata_lite.kernels.cpu.isa import REPORTED, choose_isa, host_features, kernel_family
 
 
 def test_info_command_reports_cpu_kernels_gpu_and_cache():
@@ -23,7 +24,8 @@ def test_kernel_family_follows_the_environment(monkeypatch):
     assert kernel_family() == ("float kernels (STRATA_LITE_INT8=0)" if host_features()["avx2"]
                                else "float kernels (this CPU has no AVX2)")
     monkeypatch.delenv("STRATA_LITE_INT8")
-    assert kernel_family() == ("int8 AVX2 kernels" if host_features()["avx2"] else "float kernels (this CPU has no AVX2)")
+    int8 = choose_isa(host_features(), os.environ)[1]       # AVX2 or VNNI: tests/kernels/test_cpu_isa.py
+    assert kernel_family() == (int8 if host_features()["avx2"] else "float kernels (this CPU has no AVX2)")
     assert set(host_features()) == set(REPORTED)
 
 

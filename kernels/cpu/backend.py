@@ -9,7 +9,7 @@ from ..kv_layout import kv_shapes
 from .act_quant import activation_format
 from .attention import attention, kv_store
 from .dequant import dequantize
-from .isa import int8_enabled, kernel_family
+from .isa import int8_enabled, kernel_family, log_kernel_family
 from .elementwise import add, rmsnorm, rope, silu_mul
 from .qmatmul import qmatmul_packed
 from .repack import PackedWeight, pack_weight, release_pages
@@ -41,6 +41,7 @@ class CpuBackend(Backend):
         # (3-5x faster per weight than the float kernels, 1.11-1.47x the bytes) and Q8_0 mat-vecs in int8
         # (q8_0_int8.py: 2x). STRATA_LITE_INT8=0 keeps the float kernels and the file's layouts.
         self.int8 = int8_enabled()
+        log_kernel_family()           # which int8 path (AVX2 or VNNI, isa.py), once a process
         self._matmul_cache = {}       # id(weight) -> (weight, PackedWeight) for _packed_for_matmul
 
     def describe(self) -> str:

@@ -7,6 +7,8 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 
+from . import isa as _isa
+
 F32 = ir.FloatType()
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 V8F = ir.VectorType(F32, 8)
@@ -47,6 +49,27 @@ def avx2(builder, name):
     """Declared llvm.x86.avx2.<name> (see _AVX2) in the builder's module."""
     res, ops = _AVX2[name]
     return builder.module.declare_intrinsic("llvm.x86.avx2." + name, (), ir.FunctionType(res, list(ops)))
+
+
+def _vpdpbusd(builder):
+    """Declared llvm.x86.avx512.vpdpbusd.256: the 256-bit form of both AVX-512 VNNI + VL (EVEX) and AVX-VNNI
+    (VEX), encoded by LLVM for the features it compiles for. <8 x i32> operands: the form every LLVM version
+    takes (LLVM 22 upgrades it to its <32 x i8> one)."""
+    if not _isa.VNNI_BUILT:     # LLVM would abort the process (cannot select); the kernels prune this branch
+        raise AssertionError("vpdpbusd asked of a compile target without VNNI")
+    return builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256", (), ir.FunctionType(V8I, [V8I] * 3))
+
+
+def dot_u8s8(builder, isa, u, s):
+    """<8 x i32>, lane i = sum over k < 4 of u[4i + k] s[4i + k]: u unsigned and s signed bytes (<32 x i8>).
+    AVX2: pmaddwd(pmaddubsw(u, s), 1); VNNI: vpdpbusd(0, u, s). pmaddubsw saturates its pair sums
+    u0 s0 + u1 s1 to int16 and vpdpbusd does not, so the two are equal where no pair sum leaves int16: every
+    caller's u is at most 128 (|w|, or 4- / 5-bit codes), so a pair is within [-32768, 32512] for any s."""
+    if isa == _isa.VNNI:
+        return builder.call(_vpdpbusd(builder), [ir.Constant(V8I, None), builder.bitcast(u, V8I),
+                                                 builder.bitcast(s, V8I)])
+    return builder.call(avx2(builder, "pmadd.wd"), [builder.call(avx2(builder, "pmadd.ub.sw"), [u, s]),
+                                                    ir.Constant(V16W, [1] * 16)])
 
 
 def const(v, ty=I64):

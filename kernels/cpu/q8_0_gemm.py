@@ -21,6 +21,8 @@ operation per (token, row) is the kernel's, so are the bits. How the integers ar
     int16 pair sums): pmaddubsw(|w|, sign(w) x) as mv_avx2, with |w| unpacked once.
 Each thread unpacks PANEL rows at a time (codes, |w|, float32 scales) and multiplies them with its range of
 token groups, whose packed activations stay in L1 while they meet every row of the panel.
+On a VNNI CPU (isa.py) vpdpbusd replaces pmaddubsw + pmaddwd, as in mv_avx2: the same integers (unsigned
+operands |w| <= 128 or codes <= 31: no pair sum saturates; llvm_ir.dot_u8s8).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from numba.extending import intrinsic
 from . import llvm_ir as L
 from . import q8_0_int8 as q8
 from .gemm_work import token_chunks
+from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
 
 MIN_TOK = 16          # from here on the GEMM (every matrix: small ones too, split over token ranges); below,
                       # q8_0_int8.mv_avx2 (perf/bench_prompt_gemm.py)
@@ -135,11 +138,11 @@ def _pack_activations(x3, a, a_f32, a_i32, offset):
 
 # --------------------------------------------------------------------------------------------- tile
 
-def _make_tile(signed):
+def _make_tile(signed, isa):
     """The intrinsic tile(pw, i, a, g, out, r, t0): out[t0 + l, r] for the 8 tokens l of group g (stores past
     the last token go to the last one: the packing repeated it, so the value is the same) from row i of
     panel pw. acc[j] holds lane j of the 8 tokens' accumulators (vector lane l = token l), so the block's
-    scale products d_w d_a of the 8 tokens are one multiply."""
+    scale products d_w d_a of the 8 tokens are one multiply. Integer dots with isa's instructions."""
     @intrinsic
     def tile(typingctx, pw, i, a, g, out, r, t0):
         if not (L.c_arrays((pw, types.uint8, 3), (a, types.uint8, 3)) and L.strided_array(out, types.float32, 2)
@@ -148,10 +151,9 @@ def _make_tile(signed):
         sig = types.void(pw, types.intp, a, types.intp, out, types.intp, types.intp)
 
         def codegen(context, builder, signature, args):
-            psign, maddubs, maddwd = (L.avx2(builder, n) for n in ("psign.b", "pmadd.ub.sw", "pmadd.wd"))
+            psign = L.avx2(builder, "psign.b")
             (ppw, wstr, wshape), (pa, astr, _), (pout, ostr, oshape) = (
                 L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2, 4))
-            ones = ir.Constant(L.V16W, [1] * 16)
             w0 = builder.gep(ppw, [builder.mul(args[1], wstr[0])])
             a0 = builder.gep(pa, [builder.mul(args[3], astr[0])])
             acc = [cgutils.alloca_once_value(builder, ir.Constant(L.V8F, None)) for _ in range(8)]
@@ -168,9 +170,9 @@ def _make_tile(signed):
                     xa = L.load(builder, pab, A_X + 32 * j, L.V32B)
                     if signed:
                         sx = builder.call(psign, [xa, dword(pwb, 4 * j)])
-                        isum = builder.call(maddwd, [builder.call(maddubs, [dword(pwb, 32 + 4 * j), sx]), ones])
+                        isum = L.dot_u8s8(builder, isa, dword(pwb, 32 + 4 * j), sx)
                     else:
-                        isum = builder.call(maddwd, [builder.call(maddubs, [dword(pwb, 4 * j), xa]), ones])
+                        isum = L.dot_u8s8(builder, isa, dword(pwb, 4 * j), xa)
                         isum = builder.sub(isum, L.load(builder, pab, A_C + 32 * j, L.V8I))
                     builder.store(builder.fadd(builder.fmul(builder.sitofp(isum, L.V8F), s, flags=L.CONTRACT),
                                                builder.load(acc[j]), flags=L.CONTRACT), acc[j])
@@ -187,14 +189,28 @@ def _make_tile(signed):
     return tile
 
 
-_tile_signed = _make_tile(True)
-_tile_offset = _make_tile(False)
+_tile_signed, _tile_offset, _tile_signed_vnni, _tile_offset_vnni = (
+    _make_tile(signed, isa) for isa in (AVX2, VNNI) for signed in (True, False))
+
+
+@njit(cache=True, inline="always")
+def _tile(offset, isa, pw, i, a, g, out, r, t0):
+    """The tile of the offset or signed kinds with isa's instructions (VNNI where compiled: as q8._dot)."""
+    if VNNI_BUILT and isa == VNNI:
+        if offset:
+            _tile_offset_vnni(pw, i, a, g, out, r, t0)
+        else:
+            _tile_signed_vnni(pw, i, a, g, out, r, t0)
+    elif offset:
+        _tile_offset(pw, i, a, g, out, r, t0)
+    else:
+        _tile_signed(pw, i, a, g, out, r, t0)
 
 
 # -------------------------------------------------------------------------------------------- GEMM
 
 @njit(cache=True, parallel=True)
-def _gemm(raw3, kind, x3, out, offset, w_rec, a_rec, n_threads):
+def _gemm(raw3, kind, x3, out, offset, w_rec, a_rec, n_threads, isa):
     n_rows, nb = raw3.shape[0], raw3.shape[1]
     n_tg = (x3.shape[0] + T - 1) // T
     a = np.empty((n_tg, nb, a_rec), dtype=np.uint8)
@@ -210,15 +226,12 @@ def _gemm(raw3, kind, x3, out, offset, w_rec, a_rec, n_threads):
             _unpack_row(kind, raw3, r0 + i, pw, i)
         for g in range(n_tg * c // n_ch, n_tg * (c + 1) // n_ch):
             for i in range(n_in_pan):
-                if offset:
-                    _tile_offset(pw, i, a, g, out, r0 + i, g * T)
-                else:
-                    _tile_signed(pw, i, a, g, out, r0 + i, g * T)
+                _tile(offset, isa, pw, i, a, g, out, r0 + i, g * T)
 
 
-def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, kind: int) -> None:
+def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, kind: int, isa: int = INT8_ISA) -> None:
     """out (n_tok, n_rows) = x @ W.T, W (n_rows, blocks, block bytes) in block format `kind` (q8_0_int8.py's
-    kinds), x float32 (n_tok, blocks, 32): q8_0_int8.mv_avx2's results, bit for bit."""
+    kinds), x float32 (n_tok, blocks, 32): q8_0_int8.mv_avx2's results, bit for bit. isa: isa.AVX2 or VNNI."""
     signed = kind not in OFFSET
     _gemm(raw3, kind, x3, out, OFFSET.get(kind, 0), _w_rec(signed), _a_rec(signed),
-          numba.get_num_threads())
+          numba.get_num_threads(), isa)

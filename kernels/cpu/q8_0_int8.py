@@ -12,6 +12,8 @@ one integer dot: pmaddubsw takes unsigned x signed bytes, so it gets |w| and sig
 the int16 pair sums (|w| <= 128, |a| <= 127: < 2^15) are widened by pmaddwd, and one float FMA per
 block applies d_w * d_a. The float kernel in matvec.py (int8 -> float32 conversions + FMAs) is
 compute-bound at ~17 G weights/s on 2 threads; this one is memory-bound (bench_cpu_kernels.py).
+On a VNNI CPU (isa.py) vpdpbusd replaces pmaddubsw + pmaddwd: the same integers (|w| <= 128, so no pair sum
+saturates; llvm_ir.dot_u8s8), so the same bits.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from numba.extending import intrinsic
 from . import llvm_ir as L
 from .act_quant import round_f16
 from .dequant import IQ4NL_VALUES
+from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
 from .prefetch import emit_prefetch
 
 QK = 32
@@ -118,7 +121,7 @@ def _f16(builder, p):
     return builder.fpext(builder.bitcast(L.load(builder, p, 0, L.I16), ir.HalfType()), L.F32)
 
 
-def _make_dot(block_weights, doc_format: str):
+def _make_dot(block_weights, doc_format: str, isa: int):
     @intrinsic
     def dot(typingctx, raw3, r0, xq, xd, t0, n_tok, out):
         if not (L.c_arrays((raw3, types.uint8, 3), (xq, types.int8, 3), (xd, types.float32, 2))
@@ -130,10 +133,9 @@ def _make_dot(block_weights, doc_format: str):
         R = 4 if T == 1 else 1
 
         def codegen(context, builder, signature, args):
-            psign, maddubs, maddwd = (L.avx2(builder, n) for n in ("psign.b", "pmadd.ub.sw", "pmadd.wd"))
+            psign = L.avx2(builder, "psign.b")
             (praw, rstr, rshape), (pxq, qstr, _), (pxd, dstr, _), (pout, ostr, _) = (
                 L.array_arg(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 6))
-            ones = ir.Constant(L.V16W, [1] * 16)
             r_idx = L.clamped_rows(builder, args[1], R, rshape[0])
             t_idx = [builder.add(args[4], L.const(j)) for j in range(T)]
             row0 = [builder.gep(praw, [builder.mul(r, rstr[0])]) for r in r_idx]
@@ -153,8 +155,7 @@ def _make_dot(block_weights, doc_format: str):
                     w, dw = block_weights(builder, p)
                     uw = builder.call(psign, [w, w])        # |w|; -128 stays 0x80 = 128 unsigned
                     for j in range(T):
-                        isum = builder.call(maddwd, [builder.call(maddubs, [uw, builder.call(psign, [xa[j], w])]),
-                                                     ones])
+                        isum = L.dot_u8s8(builder, isa, uw, builder.call(psign, [xa[j], w]))
                         s = L.splat(builder, builder.fmul(dw, da[j]), L.V8F)
                         a = acc_ptr[k][j]
                         builder.store(builder.fadd(builder.fmul(builder.sitofp(isum, L.V8F), s, flags=L.CONTRACT),
@@ -167,7 +168,8 @@ def _make_dot(block_weights, doc_format: str):
 
     dot.__doc__ = f"""out[t0 + j, r] = dot(W[r], x[t0 + j]) for j < n_tok (a literal 1..MAX_TOK) and rows r0 ..
     r0 + R - 1 (R = 4 for one token, else 1; rows past the last are clamped to it). raw3 uint8 (rows, blocks,
-    bytes) {doc_format}; xq int8 (tokens, blocks, 32); xd float32 (tokens, blocks); out float32 (tokens, rows)."""
+    bytes) {doc_format}; xq int8 (tokens, blocks, 32); xd float32 (tokens, blocks); out float32 (tokens, rows).
+    Integer dots with isa's instructions (isa.AVX2 or VNNI)."""
     return dot
 
 
@@ -194,23 +196,35 @@ def _by_token_count(dot):
     return call
 
 
-_dot_q8_0 = _by_token_count(_make_dot(_q8_0_weights, "Q8_0"))
-_dot_q5_0 = _by_token_count(_make_dot(_q5_0_weights, "Q5_0"))
-_dot_q4_0 = _by_token_count(_make_dot(_q4_0_weights, "Q4_0"))
-_dot_iq4_nl = _by_token_count(_make_dot(_iq4_nl_weights, "IQ4_NL"))
+def _by_kind(isa):
+    """The kernels of every block format for isa's instructions, by run-time `kind`."""
+    q8_0, q5_0, q4_0, iq4_nl = (_by_token_count(_make_dot(w, name, isa)) for w, name in (
+        (_q8_0_weights, "Q8_0"), (_q5_0_weights, "Q5_0"), (_q4_0_weights, "Q4_0"), (_iq4_nl_weights, "IQ4_NL")))
+
+    @njit(cache=True, inline="always")
+    def call(kind, raw3, r, xq, xd, t0, nt, out):
+        if kind == Q5_0_KIND:
+            q5_0(raw3, r, xq, xd, t0, nt, out)
+        elif kind == Q4_0_KIND:
+            q4_0(raw3, r, xq, xd, t0, nt, out)
+        elif kind == IQ4_NL_KIND:
+            iq4_nl(raw3, r, xq, xd, t0, nt, out)
+        else:
+            q8_0(raw3, r, xq, xd, t0, nt, out)
+    return call
+
+
+_dot_avx2, _dot_vnni = _by_kind(AVX2), _by_kind(VNNI)
 
 
 @njit(cache=True, inline="always")
-def _dot(kind, raw3, r, xq, xd, t0, nt, out):
-    """The kernel of block format `kind` for nt (1..MAX_TOK) tokens from t0 (one token: 4 rows from r)."""
-    if kind == Q5_0_KIND:
-        _dot_q5_0(raw3, r, xq, xd, t0, nt, out)
-    elif kind == Q4_0_KIND:
-        _dot_q4_0(raw3, r, xq, xd, t0, nt, out)
-    elif kind == IQ4_NL_KIND:
-        _dot_iq4_nl(raw3, r, xq, xd, t0, nt, out)
+def _dot(kind, isa, raw3, r, xq, xd, t0, nt, out):
+    """The kernel of block format `kind` for nt (1..MAX_TOK) tokens from t0 (one token: 4 rows from r); isa
+    VNNI takes the VNNI kernels where they are compiled (a constant: the other branch is pruned), else AVX2."""
+    if VNNI_BUILT and isa == VNNI:
+        _dot_vnni(kind, raw3, r, xq, xd, t0, nt, out)
     else:
-        _dot_q8_0(raw3, r, xq, xd, t0, nt, out)
+        _dot_avx2(kind, raw3, r, xq, xd, t0, nt, out)
 
 
 ROW_GROUP = 16    # rows per work item with several tokens: their blocks (16 x 34 B per 32 weights) and a
@@ -218,7 +232,7 @@ ROW_GROUP = 16    # rows per work item with several tokens: their blocks (16 x 3
 
 
 @njit(cache=True, inline="always")
-def _row_group(kind, raw3, g, xq, xd, out):
+def _row_group(kind, isa, raw3, g, xq, xd, out):
     """Rows g*ROW_GROUP .. for every token, MAX_TOK tokens (at least 2) per kernel call, chunk-major."""
     n_tok = xq.shape[0]
     r0 = g * ROW_GROUP
@@ -228,28 +242,29 @@ def _row_group(kind, raw3, g, xq, xd, out):
         t0 = n_tok * c // n_chunks
         nt = n_tok * (c + 1) // n_chunks - t0
         for r in range(r0, r1):
-            _dot(kind, raw3, r, xq, xd, t0, nt, out)
+            _dot(kind, isa, raw3, r, xq, xd, t0, nt, out)
 
 
 @njit(cache=True, parallel=True)
-def mv_avx2(raw3, x3, out, kind=Q8_0_KIND):
+def mv_avx2(raw3, x3, out, kind=Q8_0_KIND, isa=INT8_ISA):
     """out (n_tok, n_rows) = x @ W.T; W Q8_0 or Q5_0 (`kind`) as (n_rows, nb, block bytes), x float32
     (n_tok, nb, 32) quantized here. Any n_tok: each (token, row) is the same sum in the same order
-    whatever else is in the call, and a Q5_0 matrix gives the bits its Q8_0 repacking gives."""
+    whatever else is in the call, and a Q5_0 matrix gives the bits its Q8_0 repacking gives. isa: AVX2 or
+    VNNI (isa.py; the import-time choice by default), the same bits."""
     n, n_tok = raw3.shape[0], x3.shape[0]
     xq = np.empty(x3.shape, dtype=np.int8)
     xd = np.empty(x3.shape[:2], dtype=np.float32)
     _quantize_rows(x3, xq, xd)
     if n_tok == 1:
         for g in prange((n + 3) // 4):
-            _dot(kind, raw3, 4 * g, xq, xd, 0, 1, out)
+            _dot(kind, isa, raw3, 4 * g, xq, xd, 0, 1, out)
     else:
         for g in prange((n + ROW_GROUP - 1) // ROW_GROUP):
-            _row_group(kind, raw3, g, xq, xd, out)
+            _row_group(kind, isa, raw3, g, xq, xd, out)
 
 
 @njit(cache=True)
-def mv_avx2_serial(raw3, x3, out, kind=Q8_0_KIND):
+def mv_avx2_serial(raw3, x3, out, kind=Q8_0_KIND, isa=INT8_ISA):
     """mv_avx2 on the calling thread (small matrices: a parallel launch costs more than it saves);
     bit-identical results."""
     n, n_tok = raw3.shape[0], x3.shape[0]
@@ -258,7 +273,7 @@ def mv_avx2_serial(raw3, x3, out, kind=Q8_0_KIND):
     _quantize_rows(x3, xq, xd)
     if n_tok == 1:
         for g in range((n + 3) // 4):
-            _dot(kind, raw3, 4 * g, xq, xd, 0, 1, out)
+            _dot(kind, isa, raw3, 4 * g, xq, xd, 0, 1, out)
     else:
         for g in range((n + ROW_GROUP - 1) // ROW_GROUP):
-            _row_group(kind, raw3, g, xq, xd, out)
+            _row_group(kind, isa, raw3, g, xq, xd, out)
