@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import numpy as np
+
 
 class Backend(ABC):
     name: str
@@ -132,6 +134,15 @@ class Backend(ABC):
     def sample(self, logits, rows, counts):
         """Device logits (m, n_vocab) float32 (left unchanged), host SampleRows of m rows, device counts
         table (from token_counts; may be None when every rows.count_rows is -1) -> host Sampled."""
+
+    def argmax_prob(self, logits):
+        """Device logits (m, n_vocab) -> host (ids (m,) int64: the lowest id of each row's largest logit, probs
+        (m,) float64: its softmax probability): greedy drafts and their confidences. This default samples
+        greedily with logprobs; a backend may give the same ids through a faster path."""
+        from .sample_rows import SampleRows
+        m = logits.shape[0]
+        s = self.sample(logits, SampleRows.from_rows([{"n_logprobs": 0}] * m), None)
+        return np.asarray(s.ids[:m], np.int64), np.exp(np.asarray(s.logprob[:m], np.float64))
     @abstractmethod
     def token_counts(self, n_rows: int, n_vocab: int):
         """-> device int32 (n_rows, n_vocab) table of zeros."""

@@ -14,16 +14,14 @@ __device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
     }
 }
 
-// logits (m, V) float32, 16-byte aligned rows when vec4; best (m,) int32. grid m, block ARGMAX_THREADS.
-extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_rows(const float* __restrict__ logits,
-                                                                        int* __restrict__ best, int V, int vec4) {
-    grid_dependency_sync();
+// The CTA's best (value, id) of one row (every thread gets it): threads visit their ids in ascending order
+// keeping the first maximum, then the CTA keeps the lower id of equal values. bi = V when no value was taken.
+__device__ __forceinline__ void row_best(const float* __restrict__ row, int V, int vec4, float& bv, int& bi) {
     __shared__ float sv[ARGMAX_THREADS / WARP];
     __shared__ int si[ARGMAX_THREADS / WARP];
-    const int r = blockIdx.x, t = threadIdx.x;
-    const float* row = logits + (size_t)r * V;
-    float bv = __int_as_float(0xff800000u);   // -inf: only a larger value is ever taken
-    int bi = V;                               // sentinel: no value taken
+    const int t = threadIdx.x;
+    bv = __int_as_float(0xff800000u);         // -inf: only a larger value is ever taken
+    bi = V;                                   // sentinel: no value taken
     if (vec4) {
         const float4* row4 = (const float4*)row;
         const int n4 = V / 4;
@@ -62,12 +60,46 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_rows(const f
         si[t / WARP] = bi;
     }
     __syncthreads();
-    if (t < WARP) {
-        bv = sv[t];
-        bi = si[t];
+    bv = sv[t % WARP];
+    bi = si[t % WARP];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-        if (t == 0) best[r] = bi < V ? bi : 0;
+    for (int o = 16; o > 0; o >>= 1)
+        better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+}
+
+// logits (m, V) float32, 16-byte aligned rows when vec4; best (m,) int32. grid m, block ARGMAX_THREADS.
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_rows(const float* __restrict__ logits,
+                                                                        int* __restrict__ best, int V, int vec4) {
+    grid_dependency_sync();
+    float bv;
+    int bi;
+    row_best(logits + (size_t)blockIdx.x * V, V, vec4, bv, bi);
+    if (threadIdx.x == 0) best[blockIdx.x] = bi < V ? bi : 0;
+}
+
+// argmax_rows's id and its softmax probability, 1 / sum_j exp(x_j - x_best) (the sum in a fixed order: each
+// thread's ids ascending, then xor trees), as out (m, 2) float32: [id bits as int32, probability]. A row
+// without a finite best value gives id 0 and probability 0. An MTP drafter's greedy draft and confidence.
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_prob_rows(const float* __restrict__ logits,
+                                                                             float* __restrict__ out, int V, int vec4) {
+    grid_dependency_sync();
+    __shared__ float ss[ARGMAX_THREADS / WARP];
+    const float* row = logits + (size_t)blockIdx.x * V;
+    const int t = threadIdx.x;
+    float bv;
+    int bi;
+    row_best(row, V, vec4, bv, bi);
+    float sum = 0.f;
+    for (int j = t; j < V; j += ARGMAX_THREADS) sum += expf(__ldg(row + j) - bv);
+    sum = warp_sum(sum);
+    if (t % WARP == 0) ss[t / WARP] = sum;
+    __syncthreads();
+    if (t < WARP) {
+        sum = warp_sum(ss[t]);
+        if (t == 0) {
+            const bool ok = bi < V && isfinite(bv);
+            out[2 * blockIdx.x] = __int_as_float(ok ? bi : 0);
+            out[2 * blockIdx.x + 1] = ok ? 1.f / sum : 0.f;
+        }
     }
 }

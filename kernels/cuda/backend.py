@@ -227,6 +227,9 @@ class CudaBackend(Backend):
     def sample(self, logits, rows, counts):
         return smp.sample(logits, rows, counts, self._sample_ws)
 
+    def argmax_prob(self, logits):
+        return smp.greedy_with_prob(logits)
+
     # ------------------------------------------------------------------ services
     def kv_copier(self, dev_arrays, host_arrays):
         from .kv_copy import CudaKVCopier

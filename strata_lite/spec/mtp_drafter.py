@@ -33,7 +33,6 @@ from typing import NamedTuple
 import numpy as np
 
 from ..batch import Batch
-from ..kernels.sample_rows import SampleRows
 from ..loader.gguf_file import GGUFFile
 from ..loader.known_models import resolve_model, shipped_mtp_head
 from ..loader.mtp import load_mtp, load_mtp_file
@@ -236,13 +235,12 @@ class MtpDrafter:
         return out, logits
 
     def _argmax(self, logits) -> list[tuple[int, float]]:
-        """(argmax token, its softmax probability) per row: the backend's greedy sampling with logprobs."""
-        m = logits.shape[0]
-        if m == 0:
+        """(argmax token, its softmax probability) per row (Backend.argmax_prob)."""
+        if logits.shape[0] == 0:
             return []
-        s = self.backend.sample(logits, SampleRows.from_rows([{"n_logprobs": 0}] * m), None)
-        tokens = self.head.token_ids(s.ids[:m])      # a draft vocabulary's columns -> token ids
-        return [(int(t), float(np.exp(lp))) for t, lp in zip(tokens, s.logprob[:m])]
+        columns, probs = self.backend.argmax_prob(logits)
+        tokens = self.head.token_ids(columns)        # a draft vocabulary's columns -> token ids
+        return [(int(t), float(p)) for t, p in zip(tokens, probs)]
 
     # drafting
     def ready(self, seq) -> bool:
