@@ -14,7 +14,7 @@ import numpy as np
 from .batch import Batch
 from .kernels.sample_rows import SampleRows
 from .kv_cache import KVCache
-from .runner import load_model
+from .runner import capture_step_graphs, load_model
 from .sampling import InvalidRequest, SamplingParams, draw_uniform, needs_counts, sample_row
 from .spec.controller import SpecController, parse_spec, split_spec
 from .spec.generate import drafted_tokens
@@ -51,12 +51,17 @@ class LLM:
         cfg = self.config
         mode = split_spec(self.spec)[0]
         mtp_w = block_for_spec(loaded.path, cfg, mode, mtp, use_shipped(mode, self.backend))
+        scratch = 1 if self.backend.uses_scratch_page else 0      # for padded rows of captured steps
         self.kv = KVCache(self.backend, cfg.n_layers + (mtp_w is not None), cfg.n_kv_heads, cfg.head_dim,
-                          n_pages=math.ceil(self.n_ctx / PAGE_SIZE), page_size=PAGE_SIZE)
-        self._pages = list(range(self.kv.n_pages))   # the single sequence owns every page, in order
+                          n_pages=math.ceil(self.n_ctx / PAGE_SIZE) + scratch, page_size=PAGE_SIZE)
+        scratch_page = self.kv.alloc(1)[0] if scratch else -1
+        # the single sequence owns every other page, in order (drafting's scheduler allocates its own)
+        self._pages = [p for p in range(self.kv.n_pages) if p != scratch_page]
         self.mtp = None if mtp_w is None else MtpDrafter(self.model, mtp_w, self.kv, cfg.n_layers)
         rows = 1 + SpecController(self.spec).max_draft        # logit rows of a verifying forward
         self.model.reserve(max(self.n_batch, rows), self.n_ctx, rows)
+        # decode (and verify) steps replayed as captured graphs where the backend captures them
+        self.graphs = capture_step_graphs(self.backend, self.model, self.kv, self.mtp, self.n_ctx, scratch_page)
 
     # text <-> ids
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -89,15 +94,23 @@ class LLM:
         return out
 
     def forward(self, batch: Batch, observer=None):
-        """Device logits of one validated batch over this LLM's KV cache (observer: Transformer.forward)."""
+        """Device logits of one validated batch over this LLM's KV cache (observer: Transformer.forward). A
+        decode step replays a captured graph where there is one (the same bits; a view valid until the next
+        forward)."""
         batch.validate(self.kv.n_pages, self.kv.page_size, self.config.n_vocab)
+        if observer is None and self.mtp is None and self.graphs is not None and self.graphs.accepts(batch):
+            return self.graphs.run(batch)
         return self.model.forward(batch, self.kv, observer=observer)
 
     def forward_with_hidden(self, batch: Batch):
         """forward(), handing the hidden states to the MTP drafter when there is one (spec/generate.py)."""
         batch.validate(self.kv.n_pages, self.kv.page_size, self.config.n_vocab)
         if self.mtp is None:
-            return self.model.forward(batch, self.kv)
+            return self.forward(batch)
+        if self.graphs is not None and self.graphs.accepts(batch):
+            logits, hidden = self.graphs.run(batch)
+            self.mtp.keep_hidden(hidden)
+            return logits
         return self.mtp.target_forward(batch)
 
     def _last_logits(self, ids, start_pos: int):

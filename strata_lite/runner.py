@@ -95,6 +95,18 @@ class TimedCopier:
         self.inner.copy_page_prefix(src_page, dst_page, n_tokens)
 
 
+def capture_step_graphs(backend, model, kv, mtp, n_ctx: int, scratch_page: int):
+    """The backend's captured decode / verify steps (kernels/cuda/graphs.py) for model's forward over kv at
+    positions < n_ctx, returning the hidden states beside the logits when an MTP drafter (mtp) reads them,
+    and the drafter's own block forwards (MtpDrafter.capture); None where the backend does not capture.
+    Padded rows of a graph read and write only scratch_page, a page no sequence ever gets."""
+    limits = dict(max_pages=math.ceil(n_ctx / kv.page_size), max_keys=n_ctx, scratch_page=scratch_page)
+    graphs = backend.decode_graphs(lambda b: model.forward(b, kv, all_hidden=mtp is not None), **limits)
+    if mtp is not None:
+        mtp.capture(lambda forward, **kw: backend.decode_graphs(forward, **limits, **kw))
+    return graphs
+
+
 class ModelRunner:
     """Owns the device state of the engine: the KV cache (kv_tokens rounded up to pages), the host pool
     (host_bytes) and the token-count table of the presence / frequency penalties (count_rows rows, handed
@@ -129,12 +141,7 @@ class ModelRunner:
         # decode and verify steps replayed as captured graphs where the backend captures them; padded rows
         # of a graph's token-count bucket read and write only the scratch page, which no sequence ever gets
         self.scratch_page = self.kv.alloc(1)[0] if scratch else -1
-        with_hidden = self.mtp is not None
-        graph_limits = dict(max_pages=math.ceil(n_ctx / page_size), max_keys=n_ctx, scratch_page=self.scratch_page)
-        self.graphs = self.backend.decode_graphs(
-            lambda b: self.model.forward(b, self.kv, all_hidden=with_hidden), **graph_limits)
-        if self.mtp is not None:
-            self.mtp.capture(lambda forward, **kw: self.backend.decode_graphs(forward, **graph_limits, **kw))
+        self.graphs = capture_step_graphs(self.backend, self.model, self.kv, self.mtp, n_ctx, self.scratch_page)
         self.counts = self.backend.token_counts(count_rows, cfg.n_vocab) if count_rows else None
         self._free_count_rows = list(range(count_rows - 1, -1, -1))
 
