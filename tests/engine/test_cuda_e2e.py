@@ -174,10 +174,11 @@ def test_decode_graphs_per_key_bucket_give_the_same_bits(synth_path, monkeypatch
 
 def test_generate_greedy_on_cuda_equals_its_teacher_forced_argmax(synth_path):
     """LLM.generate on the CUDA backend (decode steps replayed from graphs, device sampling): every greedy
-    token is the argmax of the same backend's logits for the whole sequence read as one prompt (exact: a token's logits do not
-    depend on the step that computed it). How close those logits are to the CPU's: test_cuda_logits_match_cpu
-    (comparing greedy tokens with the CPU's instead fails on these random-weight models whenever a rounding
-    flip moves a near-tied argmax: flips shift logits by up to ~4% of their range, see the top)."""
+    token is the argmax of the same backend's logits for the whole sequence read as one prompt (exact: a
+    token's logits do not depend on the step that computed it). How close those logits are to the CPU's:
+    test_cuda_logits_match_cpu (comparing greedy tokens with the CPU's instead fails on these random-weight
+    models whenever a rounding flip moves a near-tied argmax: flips shift logits by up to ~4% of their
+    range, see the top)."""
     from strata_lite import LLM
     prompt = [int(t) for t in _prompt(1000, n=24, seed=2)]
     llm = LLM(synth_path, backend="cuda", n_ctx=128)
