@@ -305,6 +305,16 @@ template <int D, int HT>
 __device__ __forceinline__ int value_channel(int gi, int m, int i) {
     return value_group<D, HT>(gi) * 32 + 4 * (threadIdx.x % WARP / 4) + 2 * m + (i >> 1);
 }
+// f(gi, m, i, h, c) for each of this thread's phase-C sums: acc[gi][m][i] is (head h, channel c).
+template <int D, int HT, class F>
+__device__ __forceinline__ void for_each_value(F f) {
+#pragma unroll
+    for (int gi = 0; gi < Cfg<D, HT>::GPW; gi++)
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) f(gi, m, i, 2 * (threadIdx.x % 4) + (i & 1), value_channel<D, HT>(gi, m, i));
+}
 template <int D, int HT>
 __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int nk, Smem<D, HT>& sh,
                                              float (&acc)[Cfg<D, HT>::GPW][2][4]) {
@@ -351,13 +361,6 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
     }
 }
 
-// Issue the copies of split s's K (or V) rows and scales: the page rows first (one key per thread).
-template <int D, int HT>
-__device__ __forceinline__ void stage(u8* rows, float* scl, const i8* __restrict__ pages,
-                                      const float* __restrict__ scales, int nk, int kvh, int n_kv, Smem<D, HT>& sh) {
-    stage_rows<D, HT>(rows, scl, pages, scales, sh.rowoff, nk, kvh, n_kv);
-}
-
 // grid (n_tok, n_kv * n_ht, looped ? 1 : Z), block NT. The CTA takes splits s = z, z + Z, ... of its token
 // (z = blockIdx.z; looped: z = 0, Z = 1), so the copies of split s + Z fly while split s is computed:
 // K(s + Z) is issued when phase A of s is done with the K buffer, V(s + Z) when phase C is done with the V
@@ -376,7 +379,7 @@ __device__ __forceinline__ void attn_body(
     using C = Cfg<D, HT>;
     static_assert(KPS == NT, "one key of a split per thread");
     __shared__ Smem<D, HT> sh;
-    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP, tq = lane % 4;
+    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     Work w;
     w.q = q;
     w.t = blockIdx.x;
@@ -402,8 +405,8 @@ __device__ __forceinline__ void attn_body(
 
     sh.rowoff[tid] = page_row(z);
     __syncthreads();
-    stage<D, HT>(krows, sh.scl[0], k_pages, k_scales, keys_of(z), w.kvh, n_kv, sh);
-    if constexpr (!C::ONE_BUF) stage<D, HT>(vrows, sh.scl[1], v_pages, v_scales, keys_of(z), w.kvh, n_kv, sh);
+    stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(z), w.kvh, n_kv);
+    if constexpr (!C::ONE_BUF) stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(z), w.kvh, n_kv);
     for (int h = warp; h < w.hcount; h += NW) {  // the heads' power-of-two normalizations (while K flies)
         const float* qh = q + ((i64)w.t * n_heads + w.h0 + h) * D;
         float m = 0.f;
@@ -429,11 +432,11 @@ __device__ __forceinline__ void attn_body(
         phase_scores<D, HT>(w, qf, krows, nk, sh);
         __syncthreads();                         // K buffer and scales free
         if constexpr (C::ONE_BUF) {
-            stage<D, HT>(vrows, sh.scl[1], v_pages, v_scales, nk, w.kvh, n_kv, sh);
+            stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, nk, w.kvh, n_kv);
         } else if (more) {
             sh.rowoff[tid] = row_next;
             __syncthreads();
-            stage<D, HT>(krows, sh.scl[0], k_pages, k_scales, keys_of(sn), w.kvh, n_kv, sh);
+            stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(sn), w.kvh, n_kv);
         }
         phase_softmax<D, HT>(w, nk, sh);
         if (!C::ONE_BUF && more) cp_async_wait<1>(); else cp_async_wait<0>();    // V(s) is here
@@ -445,60 +448,41 @@ __device__ __forceinline__ void attn_body(
             if constexpr (C::ONE_BUF) {
                 sh.rowoff[tid] = row_next;
                 __syncthreads();
-                stage<D, HT>(krows, sh.scl[0], k_pages, k_scales, keys_of(sn), w.kvh, n_kv, sh);
+                stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(sn), w.kvh, n_kv);
             } else {
-                stage<D, HT>(vrows, sh.scl[1], v_pages, v_scales, keys_of(sn), w.kvh, n_kv, sh);
+                stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(sn), w.kvh, n_kv);
             }
         }
         const int part = warp / C::NG;           // head_dim 64: part 1's sums go through the score buffer
         if constexpr (C::KSPLIT > 1) {
             float* red = sh.S;                   // [KSPLIT - 1][HT][D]
             if (part > 0) {
-#pragma unroll
-                for (int gi = 0; gi < C::GPW; gi++)
-#pragma unroll
-                    for (int m = 0; m < 2; m++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const int h = 2 * tq + (i & 1);
-                            if (h < HT) red[((part - 1) * HT + h) * D + value_channel<D, HT>(gi, m, i)] = acc[gi][m][i];
-                        }
+                for_each_value<D, HT>([&](int gi, int m, int i, int h, int c) {
+                    if (h < HT) red[((part - 1) * HT + h) * D + c] = acc[gi][m][i];
+                });
             }
             __syncthreads();
             if (part == 0) {
-#pragma unroll
-                for (int gi = 0; gi < C::GPW; gi++)
-#pragma unroll
-                    for (int m = 0; m < 2; m++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const int h = 2 * tq + (i & 1);
-                            if (h >= HT) continue;
-                            for (int p = 1; p < C::KSPLIT; p++)
-                                acc[gi][m][i] = __fadd_rn(acc[gi][m][i],
-                                                          red[((p - 1) * HT + h) * D + value_channel<D, HT>(gi, m, i)]);
-                        }
+                for_each_value<D, HT>([&](int gi, int m, int i, int h, int c) {
+                    if (h >= HT) return;
+                    for (int p = 1; p < C::KSPLIT; p++)
+                        acc[gi][m][i] = __fadd_rn(acc[gi][m][i], red[((p - 1) * HT + h) * D + c]);
+                });
             }
         }
         if (part == 0) {
-#pragma unroll
-            for (int gi = 0; gi < C::GPW; gi++)
-#pragma unroll
-                for (int m = 0; m < 2; m++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const int h = 2 * tq + (i & 1), c = value_channel<D, HT>(gi, m, i);
-                        if (h >= w.hcount) continue;
-                        if (!looped) {
-                            ws_acc[(((i64)w.t * ws_splits + s) * n_heads + w.h0 + h) * D + c] = acc[gi][m][i];
-                        } else if (s == 0) {
-                            M[gi][m][i] = sh.sm[h];
-                            L[gi][m][i] = sh.sl[h];
-                            A[gi][m][i] = acc[gi][m][i];
-                        } else {
-                            attn_fold(M[gi][m][i], L[gi][m][i], A[gi][m][i], sh.sm[h], sh.sl[h], acc[gi][m][i]);
-                        }
-                    }
+            for_each_value<D, HT>([&](int gi, int m, int i, int h, int c) {
+                if (h >= w.hcount) return;
+                if (!looped) {
+                    ws_acc[(((i64)w.t * ws_splits + s) * n_heads + w.h0 + h) * D + c] = acc[gi][m][i];
+                } else if (s == 0) {
+                    M[gi][m][i] = sh.sm[h];
+                    L[gi][m][i] = sh.sl[h];
+                    A[gi][m][i] = acc[gi][m][i];
+                } else {
+                    attn_fold(M[gi][m][i], L[gi][m][i], A[gi][m][i], sh.sm[h], sh.sl[h], acc[gi][m][i]);
+                }
+            });
         }
         if (!looped && tid < w.hcount) {
             const i64 idx = ((i64)w.t * ws_splits + s) * n_heads + w.h0 + tid;
@@ -507,17 +491,9 @@ __device__ __forceinline__ void attn_body(
         }
     }
     if (looped && warp / C::NG == 0) {
-#pragma unroll
-        for (int gi = 0; gi < C::GPW; gi++)
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int h = 2 * tq + (i & 1);
-                    if (h < w.hcount)
-                        out[((i64)w.t * n_heads + w.h0 + h) * D + value_channel<D, HT>(gi, m, i)] =
-                            __fdiv_rn(A[gi][m][i], L[gi][m][i]);
-                }
+        for_each_value<D, HT>([&](int gi, int m, int i, int h, int c) {
+            if (h < w.hcount) out[((i64)w.t * n_heads + w.h0 + h) * D + c] = __fdiv_rn(A[gi][m][i], L[gi][m][i]);
+        });
     }
 }
 
