@@ -47,9 +47,10 @@ class _StaticBatch:
         self.b = b
         self.scratch_page = scratch_page
 
-    def fill(self, cp, batch, inputs=()) -> None:
-        """Copy a host decode Batch of n <= b tokens in, and the device rows `inputs` (each (n, width)) into
-        the first n rows of self.inputs; the other rows point at the scratch page."""
+    def pack(self, batch) -> np.ndarray:
+        """The static buffer's contents for a host decode Batch of n <= b tokens (a host array, reused by the
+        next call): its ids, positions and each token's page-table row; rows past n point at the scratch
+        page."""
         n, b = len(batch.token_ids), self.b
         h, ht = self._host, self._host_tables
         h[:2 * b] = 0
@@ -58,7 +59,13 @@ class _StaticBatch:
         ht[:] = self.scratch_page
         rows = batch.page_tables[batch.token_seq]                   # (n, width) the pages of each token
         ht[:n, :rows.shape[1]] = rows
-        self._dev.set(h)                                            # pageable source: done when it returns
+        return h
+
+    def fill(self, cp, batch, inputs=()) -> None:
+        """Copy a host decode Batch of n <= b tokens in (pack), and the device rows `inputs` (each (n, width))
+        into the first n rows of self.inputs."""
+        self._dev.set(self.pack(batch))                             # pageable source: done when it returns
+        n = len(batch.token_ids)
         for dst, src in zip(self.inputs, inputs):
             dst[:n] = src                                           # device to device, queued before the replay
 
@@ -146,6 +153,44 @@ class StepGraphs:
         """(tokens, keys) of the graph that replays a Batch that `accepts`."""
         n = len(batch.token_ids)
         return (next(b for b in self.buckets if b >= n), next(k for k in self.key_buckets if k >= batch.max_pos))
+
+    def run_chain(self, batches, hidden, vocab=None):
+        """An autoregressive chain of replays with no host round trip between them (an MTP draft chain), for
+        a graph set whose forward returns (logits, block output) and reads one row input (the hidden state).
+        batches: host Batches that `accepts`, replay j's rows the first n_j of replay j - 1's (n_j not
+        increasing); hidden: device (n_0, width) row input of replay 0. Replay j > 0 takes as its token ids
+        the greedy argmax of replay j - 1's logits (through vocab, a device int32 column -> token id map,
+        when given) and as its row input replay j - 1's block output; batches[j]'s own token ids are used
+        for j = 0 only, its positions and page tables for every j. All replays use the graph of the largest
+        (tokens, keys) bucket (the same bits as any other: module docstring); the inputs of every replay go
+        to the device in one copy, and the argmaxes come back in one.
+        -> host (columns (k, n_0) int64, probabilities (k, n_0) float64): row i of replay j is the argmax
+        column of its logits and its softmax probability (sampling.argmax_prob_rows); entries past n_j are
+        0."""
+        from .sampling import argmax_prob_rows
+        cp = self.cp
+        n0 = len(batches[0].token_ids)
+        key = (next(b for b in self.buckets if b >= n0),
+               next(k for k in self.key_buckets if k >= max(bt.max_pos for bt in batches)))
+        graph, static, (logits, out), _ = self._graphs[key]
+        packed = cp.asarray(np.stack([static.pack(bt) for bt in batches]))     # (k, static length)
+        res = cp.zeros((len(batches), n0, 2), cp.float32)          # (column bits, probability) per replay, row
+        res_ids = res.view(cp.int32)[..., 0]
+        stream = cp.cuda.get_current_stream()
+        row_input = static.inputs[0]
+        for j, bt in enumerate(batches):
+            n = len(bt.token_ids)
+            static._dev[...] = packed[j]
+            if j:
+                ids = res_ids[j - 1, :n]
+                static.token_ids[:n] = ids if vocab is None else vocab[ids]
+                row_input[:n] = out[:n]                             # before this replay overwrites out
+            else:
+                row_input[:n] = hidden
+            graph.launch(stream)
+            argmax_prob_rows(logits[:n], res[j, :n])
+        host = res.get()
+        return host[..., 0].view(np.int32).astype(np.int64), host[..., 1].astype(np.float64)
 
     def run(self, batch, *inputs):
         """Replay the bucket's graph for a host Batch that `accepts` (inputs: one device (n, width) array per

@@ -157,13 +157,20 @@ def greedy_with_prob(logits):
     """-> host (ids (m,) int64, probs (m,) float64): greedy_ids' ids and their softmax probabilities
     (argmax.cu argmax_prob_rows: 1 / sum exp(x - max), one CTA per row in a fixed order), in one launch and one
     copy to the host (the Numba path with logprobs costs ~200-400 us of host time per call)."""
-    cp = cupy()
-    m, n_vocab = logits.shape
-    out = cp.empty((m, 2), cp.float32)
-    vec4 = n_vocab % 4 == 0 and logits.data.ptr % 16 == 0
-    launch("argmax.cu", "argmax_prob_rows", (m,), (_ARGMAX_THREADS,), (logits, out, np.int32(n_vocab), np.int32(vec4)))
+    out = cupy().empty((logits.shape[0], 2), cupy().float32)
+    argmax_prob_rows(logits, out)
     host = out.get()
     return host[:, 0].view(np.int32).astype(np.int64), host[:, 1].astype(np.float64)
+
+
+def argmax_prob_rows(logits, out) -> None:
+    """Queue argmax.cu argmax_prob_rows: device logits (m, n_vocab) -> out (m, 2) float32, per row the argmax
+    column's int32 bits and its softmax probability (out C-contiguous: row r at out[2r], out[2r + 1])."""
+    m, n_vocab = logits.shape
+    if m == 0:
+        return
+    vec4 = n_vocab % 4 == 0 and logits.data.ptr % 16 == 0
+    launch("argmax.cu", "argmax_prob_rows", (m,), (_ARGMAX_THREADS,), (logits, out, np.int32(n_vocab), np.int32(vec4)))
 
 
 def _set(xp, dst, host) -> None:

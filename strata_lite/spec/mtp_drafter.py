@@ -18,7 +18,10 @@ Drafting (`propose`, at plan time): per sequence, step j feeds the block its own
 the hidden state and its own previous argmax as the token, at the next position (rows past n_computed,
 overwritten by `fill` once the true tokens are known). Drafts are greedy argmaxes; a token's confidence
 is the product of the softmax probabilities along the draft (SpecController's auto widths read it as a
-path probability, like a suffix draft's frequency). One forward per chain step for all sequences.
+path probability, like a suffix draft's frequency). One forward per chain step for all sequences; where the
+block's forwards are captured graphs (CUDA), the chain after the first token is queued as back-to-back
+replays whose argmax feeds the next replay's token on the device (StepGraphs.run_chain), so a chain costs
+one host round trip, not one per token.
 
 Cost (`mtp_cost`): drafting k tokens costs k heads and k - 1 block forwards, in target decode steps from
 the weights' byte sizes; SpecController weighs it against a draft's expected gain.
@@ -155,6 +158,7 @@ class MtpDrafter:
                                  #         (first draft token, its probability) once the head ran, else None)
         self.grow = None         # (seq, n_tokens) -> how many fit in its pages: TieredKV.grow_free
         self.fill_graphs = self.chain_graphs = None     # captured block forwards (capture())
+        self._vocab_dev = None   # the draft vocabulary's column -> token id map on the device (chain graphs)
 
     def capture(self, decode_graphs) -> None:
         """Replay the block's forwards as captured graphs where the backend captures them: decode_graphs is
@@ -166,6 +170,8 @@ class MtpDrafter:
         self.fill_graphs = decode_graphs(lambda b, h: self.head.forward(b, h, layer_kv)[1], logits=False,
                                          row_inputs=(width,))
         self.chain_graphs = decode_graphs(lambda b, h: self.head.forward(b, h, layer_kv), row_inputs=(width,))
+        if self.chain_graphs is not None and self.head.vocab is not None:
+            self._vocab_dev = self.backend.from_host(self.head.vocab.astype(np.int32))
 
     # filling the KV layer
     def target_forward(self, batch):
@@ -213,8 +219,8 @@ class MtpDrafter:
         for seq, row in zip(first_seqs, first_rows):
             self.first[seq] = (seq.n_computed, out, row, None)
 
-    def _forward(self, hidden, rows, ids, pos, seq_of, tables, logit_rows):
-        be = self.backend
+    def _batch(self, ids, pos, seq_of, tables, logit_rows) -> Batch:
+        """A validated Batch of the block's rows: token ids, positions, row -> table index, page tables."""
         width = max(len(t) for t in tables)
         page_tables = np.zeros((len(tables), width), np.int32)
         for r, t in enumerate(tables):
@@ -222,6 +228,11 @@ class MtpDrafter:
         batch = Batch(np.asarray(ids, np.int32), np.asarray(pos, np.int32), np.asarray(seq_of, np.int32),
                       page_tables, np.asarray(logit_rows, np.int64))
         batch.validate(self.kv.n_pages, self.kv.page_size, self.n_vocab)
+        return batch
+
+    def _forward(self, hidden, rows, ids, pos, seq_of, tables, logit_rows):
+        be = self.backend
+        batch = self._batch(ids, pos, seq_of, tables, logit_rows)
         n_hidden = hidden.shape[0]
         if len(rows) != n_hidden or rows != list(range(n_hidden)):
             hidden = be.take_rows(hidden, be.from_host(np.asarray(rows, np.int32)))
@@ -284,6 +295,8 @@ class MtpDrafter:
             drafts[seq] = ([tok], [p])
             state[seq] = (caps[seq],) + self.first[seq][1:3]
         live = [s for s in drafts if more(s)]
+        if live and self.chain_graphs is not None and self._chain_on_device(live, state, drafts, more):
+            live = []
         j = 1
         while live:
             if self.grow is not None:     # step j writes the row at n_computed + j - 1: its page, if one is free
@@ -302,6 +315,41 @@ class MtpDrafter:
             j += 1
             live = [s for s in live if more(s)]
         return {s: Draft(t, c, 0) for s, (t, c) in drafts.items()}
+
+    def _chain_on_device(self, live, state, drafts, more) -> bool:
+        """propose's further tokens (from the second on) for the sequences `live`, as one
+        StepGraphs.run_chain: the whole chain is queued on the device and its argmaxes come back in one copy,
+        instead of a host round trip per token. Each sequence runs to its cap or its free pages (self.grow);
+        its confidence stop (more) is applied afterwards to the tokens computed, and since rows are
+        independent the tokens kept are those the step-by-step loop gives (rows computed past the stop only
+        wrote KV rows past n_computed, which fill() overwrites). False, with nothing drafted, when a step
+        does not fit the graphs (more rows than the largest bucket, longer page tables than captured)."""
+        steps = {s: state[s][0] - 1 for s in live}        # chain steps after the first token: cap - 1
+        if self.grow is not None:                         # step j writes the row at n_computed + j - 1
+            steps = {s: min(k, self.grow(s, k)) for s, k in steps.items()}
+        order = sorted((s for s in live if steps[s] > 0), key=lambda s: -steps[s])   # each step a prefix
+        if not order:
+            return True
+        batches = []
+        for j in range(1, steps[order[0]] + 1):
+            rows = order[:sum(steps[s] >= j for s in order)]
+            idx = list(range(len(rows)))
+            ids = [drafts[s][0][-1] for s in rows] if j == 1 else [0] * len(rows)    # j > 1: from the device
+            batches.append(self._batch(ids, [s.n_computed + j - 1 for s in rows], idx, [s.pages for s in rows],
+                                       idx))
+        if not all(self.chain_graphs.accepts(b) for b in batches):
+            return False
+        hidden = self._gather([state[s][1:] for s in order])
+        columns, probs = self.chain_graphs.run_chain(batches, hidden, self._vocab_dev)
+        for i, s in enumerate(order):
+            toks, conf = drafts[s]
+            tokens = self.head.token_ids(columns[:steps[s], i])
+            for tok, p in zip(tokens, probs[:steps[s], i]):
+                if not more(s):
+                    break
+                toks.append(int(tok))
+                conf.append(conf[-1] * float(p))
+        return True
 
     def _gather(self, srcs):
         """Rows (array, row) of device block outputs as one (m, n_embd) array."""

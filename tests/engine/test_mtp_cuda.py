@@ -1,5 +1,6 @@
 """MTP drafting on the CUDA backend: the block's forwards replayed as captured graphs (the fill's KV rows and
-the chain steps, spec/mtp_drafter.py capture()) give the eager forward's bits, and the engine's greedy
+the chain steps, spec/mtp_drafter.py capture()) give the eager forward's bits, a chain queued on the device
+(run_chain) drafts what the host loop drafts, and the engine's greedy
 output with `--spec mtp` equals `--spec off` token for token with the graphs in use. A tiny model with a
 random MTP block (tests/tiny_model.py) at head_dim 64, the smallest the CUDA attention takes."""
 import numpy as np
@@ -32,6 +33,17 @@ class _Counted:
     def run(self, batch, *inputs):
         self.runs += 1
         return self.graphs.run(batch, *inputs)
+
+    def run_chain(self, batches, *args):
+        self.runs += len(batches)
+        return self.graphs.run_chain(batches, *args)
+
+
+class _Seq:
+    """What MtpDrafter.propose reads of a sequence."""
+
+    def __init__(self, n_computed, pages):
+        self.n_computed, self.pages = n_computed, pages
 
 
 def test_block_graphs_give_the_eager_bits(mtp_path):
@@ -71,6 +83,51 @@ def test_block_graphs_give_the_eager_bits(mtp_path):
         want = [be.to_host(out_e)] + ([be.to_host(logits_e)] if with_logits else []) + layer_rows()
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("draft_vocab", [False, True], ids=["vocab", "draft_vocab"])
+def test_device_chain_equals_the_step_loop(mtp_path, draft_vocab):
+    """propose's chain as one run_chain (argmax feeding the next replay on the device) gives the tokens and
+    confidences, bit for bit, of the host loop of one forward per token, with sequences of different caps,
+    one stopped by its confidence floor and one by its free pages; with a draft vocabulary (a permutation of
+    the columns here) mapped on the device as the host maps it."""
+    from strata_lite.runner import ModelRunner, load_model
+    from strata_lite.spec.mtp_drafter import mtp_weights
+    loaded = load_model(mtp_path, backend="cuda")
+    cfg = loaded.config
+    runner = ModelRunner(loaded, kv_tokens=1024, page_size=64, host_bytes=0, n_ctx=N_CTX, max_step_tokens=64,
+                         max_seqs=4, mtp_weights=mtp_weights(mtp_path, cfg, None))
+    be, kv, d = runner.backend, runner.kv, runner.mtp
+    rng = np.random.default_rng(1)
+    if draft_vocab:
+        d.head.vocab = rng.permutation(cfg.n_vocab).astype(np.int32)
+        d._vocab_dev = be.from_host(d.head.vocab)
+    seqs = [_Seq(n, kv.alloc(2)) for n in (30, 45, 61)]
+    for s in seqs:                                   # the block's KV rows of each prompt, eagerly
+        n = s.n_computed
+        hid = be.from_host(rng.standard_normal((n, cfg.n_embd)).astype(np.float32))
+        d._forward(hid, list(range(n)), [int(t) for t in rng.integers(0, cfg.n_vocab, n)], list(range(n)),
+                   [0] * n, [s.pages], [])
+    outs = be.from_host(rng.standard_normal((3, cfg.n_embd)).astype(np.float32))
+    caps = {seqs[0]: 5, seqs[1]: 4, seqs[2]: 3}
+    floors = {seqs[1]: [0.0, 0.0, 1.0]}             # seqs[1] stops before its third token
+    d.grow = lambda s, n: min(n, 1) if s is seqs[2] else n      # seqs[2]: one chain row's page only
+
+    def propose():
+        for i, s in enumerate(seqs):
+            d.first[s] = (s.n_computed, outs, i, None)
+        return d.propose(caps, 0.0, floors)
+
+    counted = _Counted(d.chain_graphs)
+    d.chain_graphs = counted
+    on_device = propose()
+    assert counted.runs == 4                          # seqs[0]'s 4 chain steps (the others: prefixes of them)
+    d.chain_graphs = None
+    looped = propose()
+    assert [len(on_device[s].tokens) for s in seqs] == [5, 2, 2]
+    for s in seqs:
+        assert on_device[s].tokens == looped[s].tokens
+        assert on_device[s].conf == looped[s].conf
 
 
 def _greedy(eng, prompts, tag):
