@@ -48,8 +48,8 @@ class _StaticBatch:
         self.scratch_page = scratch_page
 
     def pack(self, batch) -> np.ndarray:
-        """The static buffer's contents for a host decode Batch of n <= b tokens (a host array, reused by the
-        next call): its ids, positions and each token's page-table row; rows past n point at the scratch
+        """The static buffer's contents for a host decode Batch of n <= b tokens (a host array that the next
+        call overwrites): its ids, positions and each token's page-table row; rows past n point at the scratch
         page."""
         n, b = len(batch.token_ids), self.b
         h, ht = self._host, self._host_tables
@@ -173,7 +173,7 @@ class StepGraphs:
         key = (next(b for b in self.buckets if b >= n0),
                next(k for k in self.key_buckets if k >= max(bt.max_pos for bt in batches)))
         graph, static, (logits, out), _ = self._graphs[key]
-        packed = cp.asarray(np.stack([static.pack(bt) for bt in batches]))     # (k, static length)
+        packed = cp.asarray(np.stack([static.pack(bt).copy() for bt in batches]))   # (k, static length)
         res = cp.zeros((len(batches), n0, 2), cp.float32)          # (column bits, probability) per replay, row
         res_ids = res.view(cp.int32)[..., 0]
         stream = cp.cuda.get_current_stream()
