@@ -24,10 +24,7 @@ log = logging.getLogger("strata_lite.cpu")
 # the extensions worth reporting: what the kernels use (avx2, fma, f16c; VNNI where present) and wider ones
 REPORTED = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni", "amx-int8")
 AVX2, VNNI = 0, 1                 # the int8 kernels' `isa` argument
-ISA_ENV = "STRATA_LITE_CPU_ISA"   # "vnni": VNNI where the CPU has it; unset, "auto" or "avx2": the AVX2 path
-# `auto` takes VNNI once the VNNI path has run on VNNI hardware (tests/kernels/test_cpu_isa.py there): until
-# then it is opt-in (docs/cpu.md, "CPU instruction sets")
-AUTO_TAKES_VNNI = False
+ISA_ENV = "STRATA_LITE_CPU_ISA"   # unset, "auto" or "vnni": VNNI where the CPU has it; "avx2": the AVX2 path
 
 
 def host_features() -> dict[str, bool]:
@@ -63,8 +60,6 @@ def choose_isa(feats: dict[str, bool], env) -> tuple[int, str]:
         return AVX2, "int8 AVX2 kernels" + note
     if want == "avx2":
         return AVX2, f"int8 AVX2 kernels ({ISA_ENV}=avx2; the CPU has {kind})"
-    if want == "auto" and not AUTO_TAKES_VNNI:
-        return AVX2, f"int8 AVX2 kernels (the CPU has {kind}: {ISA_ENV}=vnni uses it)" + note
     return VNNI, f"int8 {kind} kernels (vpdpbusd, 256-bit)" + note
 
 

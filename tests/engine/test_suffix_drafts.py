@@ -68,6 +68,28 @@ def test_step_cost_line():
     assert icpt == pytest.approx(0.018) and slope == pytest.approx(0.002)
 
 
+def test_step_cost_line_is_the_least_squares_fit_of_its_window():
+    """The running-sum fit equals numpy's polyfit over the last `window` samples, also long after samples
+    started leaving the window (the float sums are recomputed, so rounding does not build up), and
+    falls back to the prior slope while the window holds one token count."""
+    rng = np.random.default_rng(0)
+    c = StepCost(window=32)
+    for _ in range(40):
+        c.observe(1, 0.01)
+    icpt, slope = c.line()
+    assert icpt == pytest.approx(0.01, rel=1e-12) and slope == pytest.approx(0.001, rel=1e-12)
+    for i in range(1000):
+        c.observe(int(rng.integers(1, 9)), float(0.01 + 0.001 * rng.random()))
+        if i % 97 == 0 or i == 999:
+            n = np.array([x[0] for x in c.samples], np.float64)
+            t = np.array([x[1] for x in c.samples], np.float64)
+            want_slope, want_icpt = np.polyfit(n, t, 1)
+            one = want_icpt + want_slope
+            got_icpt, got_slope = c.line()
+            assert got_icpt == pytest.approx(want_icpt, rel=1e-9, abs=1e-15)
+            assert got_slope == pytest.approx(max(want_slope, 0.01 * one), rel=1e-9, abs=1e-15)
+
+
 def test_acceptance_counts_depths_reached():
     a = Acceptance(depth=4)
     for _ in range(200):

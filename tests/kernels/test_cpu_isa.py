@@ -7,7 +7,7 @@
 * Where the CPU has AVX-512 VNNI with VL or AVX-VNNI (skipped elsewhere, with that reason): every switched
   kernel (q8_0_int8.mv_avx2 and mv_avx2_serial, q8_0_gemm.matmul; Q8_0, Q5_0, Q4_0, IQ4_NL) gives the AVX2
   path's output bit for bit, on random data and at the largest pmaddubsw pair sums. There the import-time
-  choice is VNNI, so the other kernel tests of this directory (float64 and gguf references, the vector kernels
+  choice is VNNI (the default where the CPU has it), so the other kernel tests of this directory (float64 and gguf references, the vector kernels
   against the GEMMs, batch invariance) run the VNNI path too.
 """
 import json
@@ -38,23 +38,21 @@ def _features(*on):
 
 @pytest.mark.parametrize("on,env,want,name", [
     ((), {}, isa.AVX2, "int8 AVX2 kernels"),
-    (AVX512_VNNI, {}, isa.AVX2, "int8 AVX2 kernels (the CPU has AVX-512 VNNI: STRATA_LITE_CPU_ISA=vnni uses it)"),
+    (AVX512_VNNI, {}, isa.VNNI, "int8 AVX-512 VNNI kernels (vpdpbusd, 256-bit)"),
     (AVX512_VNNI, {isa.ISA_ENV: "vnni"}, isa.VNNI, "int8 AVX-512 VNNI kernels (vpdpbusd, 256-bit)"),
     (("avx512f", "avx512vnni"), {}, isa.AVX2, "int8 AVX2 kernels"),     # no VL: no 256-bit vpdpbusd
-    (("avxvnni",), {}, isa.AVX2, "int8 AVX2 kernels (the CPU has AVX-VNNI: STRATA_LITE_CPU_ISA=vnni uses it)"),
+    (("avxvnni",), {}, isa.VNNI, "int8 AVX-VNNI kernels (vpdpbusd, 256-bit)"),
     (AVX512_VNNI + ("avxvnni",), {isa.ISA_ENV: "vnni"}, isa.VNNI, "int8 AVX-512 VNNI kernels (vpdpbusd, 256-bit)"),
     (AVX512_VNNI, {isa.ISA_ENV: "avx2"}, isa.AVX2, "int8 AVX2 kernels (STRATA_LITE_CPU_ISA=avx2; the CPU has "
                                                    "AVX-512 VNNI)"),
     (("avxvnni",), {isa.ISA_ENV: " AVX2 "}, isa.AVX2, "int8 AVX2 kernels (STRATA_LITE_CPU_ISA=avx2; the CPU has "
                                                       "AVX-VNNI)"),
-    (("avxvnni",), {isa.ISA_ENV: "auto"}, isa.AVX2, "int8 AVX2 kernels (the CPU has AVX-VNNI: "
-                                                   "STRATA_LITE_CPU_ISA=vnni uses it)"),
+    (("avxvnni",), {isa.ISA_ENV: "auto"}, isa.VNNI, "int8 AVX-VNNI kernels (vpdpbusd, 256-bit)"),
     (("avxvnni",), {isa.ISA_ENV: "vnni"}, isa.VNNI, "int8 AVX-VNNI kernels (vpdpbusd, 256-bit)"),
     ((), {isa.ISA_ENV: "vnni"}, isa.AVX2, "int8 AVX2 kernels (STRATA_LITE_CPU_ISA=vnni, but the CPU has neither "
                                           "AVX-512 VNNI with VL nor AVX-VNNI)"),
-    (AVX512_VNNI, {isa.ISA_ENV: "sse"}, isa.AVX2, "int8 AVX2 kernels (the CPU has AVX-512 VNNI: "
-                                                  "STRATA_LITE_CPU_ISA=vnni uses it) (STRATA_LITE_CPU_ISA=sse not "
-                                                  "understood: auto)"),
+    (AVX512_VNNI, {isa.ISA_ENV: "sse"}, isa.VNNI, "int8 AVX-512 VNNI kernels (vpdpbusd, 256-bit) "
+                                                  "(STRATA_LITE_CPU_ISA=sse not understood: auto)"),
 ], ids=lambda v: str(v) if isinstance(v, dict) else None)
 def test_choice_by_features_and_environment(on, env, want, name):
     assert isa.choose_isa(_features(*on), env) == (want, name)
@@ -155,7 +153,7 @@ import re
 import numpy as np
 from numba import types, typeof
 from strata_lite.kernels.cpu import isa, q8_0_gemm, q8_0_int8
-assert isa.VNNI_BUILT and isa.INT8_ISA == isa.AVX2          # VNNI compiled in, chosen only when asked
+assert isa.VNNI_BUILT and isa.INT8_ISA == isa.VNNI          # VNNI compiled in and chosen by default
 raw3, x3, out = np.zeros((4, 8, 34), np.uint8), np.zeros((2, 8, 32), np.float32), np.zeros((2, 4), np.float32)
 i64 = types.int64
 for f, sig in ((q8_0_int8.mv_avx2_serial, (typeof(raw3), typeof(x3), typeof(out), i64, i64)),
@@ -232,8 +230,8 @@ def test_q8_0_vnni_bits_at_the_largest_pair_sums():
 
 
 @needs_vnni
-def test_vnni_is_chosen_when_asked_here():
-    """STRATA_LITE_CPU_ISA=vnni takes the VNNI path on this CPU (run the rest of this directory's int8 tests
-    with it set to check the float64 and gguf references through VNNI as well)."""
+def test_vnni_is_chosen_here():
+    """The VNNI path is the default on this CPU, and STRATA_LITE_CPU_ISA=vnni keeps it (the rest of this
+    directory's int8 tests, the float64 and gguf references included, run through it here)."""
     assert isa.INT8_ISA == isa.choose_isa(isa.host_features(), os.environ)[0]
-    assert _child_choice("vnni")[0] == isa.VNNI
+    assert _child_choice(None)[0] == isa.VNNI and _child_choice("vnni")[0] == isa.VNNI
