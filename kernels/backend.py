@@ -143,6 +143,12 @@ class Backend(ABC):
         m = logits.shape[0]
         s = self.sample(logits, SampleRows.from_rows([{"n_logprobs": 0}] * m), None)
         return np.asarray(s.ids[:m], np.int64), np.exp(np.asarray(s.logprob[:m], np.float64))
+
+    def argmax_ids(self, logits):
+        """Device logits (m, n_vocab) -> device int32 (m,): argmax_prob's ids, for forwards a backend captures
+        (decode_graphs: no host wait there). This default goes through argmax_prob and the host."""
+        return self.from_host(self.argmax_prob(logits)[0].astype(np.int32))
+
     @abstractmethod
     def token_counts(self, n_rows: int, n_vocab: int):
         """-> device int32 (n_rows, n_vocab) table of zeros."""

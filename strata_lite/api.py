@@ -108,8 +108,8 @@ class LLM:
         if self.mtp is None:
             return self.forward(batch)
         if self.graphs is not None and self.graphs.accepts(batch):
-            logits, hidden = self.graphs.run(batch)
-            self.mtp.keep_hidden(hidden)
+            logits, *state = self.graphs.run(batch)
+            self.mtp.keep_hidden(*state)
             return logits
         return self.mtp.target_forward(batch)
 

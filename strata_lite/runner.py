@@ -97,11 +97,12 @@ class TimedCopier:
 
 def capture_step_graphs(backend, model, kv, mtp, n_ctx: int, scratch_page: int):
     """The backend's captured decode / verify steps (kernels/cuda/graphs.py) for model's forward over kv at
-    positions < n_ctx, returning the hidden states beside the logits when an MTP drafter (mtp) reads them,
-    and the drafter's own block forwards (MtpDrafter.capture); None where the backend does not capture.
+    positions < n_ctx, with an MTP drafter (mtp) its step_forward (the hidden states and the block's KV
+    rows beside the logits), and the drafter's own block forwards (MtpDrafter.capture); None where the backend does not capture.
     Padded rows of a graph read and write only scratch_page, a page no sequence ever gets."""
     limits = dict(max_pages=math.ceil(n_ctx / kv.page_size), max_keys=n_ctx, scratch_page=scratch_page)
-    graphs = backend.decode_graphs(lambda b: model.forward(b, kv, all_hidden=mtp is not None), **limits)
+    forward = (lambda b: model.forward(b, kv)) if mtp is None else mtp.step_forward()
+    graphs = backend.decode_graphs(forward, **limits)
     if mtp is not None:
         mtp.capture(lambda forward, **kw: backend.decode_graphs(forward, **limits, **kw))
     return graphs
@@ -151,8 +152,8 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.accepts(batch):
             if self.mtp is None:
                 return self.graphs.run(batch)
-            logits, hidden = self.graphs.run(batch)
-            self.mtp.keep_hidden(hidden)
+            logits, *state = self.graphs.run(batch)
+            self.mtp.keep_hidden(*state)
             return logits
         if self.mtp is not None:            # the drafter fills its KV layer from every row's hidden state
             return self.mtp.target_forward(batch)

@@ -230,6 +230,9 @@ class CudaBackend(Backend):
     def argmax_prob(self, logits):
         return smp.greedy_with_prob(logits)
 
+    def argmax_ids(self, logits):
+        return smp.greedy_ids(logits, self.cp.empty(logits.shape[0], self.cp.int32))
+
     # ------------------------------------------------------------------ services
     def kv_copier(self, dev_arrays, host_arrays):
         from .kv_copy import CudaKVCopier

@@ -159,6 +159,7 @@ class MtpDrafter:
         self.grow = None         # (seq, n_tokens) -> how many fit in its pages: TieredKV.grow_free
         self.fill_graphs = self.chain_graphs = None     # captured block forwards (capture())
         self._vocab_dev = None   # the draft vocabulary's column -> token id map on the device (chain graphs)
+        self.fused = None        # (greedy ids, block outputs) of a step_forward graph's step, for fill()
 
     def capture(self, decode_graphs) -> None:
         """Replay the block's forwards as captured graphs where the backend captures them: decode_graphs is
@@ -174,16 +175,36 @@ class MtpDrafter:
             self._vocab_dev = self.backend.from_host(self.head.vocab.astype(np.int32))
 
     # filling the KV layer
+    def step_forward(self):
+        """The main model's decode / verify forward for a captured graph, with the block's KV rows fused in:
+        forward(batch) -> (logits, hidden states, greedy ids (device int32, one per row), block outputs).
+        Row i of the block runs on the row's hidden state and the greedy argmax of its logits as the token at
+        i + 1, which is the token a greedy sequence then keeps (an accepted draft equals it, and so does the
+        sampled one), so for such rows fill() has nothing left to compute; rows whose kept token differs
+        (sampling, penalties) are filled again (fill). Rows past what a step keeps hold rows past
+        n_computed, which later steps overwrite before anything reads them, as in the main layers."""
+        be, layer_kv = self.backend, self.kv.layer(self.layer)
+
+        def forward(batch):
+            logits, hidden = self.model.forward(batch, self.kv, all_hidden=True)
+            ids = be.argmax_ids(logits)
+            _, out = self.head.forward(_NextTokenRows(batch, ids), hidden, layer_kv)
+            return logits, hidden, ids, out
+        return forward
+
     def target_forward(self, batch):
         """The main model's forward of a validated batch -> logits; its hidden states at every row
         (Transformer.forward(all_hidden=True): nothing more is computed) are kept for fill()."""
         logits, self.hidden = self.model.forward(batch, self.kv, all_hidden=True)
+        self.fused = None
         return logits
 
-    def keep_hidden(self, hidden) -> None:
+    def keep_hidden(self, hidden, ids=None, out=None) -> None:
         """The hidden states of a forward run elsewhere (a captured graph's, valid until its next replay:
-        fill() reads them in the same step)."""
+        fill() reads them in the same step); with ids and out, that forward was step_forward's: its greedy
+        ids and the block outputs of the rows it filled."""
         self.hidden = hidden
+        self.fused = None if ids is None else (ids, out)
 
     def fill(self, plan) -> None:
         """Scheduler hook (complete_step, after acceptance, before commit): the block's rows for every
@@ -191,16 +212,22 @@ class MtpDrafter:
         for sequences that then decode, the block output their first draft token comes from (the head
         runs on it when first_token or propose asks)."""
         hidden, self.hidden = self.hidden, None
+        fused, self.fused = self.fused, None
         if hidden is None:
             raise RuntimeError("MtpDrafter.fill without the step's hidden states")
         b = plan.batch
         rows, ids, pos, seq_of, first_rows, first_seqs, tables = [], [], [], [], [], [], []
+        greedy = None if fused is None else self.backend.to_host(fused[0][:len(b.token_ids)])
+        filled = []              # (seq, batch row of its first draft's block output): rows the step filled
         at = 0
         for seq, n in zip(plan.seqs, plan.n_tokens):
             start = int(b.positions[at])
             end = min(seq.n_computed, len(seq.tokens) - 1)         # row i needs the token at i + 1
             k = max(0, min(end - start, n))
-            if k:
+            if k and greedy is not None and np.array_equal(greedy[at:at + k], seq.tokens[start + 1:start + k + 1]):
+                if start + k == len(seq.tokens) - 1 and seq.spec is not None:
+                    filled.append((seq, at + k - 1))
+            elif k:
                 r = len(tables)
                 tables.append(seq.pages)
                 rows.extend(range(at, at + k))
@@ -211,6 +238,10 @@ class MtpDrafter:
                     first_rows.append(len(ids) - 1)
                     first_seqs.append(seq)
             at += n
+        if filled:               # off the graph's buffer: kept past the step (a sequence may sit one out)
+            kept = fused[1][:len(b.token_ids)].copy()
+            for seq, row in filled:
+                self.first[seq] = (seq.n_computed, kept, row, None)
         if not rows:
             return
         out, _ = self._forward(hidden, rows, ids, pos, seq_of, tables, [])
@@ -377,6 +408,16 @@ class MtpDrafter:
 
     def forget(self, seq) -> None:
         self.first.pop(seq, None)
+
+
+class _NextTokenRows:
+    """A captured step's batch as the block reads it, with each row's token replaced by device ids (the
+    greedy token after the row: step_forward); no logit rows (the head does not run)."""
+
+    def __init__(self, batch, ids):
+        self.token_ids, self.positions, self.token_seq = ids, batch.positions, batch.token_seq
+        self.page_tables, self.max_pos = batch.page_tables, batch.max_pos
+        self.logit_rows = np.zeros(0, np.int64)
 
 
 def _stack(be, parts):

@@ -129,8 +129,9 @@ def test_verify_steps_replay_graphs_with_the_bits_of_prompt_chunks(synth_path):
 
 
 def test_graphs_return_the_hidden_states_an_mtp_drafter_reads(synth_path):
-    """Graphs of a forward that returns (logits, last hidden states), as the runner captures them for an MTP
-    drafter, replay both with the bits of the eager forward (a verify-shaped step)."""
+    """Graphs of a forward that returns (logits, last hidden states), the first two outputs of the runner's
+    capture for an MTP drafter (MtpDrafter.step_forward; its block rows: tests/engine/test_mtp_cuda.py),
+    replay both with the bits of the eager forward (a verify-shaped step)."""
     from strata_lite.batch import Batch
     from strata_lite.kernels.cuda.graphs import StepGraphs
     from strata_lite.runner import ModelRunner, load_model

@@ -130,6 +130,55 @@ def test_device_chain_equals_the_step_loop(mtp_path, draft_vocab):
         assert on_device[s].conf == looped[s].conf
 
 
+class _FillSeq:
+    """What MtpDrafter.fill reads of a sequence."""
+
+    def __init__(self, tokens, pages):
+        self.tokens, self.pages, self.n_computed, self.spec = tokens, pages, 0, object()
+
+
+@pytest.mark.parametrize("kept", ["greedy", "other"])
+def test_rows_filled_in_the_step_graph_equal_the_eager_fill(mtp_path, kept):
+    """A decode step replayed through the runner's graph (step_forward: the block's row beside the main
+    forward, with the greedy token) leaves the block's KV row and the first draft's block output that an
+    eager fill with the kept token gives, bit for bit: taken as is when the kept token is the greedy one (no
+    fill graph runs), computed again when it is another (sampling)."""
+    from types import SimpleNamespace
+    from strata_lite.batch import Batch
+    from strata_lite.runner import ModelRunner, load_model
+    from strata_lite.spec.mtp_drafter import mtp_weights
+    loaded = load_model(mtp_path, backend="cuda")
+    cfg = loaded.config
+    runner = ModelRunner(loaded, kv_tokens=1024, page_size=64, host_bytes=0, n_ctx=N_CTX, max_step_tokens=64,
+                         max_seqs=4, mtp_weights=mtp_weights(mtp_path, cfg, None))
+    be, kv, d = runner.backend, runner.kv, runner.mtp
+    rng = np.random.default_rng(2)
+    seq = _FillSeq([int(t) for t in rng.integers(0, cfg.n_vocab, 41)], kv.alloc(2))
+    prompt = Batch.single(seq.tokens[:40], 0, seq.pages, [39])
+    runner.forward(prompt)                                   # eager (40 rows): the block's rows by fill
+    seq.n_computed = 40
+    d.fill(SimpleNamespace(batch=prompt, seqs=[seq], n_tokens=[40]))
+    step = Batch.single(seq.tokens[40:41], 40, seq.pages, [0])
+    assert runner.graphs.accepts(step)
+    greedy = int(be.to_host(runner.forward(step)).argmax())
+    hidden = be.to_host(d.hidden).copy()
+    assert d.fused is not None
+    nxt = greedy if kept == "greedy" else (greedy + 1) % cfg.n_vocab
+    seq.tokens.append(nxt)
+    seq.n_computed = 41
+    fill = _Counted(d.fill_graphs)
+    d.fill_graphs = fill
+    d.fill(SimpleNamespace(batch=step, seqs=[seq], n_tokens=[1]))
+    assert fill.runs == (0 if kept == "greedy" else 1)
+    _, out, row, _ = d.first[seq]
+    got = [be.to_host(out)[row]] + [be.to_host(a).copy() for a in kv.layer(d.layer)]
+    d.fill_graphs = None                                     # the reference: the row again, eagerly
+    ref, _ = d._forward(be.from_host(hidden), [0], [nxt], [40], [0], [seq.pages], [])
+    want = [be.to_host(ref)[0]] + [be.to_host(a).copy() for a in kv.layer(d.layer)]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
 def _greedy(eng, prompts, tag):
     from strata_lite.engine_events import DoneEvent, TokenEvent
     from strata_lite.sequence import Request
@@ -154,10 +203,18 @@ def test_engine_greedy_with_mtp_graphs_equals_spec_off(mtp_path):
     try:
         d = on._runner.mtp
         d.fill_graphs, d.chain_graphs = _Counted(d.fill_graphs), _Counted(d.chain_graphs)
+        fused, keep = [], d.keep_hidden
+
+        def counted_keep(hidden, ids=None, out=None):
+            fused.append(ids is not None)
+            keep(hidden, ids, out)
+        d.keep_hidden = counted_keep
         on._spec.width = 3
         got = [_greedy(on, [p], "m") for p in prompts[:1]] + [_greedy(on, prompts, "M")]
         assert got == want
         assert on._spec.by_source["mtp"]["drafted"] > 20
-        assert d.fill_graphs.runs > 10 and d.chain_graphs.runs > 10
+        # decode / verify steps filled the block's rows inside their own graph (greedy: nothing refilled);
+        # the fill graphs ran for the prompts' rows only
+        assert sum(fused) > 20 and d.fill_graphs.runs <= 4 and d.chain_graphs.runs > 10
     finally:
         on.stop()
