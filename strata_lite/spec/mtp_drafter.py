@@ -12,7 +12,9 @@ tokens; the last prompt position gets its row in the step that samples the first
 decoding sequence the row of its last computed position predicts the token after the pending one: its
 block output is kept, and the head (the vocabulary-wide mat-mul) runs on it only when the first draft
 token is asked for (`first_token`, `propose`), so a step in which no sequence drafts from the block runs
-the block for its KV rows and no head.
+the block for its KV rows and no head. Where the step was a captured graph of step_forward (CUDA), the
+graph already ran the block on every row with the row's greedy token; fill keeps those rows for sequences
+whose kept tokens are the greedy ones and computes only the others.
 
 Drafting (`propose`, at plan time): per sequence, step j feeds the block its own previous block output as
 the hidden state and its own previous argmax as the token, at the next position (rows past n_computed,
