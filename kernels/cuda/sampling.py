@@ -157,7 +157,8 @@ def greedy_with_prob(logits):
     """-> host (ids (m,) int64, probs (m,) float64): greedy_ids' ids and their softmax probabilities
     (argmax.cu argmax_prob_rows: 1 / sum exp(x - max), one CTA per row in a fixed order), in one launch and one
     copy to the host (the Numba path with logprobs costs ~200-400 us of host time per call)."""
-    out = cupy().empty((logits.shape[0], 2), cupy().float32)
+    cp = cupy()
+    out = cp.empty((logits.shape[0], 2), cp.float32)
     argmax_prob_rows(logits, out)
     host = out.get()
     return host[:, 0].view(np.int32).astype(np.int64), host[:, 1].astype(np.float64)

@@ -40,20 +40,24 @@ class _Counted:
 
 
 class _Seq:
-    """What MtpDrafter.propose reads of a sequence."""
+    """What MtpDrafter.propose and fill read of a sequence."""
 
-    def __init__(self, n_computed, pages):
-        self.n_computed, self.pages = n_computed, pages
+    def __init__(self, n_computed, pages, tokens=()):
+        self.n_computed, self.pages, self.tokens, self.spec = n_computed, pages, list(tokens), object()
 
 
-def test_block_graphs_give_the_eager_bits(mtp_path):
+def _runner(mtp_path):
+    """A CUDA ModelRunner of the tiny model with its MTP block (graphs captured)."""
     from strata_lite.runner import ModelRunner, load_model
     from strata_lite.spec.mtp_drafter import mtp_weights
     loaded = load_model(mtp_path, backend="cuda")
-    cfg = loaded.config
-    runner = ModelRunner(loaded, kv_tokens=1024, page_size=64, host_bytes=0, n_ctx=N_CTX, max_step_tokens=64,
-                         max_seqs=4, mtp_weights=mtp_weights(mtp_path, cfg, None))
-    be, kv, d = runner.backend, runner.kv, runner.mtp
+    return ModelRunner(loaded, kv_tokens=1024, page_size=64, host_bytes=0, n_ctx=N_CTX, max_step_tokens=64,
+                       max_seqs=4, mtp_weights=mtp_weights(mtp_path, loaded.config, None))
+
+
+def test_block_graphs_give_the_eager_bits(mtp_path):
+    runner = _runner(mtp_path)
+    cfg, be, kv, d = runner.loaded.config, runner.backend, runner.kv, runner.mtp
     fill, chain = _Counted(d.fill_graphs), _Counted(d.chain_graphs)
     rng = np.random.default_rng(0)
     pages = kv.alloc(2)
@@ -91,13 +95,8 @@ def test_device_chain_equals_the_step_loop(mtp_path, draft_vocab):
     confidences, bit for bit, of the host loop of one forward per token, with sequences of different caps,
     one stopped by its confidence floor and one by its free pages; with a draft vocabulary (a permutation of
     the columns here) mapped on the device as the host maps it."""
-    from strata_lite.runner import ModelRunner, load_model
-    from strata_lite.spec.mtp_drafter import mtp_weights
-    loaded = load_model(mtp_path, backend="cuda")
-    cfg = loaded.config
-    runner = ModelRunner(loaded, kv_tokens=1024, page_size=64, host_bytes=0, n_ctx=N_CTX, max_step_tokens=64,
-                         max_seqs=4, mtp_weights=mtp_weights(mtp_path, cfg, None))
-    be, kv, d = runner.backend, runner.kv, runner.mtp
+    runner = _runner(mtp_path)
+    cfg, be, kv, d = runner.loaded.config, runner.backend, runner.kv, runner.mtp
     rng = np.random.default_rng(1)
     if draft_vocab:
         d.head.vocab = rng.permutation(cfg.n_vocab).astype(np.int32)
@@ -130,13 +129,6 @@ def test_device_chain_equals_the_step_loop(mtp_path, draft_vocab):
         assert on_device[s].conf == looped[s].conf
 
 
-class _FillSeq:
-    """What MtpDrafter.fill reads of a sequence."""
-
-    def __init__(self, tokens, pages):
-        self.tokens, self.pages, self.n_computed, self.spec = tokens, pages, 0, object()
-
-
 @pytest.mark.parametrize("kept", ["greedy", "other"])
 def test_rows_filled_in_the_step_graph_equal_the_eager_fill(mtp_path, kept):
     """A decode step replayed through the runner's graph (step_forward: the block's row beside the main
@@ -145,15 +137,10 @@ def test_rows_filled_in_the_step_graph_equal_the_eager_fill(mtp_path, kept):
     fill graph runs), computed again when it is another (sampling)."""
     from types import SimpleNamespace
     from strata_lite.batch import Batch
-    from strata_lite.runner import ModelRunner, load_model
-    from strata_lite.spec.mtp_drafter import mtp_weights
-    loaded = load_model(mtp_path, backend="cuda")
-    cfg = loaded.config
-    runner = ModelRunner(loaded, kv_tokens=1024, page_size=64, host_bytes=0, n_ctx=N_CTX, max_step_tokens=64,
-                         max_seqs=4, mtp_weights=mtp_weights(mtp_path, cfg, None))
-    be, kv, d = runner.backend, runner.kv, runner.mtp
+    runner = _runner(mtp_path)
+    cfg, be, kv, d = runner.loaded.config, runner.backend, runner.kv, runner.mtp
     rng = np.random.default_rng(2)
-    seq = _FillSeq([int(t) for t in rng.integers(0, cfg.n_vocab, 41)], kv.alloc(2))
+    seq = _Seq(0, kv.alloc(2), [int(t) for t in rng.integers(0, cfg.n_vocab, 41)])
     prompt = Batch.single(seq.tokens[:40], 0, seq.pages, [39])
     runner.forward(prompt)                                   # eager (40 rows): the block's rows by fill
     seq.n_computed = 40
