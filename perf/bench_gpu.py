@@ -101,7 +101,7 @@ def bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant=None, build="default
 
 
 def bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, kernels):
-    """{(kernel, nb): seconds} per prompt-chunk mat-mul on activations already rounded (the rounding is shared by every
+    """{(kernel, mma variant): seconds} per prompt-chunk mat-mul on activations already rounded (the rounding is shared by every
     kernel choice), weights of random bytes with finite scales in 4 copies (the chunk is compute-bound)."""
     from gguf import GGMLQuantizationType as QT
     from test_dequant import random_rows                        # tests/kernels (on sys.path above)
@@ -115,9 +115,9 @@ def bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, kernels):
     xd = cp.empty((n_tok, n_in // qm.XBLOCK[fmt]), cp.float32)
     qm.quantize_activations(fmt, x, xq, xd)
     out = cp.empty((n_tok, n_out), cp.float32)
-    return {(kernel, nb): timed_in_graph(
-        cp, [lambda w=w: qm.matmul_prequantized(w, xq, xd, out, kernel=kernel, nb=nb) for w in ws] * 2)
-        for kernel, nb in kernels}
+    return {(kernel, mma): timed_in_graph(
+        cp, [lambda w=w: qm.matmul_prequantized(w, xq, xd, out, kernel=kernel, mma=mma) for w in ws] * 2)
+        for kernel, mma in kernels}
 
 
 def bench_attention(cp, n_keys, n_heads=32, n_kv=8, hd=128, page_size=64):
@@ -160,9 +160,16 @@ GEMMS = [  # (qtype, n_out, n_in, n_tok, llama.cpp TFLOP/s on the same card) -- 
     ("Q4_K", 14336, 4096, 512, 173),
     ("Q8_0", 14336, 4096, 512, None),
     ("Q6_K", 14336, 4096, 512, None),
+    ("IQ3_XXS", 4096, 14336, 512, None),
     ("Q5_0", 4864, 896, 512, None),
+    ("Q5_0", 896, 896, 512, None),
+    ("IQ3_XXS", 14336, 4096, 64, None),
+    ("Q4_K", 14336, 4096, 64, None),
+    ("Q5_0", 4864, 896, 64, None),
+    ("Q5_0", 896, 896, 64, None),
 ]
-GEMM_KERNELS = [("dp4a", 2), ("mma", 1), ("mma", 2)]   # (kernel, n8 tiles per warp of the tensor-core kernel)
+# (kernel, the tensor-core kernel's variant: warps per CTA, n8 token tiles per warp)
+GEMM_KERNELS = [("dp4a", None), ("mma", (4, 1)), ("mma", (4, 2))]
 
 
 def gemm_rows(cp):
@@ -170,8 +177,10 @@ def gemm_rows(cp):
     rows = []
     for qtype, n_out, n_in, n_tok, ref in GEMMS:
         times = bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, GEMM_KERNELS)
-        for (kernel, nb), t in times.items():
-            label = f"{qtype} {n_in}x{n_out} n={n_tok} {kernel}" + (f" nb={nb}" if kernel == "mma" else "")
+        auto = qm.tensor_core_variant(n_out, n_tok)
+        for (kernel, mma), t in times.items():
+            label = f"{qtype} {n_in}x{n_out} n={n_tok} {kernel}" + (f" w{mma[0]} nb={mma[1]}" if mma else "")
+            label += " *" if (mma == auto if kernel == "mma" else auto is None) else ""
             rows.append((label, t * 1e6, 2 * n_out * n_in * n_tok / t / 1e12, ref))
     return rows
 
@@ -221,7 +230,7 @@ def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_ste
     loaded = load_model(model_path, backend="cuda")
     name = os.path.basename(model_path)
     rows = []
-    ctx_max = max(contexts)
+    ctx_max = max(contexts, default=n_pp)
     runner = ModelRunner(loaded, kv_tokens=ctx_max * max(batches) + n_pp, page_size=64, host_bytes=0,
                          n_ctx=ctx_max, max_step_tokens=n_pp, max_seqs=max(batches))
     be, ps = runner.backend, 64
@@ -329,12 +338,20 @@ def synth_models(out_dir, quick):
     return paths
 
 
+def print_gemm(grows):
+    print(f"\n{'prompt mat-mul (activations rounded)':48s} {'us':>9s} {'TFLOP/s':>8s} {'llama.cpp':>10s}")
+    for label, us, tfs, ref in grows:
+        print(f"{label:48s} {us:9.1f} {tfs:8.1f} {ref if ref else '':>10}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="/dev/shm/strata-synth", help="folder for the synthetic GGUF files")
     ap.add_argument("--quick", action="store_true", help="one model, fewer kernels")
     ap.add_argument("--json", default=None, help="also write every figure to this file")
     ap.add_argument("--explore", action="store_true", help="only the dp4a kernel variants (kernel_notes.md)")
+    ap.add_argument("--gemm", action="store_true", help="only the prompt mat-mul table (* marks the kernel auto takes)")
+    ap.add_argument("--prompt", action="store_true", help="only the synthetic models' 512-token prompt forwards")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="only the decode step breakdown, graphs captured without and with programmatic dependent "
                          "launch (twice each, alternating)")
@@ -346,6 +363,16 @@ def main(argv=None) -> int:
     if args.explore:
         print(f"\n{be.describe()}; copy bandwidth {copy_bw / 1e9:,.0f} GB/s (read + write)")
         variant_rows(cp, copy_bw)
+        return 0
+    if args.gemm or args.prompt:
+        print(f"\n{be.describe()}")
+        if args.gemm:
+            print_gemm(gemm_rows(cp))
+        if args.prompt:
+            os.makedirs(args.models, exist_ok=True)
+            for path in synth_models(args.models, args.quick):
+                for label, tps in e2e_rows(path, contexts=()):
+                    print(f"{label:60s} {tps:9.0f} tok/s")
         return 0
     if args.pdl_ab:
         os.makedirs(args.models, exist_ok=True)
@@ -367,9 +394,7 @@ def main(argv=None) -> int:
     print(f"{'kernel':48s} {'us':>9s} {'GB/s':>8s} {'of copy bw':>10s}")
     for label, us, gbs, frac in krows:
         print(f"{label:48s} {us:9.1f} {gbs:8.0f} {frac:9.0%}")
-    print(f"\n{'prompt mat-mul (activations rounded)':48s} {'us':>9s} {'TFLOP/s':>8s} {'llama.cpp':>10s}")
-    for label, us, tfs, ref in grows:
-        print(f"{label:48s} {us:9.1f} {tfs:8.1f} {ref if ref else '':>10}")
+    print_gemm(grows)
     print(f"\n{'end to end (synthetic weights)':60s} {'tok/s':>9s}")
     for label, tps in erows:
         print(f"{label:60s} {tps:9.0f}")

@@ -1,7 +1,7 @@
 """Quantized mat-mul on the GPU: weights stay raw GGUF blocks on the device (uploaded once), activations are
 rounded to int8 the way ggml does (Q8_0 / Q8_K, bit-exact with kernels/cpu/act_quant.py) and dotted with
 the weights' int8 values: on the tensor cores (int8 mma.sync, qmatmul_mma.cu) where the launch fills the
-card, else by __dp4a (qmatmul.cu); see tensor_core_tiles(). Both give the same bits for every output.
+card, else by __dp4a (qmatmul.cu); see tensor_core_variant(). Both give the same bits for every output.
 
 Host/device placement: DeviceWeight.raw, x, xq, xd, ids and out are cupy arrays (device); sizes are Python
 ints read from shapes. Launchers allocate nothing and never sync, so they can be captured in a CUDA graph.
@@ -23,11 +23,13 @@ from .runtime import cdiv, cupy, launch
 
 CU = "qmatmul.cu"
 CU_MMA = "qmatmul_mma.cu"
-MMA_WARPS = 4               # warps per CTA of the tensor-core kernel (MMA_WARPS in qmatmul_mma.cu), 32 rows each
-MMA_MIN_CTAS = 192          # the tensor-core kernel is chosen from this many CTAs on (see tensor_core_tiles)
-MMA_MIN_TOKENS = 64         # and this many tokens (decode steps and draft checks stay on dp4a)
-MMA_SHORT_ROWS = 1024       # rows of at most this many weights take 1 token tile per warp, longer ones 2
-DP4A_PROMPT_TYPES = frozenset({QType.Q8_0})   # dp4a faster at 512 tokens too: 28.9 vs 19.6 TFLOP/s (4096x14336)
+# The tensor-core kernel's variants (warps per CTA, n8 token tiles per warp): kernels mmq[glu]_<type>_w<W>_n<NB>
+# of qmatmul_mma.cu; a CTA takes 32 rows (GLU: 16 gate + 16 up) by W * 8 * NB tokens. See tensor_core_variant.
+MMA_NARROW, MMA_WIDE = (4, 1), (4, 2)
+MMA_VARIANTS = (MMA_NARROW, MMA_WIDE)
+MMA_MIN_TOKENS = 64         # the tensor-core kernel from this many tokens (decode steps and draft checks stay on dp4a)
+MMA_MIN_CTAS = 192          # and this many CTAs of MMA_NARROW
+MMA_WIDE_MIN_CTAS = 256     # MMA_WIDE where it still makes this many CTAs (about two per SM of an H200)
 WARPS_PER_CTA = 8           # warps per CTA of the dp4a mat-mul (8 measured a little faster than 4 on an H200)
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>...); a launch takes the smallest >= n
 ACT_WARPS = 8               # quantization blocks (warps) per CTA
@@ -192,21 +194,33 @@ def _check_weight(w: DeviceWeight) -> int:
     return nbytes
 
 
-def _tiles_per_warp(n_in: int) -> int:
-    return 1 if n_in <= MMA_SHORT_ROWS else 2
+def mma_rows(glu: bool) -> int:
+    """Output rows per CTA of the tensor-core kernel (GLU: gate rows, each with its up row)."""
+    return 16 if glu else 32
 
 
-def tensor_core_tiles(n_out: int, n_in: int, n_tok: int, qtype=None) -> int:
-    """n8 token tiles per warp (1 or 2) for the tensor-core kernel, or 0 where the dp4a kernel is faster.
-    Measured on an H200 (perf/bench_gpu.py, 2026-12-01): the tensor-core kernel wins once its grid has
-    ~200 CTAs (e.g. 4096x14336 Q4_K: 42 vs 14 TFLOP/s at 512 tokens, 36 vs 14 at 64; 896x896 Q5_0: 21 vs 14
-    at 512 tokens) and loses below (896x896 at 64 tokens: 5 vs 11; 896x128: 5 vs 10); 2 tiles per warp
-    pay off on long rows (4096: 42 vs 25), 1 on short ones (896: 24 vs 15 at 64 tokens). With the two- and
-    four-row dp4a warps (2026-12-02) Q8_0 (qtype given) stays on dp4a at any token count."""
-    nb = _tiles_per_warp(n_in)
-    if n_tok < MMA_MIN_TOKENS or (qtype is not None and QType(int(qtype)) in DP4A_PROMPT_TYPES):
-        return 0
-    return nb if cdiv(n_tok, 8 * nb) * cdiv(n_out, 32 * MMA_WARPS) >= MMA_MIN_CTAS else 0
+def mma_smem(qtype, warps: int, nb: int) -> int:
+    """Dynamic shared memory of the tensor-core kernel: two buffers of each warp's staged unit of activations
+    (the CTA's tokens x (unit / 4 + 4 padding) words, qmatmul_mma.cu Staged) and their scales."""
+    tok = warps * 8 * nb
+    words = _UNIT.get(QType(int(qtype)), 32) // 4 + 4
+    return 2 * warps * tok * (words + 1) * 4
+
+
+def tensor_core_variant(n_out: int, n_tok: int, glu: bool = False):
+    """(warps per CTA, n8 token tiles per warp) of the tensor-core kernel for this launch, or None where the
+    dp4a kernel is faster. Measured on an H200 (perf/bench_gpu.py --gemm, 2026-12-03, kernel_notes.md), µs:
+    4096x14336 at 512 tokens IQ3_XXS 893 (MMA_WIDE) / 1,195 (MMA_NARROW) / 1,810 (dp4a), Q4_K 732 / 870 /
+    2,292, Q8_0 1,238 / 1,944 / 2,071; at 64 tokens IQ3_XXS 151 / 169 / 241, Q4_K 110 / 121 / 298; 896x4864
+    Q5_0 at 64 tokens 22.4 (152 CTAs) / 19.7 (304) / 36.9; 896x896 at 64 tokens 18.6 / 14.4 (56 CTAs) / 8.7.
+    The row length does not enter: rows of 896 and of 4096 weights chose alike."""
+    if n_tok < MMA_MIN_TOKENS:
+        return None
+    row_tiles = cdiv(n_out // 2 if glu else n_out, mma_rows(glu))
+    for (warps, nb), least in ((MMA_WIDE, MMA_WIDE_MIN_CTAS), (MMA_NARROW, MMA_MIN_CTAS)):
+        if cdiv(n_tok, 8 * nb * warps) * row_tiles >= least:
+            return warps, nb
+    return None
 
 
 def _out_args(w: DeviceWeight, n: int, out, bias, accumulate: bool, glu: bool) -> tuple:
@@ -234,15 +248,15 @@ def _out_args(w: DeviceWeight, n: int, out, bias, accumulate: bool, glu: bool) -
     return (*ys, np.int32(c1), np.int32(c2), np.uint64(0) if bias is None else bias, np.int32(bool(accumulate)))
 
 
-def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", nb: int = 0, bias=None,
+def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=None, bias=None,
                         accumulate: bool = False, glu: bool = False, variant=None, build: str = "default") -> None:
     """out = x @ W.T from x already quantized to act_format(w.qtype): xq (n, w.n_in) int8 (16-byte
     aligned), xd (n, w.n_in / XBLOCK) float32. out: (n, w.n_out) float32, or a list of arrays splitting
     the rows (see _out_args); bias (n_out,) is added, accumulate adds to what out holds (residual); glu:
     W holds gate rows then up rows and out (n, n_out / 2) gets silu(gate) * up.
-    kernel: "auto" (tensor_core_tiles decides), "dp4a" or "mma" (tests and benchmarks compare them: the
-    results are the same bits); nb: the tensor-core kernel's n8 tiles per warp (1 or 2; 0: as
-    tensor_core_tiles says); variant (benchmarks): the dp4a kernel's (tile, RW, G), from the kernels of
+    kernel: "auto" (tensor_core_variant decides), "dp4a" or "mma" (tests and benchmarks compare them: the
+    results are the same bits); mma: the tensor-core kernel's variant, one of MMA_VARIANTS (None: as
+    tensor_core_variant says, else MMA_NARROW); variant (benchmarks): the dp4a kernel's (tile, RW, G), from the kernels of
     `build` (BUILDS), or "sk" for the split-K kernel (one token; split_k says when "auto" takes it)."""
     fmt = act_format(w.qtype)
     if fmt is None:
@@ -252,21 +266,22 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", nb: 
     _check("xq", xq, (n, w.n_in), np.int8, align=16)
     _check("xd", xd, (n, w.n_in // XBLOCK[fmt]), np.float32)
     outs = _out_args(w, n, out, bias, accumulate, glu)
-    if kernel not in ("auto", "dp4a", "mma") or nb not in (0, 1, 2):
-        raise ValueError(f"kernel must be auto, dp4a or mma and nb 0, 1 or 2, got {kernel!r}, {nb!r}")
+    if kernel not in ("auto", "dp4a", "mma") or (mma is not None and tuple(mma) not in MMA_VARIANTS):
+        raise ValueError(f"kernel must be auto, dp4a or mma and mma one of {MMA_VARIANTS}, got {kernel!r}, {mma!r}")
     if n == 0:
         return
     args = (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), xq, xd, np.int32(n), *outs)
-    tiles = tensor_core_tiles(w.n_out, w.n_in, n, w.qtype)
+    chosen = tensor_core_variant(w.n_out, n, glu)
     name = _KNAME[w.qtype]
-    if kernel == "mma" or (kernel == "auto" and tiles and variant is None):
-        nb = nb or _tiles_per_warp(w.n_in)
-        rows = (16 if glu else 32) * MMA_WARPS
+    if kernel == "mma" or (kernel == "auto" and chosen and variant is None):
+        warps, nb = tuple(mma or chosen or MMA_NARROW)
+        rows = mma_rows(glu)
         n_rows = w.n_out // 2 if glu else w.n_out
         if cdiv(n_rows, rows) > MAX_GRID_Y:
             raise ValueError(f"{w.n_out} output rows exceed one launch ({MAX_GRID_Y * rows} at most)")
-        launch(CU_MMA, f"{'mmqglu' if glu else 'mmq'}_{name}_n{nb}", (cdiv(n, 8 * nb), cdiv(n_rows, rows)),
-               (32, MMA_WARPS), args)
+        launch(CU_MMA, f"{'mmqglu' if glu else 'mmq'}_{name}_w{warps}_n{nb}",
+               (cdiv(n, 8 * nb * warps), cdiv(n_rows, rows)), (32, warps), args,
+               shared_mem=mma_smem(w.qtype, warps, nb))
         return
     if variant == "sk" or (variant is None and split_k(w.qtype, w.n_out, w.n_in, n, glu)):
         smem = _split_k_smem(w.qtype, w.n_in)

@@ -11,15 +11,17 @@
 // sum is pushed onto a 5-level pairwise stack, which adds exactly the pairs of the xor tree. The integer
 // parts come from mma instead of dp4a: integer sums are exact, so they are equal whatever the order.
 //
-// Work split: a warp takes 32 weight rows (two m16 tiles; lane r decodes row r's unit into shared memory)
-// by 8 * NB tokens (NB n8 tiles); MMA_WARPS warps per CTA along the rows; grid (token tiles, row tiles)
-// (GLU kernels: the first m16 tile holds 16 gate rows i.., the second the up rows i + n_out / 2.., so one
-// thread ends with both sums of an output of silu(gate) * up; Out in qmatmul_types.cuh)
-// so that the CTAs sharing weight rows run together and find them in L2. No CTA-wide barrier after the
-// IQ3_XXS grid copy: each warp only syncs with itself.
+// Work split: a CTA takes 32 weight rows (two m16 tiles; GLU: 16 gate rows i.. and the up rows
+// i + n_out / 2.., so one thread ends with both sums of an output of silu(gate) * up) by W * 8 * NB
+// tokens, warp w the w-th 8 * NB of them. The CTA walks the units in the order above, W at a
+// time (a step): warp w decodes the step's w-th unit of the 32 rows into shared memory (lane r: row r)
+// and stages that unit's activations and scales of the CTA's tokens there too (the B fragments: units
+// of one step lie 32 units apart, so they share no cache line of a token's row); then every warp
+// multiplies all W decoded units with its tokens, so each decoded unit serves W * 8 * NB tokens. Two
+// buffers: the next step's units are decoded and staged while slower warps still read this step's, and
+// one barrier per step orders them. Grid (token tiles, row tiles): the CTAs sharing weight rows run
+// together and find them in L2.
 #include "qmatmul_types.cuh"
-
-#define MMA_WARPS 4
 
 // d (16x8, s32) = a (16x32, s8, row-major) . b (32x8, s8, column-major). Fragments (lane = 4 * g + t):
 // a0 = A[g][4t..4t+3], a1 = A[g+8][4t..], a2 = A[g][16+4t..], a3 = A[g+8][16+4t..]; b0 = B[4t..4t+3][g],
@@ -42,121 +44,207 @@ __device__ __forceinline__ void a_frag(const U& ra, const U& rb, int w0, int t, 
     a[3] = rb.w[w0 + 4 + t] & keep_hi;
 }
 
-// W (n_out, row_bytes) u8; xq (n_tok, k) int8; xd (n_tok, k / XB) f32.
-// grid (cdiv(n_tok, 8 * NB), cdiv(n_out, 32 * MMA_WARPS)) (GLU: cdiv(n_out / 2, 16 * MMA_WARPS)),
-// block (32, MMA_WARPS).
-template <class T, int NB, bool GLU>
+// The units of a row in the order the outputs add them: class visit i = 0..31 (class l = brev5(i)), the
+// class's units l, l + 32, ... Classes without units (rows of fewer than 32 units) are skipped here; the
+// summing walk pushes them as zeros.
+struct UnitWalk {
+    int i, u;
+    __device__ __forceinline__ explicit UnitWalk(int n_units) : i(0), u(0) { (void)n_units; }
+    __device__ __forceinline__ void next(int n_units) {
+        u += 32;
+        while (u >= n_units && i < 31) u = __brev(++i) >> 27;
+    }
+};
+
+// Staged activations of one unit: word i (T::xword's order) of the CTA's token c at xw[c * XSTRIDE + i],
+// the padding making a warp's B-fragment reads (8 tokens x 4 words) hit 32 different banks.
+template <class T>
+struct Staged {
+    static constexpr int XSTRIDE = T::NW + 4;
+};
+
+// One unit (su: the 32 rows' decoded unit; xw, xs: its staged activations and scales from the warp's first
+// token) times this warp's tokens, added into the class sums ch.
+template <class T, int NB>
+__device__ __forceinline__ void unit_mma(const typename T::U* su, const u32* xw, const float* xs, int g, int t,
+                                         float* ch) {
+    typedef typename T::U U;
+    constexpr int XS = Staged<T>::XSTRIDE;
+    float xdv[NB][2];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        xdv[nb][0] = xs[8 * nb + 2 * t];
+        xdv[nb][1] = xs[8 * nb + 2 * t + 1];
+    }
+    const u32* xb[NB];                             // B fragments: token g of each n tile
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) xb[nb] = xw + (8 * nb + g) * XS;
+    // activation sums per sub-block (Q4_K/Q5_K mins): a product with all-ones weights
+    i32 sx[NB][2][4];
+    if constexpr (T::MMA == MMA_K4) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                mma_s8(sx[nb][h], 0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u, xb[nb][8 * h + t],
+                       xb[nb][8 * h + 4 + t]);
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+        const U& ra = su[16 * mt + g];
+        const U& rb = su[16 * mt + g + 8];
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+            float* c = ch + 4 * (NB * mt + nb);
+            if constexpr (T::MMA == MMA_ONE) {
+                u32 a[4];
+                i32 d[4];
+                a_frag(ra, rb, 0, t, ~0u, ~0u, a);
+                mma_s8(d, a[0], a[1], a[2], a[3], xb[nb][t], xb[nb][4 + t]);
+#pragma unroll
+                for (int r = 0; r < 4; ++r) c[r] = T::fin(r < 2 ? ra : rb, d[r], xdv[nb][r & 1], c[r]);
+            } else if constexpr (T::MMA == MMA_K4) {
+                u32 a[4];
+                i32 d0[4], d1[4];
+                a_frag(ra, rb, 0, t, ~0u, ~0u, a);
+                mma_s8(d0, a[0], a[1], a[2], a[3], xb[nb][t], xb[nb][4 + t]);
+                a_frag(ra, rb, 8, t, ~0u, ~0u, a);
+                mma_s8(d1, a[0], a[1], a[2], a[3], xb[nb][8 + t], xb[nb][12 + t]);
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const U& q = r < 2 ? ra : rb;
+                    const i32 isc = q.sc[0] * d0[r] + q.sc[1] * d1[r];
+                    const i32 imn = q.m[0] * sx[nb][0][r] + q.m[1] * sx[nb][1][r];
+                    c[r] = T::fin(q, isc, imn, xdv[nb][r & 1], c[r]);
+                }
+            } else {                               // MMA_Q6: chunk cc = words 2cc, 2cc + 1, scale sc[cc]
+                i32 s[4] = {0, 0, 0, 0};
+                const u32 b0 = xb[nb][t], b1 = xb[nb][4 + t];
+#pragma unroll
+                for (int cc = 0; cc < 4; ++cc) {
+                    u32 a[4];
+                    i32 d[4];
+                    a_frag(ra, rb, 0, t, (t >> 1) == cc ? ~0u : 0u, 2 + (t >> 1) == cc ? ~0u : 0u, a);
+                    mma_s8(d, a[0], a[1], a[2], a[3], b0, b1);
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) s[r] += (r < 2 ? ra : rb).sc[cc] * d[r];
+                }
+#pragma unroll
+                for (int r = 0; r < 4; ++r) c[r] = T::fin(r < 2 ? ra : rb, s[r], xdv[nb][r & 1], c[r]);
+            }
+        }
+    }
+}
+
+// Asynchronous global -> shared copies (cp.async, sm_80+): the staged activations take no registers and
+// land while the warp decodes and multiplies; cp_async_wait() before the barrier that publishes them.
+__device__ __forceinline__ u32 shared_addr(const void* p) {
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* dst, const void* src) {
+    unsigned long long g;
+    asm("cvta.to.global.u64 %0, %1;" : "=l"(g) : "l"(src));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(shared_addr(dst)), "l"(g), "n"(BYTES) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Decode unit u of this lane's row into su[lane] and stage the unit's activations of the CTA's TOK tokens
+// (token c: row min(tok0 + c, n_tok - 1) of xq) into xw [TOK][XSTRIDE] and their scales into xs [TOK]:
+// the copies are issued first, then the decode's loads.
+template <class T, int TOK>
+__device__ __forceinline__ void decode_and_stage(const u8* wr, int u, const u32* tab, typename T::U* su,
+                                                 const i8* __restrict__ xq, const float* __restrict__ xd,
+                                                 int k, int n_xd, int upx, int tok0, int n_tok, u32* xw,
+                                                 float* xs) {
+    const int lane = threadIdx.x;
+    constexpr int CW = T::XCHUNK / 4, NCH = T::NW / CW, XS = Staged<T>::XSTRIDE;   // words per chunk, chunks per token
+#pragma unroll
+    for (int m = 0; m < TOK * NCH / 32; ++m) {
+        const int f = 32 * m + lane, c = f / NCH, q = f % NCH;
+        cp_async<T::XCHUNK>(xw + c * XS + q * CW, T::xchunk(xq + (size_t)min(tok0 + c, n_tok - 1) * k, u, q));
+    }
+#pragma unroll
+    for (int m = 0; m < TOK / 32; ++m)
+        cp_async<4>(xs + 32 * m + lane, xd + (size_t)min(tok0 + 32 * m + lane, n_tok - 1) * n_xd + u / upx);
+    typename T::U v;
+    T::decode(wr, u, tab, v);
+    su[lane] = v;
+}
+
+// Push class visit i's sums ch (then zeroed): level j holds the sum of 2^j classes until its partner arrives;
+// after i = 31, stk[0] holds the totals.
+template <int NO>
+__device__ __forceinline__ void push_class(int i, float* ch, float (*stk)[NO]) {
+#pragma unroll
+    for (int o = 0; o < NO; ++o) {
+        float v = ch[o];
+        ch[o] = 0.0f;
+        if (!(i & 1)) { stk[0][o] = v; continue; }
+        v = __fadd_rn(stk[0][o], v);
+        if (!(i & 2)) { stk[1][o] = v; continue; }
+        v = __fadd_rn(stk[1][o], v);
+        if (!(i & 4)) { stk[2][o] = v; continue; }
+        v = __fadd_rn(stk[2][o], v);
+        if (!(i & 8)) { stk[3][o] = v; continue; }
+        v = __fadd_rn(stk[3][o], v);
+        if (!(i & 16)) { stk[4][o] = v; continue; }
+        stk[0][o] = __fadd_rn(stk[4][o], v);
+    }
+}
+
+// W (n_out, row_bytes) u8; xq (n_tok, k) int8; xd (n_tok, k / XB) f32; su: [2][NW][32] decoded units; xw
+// [2][NW][TOK][XSTRIDE] and xs [2][NW][TOK] staged activations and scales (dynamic shared memory: qmatmul.py
+// mma_smem). grid (cdiv(n_tok, TOK), cdiv(n_out, 32)) (GLU: cdiv(n_out / 2, 16)), block (32, NW).
+template <class T, int NW, int NB, bool GLU>
 __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                     const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
-                                    const Out& o, const u32* tab, typename T::U* su) {
-    typedef typename T::U U;
+                                    const Out& o, const u32* tab, typename T::U (*su)[NW][32], u32* xw, float* xs) {
     constexpr int NO = 2 * NB * 4;                 // outputs per thread: m tile (2) x n tile (NB) x d register (4)
-    constexpr int WROWS = GLU ? 16 : 32;           // output rows per warp
-    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3, half = n_out / 2;
-    const int r0 = (blockIdx.y * MMA_WARPS + threadIdx.y) * WROWS, t0 = blockIdx.x * (8 * NB);
-    if (r0 >= (GLU ? half : n_out)) return;        // whole warps
+    constexpr int TOK = NW * 8 * NB, XBUF = TOK * Staged<T>::XSTRIDE;   // tokens per CTA, staged words per unit
+    const int lane = threadIdx.x, warp = threadIdx.y, g = lane >> 2, t = lane & 3, half = n_out / 2;
+    const int r0 = blockIdx.y * (GLU ? 16 : 32), tok0 = blockIdx.x * TOK, tw = warp * 8 * NB;
     const int my_row = GLU ? min(r0 + (lane & 15), half - 1) + (lane < 16 ? 0 : half) : min(r0 + lane, n_out - 1);
     const u8* wr = W + (size_t)my_row * row_bytes; // the row this lane decodes
     const int n_units = k / T::UNIT, n_xd = k / T::XB, upx = T::XB / T::UNIT;
-    const i8* xb[NB];                              // B fragments: token g of each n tile
-    const float* xs[NB][2];                        // scales of the tokens of this thread's outputs: 2t, 2t + 1
+    UnitWalk dec(n_units);                         // the unit this warp decodes: step s's warp-th
+    for (int j = 0; j < warp; ++j) dec.next(n_units);
+    if (warp < n_units)
+        decode_and_stage<T, TOK>(wr, dec.u, tab, su[0][warp], xq, xd, k, n_xd, upx, tok0, n_tok,
+                                 xw + warp * XBUF, xs + warp * TOK);
+    cp_async_wait();
+    __syncthreads();
+    float ch[NO], stk[5][NO];
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-        xb[nb] = xq + (size_t)min(t0 + 8 * nb + g, n_tok - 1) * k;
+    for (int o = 0; o < NO; ++o) ch[o] = 0.0f;
+    UnitWalk sum(n_units);                         // the unit being added; sum.i the class visit whose sums ch holds
+    const int steps = (n_units + NW - 1) / NW;
+    for (int s = 0; s < steps; ++s) {
+        const int buf = s & 1;
+        // decode and stage the next step's unit into the other buffers: their readers (step s - 1) passed the
+        // last barrier
 #pragma unroll
-        for (int j = 0; j < 2; ++j) xs[nb][j] = xd + (size_t)min(t0 + 8 * nb + 2 * t + j, n_tok - 1) * n_xd;
-    }
-    float stk[5][NO];                              // the pairwise stack of class sums (level j: 2^j classes);
-                                                   // stk[0] ends holding the total (free after the last class)
-    for (int i = 0; i < 32; ++i) {
-        const int l = __brev(i) >> 27;             // class visited i-th: the xor tree's leaf order
-        float ch[NO];
-#pragma unroll
-        for (int o = 0; o < NO; ++o) ch[o] = 0.0f;
-        for (int u = l; u < n_units; u += 32) {
-            U v;
-            T::decode(wr, u, tab, v);
-            __syncwarp();                          // the previous unit's readers are done
-            su[lane] = v;
-            __syncwarp();
-            float xdv[NB][2];
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                xdv[nb][0] = __ldg(xs[nb][0] + u / upx);
-                xdv[nb][1] = __ldg(xs[nb][1] + u / upx);
-            }
-            // activation sums per sub-block (Q4_K/Q5_K mins): a product with all-ones weights
-            i32 sx[NB][2][4];
-            if constexpr (T::MMA == MMA_K4) {
-#pragma unroll
-                for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h)
-                        mma_s8(sx[nb][h], 0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u,
-                               T::xword(xb[nb], u, 8 * h + t), T::xword(xb[nb], u, 8 * h + 4 + t));
-            }
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                const U& ra = su[16 * mt + g];
-                const U& rb = su[16 * mt + g + 8];
-#pragma unroll
-                for (int nb = 0; nb < NB; ++nb) {
-                    float* c = ch + 4 * (NB * mt + nb);
-                    if constexpr (T::MMA == MMA_ONE) {
-                        u32 a[4];
-                        i32 d[4];
-                        a_frag(ra, rb, 0, t, ~0u, ~0u, a);
-                        mma_s8(d, a[0], a[1], a[2], a[3], T::xword(xb[nb], u, t), T::xword(xb[nb], u, 4 + t));
-#pragma unroll
-                        for (int r = 0; r < 4; ++r) c[r] = T::fin(r < 2 ? ra : rb, d[r], xdv[nb][r & 1], c[r]);
-                    } else if constexpr (T::MMA == MMA_K4) {
-                        u32 a[4];
-                        i32 d0[4], d1[4];
-                        a_frag(ra, rb, 0, t, ~0u, ~0u, a);
-                        mma_s8(d0, a[0], a[1], a[2], a[3], T::xword(xb[nb], u, t), T::xword(xb[nb], u, 4 + t));
-                        a_frag(ra, rb, 8, t, ~0u, ~0u, a);
-                        mma_s8(d1, a[0], a[1], a[2], a[3], T::xword(xb[nb], u, 8 + t), T::xword(xb[nb], u, 12 + t));
-#pragma unroll
-                        for (int r = 0; r < 4; ++r) {
-                            const U& q = r < 2 ? ra : rb;
-                            const i32 isc = q.sc[0] * d0[r] + q.sc[1] * d1[r];
-                            const i32 imn = q.m[0] * sx[nb][0][r] + q.m[1] * sx[nb][1][r];
-                            c[r] = T::fin(q, isc, imn, xdv[nb][r & 1], c[r]);
-                        }
-                    } else {                       // MMA_Q6: chunk cc = words 2cc, 2cc + 1, scale sc[cc]
-                        i32 s[4] = {0, 0, 0, 0};
-                        const u32 b0 = T::xword(xb[nb], u, t), b1 = T::xword(xb[nb], u, 4 + t);
-#pragma unroll
-                        for (int cc = 0; cc < 4; ++cc) {
-                            u32 a[4];
-                            i32 d[4];
-                            a_frag(ra, rb, 0, t, (t >> 1) == cc ? ~0u : 0u, 2 + (t >> 1) == cc ? ~0u : 0u, a);
-                            mma_s8(d, a[0], a[1], a[2], a[3], b0, b1);
-#pragma unroll
-                            for (int r = 0; r < 4; ++r) s[r] += (r < 2 ? ra : rb).sc[cc] * d[r];
-                        }
-#pragma unroll
-                        for (int r = 0; r < 4; ++r) c[r] = T::fin(r < 2 ? ra : rb, s[r], xdv[nb][r & 1], c[r]);
-                    }
-                }
+        for (int j = 0; j < NW; ++j) dec.next(n_units);
+        if ((s + 1) * NW + warp < n_units)
+            decode_and_stage<T, TOK>(wr, dec.u, tab, su[buf ^ 1][warp], xq, xd, k, n_xd, upx, tok0, n_tok,
+                                     xw + ((buf ^ 1) * NW + warp) * XBUF, xs + ((buf ^ 1) * NW + warp) * TOK);
+        const int nu = min(NW, n_units - s * NW);
+        for (int j = 0; j < nu; ++j) {
+            unit_mma<T, NB>(su[buf][j], xw + (buf * NW + j) * XBUF + tw * Staged<T>::XSTRIDE,
+                            xs + (buf * NW + j) * TOK + tw, g, t, ch);
+            sum.u += 32;                           // the class ends: push it and the empty ones after it
+            while (sum.u >= n_units && sum.i < 32) {
+                push_class<NO>(sum.i, ch, stk);
+                if (++sum.i < 32) sum.u = __brev(sum.i) >> 27;
             }
         }
-        // push the class sums: level j holds the sum of 2^j classes until its partner arrives
-#pragma unroll
-        for (int o = 0; o < NO; ++o) {
-            float v = ch[o];
-            if (!(i & 1)) { stk[0][o] = v; continue; }
-            v = __fadd_rn(stk[0][o], v);
-            if (!(i & 2)) { stk[1][o] = v; continue; }
-            v = __fadd_rn(stk[1][o], v);
-            if (!(i & 4)) { stk[2][o] = v; continue; }
-            v = __fadd_rn(stk[2][o], v);
-            if (!(i & 8)) { stk[3][o] = v; continue; }
-            v = __fadd_rn(stk[3][o], v);
-            if (!(i & 16)) { stk[4][o] = v; continue; }
-            stk[0][o] = __fadd_rn(stk[4][o], v);
-        }
+        cp_async_wait();
+        __syncthreads();
     }
+    const int t0 = tok0 + tw;
+    if (t0 >= n_tok) return;
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
@@ -176,18 +264,21 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
         }
 }
 
-#define MMQ_KERNEL(NAME, T, NB, GLU, PREFIX)                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) PREFIX##_##NAME##_n##NB(                \
+// kernels mmq[glu]_<type>_w<NW>_n<NB>: NW warps per CTA, NB n8 token tiles per warp (qmatmul.py MMA_VARIANTS)
+#define MMQ_KERNEL(NAME, T, NW, NB, GLU, PREFIX)                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * NW) PREFIX##_##NAME##_w##NW##_n##NB(                \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
         GRID_SMEM(T);                                                                                     \
-        __shared__ T::U su[MMA_WARPS][32];                                                                \
+        __shared__ T::U su[2][NW][32];                                                                    \
+        extern __shared__ __align__(16) u32 staged[];                                                     \
         load_grid<T>(grid);                                                                               \
         grid_dependency_sync();                                                                           \
-        mmq<T, NB, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, su[threadIdx.y]);          \
+        mmq<T, NW, NB, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, su, staged,            \
+                            (float*)(staged + 2 * NW * (NW * 8 * NB) * Staged<T>::XSTRIDE));              \
     }
-#define MMQ_KERNELS(NAME, T) MMQ_KERNEL(NAME, T, 1, false, mmq) MMQ_KERNEL(NAME, T, 2, false, mmq) \
-    MMQ_KERNEL(NAME, T, 1, true, mmqglu) MMQ_KERNEL(NAME, T, 2, true, mmqglu)
+#define MMQ_VARIANT(NAME, T, NW, NB) MMQ_KERNEL(NAME, T, NW, NB, false, mmq) MMQ_KERNEL(NAME, T, NW, NB, true, mmqglu)
+#define MMQ_KERNELS(NAME, T) MMQ_VARIANT(NAME, T, 4, 1) MMQ_VARIANT(NAME, T, 4, 2)
 
 MMQ_KERNELS(q8_0, TQ8_0)
 MMQ_KERNELS(q4_0, TQ4_0)

@@ -166,6 +166,9 @@ struct TBase {
     static __device__ __forceinline__ u32 xword(const i8* xr, int u, int i) {
         return __ldg((const unsigned int*)(xr + offset(u)) + i);
     }
+    // the same words as XCHUNK-byte pieces: piece q = words q * XCHUNK / 4 .. (the tensor-core kernel's copies)
+    static constexpr int XCHUNK = 16;
+    static __device__ __forceinline__ const i8* xchunk(const i8* xr, int u, int q) { return xr + offset(u) + 16 * q; }
 };
 
 struct TQ8_0 : TBase<32, 32, 8> {
@@ -175,8 +178,9 @@ struct TQ8_0 : TBase<32, 32, 8> {
         load_a2<8>(b + 2, v.w);
         v.d = ldf16(b);
     }
+    // |s| <= 32 * 128 * 127 < 2^22 for every 32-weight type that uses this fin: small_i2f is exact
     static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {
-        return __fmaf_rn(__fmul_rn(v.d, xd), (float)s, acc);
+        return __fmaf_rn(__fmul_rn(v.d, xd), small_i2f(s), acc);
     }
     static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
         a = __fmul_rn(v.d, xd);          // fin's operands
@@ -363,6 +367,8 @@ struct TQ6_K : TBase<32, 256, 8> {
     static __device__ __forceinline__ u32 xword(const i8* xr, int u, int i) {
         return __ldg((const unsigned int*)(xr + offset(u) + 32 * (i >> 1)) + (i & 1));
     }
+    static constexpr int XCHUNK = 8;
+    static __device__ __forceinline__ const i8* xchunk(const i8* xr, int u, int q) { return xr + offset(u) + 32 * q; }
     // s = sum over the four 8-weight chunks of their 16-group scale * (q . x)
     static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {
         return __fmaf_rn(__fmul_rn(v.d, xd), (float)s, acc);
@@ -403,8 +409,8 @@ struct TIQ3_XXS : TBase<32, 256, 8> {
         }
         v.db = __fmul_rn(__fmul_rn(ldf16(b), __fadd_rn(0.5f, (float)(aux >> 28))), 0.5f);
     }
-    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {
-        return __fmaf_rn(__fmul_rn(v.db, xd), (float)s, acc);
+    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {   // |s| <= 32 * 62 * 127
+        return __fmaf_rn(__fmul_rn(v.db, xd), small_i2f(s), acc);
     }
     static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
         a = __fmul_rn(v.db, xd);         // fin's operands

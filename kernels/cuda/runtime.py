@@ -66,11 +66,17 @@ def kernel(cu_file: str, name: str, options: tuple = ()):
 
 
 _programmatic = [False]      # inside programmatic_launches(): launches go through pdl.launch
+DEFAULT_DYNAMIC_SMEM = 48 * 1024 - 24 * 1024   # safe without opting in next to up to 24 KiB of static shared memory
+_dynamic_smem_allowed: dict = {}               # kernel -> dynamic shared memory it was opted in to
 
 
 def launch(cu_file: str, name: str, grid, block, args, shared_mem: int = 0, options: tuple = ()) -> None:
-    """Launch on CuPy's current stream; grid/block are int tuples, args cupy arrays and numpy scalars."""
+    """Launch on CuPy's current stream; grid/block are int tuples, args cupy arrays and numpy scalars;
+    shared_mem: dynamic shared memory bytes (the kernel is opted in to more than 48 KiB where asked)."""
     k = kernel(cu_file, name, tuple(options))
+    if shared_mem > _dynamic_smem_allowed.get(k, DEFAULT_DYNAMIC_SMEM):
+        k.max_dynamic_shared_size_bytes = shared_mem
+        _dynamic_smem_allowed[k] = shared_mem
     if _programmatic[0]:
         pdl.launch(k.kernel.ptr, grid, block, args, shared_mem, cupy().cuda.get_current_stream().ptr)
     else:

@@ -1,34 +1,43 @@
-"""Which CUDA mat-mul kernel a launch takes (kernels/cuda/qmatmul.tensor_core_tiles, split_k): pure host logic, so
-it is checked without a GPU. Both kernels give the same bits (tests/kernels/cuda/test_qmatmul_cuda.py);
-the choice is about speed, from the H200 measurements in its docstring."""
-from strata_lite.kernels.cuda.qmatmul import MMA_MIN_TOKENS, split_k, tensor_core_tiles
+"""Which CUDA mat-mul kernel a launch takes (kernels/cuda/qmatmul.tensor_core_variant, split_k): pure host logic,
+so it is checked without a GPU. Every kernel gives the same bits (tests/kernels/cuda/test_qmatmul_cuda.py);
+the choice is about speed, from the H200 measurements in tensor_core_variant's docstring."""
+from gguf import GGMLQuantizationType as QType
+
+from strata_lite.kernels.cuda.qmatmul import (MMA_MIN_TOKENS, MMA_NARROW, MMA_VARIANTS, MMA_WIDE, mma_smem, split_k,
+                                              tensor_core_variant)
 
 
 def test_decode_and_draft_checks_stay_on_dp4a():
     for n_tok in (1, 4, 16, 2 * 9, MMA_MIN_TOKENS - 1):
-        for n_out, n_in in ((151936, 896), (32000, 4096), (14336, 4096), (4864, 896)):
-            assert tensor_core_tiles(n_out, n_in, n_tok) == 0
+        for n_out in (151936, 32000, 14336, 4864):
+            assert tensor_core_variant(n_out, n_tok) is None
 
 
-def test_prompt_chunks_of_wide_matrices_take_the_tensor_cores():
-    assert tensor_core_tiles(14336, 4096, 512) == 2      # long rows: 2 token tiles per warp
-    assert tensor_core_tiles(14336, 4096, 64) == 2
-    assert tensor_core_tiles(896, 896, 512) == 1         # short rows: 1
-    assert tensor_core_tiles(9728, 896, 64) == 1
+def test_prompt_chunks_take_the_tensor_cores_in_the_widest_tile_that_fills_the_card():
+    assert tensor_core_variant(14336, 512) == MMA_WIDE        # 8 x 448 CTAs
+    assert tensor_core_variant(14336, 64) == MMA_WIDE         # 448
+    assert tensor_core_variant(4864, 512) == MMA_WIDE         # 8 x 152
+    assert tensor_core_variant(4864, 64) == MMA_NARROW        # wide: 152 CTAs, narrow: 304
+    assert tensor_core_variant(9728, 64, glu=True) == MMA_WIDE     # 4864 gate rows, 16 per CTA: 304 CTAs
+    assert tensor_core_variant(4096, 64, glu=True) == MMA_NARROW   # wide: 128 CTAs, narrow: 256
+    assert tensor_core_variant(9728, 512, glu=True) == MMA_WIDE
 
 
 def test_small_grids_stay_on_dp4a():
-    assert tensor_core_tiles(128, 896, 512) == 0         # 64 CTAs
-    assert tensor_core_tiles(896, 896, 64) == 0          # 56 CTAs
+    assert tensor_core_variant(128, 512) is None              # narrow: 16 x 4 CTAs
+    assert tensor_core_variant(896, 64) is None               # 2 x 28
 
 
-def test_q8_0_stays_on_dp4a():
-    from gguf import GGMLQuantizationType as QType
-    assert tensor_core_tiles(14336, 4096, 512, QType.Q8_0) == 0
-    assert tensor_core_tiles(14336, 4096, 512, QType.Q4_K) == 2
+def test_staged_activations_fit_shared_memory():
+    """Two buffers of every warp's unit for the CTA's tokens, padded rows, plus scales: within the 227 KiB an
+    sm_90 CTA may opt in to (with the decoded units' static shared memory, at most 23 KiB)."""
+    for qtype in (QType.IQ3_XXS, QType.Q4_K, QType.Q6_K, QType.Q8_0):
+        for warps, nb in MMA_VARIANTS:
+            assert mma_smem(qtype, warps, nb) + 23 * 1024 <= 227 * 1024
+    assert mma_smem(QType.Q4_K, 4, 2) == 2 * 4 * 64 * (16 + 4 + 1) * 4
 
 
-def test_split_k_for_one_token_over_few_long_rows():
+def test_split_k_only_for_one_token_over_few_long_rows():
     """Few long rows take the split-K kernel at one token; many rows, short rows, GLU or several tokens do not."""
     from gguf import GGMLQuantizationType as QType
     assert split_k(QType.Q6_K, 896, 4864, 1, False) and split_k(QType.Q5_0, 896, 4864, 1, False)

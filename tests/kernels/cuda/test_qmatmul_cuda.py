@@ -113,26 +113,31 @@ def test_matmul_batch_invariant(cp, qm, qtype):
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("nb", [1, 2])
-def test_tensor_core_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, nb):
-    """The tensor-core kernel replays the dp4a kernel's order of float operations exactly: rows and tokens
-    that do not fill its tiles, several units per lane class (n_in / unit > 32) and fewer (28 of 32
-    classes used), a token 1e3 times larger than its neighbours."""
+@pytest.mark.parametrize("mma", [(4, 1), (4, 2)], ids=lambda v: f"w{v[0]}n{v[1]}")
+def test_tensor_core_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, mma):
+    """The tensor-core kernel replays the dp4a kernel's order of float operations exactly, plain and GLU, in
+    every variant (warps per CTA, token tiles per warp): rows and tokens that do not fill its tiles (whole
+    warps past the last token), several units per lane class (n_in / unit > 32) and fewer (28 of 32 classes
+    used; 4 of 32 for the 256-weight types: steps with fewer units than warps), a token 1e3 times larger
+    than its neighbours."""
+    assert mma in qm.MMA_VARIANTS
     bs = gguf.GGML_QUANT_SIZES[qtype][0]
-    shapes = [(70, 4608), (45, 256)] if bs == 256 else [(70, 2400), (45, 896)]
+    shapes = [(70, 4608), (46, 256)] if bs == 256 else [(70, 2400), (46, 896)]
     for si, (n_out, n_in) in enumerate(shapes):
         w, raw = _weight(qm, qtype, n_out, n_in, seed=40 + si)
         x = _x(37, n_in, seed=41 + si)
         x[3] *= 1e3
         xq, xd = _rounded(cp, qm, qtype, x)
-        got = {}
-        for kernel in ("dp4a", "mma"):
-            out = cp.full((37, n_out), np.nan, dtype=cp.float32)
-            qm.matmul_prequantized(w, xq, xd, out, kernel=kernel, nb=nb)
-            got[kernel] = out.get()
-        assert np.array_equal(got["mma"].view(np.uint32), got["dp4a"].view(np.uint32)), \
-            f"{n_out}x{n_in}: {np.count_nonzero(got['mma'] != got['dp4a'])} outputs differ"
-        _check_vs_float64(qtype, raw, x, got["mma"])
+        for glu in (False, True):
+            got = {}
+            for kernel in ("dp4a", "mma"):
+                out = cp.full((37, n_out // 2 if glu else n_out), np.nan, dtype=cp.float32)
+                qm.matmul_prequantized(w, xq, xd, out, kernel=kernel, mma=mma if kernel == "mma" else None, glu=glu)
+                got[kernel] = out.get()
+            assert np.array_equal(got["mma"].view(np.uint32), got["dp4a"].view(np.uint32)), \
+                f"{n_out}x{n_in} glu={glu}: {np.count_nonzero(got['mma'] != got['dp4a'])} outputs differ"
+            if not glu:
+                _check_vs_float64(qtype, raw, x, got["mma"])
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
