@@ -338,6 +338,48 @@ def synth_models(out_dir, quick):
     return paths
 
 
+GEMM_EXPLORE = [("IQ3_XXS", 14336, 4096, 512), ("Q4_K", 14336, 4096, 512), ("Q6_K", 14336, 4096, 512),
+                ("Q8_0", 14336, 4096, 512), ("IQ3_XXS", 14336, 4096, 64)]
+# (kernel name suffix, warps, n8 tiles per warp) of qmatmul_mma.cu built with -DMMQ_EXPLORE (_b<N>: the
+# registers capped so that N CTAs fit an SM)
+MMA_EXPLORE = [("w4_n2", 4, 2), ("w4_n2_b4", 4, 2), ("w8_n1", 8, 1), ("w8_n1_b3", 8, 1)]
+
+
+def gemm_explore_rows(cp):
+    """--gemm-explore: the tensor-core kernel's candidate variants, each checked bit for bit against the
+    default build's MMA_WIDE kernel on the same inputs."""
+    from gguf import GGMLQuantizationType as QT
+    from test_dequant import random_rows
+    from strata_lite.kernels.cuda import qmatmul as qm
+    from strata_lite.kernels.cuda.runtime import cdiv, launch
+    rows = []
+    for qtype, n_out, n_in, n_tok in GEMM_EXPLORE:
+        qt = QT[qtype]
+        ws = [qm.upload(SimpleNamespace(name="bench", qtype=qt, n_out=n_out, n_in=n_in,
+                                        raw=random_rows(qt, n_out, n_in, seed=i))) for i in range(4)]
+        fmt = qm.act_format(qt)
+        x = cp.asarray(np.random.default_rng(3).standard_normal((n_tok, n_in), dtype=np.float32))
+        xq = cp.empty((n_tok, n_in), cp.int8)
+        xd = cp.empty((n_tok, n_in // qm.XBLOCK[fmt]), cp.float32)
+        qm.quantize_activations(fmt, x, xq, xd)
+        ref = cp.empty((n_tok, n_out), cp.float32)
+        qm.matmul_prequantized(ws[0], xq, xd, ref, kernel="mma", mma=qm.MMA_WIDE)
+        out = cp.empty_like(ref)
+        for suffix, warps, nb in MMA_EXPLORE:
+            def call(w, suffix=suffix, warps=warps, nb=nb):
+                args = (w.raw, np.int32(w.raw.shape[1]), np.int32(n_out), np.int32(n_in), xq, xd, np.int32(n_tok),
+                        *qm._out_args(w, n_tok, out, None, False, False))
+                launch(qm.CU_MMA, f"mmq_{qm._KNAME[qt]}_{suffix}", (cdiv(n_tok, 8 * nb * warps), cdiv(n_out, 32)),
+                       (32, warps), args, shared_mem=qm.mma_smem(qt, warps, nb), options=("-DMMQ_EXPLORE",))
+            call(ws[0])
+            same = bool(cp.array_equal(out.view(cp.uint32), ref.view(cp.uint32)))
+            t = timed_in_graph(cp, [lambda w=w: call(w) for w in ws] * 2)
+            label = f"{qtype} {n_in}x{n_out} n={n_tok} {suffix}" + ("" if same else " DIFFERENT BITS")
+            rows.append((label, t * 1e6, 2 * n_out * n_in * n_tok / t / 1e12, None))
+        del ws
+    return rows
+
+
 def print_gemm(grows):
     print(f"\n{'prompt mat-mul (activations rounded)':48s} {'us':>9s} {'TFLOP/s':>8s} {'llama.cpp':>10s}")
     for label, us, tfs, ref in grows:
@@ -351,6 +393,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write every figure to this file")
     ap.add_argument("--explore", action="store_true", help="only the dp4a kernel variants (kernel_notes.md)")
     ap.add_argument("--gemm", action="store_true", help="only the prompt mat-mul table (* marks the kernel auto takes)")
+    ap.add_argument("--gemm-explore", action="store_true", help="only the tensor-core kernel's candidate variants")
     ap.add_argument("--prompt", action="store_true", help="only the synthetic models' 512-token prompt forwards")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="only the decode step breakdown, graphs captured without and with programmatic dependent "
@@ -364,8 +407,10 @@ def main(argv=None) -> int:
         print(f"\n{be.describe()}; copy bandwidth {copy_bw / 1e9:,.0f} GB/s (read + write)")
         variant_rows(cp, copy_bw)
         return 0
-    if args.gemm or args.prompt:
+    if args.gemm or args.prompt or args.gemm_explore:
         print(f"\n{be.describe()}")
+        if args.gemm_explore:
+            print_gemm(gemm_explore_rows(cp))
         if args.gemm:
             print_gemm(gemm_rows(cp))
         if args.prompt:

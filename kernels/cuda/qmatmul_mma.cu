@@ -264,9 +264,10 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
         }
 }
 
-// kernels mmq[glu]_<type>_w<NW>_n<NB>: NW warps per CTA, NB n8 token tiles per warp (qmatmul.py MMA_VARIANTS)
-#define MMQ_KERNEL(NAME, T, NW, NB, GLU, PREFIX)                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * NW) PREFIX##_##NAME##_w##NW##_n##NB(                \
+// kernels mmq[glu]_<type>_w<NW>_n<NB>: NW warps per CTA, NB n8 token tiles per warp (qmatmul.py MMA_VARIANTS);
+// MINB: CTAs per SM the register allocation must allow (0: the compiler's choice)
+#define MMQ_KERNEL(NAME, T, NW, NB, GLU, PREFIX, MINB, SUFFIX)                                            \
+    extern "C" __global__ void __launch_bounds__(32 * NW, MINB) PREFIX##_##NAME##_w##NW##_n##NB##SUFFIX( \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
         GRID_SMEM(T);                                                                                     \
@@ -277,8 +278,15 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
         mmq<T, NW, NB, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, su, staged,            \
                             (float*)(staged + 2 * NW * (NW * 8 * NB) * Staged<T>::XSTRIDE));              \
     }
-#define MMQ_VARIANT(NAME, T, NW, NB) MMQ_KERNEL(NAME, T, NW, NB, false, mmq) MMQ_KERNEL(NAME, T, NW, NB, true, mmqglu)
+#define MMQ_VARIANT(NAME, T, NW, NB) MMQ_KERNEL(NAME, T, NW, NB, false, mmq, 0, ) \
+    MMQ_KERNEL(NAME, T, NW, NB, true, mmqglu, 0, )
+#ifdef MMQ_EXPLORE   // perf/bench_gpu.py --gemm-explore: candidates beside the default kernels
+#define MMQ_KERNELS(NAME, T) MMQ_VARIANT(NAME, T, 4, 1) MMQ_VARIANT(NAME, T, 4, 2) \
+    MMQ_KERNEL(NAME, T, 4, 2, false, mmq, 4, _b4) MMQ_KERNEL(NAME, T, 8, 1, false, mmq, 0, ) \
+    MMQ_KERNEL(NAME, T, 8, 1, false, mmq, 3, _b3)
+#else
 #define MMQ_KERNELS(NAME, T) MMQ_VARIANT(NAME, T, 4, 1) MMQ_VARIANT(NAME, T, 4, 2)
+#endif
 
 MMQ_KERNELS(q8_0, TQ8_0)
 MMQ_KERNELS(q4_0, TQ4_0)
