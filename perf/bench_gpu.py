@@ -100,9 +100,8 @@ def bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant=None, build="default
     return t, moved
 
 
-def bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, kernels):
-    """{(kernel, mma variant): seconds} per prompt-chunk mat-mul on activations already rounded (the rounding is shared by every
-    kernel choice), weights of random bytes with finite scales in 4 copies (the chunk is compute-bound)."""
+def gemm_inputs(cp, qm, qtype, n_out, n_in, n_tok):
+    """4 uploaded copies of a random weight (qtype name) and n_tok rounded activation rows: (ws, xq, xd)."""
     from gguf import GGMLQuantizationType as QT
     from test_dequant import random_rows                        # tests/kernels (on sys.path above)
 
@@ -114,6 +113,13 @@ def bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, kernels):
     xq = cp.empty((n_tok, n_in), cp.int8)
     xd = cp.empty((n_tok, n_in // qm.XBLOCK[fmt]), cp.float32)
     qm.quantize_activations(fmt, x, xq, xd)
+    return ws, xq, xd
+
+
+def bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, kernels):
+    """{(kernel, mma variant): seconds} per prompt-chunk mat-mul on activations already rounded (the rounding is shared by every
+    kernel choice), weights of random bytes with finite scales in 4 copies (the chunk is compute-bound)."""
+    ws, xq, xd = gemm_inputs(cp, qm, qtype, n_out, n_in, n_tok)
     out = cp.empty((n_tok, n_out), cp.float32)
     return {(kernel, mma): timed_in_graph(
         cp, [lambda w=w: qm.matmul_prequantized(w, xq, xd, out, kernel=kernel, mma=mma) for w in ws] * 2)
@@ -348,20 +354,12 @@ MMA_EXPLORE = [("w4_n2", 4, 2), ("w4_n2_b4", 4, 2), ("w8_n1", 8, 1), ("w8_n1_b3"
 def gemm_explore_rows(cp):
     """--gemm-explore: the tensor-core kernel's candidate variants, each checked bit for bit against the
     default build's MMA_WIDE kernel on the same inputs."""
-    from gguf import GGMLQuantizationType as QT
-    from test_dequant import random_rows
     from strata_lite.kernels.cuda import qmatmul as qm
     from strata_lite.kernels.cuda.runtime import cdiv, launch
     rows = []
     for qtype, n_out, n_in, n_tok in GEMM_EXPLORE:
-        qt = QT[qtype]
-        ws = [qm.upload(SimpleNamespace(name="bench", qtype=qt, n_out=n_out, n_in=n_in,
-                                        raw=random_rows(qt, n_out, n_in, seed=i))) for i in range(4)]
-        fmt = qm.act_format(qt)
-        x = cp.asarray(np.random.default_rng(3).standard_normal((n_tok, n_in), dtype=np.float32))
-        xq = cp.empty((n_tok, n_in), cp.int8)
-        xd = cp.empty((n_tok, n_in // qm.XBLOCK[fmt]), cp.float32)
-        qm.quantize_activations(fmt, x, xq, xd)
+        ws, xq, xd = gemm_inputs(cp, qm, qtype, n_out, n_in, n_tok)
+        qt = ws[0].qtype
         ref = cp.empty((n_tok, n_out), cp.float32)
         qm.matmul_prequantized(ws[0], xq, xd, ref, kernel="mma", mma=qm.MMA_WIDE)
         out = cp.empty_like(ref)

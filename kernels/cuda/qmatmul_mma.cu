@@ -48,8 +48,7 @@ __device__ __forceinline__ void a_frag(const U& ra, const U& rb, int w0, int t, 
 // class's units l, l + 32, ... Classes without units (rows of fewer than 32 units) are skipped here; the
 // summing walk pushes them as zeros.
 struct UnitWalk {
-    int i, u;
-    __device__ __forceinline__ explicit UnitWalk(int n_units) : i(0), u(0) { (void)n_units; }
+    int i = 0, u = 0;                              // class visit 0 is class 0, never empty
     __device__ __forceinline__ void next(int n_units) {
         u += 32;
         while (u >= n_units && i < 31) u = __brev(++i) >> 27;
@@ -209,7 +208,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
     const int my_row = GLU ? min(r0 + (lane & 15), half - 1) + (lane < 16 ? 0 : half) : min(r0 + lane, n_out - 1);
     const u8* wr = W + (size_t)my_row * row_bytes; // the row this lane decodes
     const int n_units = k / T::UNIT, n_xd = k / T::XB, upx = T::XB / T::UNIT;
-    UnitWalk dec(n_units);                         // the unit this warp decodes: step s's warp-th
+    UnitWalk dec;                                  // the unit this warp decodes: step s's warp-th
     for (int j = 0; j < warp; ++j) dec.next(n_units);
     if (warp < n_units)
         decode_and_stage<T, TOK>(wr, dec.u, tab, su[0][warp], xq, xd, k, n_xd, upx, tok0, n_tok,
@@ -219,7 +218,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
     float ch[NO], stk[5][NO];
 #pragma unroll
     for (int o = 0; o < NO; ++o) ch[o] = 0.0f;
-    UnitWalk sum(n_units);                         // the unit being added; sum.i the class visit whose sums ch holds
+    UnitWalk sum;                                  // the unit being added; sum.i the class visit whose sums ch holds
     const int steps = (n_units + NW - 1) / NW;
     for (int s = 0; s < steps; ++s) {
         const int buf = s & 1;
