@@ -149,6 +149,19 @@ class Backend(ABC):
         (decode_graphs: no host wait there). This default goes through argmax_prob and the host."""
         return self.from_host(self.argmax_prob(logits)[0].astype(np.int32))
 
+    # A captured step's per-row results (strata_lite/step_results.py), for backends whose decode_graphs
+    # capture steps: the greedy ids and an MTP draft head's argmax come back in one host copy.
+    def step_results(self, logits, ids=None):
+        """Device float32 (m, 3): column 0 the int32 bits of each row's greedy id (argmax_ids' ids; copied from
+        ids, a device int32 (m,) of them, where the caller has them), columns 1-2 zero until draft_results
+        fills them. One launch, no host wait."""
+        raise NotImplementedError(f"{type(self).__name__} captures no steps")
+
+    def draft_results(self, logits, res) -> None:
+        """Columns 1-2 of step_results' res <- each row's argmax column of logits (a draft head's) as int32
+        bits and its softmax probability (argmax_prob's values). One launch, no host wait."""
+        raise NotImplementedError(f"{type(self).__name__} captures no steps")
+
     @abstractmethod
     def token_counts(self, n_rows: int, n_vocab: int):
         """-> device int32 (n_rows, n_vocab) table of zeros."""

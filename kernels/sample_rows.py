@@ -60,6 +60,11 @@ class SampleRows:
         """Width of Sampled.top_ids: the most alternatives any row asks for."""
         return max(0, int(self.n_logprobs.max())) if len(self) else 0
 
+    def plain_greedy(self) -> bool:
+        """Every row takes its top logit as it is: temperature 0, no penalty changes a logit, no logprobs."""
+        penalized = (self.count_rows >= 0) & ((self.presence != 0) | (self.frequency != 0))
+        return bool(np.all(self.temperature == 0) and not penalized.any() and self.n_logprobs.max(initial=-1) < 0)
+
     @classmethod
     def greedy(cls, m: int) -> "SampleRows":
         """m rows of plain argmax, no penalties, no logprobs."""

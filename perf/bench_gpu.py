@@ -226,8 +226,11 @@ def kernel_rows(cp, copy_bw):
     return rows
 
 
-def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_steps=64):
-    """(label, tok/s) rows for one GGUF file on the CUDA backend."""
+def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_steps=64, paths=("graph",), rounds=1):
+    """(label, tok/s) rows for one GGUF file on the CUDA backend. paths: how a decode step's greedy ids reach
+    the host: "graph" (the engine's: the ids the step graph computed, runner.sample) and/or "launch" (a
+    separate argmax launch after the replay, Backend.sample: the path before the ids moved into the graphs);
+    with several, or rounds > 1, they alternate per context and batch and each round gets its own row."""
     from strata_lite.batch import Batch
     from strata_lite.kernels.sample_rows import SampleRows
     from strata_lite.runner import ModelRunner, load_model
@@ -253,30 +256,34 @@ def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_ste
             batch = Batch(ids[:b].copy(), np.full(b, ctx - 1, np.int32), np.arange(b, dtype=np.int32), tables,
                           np.arange(b, dtype=np.int64))
             greedy = SampleRows.greedy(b)
-
-            def step():
-                return runner.sample(runner.forward(batch), greedy)
-
-            for _ in range(3):
-                step()
-            be.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(n_steps):
-                step()                       # sampling returns host ids: every step ends in a sync
-            dt = (time.perf_counter() - t0) / n_steps
-            rows.append((f"{name} decode batch {b} ctx {ctx // 1024}K", b / dt))
+            steps = {"graph": lambda: runner.sample(runner.forward(batch), greedy),
+                     "launch": lambda: be.sample(runner.forward(batch), greedy, None)}
+            for r in range(rounds):
+                for path in paths:
+                    step = steps[path]
+                    for _ in range(3):
+                        step()
+                    be.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(n_steps):
+                        step()                       # sampling returns host ids: every step ends in a sync
+                    dt = (time.perf_counter() - t0) / n_steps
+                    tag = f" ids by {path}" if len(paths) > 1 else ""
+                    tag += f" round {r + 1}" if rounds > 1 else ""
+                    rows.append((f"{name} decode batch {b} ctx {ctx // 1024}K{tag}", b / dt))
     return rows
 
 
 def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None):
     """(label, µs per step, graph µs, inputs µs, sampling µs) of a batch-1 decode step with the engine sized
-    for ctx: the graph replay timed by CUDA events, the host work around it (batch checks and the input copy,
-    greedy sampling with the ids' copy back) by host clocks. programmatic: capture the graphs with (True) or
-    without (False) programmatic dependent launch (None: the backend's default)."""
+    for ctx: the graph replay timed by CUDA events, the host work around it (batch checks and the input copy;
+    greedy sampling after the step finished: the ids the graph computed, copied back) by host clocks.
+    programmatic: capture the graphs with (True) or without (False) programmatic dependent launch (None: the
+    backend's default)."""
     from strata_lite.batch import Batch
     from strata_lite.kernels.cuda.graphs import StepGraphs
     from strata_lite.kernels.sample_rows import SampleRows
-    from strata_lite.runner import ModelRunner, load_model
+    from strata_lite.runner import ModelRunner, load_model, step_forward
     import cupy as cp
 
     loaded = load_model(model_path, backend="cuda")
@@ -285,7 +292,7 @@ def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None):
     variant = []
     if programmatic is not None:
         runner.graphs = None
-        runner.graphs = StepGraphs(lambda b: runner.model.forward(b, runner.kv), max_pages=ctx // 64,
+        runner.graphs = StepGraphs(step_forward(runner.backend, runner.model, runner.kv), max_pages=ctx // 64,
                                    max_keys=ctx, scratch_page=runner.scratch_page, programmatic=programmatic)
         variant = [f"PDL {'on' if runner.graphs.programmatic else 'off'}"]
     batch = Batch(np.array([5], np.int32), np.full(1, ctx - 1, np.int32), np.zeros(1, np.int32),
@@ -298,7 +305,7 @@ def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None):
     for _ in range(n_steps):
         runner.sample(runner.forward(batch), greedy)
     step = (time.perf_counter() - t0) / n_steps
-    graph, static, logits, _ = runner.graphs._graphs[runner.graphs.bucket(batch)]
+    graph, static, _, _ = runner.graphs._graphs[runner.graphs.bucket(batch)]
     stream = cp.cuda.get_current_stream()
     gpu = []
     for _ in range(n_steps):
@@ -314,10 +321,13 @@ def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None):
         static.fill(cp, batch)
     stream.synchronize()
     inputs = (time.perf_counter() - t0) / n_steps
-    t0 = time.perf_counter()
+    sampling = 0.0
     for _ in range(n_steps):
-        runner.sample(logits[:1], greedy)
-    sampling = (time.perf_counter() - t0) / n_steps
+        logits = runner.forward(batch)
+        stream.synchronize()
+        t0 = time.perf_counter()
+        runner.sample(logits, greedy)
+        sampling += (time.perf_counter() - t0) / n_steps
     label = f"{os.path.basename(model_path)} decode batch 1 ctx {ctx // 1024}K"
     return (" ".join([label] + variant), step * 1e6,
             float(np.median(gpu)) * 1e6, inputs * 1e6, sampling * 1e6)
@@ -393,6 +403,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gemm", action="store_true", help="only the prompt mat-mul table (* marks the kernel auto takes)")
     ap.add_argument("--gemm-explore", action="store_true", help="only the tensor-core kernel's candidate variants")
     ap.add_argument("--prompt", action="store_true", help="only the synthetic models' 512-token prompt forwards")
+    ap.add_argument("--decode", action="store_true",
+                    help="only the synthetic models' decode at 4K (greedy ids from the step graph against a separate "
+                         "argmax launch, alternating) and the step breakdown")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="only the decode step breakdown, graphs captured without and with programmatic dependent "
                          "launch (twice each, alternating)")
@@ -416,6 +429,20 @@ def main(argv=None) -> int:
             for path in synth_models(args.models, args.quick):
                 for label, tps in e2e_rows(path, contexts=()):
                     print(f"{label:60s} {tps:9.0f} tok/s")
+        return 0
+    if args.decode:
+        os.makedirs(args.models, exist_ok=True)
+        erows, brows = [], []
+        for path in synth_models(args.models, args.quick):
+            erows += e2e_rows(path, contexts=(4096,), paths=("graph", "launch"), rounds=3)
+            brows.append(step_breakdown(path))
+        print(f"\n{'decode, greedy ids from the step graph or a launch after it':60s} {'tok/s':>9s}")
+        for label, tps in erows:
+            print(f"{label:60s} {tps:9.0f}")
+        print_breakdown(brows)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": be.describe(), "e2e": erows, "step_breakdown": brows}, f, indent=1)
         return 0
     if args.pdl_ab:
         os.makedirs(args.models, exist_ok=True)

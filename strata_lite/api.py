@@ -19,6 +19,7 @@ from .sampling import InvalidRequest, SamplingParams, draw_uniform, needs_counts
 from .spec.controller import SpecController, parse_spec, split_spec
 from .spec.generate import drafted_tokens
 from .spec.mtp_drafter import MtpDrafter, block_for_spec, use_shipped
+from .step_results import StepResults
 from .text_stream import TextStream
 
 PAGE_SIZE = 64
@@ -99,7 +100,7 @@ class LLM:
         forward)."""
         batch.validate(self.kv.n_pages, self.kv.page_size, self.config.n_vocab)
         if observer is None and self.mtp is None and self.graphs is not None and self.graphs.accepts(batch):
-            return self.graphs.run(batch)
+            return self.graphs.run(batch)[0]
         return self.model.forward(batch, self.kv, observer=observer)
 
     def forward_with_hidden(self, batch: Batch):
@@ -108,8 +109,8 @@ class LLM:
         if self.mtp is None:
             return self.forward(batch)
         if self.graphs is not None and self.graphs.accepts(batch):
-            logits, *state = self.graphs.run(batch)
-            self.mtp.keep_hidden(*state)
+            logits, res, *state = self.graphs.run(batch)
+            self.mtp.keep_hidden(*state, results=StepResults(self.backend, logits, res))
             return logits
         return self.mtp.target_forward(batch)
 

@@ -27,6 +27,7 @@ from .loader.weights import load_weights
 from .models import MODELS
 from .sampling import draw_uniform, sample_row
 from .spec.mtp_drafter import MtpDrafter
+from .step_results import StepResults
 from .text_stream import TextStream
 
 WARM_UP_KEYS = 2048       # keys the far decode of the warm-up attends (long attention is split on the CPU)
@@ -95,13 +96,24 @@ class TimedCopier:
         self.inner.copy_page_prefix(src_page, dst_page, n_tokens)
 
 
+def step_forward(backend, model, kv):
+    """The decode / verify forward a step graph captures without an MTP drafter: batch -> (logits, step
+    results: every row's greedy id, step_results.py)."""
+    def forward(batch):
+        logits = model.forward(batch, kv)
+        return logits, backend.step_results(logits)
+    return forward
+
+
 def capture_step_graphs(backend, model, kv, mtp, n_ctx: int, scratch_page: int):
     """The backend's captured decode / verify steps (kernels/cuda/graphs.py) for model's forward over kv at
-    positions < n_ctx, with an MTP drafter (mtp) its step_forward (the hidden states and the block's KV
-    rows beside the logits), and the drafter's own block forwards (MtpDrafter.capture); None where the backend does not capture.
-    Padded rows of a graph read and write only scratch_page, a page no sequence ever gets."""
+    positions < n_ctx: each returns (logits, step results (step_results.py: every row's greedy id), ...);
+    with an MTP drafter (mtp) its step_forward (also the block's KV rows and first draft tokens, then the
+    hidden states and block outputs), and the drafter's own block forwards (MtpDrafter.capture); None where
+    the backend does not capture. Padded rows of a graph read and write only scratch_page, a page no
+    sequence ever gets."""
     limits = dict(max_pages=math.ceil(n_ctx / kv.page_size), max_keys=n_ctx, scratch_page=scratch_page)
-    forward = (lambda b: model.forward(b, kv)) if mtp is None else mtp.step_forward()
+    forward = step_forward(backend, model, kv) if mtp is None else mtp.step_forward()
     graphs = backend.decode_graphs(forward, **limits)
     if mtp is not None:
         mtp.capture(lambda forward, **kw: backend.decode_graphs(forward, **limits, **kw))
@@ -143,24 +155,31 @@ class ModelRunner:
         # of a graph's token-count bucket read and write only the scratch page, which no sequence ever gets
         self.scratch_page = self.kv.alloc(1)[0] if scratch else -1
         self.graphs = capture_step_graphs(self.backend, self.model, self.kv, self.mtp, n_ctx, self.scratch_page)
+        self.step_results = None      # StepResults of the last forward when a captured step ran it
         self.counts = self.backend.token_counts(count_rows, cfg.n_vocab) if count_rows else None
         self._free_count_rows = list(range(count_rows - 1, -1, -1))
 
     def forward(self, batch: Batch):
         """Device float32 logits (len(batch.logit_rows), n_vocab); ValueError for a bad batch."""
         batch.validate(self.kv.n_pages, self.kv.page_size, self.n_vocab)
+        self.step_results = None
         if self.graphs is not None and self.graphs.accepts(batch):
-            if self.mtp is None:
-                return self.graphs.run(batch)
-            logits, *state = self.graphs.run(batch)
-            self.mtp.keep_hidden(*state)
+            logits, res, *state = self.graphs.run(batch)
+            self.step_results = StepResults(self.backend, logits, res)
+            if self.mtp is not None:
+                self.mtp.keep_hidden(*state, results=self.step_results)
             return logits
         if self.mtp is not None:            # the drafter fills its KV layer from every row's hidden state
             return self.mtp.target_forward(batch)
         return self.model.forward(batch, self.kv)
 
     def sample(self, logits, rows: SampleRows) -> Sampled:
-        """Host tokens (and logprobs) for device logits, one SampleRows row per logit row."""
+        """Host tokens (and logprobs) for device logits, one SampleRows row per logit row. Plain greedy rows of
+        a captured step take the ids the step computed (StepResults.sample: the same ids, no launch)."""
+        if self.step_results is not None:
+            sampled = self.step_results.sample(logits, rows)
+            if sampled is not None:
+                return sampled
         return self.backend.sample(logits, rows, self.counts)
 
     def add_counts(self, count_rows, ids) -> None:

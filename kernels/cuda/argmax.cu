@@ -67,21 +67,26 @@ __device__ __forceinline__ void row_best(const float* __restrict__ row, int V, i
         better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
 }
 
-// logits (m, V) float32, 16-byte aligned rows when vec4; best (m,) int32. grid m, block ARGMAX_THREADS.
+// logits (m, V) float32, 16-byte aligned rows when vec4; row r's id at best[stride * r] (int32; stride > 1: a
+// column of a wider row-results buffer). grid m, block ARGMAX_THREADS.
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_rows(const float* __restrict__ logits,
-                                                                        int* __restrict__ best, int V, int vec4) {
+                                                                        int* __restrict__ best, int V, int vec4,
+                                                                        int stride) {
     grid_dependency_sync();
     float bv;
     int bi;
     row_best(logits + (size_t)blockIdx.x * V, V, vec4, bv, bi);
-    if (threadIdx.x == 0) best[blockIdx.x] = bi < V ? bi : 0;
+    if (threadIdx.x == 0) best[(size_t)stride * blockIdx.x] = bi < V ? bi : 0;
 }
 
 // argmax_rows's id and its softmax probability, 1 / sum_j exp(x_j - x_best) (the sum in a fixed order: each
-// thread's ids ascending, then xor trees), as out (m, 2) float32: [id bits as int32, probability]. A row
+// thread's ids ascending, then xor trees), as a pair of float32: [id bits as int32, probability]. A row
 // without a finite best value gives id 0 and probability 0. An MTP drafter's greedy draft and confidence.
+// Row r's pair at out[stride * r], out[stride * r + 1] (stride 2: an (m, 2) array; more: two columns of a
+// wider row-results buffer).
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_prob_rows(const float* __restrict__ logits,
-                                                                             float* __restrict__ out, int V, int vec4) {
+                                                                             float* __restrict__ out, int V, int vec4,
+                                                                             int stride) {
     grid_dependency_sync();
     __shared__ float ss[ARGMAX_THREADS / WARP];
     const float* row = logits + (size_t)blockIdx.x * V;
@@ -98,8 +103,9 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_prob_rows(co
         sum = warp_sum(ss[t]);
         if (t == 0) {
             const bool ok = bi < V && isfinite(bv);
-            out[2 * blockIdx.x] = __int_as_float(ok ? bi : 0);
-            out[2 * blockIdx.x + 1] = ok ? 1.f / sum : 0.f;
+            float* o = out + (size_t)stride * blockIdx.x;
+            o[0] = __int_as_float(ok ? bi : 0);
+            o[1] = ok ? 1.f / sum : 0.f;
         }
     }
 }

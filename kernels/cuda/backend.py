@@ -233,6 +233,12 @@ class CudaBackend(Backend):
     def argmax_ids(self, logits):
         return smp.greedy_ids(logits, self.cp.empty(logits.shape[0], self.cp.int32))
 
+    def step_results(self, logits, ids=None):
+        return smp.step_results(logits, ids)
+
+    def draft_results(self, logits, res):
+        smp.draft_results(logits, res)
+
     # ------------------------------------------------------------------ services
     def kv_copier(self, dev_arrays, host_arrays):
         from .kv_copy import CudaKVCopier

@@ -29,8 +29,8 @@ import numpy as np
 from ..sample_rows import SampleRows, Sampled, count_pairs
 from .runtime import cdiv, cupy, launch
 
-__all__ = ["SamplingWorkspace", "sampling_workspace", "sample", "plain_greedy", "greedy_ids", "greedy_with_prob",
-           "add_counts"]
+__all__ = ["SamplingWorkspace", "sampling_workspace", "sample", "greedy_ids", "greedy_with_prob", "step_results",
+           "draft_results", "add_counts"]
 
 _ARGMAX_THREADS = 1024      # ARGMAX_THREADS in argmax.cu
 
@@ -109,7 +109,7 @@ def sample(logits, rows: SampleRows, counts, ws: SamplingWorkspace) -> Sampled:
     xp, m = ws.xp, logits.shape[0]
     if m == 0:
         return Sampled.empty(0, 0)
-    if xp is not np and plain_greedy(rows):
+    if xp is not np and rows.plain_greedy():
         out = Sampled.empty(m, 0)
         out.ids[:] = _host(xp, greedy_ids(logits, ws.best[:m]))
         return out
@@ -137,20 +137,38 @@ def sample(logits, rows: SampleRows, counts, ws: SamplingWorkspace) -> Sampled:
     return _with_logprobs(xp, logits, rows, ids, stats)
 
 
-def plain_greedy(rows: SampleRows) -> bool:
-    """Every row takes its top logit as it is: temperature 0, no penalty changes a logit, no logprobs."""
-    penalized = (rows.count_rows >= 0) & ((rows.presence != 0) | (rows.frequency != 0))
-    return bool(np.all(rows.temperature == 0) and not penalized.any() and rows.n_logprobs.max() < 0)
-
-
-def greedy_ids(logits, best):
+def greedy_ids(logits, best, stride: int = 1):
     """best (m,) device int32 <- the lowest id of each row's largest logit (NaN never wins; a row without a
     finite-or-+inf value gives 0): penalize_argmax's ids for unpenalized rows. logits (m, V) device
-    float32, C-contiguous. -> best. One launch, no host wait (graph-capturable)."""
+    float32, C-contiguous; best: row r's id at best.ravel()[stride * r] (a contiguous buffer; stride > 1
+    writes a column of a wider one). -> best. One launch, no host wait (graph-capturable)."""
     m, n_vocab = logits.shape
     vec4 = n_vocab % 4 == 0 and logits.data.ptr % 16 == 0
-    launch("argmax.cu", "argmax_rows", (m,), (_ARGMAX_THREADS,), (logits, best, np.int32(n_vocab), np.int32(vec4)))
+    launch("argmax.cu", "argmax_rows", (m,), (_ARGMAX_THREADS,),
+           (logits, best, np.int32(n_vocab), np.int32(vec4), np.int32(stride)))
     return best
+
+
+STEP_COLS = 3       # a step's row results: greedy id bits | draft column bits | draft probability (float32)
+
+
+def step_results(logits, ids=None):
+    """A captured step's per-row results, (m, STEP_COLS) float32 device, one host copy for all of them:
+    column 0 the int32 bits of each row's greedy id (greedy_ids; copied from ids, a device int32 (m,) of
+    them, where the caller has them already), columns 1-2 zero until draft_results fills them."""
+    cp = cupy()
+    res = cp.zeros((logits.shape[0], STEP_COLS), cp.float32)
+    if ids is None:
+        greedy_ids(logits, res, STEP_COLS)
+    else:
+        res.view(cp.int32)[:, 0] = ids
+    return res
+
+
+def draft_results(logits, res) -> None:
+    """Columns 1-2 of step_results' res <- each row's argmax column of logits (a draft head's, (m, n)) and its
+    softmax probability (argmax_prob_rows)."""
+    argmax_prob_rows(logits, res.ravel()[1:], STEP_COLS)
 
 
 def greedy_with_prob(logits):
@@ -164,14 +182,16 @@ def greedy_with_prob(logits):
     return host[:, 0].view(np.int32).astype(np.int64), host[:, 1].astype(np.float64)
 
 
-def argmax_prob_rows(logits, out) -> None:
-    """Queue argmax.cu argmax_prob_rows: device logits (m, n_vocab) -> out (m, 2) float32, per row the argmax
-    column's int32 bits and its softmax probability (out C-contiguous: row r at out[2r], out[2r + 1])."""
+def argmax_prob_rows(logits, out, stride: int = 2) -> None:
+    """Queue argmax.cu argmax_prob_rows: device logits (m, n_vocab) -> per row the argmax column's int32 bits
+    and its softmax probability as float32 at out.ravel()[stride * r], [stride * r + 1] (out contiguous:
+    stride 2 fills an (m, 2) array; a wider stride fills two columns of a wider buffer)."""
     m, n_vocab = logits.shape
     if m == 0:
         return
     vec4 = n_vocab % 4 == 0 and logits.data.ptr % 16 == 0
-    launch("argmax.cu", "argmax_prob_rows", (m,), (_ARGMAX_THREADS,), (logits, out, np.int32(n_vocab), np.int32(vec4)))
+    launch("argmax.cu", "argmax_prob_rows", (m,), (_ARGMAX_THREADS,),
+           (logits, out, np.int32(n_vocab), np.int32(vec4), np.int32(stride)))
 
 
 def _set(xp, dst, host) -> None:

@@ -11,10 +11,11 @@ its row, from the step's hidden states (Transformer.forward(all_hidden=True)) an
 tokens; the last prompt position gets its row in the step that samples the first generated token. For a
 decoding sequence the row of its last computed position predicts the token after the pending one: its
 block output is kept, and the head (the vocabulary-wide mat-mul) runs on it only when the first draft
-token is asked for (`first_token`, `propose`), so a step in which no sequence drafts from the block runs
-the block for its KV rows and no head. Where the step was a captured graph of step_forward (CUDA), the
-graph already ran the block on every row with the row's greedy token; fill keeps those rows for sequences
-whose kept tokens are the greedy ones and computes only the others.
+token is asked for (`first_token`, `propose`), so an eager step in which no sequence drafts from the block
+runs the block for its KV rows and no head. Where the step was a captured graph of step_forward (CUDA), the
+graph already ran the block on every row with the row's greedy token, and the head and its argmax too;
+fill keeps those rows for sequences whose kept tokens are the greedy ones (with their first draft token:
+nothing runs after the step for it) and computes only the others.
 
 Drafting (`propose`, at plan time): per sequence, step j feeds the block its own previous block output as
 the hidden state and its own previous argmax as the token, at the next position (rows past n_computed,
@@ -26,7 +27,8 @@ replays whose argmax feeds the next replay's token on the device (StepGraphs.run
 one host round trip, not one per token.
 
 Cost (`mtp_cost`): drafting k tokens costs k heads and k - 1 block forwards, in target decode steps from
-the weights' byte sizes; SpecController weighs it against a draft's expected gain.
+the weights' byte sizes, the first head nothing where the step graphs run it anyway (capture);
+SpecController weighs it against a draft's expected gain.
 
 A placement keeps one cached token less (TieredKV reread_last): the row of the last cached position needs
 the main model's hidden state there, which is not cached.
@@ -109,11 +111,13 @@ class MtpCost(NamedTuple):
     """What MTP drafting costs, in target decode steps (mtp_cost)."""
     head: float      # the head over the vocabulary: once per drafted token
     block: float     # one forward of the block (eh_proj and its decoder block): per drafted token after the first
+    first_head: bool = True   # the first token's head is the drafter's (False: every step runs it anyway)
 
     def token(self, i: int) -> float:
-        """Drafted token i (from 0): the head, plus from the second token on a block forward (the first
-        token's block forward is the fill's, which the KV row needs anyway)."""
-        return self.head + (self.block if i else 0.0)
+        """Drafted token i (from 0): the head (not for the first token when the step runs it anyway), plus
+        from the second token on a block forward (the first token's block forward is the fill's, which the
+        KV row needs anyway)."""
+        return self.block + self.head if i else (self.head if self.first_head else 0.0)
 
     def draft(self, k: int) -> float:
         """A draft of k tokens: k * head + (k - 1) * block."""
@@ -161,37 +165,45 @@ class MtpDrafter:
         self.grow = None         # (seq, n_tokens) -> how many fit in its pages: TieredKV.grow_free
         self.fill_graphs = self.chain_graphs = None     # captured block forwards (capture())
         self._vocab_dev = None   # the draft vocabulary's column -> token id map on the device (chain graphs)
-        self.fused = None        # (greedy ids, block outputs) of a step_forward graph's step, for fill()
+        self.fused = None        # (block outputs, StepResults) of a step_forward graph's step, for fill()
 
     def capture(self, decode_graphs) -> None:
         """Replay the block's forwards as captured graphs where the backend captures them: decode_graphs is
         the backend's (kernels/backend.py) with the engine's page and key limits bound. Two sets: the fill's
         (KV rows only, no head) and the chain steps' (block and head on every row), each with the hidden
         states as a per-row input; a step the graphs do not accept (more rows than the largest bucket, a
-        prompt chunk's fill) runs eagerly, with the same bits (kernels/cuda/graphs.py)."""
+        prompt chunk's fill) runs eagerly, with the same bits (kernels/cuda/graphs.py). With graphs, the
+        decode steps (step_forward) run the head for the first draft token: it costs a drafting sequence
+        nothing more (MtpCost.first_head)."""
         layer_kv, width = self.kv.layer(self.layer), self.model.cfg.n_embd
         self.fill_graphs = decode_graphs(lambda b, h: self.head.forward(b, h, layer_kv)[1], logits=False,
                                          row_inputs=(width,))
         self.chain_graphs = decode_graphs(lambda b, h: self.head.forward(b, h, layer_kv), row_inputs=(width,))
-        if self.chain_graphs is not None and self.head.vocab is not None:
-            self._vocab_dev = self.backend.from_host(self.head.vocab.astype(np.int32))
+        if self.chain_graphs is not None:
+            self.cost = self.cost._replace(first_head=False)
+            if self.head.vocab is not None:
+                self._vocab_dev = self.backend.from_host(self.head.vocab.astype(np.int32))
 
     # filling the KV layer
     def step_forward(self):
-        """The main model's decode / verify forward for a captured graph, with the block's KV rows fused in:
-        forward(batch) -> (logits, hidden states, greedy ids (device int32, one per row), block outputs).
-        Row i of the block runs on the row's hidden state and the greedy argmax of its logits as the token at
-        i + 1, which is the token a greedy sequence then keeps (an accepted draft equals it, and so does the
-        sampled one), so for such rows fill() has nothing left to compute; rows whose kept token differs
-        (sampling, penalties) are filled again (fill). Rows past what a step keeps hold rows past
-        n_computed, which later steps overwrite before anything reads them, as in the main layers."""
+        """The main model's decode / verify forward for a captured graph, with the block's KV rows and first
+        draft tokens fused in: forward(batch) -> (logits, step results (Backend.step_results: every row's
+        greedy id, and the head's argmax column and probability), hidden states, block outputs). Row i of
+        the block runs on the row's hidden state and the greedy argmax of its logits as the token at i + 1,
+        which is the token a greedy sequence then keeps (an accepted draft equals it, and so does the sampled
+        one), so for such rows fill() has nothing left to compute and the head's argmax at the row is the
+        draft token after it; rows whose kept token differs (sampling, penalties) are filled again (fill).
+        Rows past what a step keeps hold rows past n_computed, which later steps overwrite before anything
+        reads them, as in the main layers."""
         be, layer_kv = self.backend, self.kv.layer(self.layer)
 
         def forward(batch):
             logits, hidden = self.model.forward(batch, self.kv, all_hidden=True)
             ids = be.argmax_ids(logits)
-            _, out = self.head.forward(_NextTokenRows(batch, ids), hidden, layer_kv)
-            return logits, hidden, ids, out
+            res = be.step_results(logits, ids)
+            head_logits, out = self.head.forward(_NextTokenRows(batch, ids), hidden, layer_kv)
+            be.draft_results(head_logits, res)
+            return logits, res, hidden, out
         return forward
 
     def target_forward(self, batch):
@@ -201,12 +213,12 @@ class MtpDrafter:
         self.fused = None
         return logits
 
-    def keep_hidden(self, hidden, ids=None, out=None) -> None:
+    def keep_hidden(self, hidden, out=None, results=None) -> None:
         """The hidden states of a forward run elsewhere (a captured graph's, valid until its next replay:
-        fill() reads them in the same step); with ids and out, that forward was step_forward's: its greedy
-        ids and the block outputs of the rows it filled."""
+        fill() reads them in the same step); with out and results, that forward was step_forward's: the block
+        outputs of the rows it filled and its StepResults (greedy ids, first draft tokens)."""
         self.hidden = hidden
-        self.fused = None if ids is None else (ids, out)
+        self.fused = None if results is None else (out, results)
 
     def fill(self, plan) -> None:
         """Scheduler hook (complete_step, after acceptance, before commit): the block's rows for every
@@ -219,7 +231,7 @@ class MtpDrafter:
             raise RuntimeError("MtpDrafter.fill without the step's hidden states")
         b = plan.batch
         rows, ids, pos, seq_of, first_rows, first_seqs, tables = [], [], [], [], [], [], []
-        greedy = None if fused is None else self.backend.to_host(fused[0][:len(b.token_ids)])
+        greedy = None if fused is None else fused[1].greedy_ids()
         filled = []              # (seq, batch row of its first draft's block output): rows the step filled
         at = 0
         for seq, n in zip(plan.seqs, plan.n_tokens):
@@ -241,9 +253,11 @@ class MtpDrafter:
                     first_seqs.append(seq)
             at += n
         if filled:               # off the graph's buffer: kept past the step (a sequence may sit one out)
-            kept = fused[1][:len(b.token_ids)].copy()
+            kept = fused[0].copy()
+            columns, probs = fused[1].drafts()
             for seq, row in filled:
-                self.first[seq] = (seq.n_computed, kept, row, None)
+                token = int(self.head.token_ids(columns[row:row + 1])[0])
+                self.first[seq] = (seq.n_computed, kept, row, (token, float(probs[row])))
         if not rows:
             return
         out, _ = self._forward(hidden, rows, ids, pos, seq_of, tables, [])
@@ -414,12 +428,12 @@ class MtpDrafter:
 
 class _NextTokenRows:
     """A captured step's batch as the block reads it, with each row's token replaced by device ids (the
-    greedy token after the row: step_forward); no logit rows (the head does not run)."""
+    greedy token after the row: step_forward); every row a logit row (the head runs on all of them)."""
 
     def __init__(self, batch, ids):
         self.token_ids, self.positions, self.token_seq = ids, batch.positions, batch.token_seq
         self.page_tables, self.max_pos = batch.page_tables, batch.max_pos
-        self.logit_rows = np.zeros(0, np.int64)
+        self.logit_rows = np.arange(ids.shape[0], dtype=np.int64)
 
 
 def _stack(be, parts):

@@ -134,7 +134,8 @@ def test_rows_filled_in_the_step_graph_equal_the_eager_fill(mtp_path, kept):
     """A decode step replayed through the runner's graph (step_forward: the block's row beside the main
     forward, with the greedy token) leaves the block's KV row and the first draft's block output that an
     eager fill with the kept token gives, bit for bit: taken as is when the kept token is the greedy one (no
-    fill graph runs), computed again when it is another (sampling)."""
+    fill graph runs; the first draft token is the graph's head argmax, equal to the eager head's), computed
+    again when it is another (sampling)."""
     from types import SimpleNamespace
     from strata_lite.batch import Batch
     runner = _runner(mtp_path)
@@ -157,7 +158,11 @@ def test_rows_filled_in_the_step_graph_equal_the_eager_fill(mtp_path, kept):
     d.fill_graphs = fill
     d.fill(SimpleNamespace(batch=step, seqs=[seq], n_tokens=[1]))
     assert fill.runs == (0 if kept == "greedy" else 1)
-    _, out, row, _ = d.first[seq]
+    _, out, row, first = d.first[seq]
+    if kept == "greedy":          # the step graph's head gave the first draft token: the eager head's
+        assert first == d._argmax(d.head.logits(be.take_rows(out, be.from_host(np.array([row], np.int32)))))[0]
+    else:
+        assert first is None      # the head runs when a draft asks for it
     got = [be.to_host(out)[row]] + [be.to_host(a).copy() for a in kv.layer(d.layer)]
     d.fill_graphs = None                                     # the reference: the row again, eagerly
     ref, _ = d._forward(be.from_host(hidden), [0], [nxt], [40], [0], [seq.pages], [])
@@ -192,9 +197,9 @@ def test_engine_greedy_with_mtp_graphs_equals_spec_off(mtp_path):
         d.fill_graphs, d.chain_graphs = _Counted(d.fill_graphs), _Counted(d.chain_graphs)
         fused, keep = [], d.keep_hidden
 
-        def counted_keep(hidden, ids=None, out=None):
-            fused.append(ids is not None)
-            keep(hidden, ids, out)
+        def counted_keep(hidden, out=None, results=None):
+            fused.append(results is not None)
+            keep(hidden, out, results)
         d.keep_hidden = counted_keep
         on._spec.width = 3
         got = [_greedy(on, [p], "m") for p in prompts[:1]] + [_greedy(on, prompts, "M")]

@@ -287,14 +287,35 @@ def test_greedy_with_prob(cp, smp, n_vocab):
 
 
 def test_plain_greedy_rule():
-    """Which rows the one-kernel path takes: greedy, no penalty that changes a logit, no logprobs."""
-    from strata_lite.kernels.cuda.sampling import plain_greedy
-    assert plain_greedy(SampleRows.greedy(3))
-    assert plain_greedy(SampleRows.from_rows([dict(count_rows=0), dict()]))            # zero penalties
-    assert not plain_greedy(SampleRows.from_rows([dict(), dict(count_rows=0, presence=0.5)]))
-    assert not plain_greedy(SampleRows.from_rows([dict(count_rows=1, frequency=0.1)]))
-    assert not plain_greedy(SampleRows.from_rows([dict(n_logprobs=0)]))
-    assert not plain_greedy(SampleRows.from_rows([dict(temperature=0.7)]))
+    """Which rows the one-kernel path (and a captured step's own greedy ids) takes: greedy, no penalty that
+    changes a logit, no logprobs."""
+    assert SampleRows.greedy(3).plain_greedy()
+    assert SampleRows.greedy(0).plain_greedy()
+    assert SampleRows.from_rows([dict(count_rows=0), dict()]).plain_greedy()              # zero penalties
+    assert not SampleRows.from_rows([dict(), dict(count_rows=0, presence=0.5)]).plain_greedy()
+    assert not SampleRows.from_rows([dict(count_rows=1, frequency=0.1)]).plain_greedy()
+    assert not SampleRows.from_rows([dict(n_logprobs=0)]).plain_greedy()
+    assert not SampleRows.from_rows([dict(temperature=0.7)]).plain_greedy()
+
+
+@gpu
+def test_step_results_columns(cp, smp):
+    """step_results / draft_results (a captured step's per-row results, one host copy): column 0 greedy_ids'
+    ids (computed, or copied from given ids), columns 1-2 the draft head's argmax_prob_rows pair, written
+    through the strided kernels; the same values as the contiguous calls."""
+    rng = np.random.default_rng(27)
+    m = 6
+    main, draft = cp.asarray(random_logits(rng, m, BIG_VOCAB)), cp.asarray(random_logits(rng, m, 4099))
+    res = smp.step_results(main)
+    smp.draft_results(draft, res)
+    host = cp.asnumpy(res)
+    np.testing.assert_array_equal(host[:, 0].view(np.int32), cp.asnumpy(smp.greedy_ids(main, cp.empty(m, cp.int32))))
+    pair = cp.empty((m, 2), cp.float32)
+    smp.argmax_prob_rows(draft, pair)
+    np.testing.assert_array_equal(host[:, 1:], cp.asnumpy(pair))
+    given = smp.step_results(main, cp.arange(m, dtype=cp.int32))
+    np.testing.assert_array_equal(cp.asnumpy(given)[:, 0].view(np.int32), np.arange(m))
+    assert not cp.asnumpy(given)[:, 1:].any()
 
 
 @gpu
