@@ -3,7 +3,7 @@ drafted tokens per step and decode tok/s on held-out code prompts and on chat pr
 
 For a model (default: the default model) and an MTP sidecar (--mtp, from `strata-lite train-mtp`; default:
 the model's own block or the one shipped for the default model), on the CPU
-backend, greedy, one request at a time: every prompt is answered (up to --max-tokens tokens) by an engine
+backend (--backend cuda: the GPU), greedy, one request at a time: every prompt is answered (up to --max-tokens tokens) by an engine
 with `--spec off`, then by one with `--spec mtp:K` (the block drafts exactly up to K tokens every step) and one
 with `--spec K` (the suffix index drafts up to K tokens whenever it has them) for each K. Every mode must
 generate the same tokens as off (greedy; the script fails if one does not), so only the drafting differs.
@@ -22,8 +22,8 @@ SpecController.by_source): a "step" is a decode step of a request that verified 
   tok/fwd     generated tokens per decode forward (1 + accepted per step; steps without a draft count as 1)
   tok/s       decode tok/s from each request's first token on (all requests of the kind together)
 
-usage: python perf/eval_mtp.py [--mtp M.mtp.gguf] [--model M] [--threads 2] [--max-tokens 128] [--code 6]
-           [--chat 6] [--ks 1,2,3,4] [--json out.json]
+usage: python perf/eval_mtp.py [--mtp M.mtp.gguf] [--model M] [--backend cpu|cuda] [--threads 2]
+           [--max-tokens 128] [--code 6] [--chat 6] [--ks 1,2,3,4] [--suffix-ks 1,2,3,4] [--json out.json]
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def held_out_code(n: int) -> list[str]:
 
 def run_mode(args, spec, texts: dict[str, list[str]]) -> dict:
     """Answer every prompt with one engine in drafting mode spec -> {kind: [per-prompt dict]}."""
-    eng = Engine(EngineConfig(model=args.model, backend="cpu", n_ctx=args.n_ctx, parallel=1, step_tokens=256,
+    eng = Engine(EngineConfig(model=args.model, backend=args.backend, n_ctx=args.n_ctx, parallel=1, step_tokens=256,
                               threads=args.threads, spec=spec, host_kv_gib=0.25,
                               mtp=args.mtp if str(spec).startswith("mtp") else None))
     eng.start()
@@ -132,13 +132,16 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per answer at most (default 128)")
     ap.add_argument("--code", type=int, default=6, help="held-out code prompts (default 6)")
     ap.add_argument("--chat", type=int, default=6, help=f"chat prompts, at most {len(CHAT)} (default 6)")
-    ap.add_argument("--ks", default="1,2,3,4", help="fixed draft widths to measure (default 1,2,3,4)")
+    ap.add_argument("--ks", default="1,2,3,4", help="fixed MTP draft widths to measure (default 1,2,3,4)")
+    ap.add_argument("--suffix-ks", default=None, help="fixed suffix draft widths (default: --ks; '' for none)")
+    ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--json", default=None, help="write the figures (and per-prompt outcomes) here")
     args = ap.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
+    sks = ks if args.suffix_ks is None else [int(k) for k in args.suffix_ks.split(",") if k]
     texts = {"code": held_out_code(args.code), "chat": list(CHAT[:args.chat])}
-    modes = ["off"] + [f"mtp:{k}" for k in ks] + ks
+    modes = ["off"] + [f"mtp:{k}" for k in ks] + sks
     t0, res = time.perf_counter(), {}
     for spec in modes:
         t = time.perf_counter()
@@ -148,8 +151,8 @@ def main():
         print(f"spec {spec}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
     figs = {str(m): {kind: summary(runs) for kind, runs in res[str(m)].items()} for m in modes}
     block = Path(args.mtp).name if args.mtp else "shipped/own"
-    print(f"\nMTP vs suffix drafts at fixed widths: {args.model or 'default model'}, MTP {block}; CPU "
-          f"backend, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), threads "
+    print(f"\nMTP vs suffix drafts at fixed widths: {args.model or 'default model'}, MTP {block}; "
+          f"{args.backend} backend, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), threads "
           f"{args.threads or 'all'}; greedy, 1 slot, max_tokens {args.max_tokens}; "
           + ", ".join(f"{len(v)} {k} prompts ({figs['off'][k]['tokens']} tokens)" for k, v in texts.items())
           + f"; every mode generated the same tokens as off; {time.perf_counter() - t0:.0f} s in all")
@@ -158,16 +161,16 @@ def main():
     for kind in texts:
         base = figs["off"][kind]["tok_s"]
         print(f"{kind:<5} {'off':<7} {'-':>2} {'-':>9} {'-':>8} {'-':>10} {0:>5} {1:>7.2f} {base:>6.1f} {1:>5.2f}x")
-        for src in ("mtp", "suffix"):
-            for k in ks:
+        for src, widths in (("mtp", ks), ("suffix", sks)):
+            for k in widths:
                 f = figs[f"mtp:{k}" if src == "mtp" else str(k)][kind]
                 print(f"{kind:<5} {src:<7} {k:>2} {_f(f['first_acc'], '>9.1%')} {_f(f['acc_per_step'], '>8.2f')} "
                       f"{_f(f['draft_per_step'], '>10.2f')} {f['steps']:>5} {_f(f['tok_per_fwd'], '>7.2f')} "
                       f"{f['tok_s']:>6.1f} {f['tok_s'] / base if base else 0:>5.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(
-            settings=dict(model=args.model, mtp=args.mtp, threads=args.threads, max_tokens=args.max_tokens,
-                          ks=ks, cores=os.cpu_count()),
+            settings=dict(model=args.model, mtp=args.mtp, backend=args.backend, threads=args.threads,
+                          max_tokens=args.max_tokens, ks=ks, suffix_ks=sks, cores=os.cpu_count()),
             prompts=texts, figures=figs,
             outcomes={m: {k: [r["outcomes"] for r in runs] for k, runs in r_m.items()} for m, r_m in res.items()}),
             indent=1))
