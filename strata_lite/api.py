@@ -110,7 +110,7 @@ class LLM:
             return self.forward(batch)
         if self.graphs is not None and self.graphs.accepts(batch):
             logits, res, *state = self.graphs.run(batch)
-            self.mtp.keep_hidden(*state, results=StepResults(self.backend, logits, res))
+            self.mtp.keep_hidden(*state, results=StepResults(self.backend, logits, res, self.graphs))
             return logits
         return self.mtp.target_forward(batch)
 

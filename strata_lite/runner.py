@@ -165,7 +165,7 @@ class ModelRunner:
         self.step_results = None
         if self.graphs is not None and self.graphs.accepts(batch):
             logits, res, *state = self.graphs.run(batch)
-            self.step_results = StepResults(self.backend, logits, res)
+            self.step_results = StepResults(self.backend, logits, res, self.graphs)
             if self.mtp is not None:
                 self.mtp.keep_hidden(*state, results=self.step_results)
             return logits

@@ -16,11 +16,18 @@ from .kernels.sample_rows import Sampled, SampleRows
 
 class StepResults:
     """logits: the step's device logits view (the object the runner handed out); dev: its (n, 3) float32
-    results (column 0 greedy id bits, 1 draft column bits, 2 draft probability)."""
+    results (column 0 greedy id bits, 1 draft column bits, 2 draft probability); graphs: the StepGraphs that
+    replayed the step (its output views hold the step's values until its next replay: current())."""
 
-    def __init__(self, backend, logits, dev):
+    def __init__(self, backend, logits, dev, graphs):
         self.backend, self.logits, self.dev = backend, logits, dev
+        self._graphs, self._replay = graphs, graphs.replays
         self._host = None
+
+    def current(self) -> bool:
+        """Whether the step's device outputs (logits, hidden states, block outputs) still hold its values: no
+        replay of its graphs since."""
+        return self._graphs.replays == self._replay
 
     def host(self) -> np.ndarray:
         """(n, 3) float32 host copy (made on the first call: it waits for the step)."""

@@ -103,6 +103,7 @@ class StepGraphs:
         self.key_buckets = key_buckets(int(max_keys))
         self.max_pages = int(max_pages)
         self.logits = bool(logits)
+        self.replays = 0           # replays so far: a step's output views hold its values while this is unchanged
         self._graphs = {}
         stream = cp.cuda.get_current_stream()
         if stream.ptr == 0:
@@ -178,6 +179,7 @@ class StepGraphs:
         res_ids = res.view(cp.int32)[..., 0]
         stream = cp.cuda.get_current_stream()
         row_input = static.inputs[0]
+        self.replays += len(batches)
         for j, bt in enumerate(batches):
             n = len(bt.token_ids)
             static._dev[...] = packed[j]
@@ -198,6 +200,7 @@ class StepGraphs:
         rows). The views hold until the next replay of the bucket."""
         n = len(batch.token_ids)
         graph, static, outputs, _ = self._graphs[self.bucket(batch)]
+        self.replays += 1
         static.fill(self.cp, batch, inputs)
         graph.launch(self.cp.cuda.get_current_stream())
         if isinstance(outputs, tuple):

@@ -160,8 +160,7 @@ class MtpDrafter:
         self.n_vocab = model.cfg.n_vocab
         self.cost = mtp_cost(model.weights, weights)    # MtpCost: what drafting costs, in target decode steps
         self.hidden = None       # the open step's last hidden state at every batch row (device (n, n_embd))
-        self.first: dict = {}    # seq -> (position of its pending token, block outputs (device), row in them,
-                                 #         (first draft token, its probability) once the head ran, else None)
+        self.first: dict = {}    # seq -> _First: where its first draft token comes from
         self.grow = None         # (seq, n_tokens) -> how many fit in its pages: TieredKV.grow_free
         self.fill_graphs = self.chain_graphs = None     # captured block forwards (capture())
         self._vocab_dev = None   # the draft vocabulary's column -> token id map on the device (chain graphs)
@@ -252,19 +251,18 @@ class MtpDrafter:
                     first_rows.append(len(ids) - 1)
                     first_seqs.append(seq)
             at += n
-        if filled:               # off the graph's buffer: kept past the step (a sequence may sit one out)
-            kept = fused[0].copy()
+        if filled:               # the graph's own block outputs: valid until its next replay (_First.step)
             columns, probs = fused[1].drafts()
             for seq, row in filled:
                 token = int(self.head.token_ids(columns[row:row + 1])[0])
-                self.first[seq] = (seq.n_computed, kept, row, (token, float(probs[row])))
+                self.first[seq] = _First(seq.n_computed, fused[0], row, (token, float(probs[row])), fused[1])
         if not rows:
             return
         out, _ = self._forward(hidden, rows, ids, pos, seq_of, tables, [])
         if first_seqs and self.fill_graphs is not None:
             out = out.copy()      # kept past the step (a sequence may sit the next one out): off the graph's buffer
         for seq, row in zip(first_seqs, first_rows):
-            self.first[seq] = (seq.n_computed, out, row, None)
+            self.first[seq] = _First(seq.n_computed, out, row, None, None)
 
     def _batch(self, ids, pos, seq_of, tables, logit_rows) -> Batch:
         """A validated Batch of the block's rows: token ids, positions, row -> table index, page tables."""
@@ -305,7 +303,7 @@ class MtpDrafter:
         """Whether seq has a first draft token to give: the last fill kept its block output at the position
         before its pending token (nothing is computed here)."""
         f = self.first.get(seq)
-        return f is not None and f[0] == seq.n_computed
+        return f is not None and f.pos == seq.n_computed
 
     def first_token(self, seq) -> tuple[int, float] | None:
         """(token, probability) of seq's first draft token (the head runs now if it has not for this
@@ -316,12 +314,12 @@ class MtpDrafter:
         """{seq: (first draft token, probability)} for those of seqs that are ready(); the head runs once, on
         the kept block outputs of those whose token is not known yet."""
         seqs = [s for s in seqs if self.ready(s)]
-        todo = [s for s in seqs if self.first[s][3] is None]
+        todo = [s for s in seqs if self.first[s].token is None]
         if todo:
-            x = self._gather([self.first[s][1:3] for s in todo])
+            x = self._gather([(self.first[s].out, self.first[s].row) for s in todo])
             for s, tp in zip(todo, self._argmax(self.head.logits(x))):
-                self.first[s] = self.first[s][:3] + (tp,)
-        return {s: self.first[s][3] for s in seqs}
+                self.first[s] = self.first[s]._replace(token=tp)
+        return {s: self.first[s].token for s in seqs}
 
     def propose(self, caps: dict, min_conf: float = 0.0, floors: dict | None = None) -> dict:
         """caps: seq -> most tokens to draft (>= 1). -> {seq: Draft} of greedy chains, each stopped at its cap,
@@ -339,8 +337,9 @@ class MtpDrafter:
         drafts, state = {}, {}
         firsts = self._first_tokens([s for s, cap in caps.items() if cap >= 1])
         for seq, (tok, p) in firsts.items():
+            f = self.first[seq]
             drafts[seq] = ([tok], [p])
-            state[seq] = (caps[seq],) + self.first[seq][1:3]
+            state[seq] = (caps[seq] if f.chainable() else 1, f.out, f.row)
         live = [s for s in drafts if more(s)]
         if live and self.chain_graphs is not None and self._chain_on_device(live, state, drafts, more):
             live = []
@@ -424,6 +423,21 @@ class MtpDrafter:
 
     def forget(self, seq) -> None:
         self.first.pop(seq, None)
+
+
+class _First(NamedTuple):
+    """Where a sequence's first draft token comes from: the block output at its last computed position."""
+    pos: int         # the position of its pending token (ready while the sequence's n_computed equals it)
+    out: object      # device block outputs (n, n_embd) holding the row
+    row: int
+    token: tuple | None   # (first draft token, its probability) once a head ran on the row, else None
+    step: object     # the StepResults whose graph buffers out is (valid until their next replay), None: a copy
+
+    def chainable(self) -> bool:
+        """Whether the block output still holds the row, so that a chain can go on from it (a step graph's
+        buffer is overwritten by its next replay: a sequence that sat a step out drafts its first token
+        only)."""
+        return self.step is None or self.step.current()
 
 
 class _NextTokenRows:

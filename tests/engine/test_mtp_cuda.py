@@ -9,6 +9,8 @@ from gguf import GGMLQuantizationType as QT
 
 from tiny_model import write_tiny_model
 
+from strata_lite.spec.mtp_drafter import _First
+
 pytestmark = pytest.mark.gpu
 
 N_CTX = 512
@@ -114,7 +116,7 @@ def test_device_chain_equals_the_step_loop(mtp_path, draft_vocab):
 
     def propose():
         for i, s in enumerate(seqs):
-            d.first[s] = (s.n_computed, outs, i, None)
+            d.first[s] = _First(s.n_computed, outs, i, None, None)
         return d.propose(caps, 0.0, floors)
 
     counted = _Counted(d.chain_graphs)
@@ -158,7 +160,7 @@ def test_rows_filled_in_the_step_graph_equal_the_eager_fill(mtp_path, kept):
     d.fill_graphs = fill
     d.fill(SimpleNamespace(batch=step, seqs=[seq], n_tokens=[1]))
     assert fill.runs == (0 if kept == "greedy" else 1)
-    _, out, row, first = d.first[seq]
+    out, row, first = d.first[seq].out, d.first[seq].row, d.first[seq].token
     if kept == "greedy":          # the step graph's head gave the first draft token: the eager head's
         assert first == d._argmax(d.head.logits(be.take_rows(out, be.from_host(np.array([row], np.int32)))))[0]
     else:
@@ -169,6 +171,10 @@ def test_rows_filled_in_the_step_graph_equal_the_eager_fill(mtp_path, kept):
     want = [be.to_host(ref)[0]] + [be.to_host(a).copy() for a in kv.layer(d.layer)]
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
+    if kept == "greedy":          # the row is the graph's own buffer: a chain goes on from it until the next replay
+        assert d.first[seq].chainable() and len(d.propose({seq: 3})[seq].tokens) == 3
+        runner.forward(step)
+        assert not d.first[seq].chainable() and d.propose({seq: 3})[seq].tokens == [first[0]]
 
 
 def _greedy(eng, prompts, tag):
