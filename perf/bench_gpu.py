@@ -274,6 +274,55 @@ def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_ste
     return rows
 
 
+def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
+    """What more tokens in a decode / verify step cost: (label, µs) rows of the split-K kernel against the
+    dp4a kernel the launcher took before split-K served several tokens, on the 0.5B shape's down projection
+    (896 x 4864), and of the step graph of one sequence's 1..4 tokens (pending token and drafts) at position
+    1,000 (CUDA events around replays, medians of 60), with split-K for up to SPLIT_K_MAX_TOKENS tokens and
+    for one token only, alternating."""
+    from strata_lite.batch import Batch
+    from strata_lite.kernels.cuda import qmatmul as qm
+    from strata_lite.runner import ModelRunner, load_model
+
+    rows = []
+    for qtype in ("Q5_0", "Q6_K", "Q4_K"):
+        for n in tokens:
+            sk, _ = bench_matmul(cp, qm, qtype, 896, 4864, n, variant="sk")
+            dp, _ = bench_matmul(cp, qm, qtype, 896, 4864, n, variant=qm.dp4a_variant(qtype, qm._tile(n)))
+            rows.append((f"{qtype} 896x4864, {n} tokens: split-K / dp4a", sk * 1e6, dp * 1e6))
+    loaded = load_model(model_path, backend="cuda")
+    name = os.path.basename(model_path)
+    saved = qm.SPLIT_K_MAX_TOKENS
+    stream = cp.cuda.get_current_stream()
+    for r in range(rounds):
+        for limit in (saved, 1):
+            qm.SPLIT_K_MAX_TOKENS = limit       # read when the graphs are captured
+            try:
+                runner = ModelRunner(loaded, kv_tokens=4096 + 512, page_size=64, host_bytes=0, n_ctx=4096,
+                                     max_step_tokens=64, max_seqs=4)
+            finally:
+                qm.SPLIT_K_MAX_TOKENS = saved
+            for n in (t for t in tokens if t in runner.graphs.buckets):
+                batch = Batch(np.full(n, 5, np.int32), np.arange(1000, 1000 + n, dtype=np.int32),
+                              np.zeros(n, np.int32), np.arange(64, dtype=np.int32)[None], np.arange(n, dtype=np.int64))
+                graph, static, _, _ = runner.graphs._graphs[runner.graphs.bucket(batch)]
+                static.fill(cp, batch)
+                for _ in range(5):
+                    graph.launch(stream)
+                t = []
+                for _ in range(60):
+                    a, b = cp.cuda.Event(), cp.cuda.Event()
+                    a.record()
+                    graph.launch(stream)
+                    b.record()
+                    b.synchronize()
+                    t.append(cp.cuda.get_elapsed_time(a, b) * 1e3)
+                rows.append((f"{name} step graph, {n} tokens, split-K up to {limit} (round {r + 1})",
+                             float(np.median(t)), None))
+            del runner
+    return rows
+
+
 def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None):
     """(label, µs per step, graph µs, inputs µs, sampling µs) of a batch-1 decode step with the engine sized
     for ctx: the graph replay timed by CUDA events, the host work around it (batch checks and the input copy;
@@ -406,6 +455,9 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", action="store_true",
                     help="only the synthetic models' decode at 4K (greedy ids from the step graph against a separate "
                          "argmax launch, alternating) and the step breakdown")
+    ap.add_argument("--verify-cost", action="store_true",
+                    help="only what 1-4 tokens of a step cost: split-K against dp4a on the 0.5B shape's down projection, "
+                         "and its step graphs with split-K for several tokens or one")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="only the decode step breakdown, graphs captured without and with programmatic dependent "
                          "launch (twice each, alternating)")
@@ -443,6 +495,17 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"device": be.describe(), "e2e": erows, "step_breakdown": brows}, f, indent=1)
+        return 0
+    if args.verify_cost:
+        os.makedirs(args.models, exist_ok=True)
+        path = synth_models(args.models, True)[0]
+        vrows = verify_cost_rows(cp, path)
+        print(f"\n{'what more tokens a step cost':70s} {'us':>8s} {'dp4a us':>8s}")
+        for label, us, dp in vrows:
+            print(f"{label:70s} {us:8.1f} " + (f"{dp:8.1f}" if dp is not None else ""))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": be.describe(), "verify_cost": vrows}, f, indent=1)
         return 0
     if args.pdl_ab:
         os.makedirs(args.models, exist_ok=True)

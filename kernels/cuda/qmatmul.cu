@@ -104,40 +104,45 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
     store_rows<RW, TILE, GLU>(o, rows, n_out, t0, nt, acc);
 }
 
-// One token with more warps per row (split-K): the same sums as mm_q at one token. A CTA of blockDim.y
-// warps takes row blockIdx.x; warp w decodes and dots the unit rounds w, w + blockDim.y, ... (round j =
-// units 32j .. 32j + 31, unit 32j + l in lane l, as mm_q deals them) and leaves each unit's two fma operands
-// in shared memory, part[j * 32 + l]; then warp 0 folds lane l's units in mm_q's order (acc = fma(a, b, acc)
-// over rounds 0, 1, ...) and warp_sum adds the lanes. For matrices of few, long rows, where mm_q has too few
-// warps to keep loads in flight (qmatmul.py split_k). part: dynamic shared memory, cdiv(k / UNIT, 32) * 32
-// float2.
+// Up to SK_MAX_TOKENS tokens with more warps per row (split-K): the same sums as mm_q, token by token. A CTA
+// of blockDim.y warps takes row blockIdx.x; warp w decodes the unit rounds w, w + blockDim.y, ... (round j =
+// units 32j .. 32j + 31, unit 32j + l in lane l, as mm_q deals them), dots each unit with every token and
+// leaves the two fma operands of (token t, unit) in shared memory, part[t * stride + j * 32 + l]; then warp
+// t folds token t: lane l's units in mm_q's order (acc = fma(a, b, acc) over rounds 0, 1, ...), and
+// warp_sum adds the lanes. For matrices of few, long rows, where mm_q has too few warps to keep loads in
+// flight (qmatmul.py split_k). part: dynamic shared memory, n_tok * cdiv(k / UNIT, 32) * 32 float2; xq, xd
+// as mm_q's; n_tok <= blockDim.y.
 template <class T>
 __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes, int n_out, int k,
-                                        const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
-                                        const u32* tab, float2* part) {
+                                        const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
+                                        const Out& o, const u32* tab, float2* part) {
     const int lane = threadIdx.x, w = threadIdx.y, nw = blockDim.y, row = blockIdx.x;
     const u8* wr = W + (size_t)row * row_bytes;
-    const int n_units = k / T::UNIT, upx = T::XB / T::UNIT, rounds = (n_units + WARP - 1) / WARP;
+    const int n_units = k / T::UNIT, n_xd = k / T::XB, upx = T::XB / T::UNIT, rounds = (n_units + WARP - 1) / WARP;
+    const int stride = rounds * WARP;                  // part entries per token
     for (int j = w; j < rounds; j += nw) {
         const int u = j * WARP + lane;
         if (u >= n_units) continue;
         typename T::U v;
         T::decode(wr, u, tab, v);
-        i32 x[T::NW];
-        T::xload(xq, u, x);
-        float a, b;
-        T::terms(v, x, __ldg(xd + u / upx), a, b);
-        part[j * WARP + lane] = make_float2(a, b);
+        for (int t = 0; t < n_tok; ++t) {
+            i32 x[T::NW];
+            T::xload(xq + (size_t)t * k, u, x);
+            float a, b;
+            T::terms(v, x, __ldg(xd + (size_t)t * n_xd + u / upx), a, b);
+            part[t * stride + j * WARP + lane] = make_float2(a, b);
+        }
     }
     __syncthreads();
-    if (w != 0) return;
+    if (w >= n_tok) return;
+    const float2* pt = part + w * stride;              // warp w folds token w
     float acc = 0.0f;
     for (int j = 0; j < rounds && j * WARP + lane < n_units; ++j) {
-        const float2 p = part[j * WARP + lane];
+        const float2 p = pt[j * WARP + lane];
         acc = __fmaf_rn(p.x, p.y, acc);
     }
     const float sum = warp_sum(acc);
-    if (lane == 0) o.put(0, row, n_out, sum);
+    if (lane == 0) o.put(w, row, n_out, sum);
 }
 
 #define MM_Q_SK_KERNEL(NAME, T)                                                                           \
@@ -148,7 +153,7 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         extern __shared__ float2 part[];                                                                  \
         load_grid<T>(grid);                                                                               \
         grid_dependency_sync();                                                                           \
-        mm_q_sk<T>(W, row_bytes, n_out, k, xq, xd, OUT_ARGS, grid, part);                                 \
+        mm_q_sk<T>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, part);                          \
     }
 
 #define MM_Q_KERNEL(NAME, T, TILE, RW, G)                                                                 \

@@ -50,7 +50,9 @@ DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
 # 7.8 -> 3.7 us, Q5_0 4.6 -> 2.9; 4096x14336 (2,048 warps already): IQ3_XXS 18.8 -> 21.4, Q4_K 12.1 -> 16.4,
 # Q6_K 24.6 -> 21.4, Q8_0 18.5 -> 17.5; every one-token launch through it (GLU over 4096-weight rows: two
 # rounds for 8 warps) made the 8B-layer decode 30% slower. 5 rounds: the fewest measured to gain (896x4864
-# Q5_0 / Q6_K). Partial terms take SPLIT_K_SMEM bytes of shared memory at most.
+# Q5_0 / Q6_K). Partial terms take SPLIT_K_SMEM bytes of shared memory at most. Up to SPLIT_K_MAX_TOKENS
+# tokens (a verify step's pending token and drafts, a few sequences' decode) share a CTA's decoded units.
+SPLIT_K_MAX_TOKENS = 4
 SPLIT_K_MAX_ROWS = 2048
 SPLIT_K_MIN_ROUNDS = 5
 SPLIT_K_SMEM = 48 * 1024
@@ -73,16 +75,17 @@ def dp4a_variant(qtype, tile: int) -> tuple[int, int, int]:
     return tile, rw, g
 
 
-def _split_k_smem(qtype, n_in: int) -> int:
-    """Shared-memory bytes of the split-K kernel's partial terms: a float2 per unit, in rounds of 32 units."""
-    return cdiv(n_in // _UNIT.get(QType(int(qtype)), 32), 32) * 32 * 8
+def _split_k_smem(qtype, n_in: int, n_tok: int = 1) -> int:
+    """Shared-memory bytes of the split-K kernel's partial terms: a float2 per token and unit, in rounds of 32
+    units."""
+    return n_tok * cdiv(n_in // _UNIT.get(QType(int(qtype)), 32), 32) * 32 * 8
 
 
 def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
-    """Whether a launch takes the split-K kernel (one token, few long rows; never GLU)."""
-    smem = _split_k_smem(qtype, n_in)
-    return (n_tok == 1 and not glu and n_out <= SPLIT_K_MAX_ROWS and smem >= SPLIT_K_MIN_ROUNDS * 32 * 8
-            and smem <= SPLIT_K_SMEM)
+    """Whether a launch takes the split-K kernel (1..SPLIT_K_MAX_TOKENS tokens, few long rows; never GLU)."""
+    rounds = _split_k_smem(qtype, n_in) // (32 * 8)
+    return (1 <= n_tok <= SPLIT_K_MAX_TOKENS and not glu and n_out <= SPLIT_K_MAX_ROWS
+            and rounds >= SPLIT_K_MIN_ROUNDS and _split_k_smem(qtype, n_in, n_tok) <= SPLIT_K_SMEM)
 
 
 @dataclass(frozen=True, eq=False)
@@ -257,7 +260,8 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     kernel: "auto" (tensor_core_variant decides), "dp4a" or "mma" (tests and benchmarks compare them: the
     results are the same bits); mma: the tensor-core kernel's variant, one of MMA_VARIANTS (None: as
     tensor_core_variant says, else MMA_NARROW); variant (benchmarks): the dp4a kernel's (tile, RW, G), from the kernels of
-    `build` (BUILDS), or "sk" for the split-K kernel (one token; split_k says when "auto" takes it)."""
+    `build` (BUILDS), or "sk" for the split-K kernel (up to SPLIT_K_MAX_TOKENS tokens; split_k says when
+    "auto" takes it)."""
     fmt = act_format(w.qtype)
     if fmt is None:
         raise ValueError(f"{w.qtype.name} weights take float activations: use matmul")
@@ -284,9 +288,10 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
                shared_mem=mma_smem(w.qtype, warps, nb))
         return
     if variant == "sk" or (variant is None and split_k(w.qtype, w.n_out, w.n_in, n, glu)):
-        smem = _split_k_smem(w.qtype, w.n_in)
-        if n != 1 or glu or smem > SPLIT_K_SMEM:
-            raise ValueError(f"the split-K kernel takes one token, no GLU, rows of at most {SPLIT_K_SMEM // 256} units")
+        smem = _split_k_smem(w.qtype, w.n_in, n)
+        if n > SPLIT_K_MAX_TOKENS or glu or smem > SPLIT_K_SMEM:
+            raise ValueError(f"the split-K kernel takes at most {SPLIT_K_MAX_TOKENS} tokens, no GLU, and at most "
+                             f"{SPLIT_K_SMEM // 8} (token, unit) pairs")
         launch(CU, f"mmsk_{name}", (w.n_out,), (32, WARPS_PER_CTA), args, shared_mem=smem, options=BUILDS[build])
         return
     tile, rw, g = variant if variant is not None else dp4a_variant(w.qtype, _tile(n))

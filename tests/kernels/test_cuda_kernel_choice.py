@@ -37,11 +37,13 @@ def test_staged_activations_fit_shared_memory():
     assert mma_smem(QType.Q4_K, 4, 2) == 2 * 4 * 64 * (16 + 4 + 1) * 4
 
 
-def test_split_k_only_for_one_token_over_few_long_rows():
-    """Few long rows take the split-K kernel at one token; many rows, short rows, GLU or several tokens do not."""
+def test_split_k_only_for_a_few_tokens_over_few_long_rows():
+    """Few long rows take the split-K kernel at 1-4 tokens; many rows, short rows, GLU or more tokens do not."""
     from gguf import GGMLQuantizationType as QType
     assert split_k(QType.Q6_K, 896, 4864, 1, False) and split_k(QType.Q5_0, 896, 4864, 1, False)
-    assert not split_k(QType.Q6_K, 896, 4864, 2, False)          # one token only
+    assert split_k(QType.Q6_K, 896, 4864, 2, False) and split_k(QType.Q5_0, 896, 4864, 4, False)
+    assert not split_k(QType.Q6_K, 896, 4864, 5, False)          # 4 tokens at most
+    assert not split_k(QType.Q6_K, 896, 4864, 0, False)
     assert not split_k(QType.IQ3_XXS, 4096, 14336, 1, False)     # 2,048 warps without it
     assert not split_k(QType.IQ3_XXS, 1024, 4096, 1, False)      # 4 rounds: not measured to gain
     assert not split_k(QType.Q8_0, 896, 896, 1, False)           # one round of units

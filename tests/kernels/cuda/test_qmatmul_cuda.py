@@ -326,25 +326,32 @@ def test_every_dp4a_variant_gives_the_same_bits(cp, qm, qtype):
                 out = cp.full((n, n_out), np.nan, cp.float32)
                 qm.matmul_prequantized(w, xq[:n], xd[:n], out, variant=(tile, rw, g), build=build)
                 assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (build, tile, rw, g, n)
-    out = cp.full((1, n_out), np.nan, cp.float32)     # the split-K kernel (one token)
-    qm.matmul_prequantized(w, xq[:1], xd[:1], out, variant="sk")
-    assert np.array_equal(out.get().view(np.uint32), ref[:1].view(np.uint32)), "sk"
+    for n in range(1, qm.SPLIT_K_MAX_TOKENS + 1):     # the split-K kernel (up to 4 tokens)
+        out = cp.full((n, n_out), np.nan, cp.float32)
+        qm.matmul_prequantized(w, xq[:n], xd[:n], out, variant="sk")
+        assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), ("sk", n)
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_out,n_in", [(37, 2304), (10, 14336)])
-def test_split_k_equals_one_warp_per_row(cp, qm, qtype, n_out, n_in):
-    """The one-token split-K kernel (every type) against mm_q's one-token kernel, bit for bit, with the
-    fused bias and residual add: rows of 72 and 448 32-weight units (rounds not a multiple of 8 warps)."""
+@pytest.mark.parametrize("n_tok", [1, 3, 4])
+def test_split_k_equals_one_warp_per_row(cp, qm, qtype, n_out, n_in, n_tok):
+    """The split-K kernel (every type, 1-4 tokens) against mm_q's kernel of one token a tile, bit for bit,
+    with the fused bias and residual add: rows of 72 and 448 32-weight units (rounds not a multiple of 8
+    warps); more than 4 tokens and GLU are refused."""
     w, _ = _weight(qm, qtype, n_out, n_in, seed=62)
-    xq, xd = _rounded(cp, qm, qtype, _x(1, n_in, seed=63))
+    xq, xd = _rounded(cp, qm, qtype, _x(n_tok, n_in, seed=63))
     bias = cp.asarray(_x(1, n_out, seed=64)[0])
-    resid = _x(1, n_out, seed=65)
+    resid = _x(n_tok, n_out, seed=65)
     ref, out = cp.asarray(resid), cp.asarray(resid)
     qm.matmul_prequantized(w, xq, xd, ref, bias=bias, accumulate=True, variant=(1, 1, 1))
     qm.matmul_prequantized(w, xq, xd, out, bias=bias, accumulate=True, variant="sk")
     assert np.array_equal(out.get().view(np.uint32), ref.get().view(np.uint32))
     if n_out % 2 == 0:
         with pytest.raises(ValueError, match="split-K"):
-            qm.matmul_prequantized(w, xq, xd, cp.empty((1, n_out // 2), cp.float32), glu=True, variant="sk")
+            qm.matmul_prequantized(w, xq, xd, cp.empty((n_tok, n_out // 2), cp.float32), glu=True, variant="sk")
+    if n_tok == 4:
+        x5q, x5d = _rounded(cp, qm, qtype, _x(5, n_in, seed=66))
+        with pytest.raises(ValueError, match="split-K"):
+            qm.matmul_prequantized(w, x5q, x5d, cp.empty((5, n_out), cp.float32), variant="sk")
 
