@@ -276,10 +276,10 @@ def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_ste
 
 def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
     """What more tokens in a decode / verify step cost: (label, µs) rows of the split-K kernel against the
-    dp4a kernel the launcher took before split-K served several tokens, on the 0.5B shape's down projection
-    (896 x 4864), and of the step graph of one sequence's 1..4 tokens (pending token and drafts) at position
-    1,000 (CUDA events around replays, medians of 60), with split-K for up to SPLIT_K_MAX_TOKENS tokens and
-    for one token only, alternating."""
+    dp4a kernel the launcher takes for more than SPLIT_K_AUTO_TOKENS tokens, on the 0.5B shape's down
+    projection (896 x 4864), and of the step graph of one sequence's 1, 2 and 4 tokens (pending token and
+    drafts) at position 1,000 (CUDA events around replays, medians of 60) with the launcher sending split-K
+    up to SPLIT_K_MAX_TOKENS tokens or one, alternating."""
     from strata_lite.batch import Batch
     from strata_lite.kernels.cuda import qmatmul as qm
     from strata_lite.runner import ModelRunner, load_model
@@ -292,16 +292,16 @@ def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
             rows.append((f"{qtype} 896x4864, {n} tokens: split-K / dp4a", sk * 1e6, dp * 1e6))
     loaded = load_model(model_path, backend="cuda")
     name = os.path.basename(model_path)
-    saved = qm.SPLIT_K_MAX_TOKENS
+    saved = qm.SPLIT_K_AUTO_TOKENS
     stream = cp.cuda.get_current_stream()
     for r in range(rounds):
-        for limit in (saved, 1):
-            qm.SPLIT_K_MAX_TOKENS = limit       # read when the graphs are captured
+        for limit in (qm.SPLIT_K_MAX_TOKENS, 1):
+            qm.SPLIT_K_AUTO_TOKENS = limit      # read when the graphs are captured
             try:
                 runner = ModelRunner(loaded, kv_tokens=4096 + 512, page_size=64, host_bytes=0, n_ctx=4096,
                                      max_step_tokens=64, max_seqs=4)
             finally:
-                qm.SPLIT_K_MAX_TOKENS = saved
+                qm.SPLIT_K_AUTO_TOKENS = saved
             for n in (t for t in tokens if t in runner.graphs.buckets):
                 batch = Batch(np.full(n, 5, np.int32), np.arange(1000, 1000 + n, dtype=np.int32),
                               np.zeros(n, np.int32), np.arange(64, dtype=np.int32)[None], np.arange(n, dtype=np.int64))

@@ -50,9 +50,12 @@ DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
 # 7.8 -> 3.7 us, Q5_0 4.6 -> 2.9; 4096x14336 (2,048 warps already): IQ3_XXS 18.8 -> 21.4, Q4_K 12.1 -> 16.4,
 # Q6_K 24.6 -> 21.4, Q8_0 18.5 -> 17.5; every one-token launch through it (GLU over 4096-weight rows: two
 # rounds for 8 warps) made the 8B-layer decode 30% slower. 5 rounds: the fewest measured to gain (896x4864
-# Q5_0 / Q6_K). Partial terms take SPLIT_K_SMEM bytes of shared memory at most. Up to SPLIT_K_MAX_TOKENS
-# tokens (a verify step's pending token and drafts, a few sequences' decode) share a CTA's decoded units.
+# Q5_0 / Q6_K). Partial terms take SPLIT_K_SMEM bytes of shared memory at most. The kernel takes up to
+# SPLIT_K_MAX_TOKENS tokens (a verify step's pending token and drafts: each decoded unit serves them all);
+# the launcher sends it SPLIT_K_AUTO_TOKENS at most, one until several are measured on a GPU
+# (perf/bench_gpu.py --verify-cost; the 0.5B shape's second verified token costs ~20 % of a step).
 SPLIT_K_MAX_TOKENS = 4
+SPLIT_K_AUTO_TOKENS = 1
 SPLIT_K_MAX_ROWS = 2048
 SPLIT_K_MIN_ROUNDS = 5
 SPLIT_K_SMEM = 48 * 1024
@@ -82,9 +85,9 @@ def _split_k_smem(qtype, n_in: int, n_tok: int = 1) -> int:
 
 
 def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
-    """Whether a launch takes the split-K kernel (1..SPLIT_K_MAX_TOKENS tokens, few long rows; never GLU)."""
+    """Whether a launch takes the split-K kernel (1..SPLIT_K_AUTO_TOKENS tokens, few long rows; never GLU)."""
     rounds = _split_k_smem(qtype, n_in) // (32 * 8)
-    return (1 <= n_tok <= SPLIT_K_MAX_TOKENS and not glu and n_out <= SPLIT_K_MAX_ROWS
+    return (1 <= n_tok <= min(SPLIT_K_AUTO_TOKENS, SPLIT_K_MAX_TOKENS) and not glu and n_out <= SPLIT_K_MAX_ROWS
             and rounds >= SPLIT_K_MIN_ROUNDS and _split_k_smem(qtype, n_in, n_tok) <= SPLIT_K_SMEM)
 
 

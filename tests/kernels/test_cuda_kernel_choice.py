@@ -37,12 +37,16 @@ def test_staged_activations_fit_shared_memory():
     assert mma_smem(QType.Q4_K, 4, 2) == 2 * 4 * 64 * (16 + 4 + 1) * 4
 
 
-def test_split_k_only_for_a_few_tokens_over_few_long_rows():
-    """Few long rows take the split-K kernel at 1-4 tokens; many rows, short rows, GLU or more tokens do not."""
+def test_split_k_only_for_few_tokens_over_few_long_rows(monkeypatch):
+    """Few long rows take the split-K kernel at up to SPLIT_K_AUTO_TOKENS tokens (one by default, at most the
+    kernel's 4); many rows, short rows, GLU or more tokens do not."""
     from gguf import GGMLQuantizationType as QType
+    from strata_lite.kernels.cuda import qmatmul
     assert split_k(QType.Q6_K, 896, 4864, 1, False) and split_k(QType.Q5_0, 896, 4864, 1, False)
+    assert not split_k(QType.Q6_K, 896, 4864, 2, False)          # one token by default
+    monkeypatch.setattr(qmatmul, "SPLIT_K_AUTO_TOKENS", 8)
     assert split_k(QType.Q6_K, 896, 4864, 2, False) and split_k(QType.Q5_0, 896, 4864, 4, False)
-    assert not split_k(QType.Q6_K, 896, 4864, 5, False)          # 4 tokens at most
+    assert not split_k(QType.Q6_K, 896, 4864, 5, False)          # the kernel takes 4 tokens at most
     assert not split_k(QType.Q6_K, 896, 4864, 0, False)
     assert not split_k(QType.IQ3_XXS, 4096, 14336, 1, False)     # 2,048 warps without it
     assert not split_k(QType.IQ3_XXS, 1024, 4096, 1, False)      # 4 rounds: not measured to gain
