@@ -45,7 +45,8 @@ SHAPES = {
 }
 _KIND = {QType.Q8_0: q8_0_int8.Q8_0_KIND, QType.Q5_0: q8_0_int8.Q5_0_KIND, QType.Q4_0: q8_0_int8.Q4_0_KIND,
          QType.IQ4_NL: q8_0_int8.IQ4_NL_KIND}
-_NIB_KIND = {rp.Q4K_I8: nibble_int8.Q4K, rp.Q6K_I8: nibble_int8.Q6K, rp.IQ3_I8: nibble_int8.IQ3}
+_NIB_KIND = {rp.Q4K_I8: nibble_int8.Q4K, rp.Q5K_I8: nibble_int8.Q5K, rp.Q6K_I8: nibble_int8.Q6K,
+             rp.IQ3_I8: nibble_int8.IQ3}
 _TABLE = {rp.IQ3_I8: CODE_TABLE}
 _NO_TABLE = np.zeros(32, dtype=np.int8)
 

@@ -1,4 +1,4 @@
-"""Prompt-chunk GEMM for the layouts of nibble_int8.py (IQ3_XXS, Q4_K, Q6_K repacked): register tiles of R
+"""Prompt-chunk GEMM for the layouts of nibble_int8.py (IQ3_XXS, Q4_K, Q5_K, Q6_K repacked): register tiles of R
 weight rows x T tokens, with the bits of nibble_int8.matvec.
 
 nibble_int8.py's kernel takes one row and up to 4 tokens per call and reloads every token's activations
@@ -9,7 +9,7 @@ lanes of R rows, unpacked in registers once per sub-block, meet the activations 
 Bits: per (token, row) and 256-weight block the same exact integer sum (pmaddubsw of the +128 activations
 with the weights, pmaddwd with the scale lanes, summed over the 8 sub-blocks: integer, so in any order),
 then the same float steps in the same order: acc = fma(float(isum), fl(d_w d_a), acc) per lane,
-corr = fma(fl(d_w d_a), C, corr), for Q4_K mins = fma(float(m * bsum), fl(dmin d_a), mins) per lane, and
+corr = fma(fl(d_w d_a), C, corr), for Q4_K / Q5_K mins = fma(float(m * bsum), fl(dmin d_a), mins) per lane, and
 (hsum(acc) - 128 corr) - hsum(mins) at the end. The products d_w d_a of one row are formed for T tokens in
 one vector multiply (each lane the scalar product the kernel forms); m * bsum is formed in float, exact
 (m <= 63, |bsum| <= 32 x 127: below 2^24), as the kernel's int32 product converted.
@@ -34,25 +34,26 @@ PANEL = 16           # rows a thread copies at a time (16 x 19 blocks x 208 byte
 QK = nib.QK
 # A panel record holds block b of the R rows of a row group (k = a row's slot 0..R-1), byte offsets
 # (panel_layout):
-#   CODES + cb k: the row's codes as stored (cb = 128: two 4-bit codes a byte, nibble_int8's order; Q6_K:
-#                 cb = 256 int8 weights)
+#   CODES + cb k: the row's codes as stored (cb = 128: two 4-bit codes a byte, nibble_int8's order; Q5_K:
+#                 cb = 160, those and the fifth bits' plane; Q6_K: cb = 256 int8 weights)
 #   sc + 32 k:    16 int16 scales (the 8 sub-block scales, or Q6_K's 16), so a sub-block's pmaddwd lanes
 #                  are one broadcast
-#   fl + 48 k:    float32 d, float(C), dmin, 0, then Q4_K's 8 mins as float32
+#   fl + 48 k:    float32 d, float(C), dmin, 0, then the 8 mins (Q4_K, Q5_K) as float32
 # 80 + cb bytes a row and block. A panel of int8 weights and ready pmaddwd lanes (640 bytes) was no faster
 # (2.1-2.3 cycles per row, token and 32 weights either way, one thread): the lanes' shift, mask and
 # broadcast run beside the multiplies, which bound the tile.
 CODES = 0
-# byte offsets in a source block (nibble_int8.py's layouts): scales, d, C; Q4_K's mins and dmin
-SRC_NIB = (128, 136, 140)
-SRC_Q6K = (256, 272, 276)
-SRC_MINS, SRC_DMIN = 144, 152
+# byte offsets in a source block (nibble_int8.py's layouts): scales, d, C, mins, dmin (the mins: Q4_K, Q5_K)
+SRC_NIB = (128, 136, 140, 144, 152)
+SRC_Q5K = (160, 168, 172, 176, 184)
+SRC_Q6K = (256, 272, 276, 0, 0)
+MINS = (nib.Q4K, nib.Q5K)
 
 
 def panel_layout(kind):
     """(cb, sc, fl, rec) of layout `kind`'s panel records: code bytes a row, the byte offsets of the int16
     scales and of the float fields, the record's bytes."""
-    cb = 256 if kind == nib.Q6K else 128
+    cb = 256 if kind == nib.Q6K else 160 if kind == nib.Q5K else 128
     return cb, R * cb, R * (cb + 32), R * (cb + 80)
 
 
@@ -63,7 +64,8 @@ def _unpack_row(kind, raw3, raw_f, raw_i, r, pw, p16, pf, g, k, cb, sc_at, fl_at
     """Row r of raw3 (layout `kind`; raw_f / raw_i: the same bytes as float32 / int32) into slot k of row
     group g of the panel (pw: uint8 records; p16, pf: the same bytes as int16, float32; cb, sc_at, fl_at:
     panel_layout)."""
-    n_sc, (sc_src, d_src, c_src) = (16, SRC_Q6K) if kind == nib.Q6K else (8, SRC_NIB)
+    n_sc = 16 if kind == nib.Q6K else 8
+    sc_src, d_src, c_src, mins_src, dmin_src = SRC_Q6K if kind == nib.Q6K else SRC_Q5K if kind == nib.Q5K else SRC_NIB
     sc, fl = sc_at // 2 + 16 * k, fl_at // 4 + 12 * k
     for b in range(raw3.shape[1]):
         for i in range(cb):
@@ -73,10 +75,10 @@ def _unpack_row(kind, raw3, raw_f, raw_i, r, pw, p16, pf, g, k, cb, sc_at, fl_at
             p16[g, b, sc + i] = np.int16(np.int8(v)) if kind == nib.Q6K else np.int16(v)
         pf[g, b, fl] = raw_f[r, b, d_src // 4]
         pf[g, b, fl + 1] = np.float32(raw_i[r, b, c_src // 4])
-        if kind == nib.Q4K:
-            pf[g, b, fl + 2] = raw_f[r, b, SRC_DMIN // 4]
+        if kind == nib.Q4K or kind == nib.Q5K:
+            pf[g, b, fl + 2] = raw_f[r, b, dmin_src // 4]
             for i in range(8):
-                pf[g, b, fl + 4 + i] = np.float32(raw3[r, b, SRC_MINS + i])
+                pf[g, b, fl + 4 + i] = np.float32(raw3[r, b, mins_src + i])
 
 
 # ------------------------------------------------------------------------------------- activations
@@ -110,7 +112,7 @@ def _make_tile(kind):
     """The intrinsic tile(pw, gr, a, gt, out, r0, t0, table): out[t0 + j, r0 + k] (j < T, k < R; stores past
     the last token / row go to the last one, which the packing repeated) from row group gr of panel pw
     (layout `kind`) and token group gt of the packed activations a. table: IQ3's 16 code values twice."""
-    lookup, mins, wide = kind == nib.IQ3, kind == nib.Q4K, kind == nib.Q6K
+    lookup, mins, wide, high = kind == nib.IQ3, kind in MINS, kind == nib.Q6K, kind == nib.Q5K
     cb, SC, FL, _ = panel_layout(kind)
 
     @intrinsic
@@ -158,6 +160,13 @@ def _make_tile(kind):
                 w = builder.and_(builder.bitcast(builder.lshr(builder.bitcast(codes, L.V16W), shift), L.V32B), low4)
                 if lookup:
                     w = builder.call(pshufb, [tab, w])
+                if high:                # Q5_K: bit `sub` of the plane byte is the fifth bit, as 16
+                    plane = L.load(builder, pwb, L.const(cb * k + 128), L.V32B)
+                    bit = L.splat(builder, builder.trunc(sub, L.I16), L.V16W)
+                    fifth = builder.and_(builder.bitcast(builder.lshr(builder.bitcast(plane, L.V16W), bit), L.V32B),
+                                         ir.Constant(L.V32B, [1] * 32))
+                    w = builder.or_(w, builder.bitcast(builder.shl(builder.bitcast(fifth, L.V16W),
+                                                                   ir.Constant(L.V16W, [4] * 16)), L.V32B))
                 sc = L.load(builder, pwb, builder.add(builder.mul(sub, L.const(2)), L.const(SC + 32 * k)), L.I16)
                 return w, L.splat(builder, sc, L.V16W)
 
@@ -206,7 +215,7 @@ def _make_tile(kind):
     return tile
 
 
-_tile_iq3, _tile_q4k, _tile_q6k = (_make_tile(k) for k in (nib.IQ3, nib.Q4K, nib.Q6K))
+_tile_iq3, _tile_q4k, _tile_q6k, _tile_q5k = (_make_tile(k) for k in (nib.IQ3, nib.Q4K, nib.Q6K, nib.Q5K))
 
 
 # -------------------------------------------------------------------------------------------- GEMM
@@ -235,12 +244,14 @@ def _gemm(raw3, raw_f, raw_i, x3, out, table, kind, cb, sc_at, fl_at, rec, n_thr
                     _tile_q4k(pw, gr, a, gt, out, r0 + gr * R, gt * T, table)
                 elif kind == nib.Q6K:
                     _tile_q6k(pw, gr, a, gt, out, r0 + gr * R, gt * T, table)
+                elif kind == nib.Q5K:
+                    _tile_q5k(pw, gr, a, gt, out, r0 + gr * R, gt * T, table)
                 else:
                     _tile_iq3(pw, gr, a, gt, out, r0 + gr * R, gt * T, table)
 
 
 def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, table: np.ndarray, kind: int) -> None:
-    """out (n_tok, n_rows) = x @ W.T; W in layout `kind` (nibble_int8's IQ3, Q4K, Q6K) as (n_rows, nb, block
+    """out (n_tok, n_rows) = x @ W.T; W in layout `kind` (nibble_int8's IQ3, Q4K, Q6K, Q5K) as (n_rows, nb, block
     bytes), x float32 (n_tok, nb, 256): nibble_int8.matvec's results, bit for bit. table: IQ3's code values."""
     n_rows, nb, nbytes = raw3.shape
     as_f32, as_i32 = (raw3.view(dt).reshape(n_rows, nb, nbytes // 4) for dt in (np.float32, np.int32))

@@ -1,4 +1,5 @@
-"""The AVX2 int8 mat-vec shared by the 4-bit-code layouts (iq3_int8.py: IQ3_XXS, q4_k_int8.py: Q4_K).
+"""The AVX2 int8 mat-vec shared by the 4-bit-code layouts (iq3_int8.py: IQ3_XXS, q4_k_int8.py: Q4_K,
+q5_k_int8.py: Q5_K) and the int8 one of Q6_K (q6_k_int8.py).
 
 Both layouts keep 256 weights per block as 4-bit codes in ggml's nibble order and start with the same
 144 bytes:
@@ -9,14 +10,16 @@ Both layouts keep 256 weights per block as 4-bit codes in ggml's nibble order an
 and a weight is d * scale[s] * value(code) (- dmin * min[s] for Q4_K, whose block adds
   [144:152) 8 sub-block mins (uint8), [152:156) float32 dmin, [156:160) padding).
 value(code) is a 16-entry int8 table looked up with pshufb (IQ3_XXS: a sign and one of 8 grid levels)
-or the code itself (Q4_K: 0..15).
+or the code itself (Q4_K: 0..15). Q5_K's layout puts each weight's fifth bit in a plane of 32 bytes after
+the codes (bit 2p of byte j: weight 64p + j, bit 2p + 1: weight 64p + 32 + j, the file's qh) and its
+scales, d, C, mins and dmin 32 bytes later (q5_k_int8.py): value = code | fifth bit << 4 (0..31).
 
 Activations are rounded like llama.cpp's Q8_K (per 256: int8 q = rint(-127 x / x_signed_max), the
 rounding act_quant.py reproduces) and stored offset by +128 as uint8, because pmaddubsw multiplies
 unsigned by signed bytes: sum (q + 128) w = sum q w + 128 sum w, the second term is 128 C per block.
 The Q4_K mins need each sub-block's activation sum (`bsums`, int32, without the offset).
-No overflow: |pair sum| <= 2 * 255 * 62 < 2^15 (pmaddubsw saturates at int16), and the scaled int32
-sums stay below 2^27 per block.
+No overflow: |pair sum| <= 2 * 255 * 62 < 2^15 (pmaddubsw saturates at int16; Q5_K: 2 * 255 * 31), and the
+scaled int32 sums stay below 2^27 per block.
 """
 from __future__ import annotations
 
@@ -104,7 +107,7 @@ def quantize_activations(x: np.ndarray):
 
 # ------------------------------------------------------------------------------------------ kernel
 
-def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False):
+def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high: bool = False):
     """The intrinsic dot(raw3, r0, xq, xd, xb, t0, n_tok, out, table): out[t0 + j, r] = W[r] . x[t0 + j]
     for j < n_tok (a literal 1..MAX_TOK) and rows r0 .. r0 + R - 1 (R = 4 for one token, else 1; rows
     past the last are clamped to it, i.e. computed again).
@@ -112,8 +115,11 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False):
     xb int32 (tokens, blocks, 8) bsums (read when `mins`); out float32 (tokens, rows);
     table: 16 int8 code values twice, one copy per 128-bit lane (used when `lookup`).
     wide: the Q6_K layout (q6_k_int8.py): int8 weights instead of codes, 16 int8 scales (one per 16
-    weights) at byte 256, d at 272, C at 276."""
-    scale_off, d_off, c_off = (256, 272, 276) if wide else (128, 136, 140)
+    weights) at byte 256, d at 272, C at 276. high: the Q5_K layout (q5_k_int8.py): the fifth bits' plane
+    at byte 128, the other fields 32 bytes later than Q4_K's."""
+    scale_off, d_off, c_off = (256, 272, 276) if wide else (160, 168, 172) if high else (128, 136, 140)
+    mins_off, dmin_off = (176, 184) if high else (144, 152)
+    block_bytes = 280 if wide else 192 if high else 160
 
     @intrinsic
     def dot(typingctx, raw3, r0, xq, xd, xb, t0, n_tok, out, table):
@@ -136,6 +142,13 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False):
                 (ptab, _, _) = (L.array_arg(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 4, 7, 8))
             tab = load(ptab, 0, L.V32B)
             low4 = ir.Constant(L.V32B, [15] * 32)
+            one = ir.Constant(L.V32B, [1] * 32)
+
+            def fifth_bits(plane, bit):     # <32 x i8>: bit `bit` of each plane byte, as 0 or 16
+                b = builder.and_(builder.bitcast(builder.lshr(builder.bitcast(plane, L.V16W),
+                                                              ir.Constant(L.V16W, [bit] * 16)), L.V32B), one)
+                return builder.bitcast(builder.shl(builder.bitcast(b, L.V16W), ir.Constant(L.V16W, [4] * 16)),
+                                       L.V32B)
             r_idx = L.clamped_rows(builder, args[1], R, rshape[0])
             t_idx = [builder.add(args[5], const(j)) for j in range(T)]
             row0 = [builder.gep(praw, [builder.mul(r, rstr[0])]) for r in r_idx]
@@ -156,8 +169,8 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False):
             ahead = builder.mul(const(2 * R), rstr[0])
             with cgutils.for_range(builder, rshape[1]) as blk:
                 rows = [builder.gep(p, [builder.mul(blk.index, rstr[1])]) for p in row0]
-                for p in rows:          # every cache line of the block (144/160 bytes: 3, 280: 5)
-                    for o in range(0, 280 if wide else 160, 64):
+                for p in rows:          # every cache line of the block (160 / 192 bytes: 3, 280: 5)
+                    for o in range(0, block_bytes, 64):
                         emit_prefetch(builder, builder.gep(p, [builder.add(ahead, const(o))]), locality=2)
                 xqb = [builder.gep(p, [builder.mul(blk.index, qstr[1])]) for p in xq0]
                 da = [load(p, builder.mul(blk.index, dstr[1]), L.F32, 4) for p in xd0]
@@ -173,6 +186,7 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False):
                     idx = [2 * sub] * 8 + [2 * sub + 1] * 8 if wide else [sub] * 16
                     return builder.shuffle_vector(scales[k], scales[k], ir.Constant(ir.VectorType(L.I32, 16), idx))
 
+                planes = [load(p, 128, L.V32B) for p in rows] if high else []
                 for pair in range(4):
                     xa = [(load(p, 64 * pair, L.V32B), load(p, 64 * pair + 32, L.V32B)) for p in xqb]
                     for k, p in enumerate(rows):
@@ -186,6 +200,9 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False):
                                                 low4)
                         if lookup:
                             w_lo, w_hi = builder.call(pshufb, [tab, w_lo]), builder.call(pshufb, [tab, w_hi])
+                        if high:
+                            w_lo = builder.or_(w_lo, fifth_bits(planes[k], 2 * pair))
+                            w_hi = builder.or_(w_hi, fifth_bits(planes[k], 2 * pair + 1))
                         s_lo, s_hi = lanes(k, 2 * pair), lanes(k, 2 * pair + 1)
                         for j in range(T):
                             m_lo = builder.call(maddwd, [builder.call(maddubs, [xa[j][0], w_lo]), s_lo])
@@ -195,8 +212,8 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False):
                     dw = load(p, d_off, L.F32)
                     c = builder.sitofp(load(p, c_off, L.I32), L.F32)
                     if mins:
-                        mins8 = builder.zext(load(p, 144, ir.VectorType(L.I8, 8)), L.V8I)
-                        dmin = load(p, 152, L.F32)
+                        mins8 = builder.zext(load(p, mins_off, ir.VectorType(L.I8, 8)), L.V8I)
+                        dmin = load(p, dmin_off, L.F32)
                     for j in range(T):
                         s = builder.fmul(dw, da[j])
                         a = acc_ptr[k][j]
@@ -244,10 +261,11 @@ def _by_token_count(dot):
 
 
 # the layouts, by the `kind` argument of matvec
-IQ3, Q4K, Q6K = 0, 1, 2
+IQ3, Q4K, Q6K, Q5K = 0, 1, 2, 3
 _DOT_IQ3 = _by_token_count(make_dot(lookup=True))     # IQ3_XXS codes through the table
 _DOT_Q4K = _by_token_count(make_dot(mins=True))       # Q4_K codes and mins
 _DOT_Q6K = _by_token_count(make_dot(wide=True))       # Q6_K int8 weights, scales per 16
+_DOT_Q5K = _by_token_count(make_dot(mins=True, high=True))   # Q5_K codes, fifth bits and mins
 
 
 @njit(cache=True, inline="always")
@@ -256,13 +274,15 @@ def _dot(kind, raw3, r0, xq, xd, xb, t0, nt, out, table):
         _DOT_IQ3(raw3, r0, xq, xd, xb, t0, nt, out, table)
     elif kind == Q4K:
         _DOT_Q4K(raw3, r0, xq, xd, xb, t0, nt, out, table)
+    elif kind == Q5K:
+        _DOT_Q5K(raw3, r0, xq, xd, xb, t0, nt, out, table)
     else:
         _DOT_Q6K(raw3, r0, xq, xd, xb, t0, nt, out, table)
 
 
 @njit(cache=True, parallel=True)
 def matvec(raw3, x3, out, table, kind):
-    """out (n_tok, n_rows) = x @ W.T; W in layout `kind` (IQ3, Q4K, Q6K) as (n_rows, nb, block bytes), x
+    """out (n_tok, n_rows) = x @ W.T; W in layout `kind` (IQ3, Q4K, Q6K, Q5K) as (n_rows, nb, block bytes), x
     float32 (n_tok, nb, 256) quantized here (one compiled call per mat-mul: the rounding costs no extra
     launch). table: the code values of the IQ3 layout (ignored by the others)."""
     n, n_tok = raw3.shape[0], x3.shape[0]

@@ -11,8 +11,9 @@ When the CPU has AVX2, Q5_0, Q4_0 and IQ4_NL keep their own blocks instead (q8_0
 in registers, with the results of their Q8_0 repacking, bit for bit), and IQ3_XXS, Q4_K and Q6_K are
 repacked losslessly for the int8 kernel of
 nibble_int8.py: IQ3_XXS as 4-bit codes (iq3_int8.py: 4.5 instead of 3.06 bits/weight, 3x less work per
-weight; layout IQ3_I8), Q4_K with its scales unpacked (q4_k_int8.py: 5 instead of 4.5; Q4K_I8), Q6_K as
-int8 values (q6_k_int8.py: 8.75 instead of 6.56; Q6K_I8). Those layouts run the int8 kernel for every
+weight; layout IQ3_I8), Q4_K with its scales unpacked (q4_k_int8.py: 5 instead of 4.5; Q4K_I8), Q5_K the
+same with its fifth bits' plane (q5_k_int8.py: 6 instead of 5.5; Q5K_I8), Q6_K as int8 values
+(q6_k_int8.py: 8.75 instead of 6.56; Q6K_I8). Those layouts run the int8 kernel for every
 token count (batch invariance: qmatmul.py).
 
 `PackedWeight` is a drop-in for the loader's QuantTensor (name, qtype, n_out, n_in, raw, nbytes), so
@@ -27,7 +28,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QType
 from numba import njit, prange
 
-from . import iq3_int8, q4_k_int8, q6_k_int8
+from . import iq3_int8, q4_k_int8, q5_k_int8, q6_k_int8
 from .dequant import F16_TABLE, IQ4NL_VALUES, check_raw
 from ..qtypes import block_geometry
 
@@ -97,8 +98,8 @@ class PackedWeight:
     """A weight matrix prepared for the CPU kernels; same attributes as loader.weights.QuantTensor.
 
     qtype / raw are what the kernels read (Q8_0 for repacked types); src_qtype is the file's type.
-    layout: GGML (raw holds GGML blocks of qtype), IQ3_I8, Q4K_I8 or Q6K_I8 (IQ3_XXS / Q4_K / Q6_K
-    repacked for nibble_int8.py by iq3_int8.py / q4_k_int8.py / q6_k_int8.py).
+    layout: GGML (raw holds GGML blocks of qtype), IQ3_I8, Q4K_I8, Q5K_I8 or Q6K_I8 (IQ3_XXS / Q4_K / Q5_K /
+    Q6_K repacked for nibble_int8.py by iq3_int8.py / q4_k_int8.py / q5_k_int8.py / q6_k_int8.py).
     raw3 is raw viewed (n_out, n_blocks, block_nbytes) for the fused kernels (None for float types).
     """
     __slots__ = ("name", "qtype", "n_out", "n_in", "raw", "src_qtype", "layout", "raw3", "nb", "elems", "small",
@@ -147,9 +148,10 @@ GGML = "ggml"
 IQ3_I8 = "iq3_xxs_i8"
 Q4K_I8 = "q4_k_i8"
 Q6K_I8 = "q6_k_i8"
+Q5K_I8 = "q5_k_i8"
 # layout -> (the file's type, the module with QK, BLOCK_BYTES, repack(raw, n_cols, f16 table), matvec)
 INT8_LAYOUTS = {IQ3_I8: (QType.IQ3_XXS, iq3_int8), Q4K_I8: (QType.Q4_K, q4_k_int8),
-                Q6K_I8: (QType.Q6_K, q6_k_int8)}
+                Q6K_I8: (QType.Q6_K, q6_k_int8), Q5K_I8: (QType.Q5_K, q5_k_int8)}
 _INT8_LAYOUT_OF = {qtype: layout for layout, (qtype, _) in INT8_LAYOUTS.items()}
 
 # below this many weight bytes the matvec runs on the calling thread only
@@ -158,7 +160,7 @@ SMALL_BYTES = 160 * 1024
 
 def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool = False) -> PackedWeight:
     """QuantTensor-like w -> PackedWeight. With `int8` (an AVX2 CPU) Q8_0, Q5_0, Q4_0 and IQ4_NL keep their
-    blocks for q8_0_int8.py (q8_0_gemm.py for prompt chunks) and IQ3_XXS, Q4_K and Q6_K are repacked
+    blocks for q8_0_int8.py (q8_0_gemm.py for prompt chunks) and IQ3_XXS, Q4_K, Q5_K and Q6_K are repacked
     for nibble_int8.py (with `repack`); without it Q5_0, Q4_0 and IQ4_NL are repacked to Q8_0 (with
     `repack`).
 

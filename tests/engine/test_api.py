@@ -31,11 +31,11 @@ def _same_as(tiny, got, want):
 
 
 @pytest.fixture(scope="module", params=[("qwen2", QT.Q8_0), ("qwen3", QT.Q4_K), ("llama", QT.Q5_0),
-                                        ("qwen2", QT.IQ3_XXS)],     # IQ3_XXS: the int8 kernel on AVX2 CPUs
-                ids=lambda p: f"{p[0]}-{p[1].name}")
+                                        ("qwen2", QT.IQ3_XXS), ("llama", QT.Q5_K)],   # IQ3_XXS, Q5_K: repacked
+                ids=lambda p: f"{p[0]}-{p[1].name}")                                  # for the int8 kernel (AVX2)
 def tiny(request, tmp_path_factory):
     arch, qtype = request.param
-    n_embd = 256 if qtype in (QT.Q4_K, QT.IQ3_XXS) else 64
+    n_embd = 256 if qtype in (QT.Q4_K, QT.IQ3_XXS, QT.Q5_K) else 64
     path = write_tiny_model(tmp_path_factory.mktemp(arch) / "m.gguf", arch=arch, qtype=qtype, n_embd=n_embd,
                             n_ff=256, n_heads=4, n_kv_heads=2)
     return LLM(str(path), backend="cpu", n_ctx=256)

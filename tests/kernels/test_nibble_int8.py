@@ -1,10 +1,10 @@
-"""IQ3_XXS, Q4_K and Q6_K repacked for the AVX2 int8 kernel (iq3_int8.py, q4_k_int8.py, q6_k_int8.py,
-nibble_int8.py), against gguf.quants and float64.
+"""IQ3_XXS, Q4_K, Q5_K and Q6_K repacked for the AVX2 int8 kernel (iq3_int8.py, q4_k_int8.py, q5_k_int8.py,
+q6_k_int8.py, nibble_int8.py), against gguf.quants and float64.
 
 Tolerances: the repacking is exact in integers; a dequantized weight is a product of float32 scales
 where gguf computes the same value in another order (IQ3_XXS: (d/4) * (2 ls + 1) * value vs
-d * (ls + 0.5) * 0.5 * value; Q4_K: the same products), a couple of float32 roundings apart (rtol
-2**-22, plus 2**-22 of the block's min term for Q4_K's subtraction). The kernel's integer sums are
+d * (ls + 0.5) * 0.5 * value; Q4_K, Q5_K: the same products), a couple of float32 roundings apart (rtol
+2**-22, plus 2**-22 of the block's min term for Q4_K's and Q5_K's subtraction). The kernel's integer sums are
 exact; its only error is float32 rounding of the per-block products and their sum (measured ~1e-7
 of sum |W| |x|): 1e-5 of that sum catches any wrong code, scale, sign, min or offset term (each
 moves results by O(1) of it).
@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
 
-from strata_lite.kernels.cpu import iq3_int8, nibble_int8, q4_k_int8, q6_k_int8
+from strata_lite.kernels.cpu import iq3_int8, nibble_int8, q4_k_int8, q5_k_int8, q6_k_int8
 from strata_lite.kernels.cpu.act_quant import round_activations
 from strata_lite.kernels.cpu.backend import CpuBackend
 from strata_lite.kernels.cpu.dequant import F16_TABLE
 from strata_lite.kernels.cpu.isa import host_has_avx2
-from strata_lite.kernels.cpu.repack import GGML, IQ3_I8, Q4K_I8, Q6K_I8
+from strata_lite.kernels.cpu.repack import GGML, IQ3_I8, Q4K_I8, Q5K_I8, Q6K_I8
 from test_dequant import random_rows
 
 needs_avx2 = pytest.mark.skipif(not host_has_avx2(), reason="the int8 kernels need an AVX2 CPU")
 RTOL = 1e-5
-LAYOUTS = {QType.IQ3_XXS: iq3_int8, QType.Q4_K: q4_k_int8, QType.Q6_K: q6_k_int8}
+LAYOUTS = {QType.IQ3_XXS: iq3_int8, QType.Q4_K: q4_k_int8, QType.Q5_K: q5_k_int8, QType.Q6_K: q6_k_int8}
 by_layout = pytest.mark.parametrize("qtype", list(LAYOUTS), ids=[t.name for t in LAYOUTS])
 
 
@@ -96,6 +96,52 @@ def test_q4_k_kernel_extreme_values_do_not_saturate():
 
 
 @needs_avx2
+def test_q5_k_kernel_extreme_values_do_not_saturate():
+    """Codes 31 (every fifth bit set) with scale and min 63 against activations of +-127: the largest pair
+    sums (2 * 255 * 31) and scaled sums the Q5_K layout can produce; then every fifth bit clear."""
+    raw = random_rows(QType.Q5_K, 4, 512, seed=9).reshape(4, 2, 176)
+    raw[:, :, 4:16] = 0xFF                                             # every 6-bit scale and min 63
+    raw[:, :, 16:] = 0xFF                                              # every fifth bit set, every low code 15
+    x = np.where(np.arange(512) % 2 == 0, 3.0, -3.0).astype(np.float32)[None, :]
+    x[0, 256:] = np.abs(x[0, 256:])                                    # one block of all-positive activations
+    for fifth in (0xFF, 0x00):
+        raw[:, :, 16:48] = fifth
+        flat = raw.reshape(4, 352)
+        ref, scale = _reference(flat, x, QType.Q5_K)
+        out = np.empty((1, 4), np.float32)
+        q5_k_int8.matvec(q5_k_int8.repack(flat, 512, F16_TABLE).reshape(4, 2, -1), x.reshape(1, 2, 256), out)
+        assert np.all(np.abs(out - ref) <= RTOL * scale), fifth
+
+
+@needs_avx2
+def test_q5_k_repack_keeps_every_code():
+    """The layout's codes with their fifth bits are the file's 5-bit codes, weight by weight, and C is the
+    scale-weighted code sum (the kernel's offset term)."""
+    from strata_lite.kernels.cpu.dequant import k_scale_min
+    raw = random_rows(QType.Q5_K, 3, 512, seed=4)
+    src = raw.reshape(-1, 176)
+    dst = q5_k_int8.repack(raw, 512, F16_TABLE).reshape(-1, 192)
+    for b in range(src.shape[0]):
+        ql, qh = src[b, 48:176].astype(np.int32), src[b, 16:48].astype(np.int32)
+        want = np.empty(256, np.int32)      # ggml's dequantize_row_q5_K order
+        for p in range(4):
+            want[64 * p:64 * p + 32] = (ql[32 * p:32 * p + 32] & 15) | (((qh >> (2 * p)) & 1) << 4)
+            want[64 * p + 32:64 * p + 64] = (ql[32 * p:32 * p + 32] >> 4) | (((qh >> (2 * p + 1)) & 1) << 4)
+        got_lo, got_hi = dst[b, :128].astype(np.int32) & 15, dst[b, :128].astype(np.int32) >> 4
+        plane = dst[b, 128:160].astype(np.int32)
+        got = np.empty(256, np.int32)
+        for p in range(4):
+            got[64 * p:64 * p + 32] = got_lo[32 * p:32 * p + 32] | (((plane >> (2 * p)) & 1) << 4)
+            got[64 * p + 32:64 * p + 64] = got_hi[32 * p:32 * p + 32] | (((plane >> (2 * p + 1)) & 1) << 4)
+        np.testing.assert_array_equal(got, want)
+        scales = [k_scale_min(src, b, s) for s in range(8)]
+        np.testing.assert_array_equal(dst[b, 160:168], [sc for sc, _ in scales])
+        np.testing.assert_array_equal(dst[b, 176:184], [m for _, m in scales])
+        c = sum(sc * int(want[32 * s:32 * s + 32].sum()) for s, (sc, _) in enumerate(scales))
+        assert dst[b, 172:176].view(np.int32)[0] == c
+
+
+@needs_avx2
 def test_q6_k_kernel_extreme_values_do_not_saturate():
     """Values -32 (the largest magnitude) with scales -128 and 127 against activations of +-127."""
     raw = random_rows(QType.Q6_K, 4, 256, seed=9).reshape(4, 210)
@@ -115,7 +161,8 @@ def test_backend_uploads_in_the_int8_layout_and_fuses_it(qtype, monkeypatch):
         def __init__(self, name, raw, n_in):
             self.name, self.qtype, self.n_out, self.n_in, self.raw = name, qtype, raw.shape[0], n_in, raw
 
-    mod, layout = LAYOUTS[qtype], {QType.IQ3_XXS: IQ3_I8, QType.Q4_K: Q4K_I8, QType.Q6_K: Q6K_I8}[qtype]
+    mod, layout = LAYOUTS[qtype], {QType.IQ3_XXS: IQ3_I8, QType.Q4_K: Q4K_I8, QType.Q5_K: Q5K_I8,
+                                   QType.Q6_K: Q6K_I8}[qtype]
     a, b = random_rows(qtype, 6, 512, seed=1), random_rows(qtype, 3, 512, seed=2)
     be = CpuBackend()
     wa, wb = be.upload_weight(W("a", a, 512)), be.upload_weight(W("b", b, 512))
@@ -139,5 +186,7 @@ def test_layout_rejects_wrong_row_bytes():
         PackedWeight("w", QType.IQ3_XXS, 2, 512, np.zeros((2, 196), np.uint8), layout=IQ3_I8)
     with pytest.raises(ValueError, match="not repacked Q4_K"):
         PackedWeight("w", QType.Q4_K, 2, 512, np.zeros((2, 288), np.uint8), layout=Q4K_I8)
+    with pytest.raises(ValueError, match="not repacked Q5_K"):
+        PackedWeight("w", QType.Q5_K, 2, 512, np.zeros((2, 352), np.uint8), layout=Q5K_I8)
     with pytest.raises(ValueError, match="not repacked Q6_K"):
         PackedWeight("w", QType.Q6_K, 2, 512, np.zeros((2, 420), np.uint8), layout=Q6K_I8)

@@ -1,5 +1,5 @@
 """The prompt-chunk GEMMs (q8_0_gemm.py for Q8_0 / Q5_0 / Q4_0 / IQ4_NL, nibble_gemm.py for the IQ3_XXS /
-Q4_K / Q6_K repackings) against the int8 kernels they replace for prompt chunks, and against float64.
+Q4_K / Q5_K / Q6_K repackings) against the int8 kernels they replace for prompt chunks, and against float64.
 
 * Bit-identical to q8_0_int8.mv_avx2 / nibble_int8.matvec: the GEMMs form the same exact integer block
   sums (in another way) and then the same float operations in the same order, so every output must equal
@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
 
-from strata_lite.kernels.cpu import iq3_int8, nibble_gemm, nibble_int8, q4_k_int8, q6_k_int8, q8_0_gemm, q8_0_int8
+from strata_lite.kernels.cpu import (iq3_int8, nibble_gemm, nibble_int8, q4_k_int8, q5_k_int8, q6_k_int8, q8_0_gemm,
+                                     q8_0_int8)
 from strata_lite.kernels.cpu.act_quant import round_activations
 from strata_lite.kernels.cpu.backend import CpuBackend
 from strata_lite.kernels.cpu.dequant import F16_TABLE
@@ -35,6 +36,7 @@ Q8_KINDS = {QType.Q8_0: q8_0_int8.Q8_0_KIND, QType.Q5_0: q8_0_int8.Q5_0_KIND, QT
             QType.IQ4_NL: q8_0_int8.IQ4_NL_KIND}
 NIBBLE = {QType.IQ3_XXS: (iq3_int8, nibble_int8.IQ3, iq3_int8.CODE_TABLE),
           QType.Q4_K: (q4_k_int8, nibble_int8.Q4K, q4_k_int8._NO_TABLE),
+          QType.Q5_K: (q5_k_int8, nibble_int8.Q5K, q5_k_int8._NO_TABLE),
           QType.Q6_K: (q6_k_int8, nibble_int8.Q6K, q6_k_int8._NO_TABLE)}
 TOKENS = (1, 7, 9, 16, 23, 41, 70)
 
@@ -90,7 +92,7 @@ def test_q8_0_gemm_against_float64(qtype):
     assert np.all(err <= bound * scale), f"{np.max(err / scale) / bound:.3g} of the bound"
 
 
-# ----------------------------------------------------------------- IQ3_XXS / Q4_K / Q6_K: nibble_gemm
+# ----------------------------------------------------------- IQ3_XXS / Q4_K / Q5_K / Q6_K: nibble_gemm
 
 @pytest.mark.parametrize("n_out", [1, 3, 17, 33])
 @pytest.mark.parametrize("qtype", list(NIBBLE), ids=lambda t: t.name)
@@ -133,7 +135,8 @@ def test_nibble_gemm_against_float64(qtype):
 # ------------------------------------------------------------------------------------ engine routing
 
 @pytest.mark.parametrize("qtype,n_in", [(QType.Q5_0, 896), (QType.Q8_0, 256), (QType.IQ4_NL, 256),
-                                        (QType.Q4_K, 512), (QType.Q6_K, 768), (QType.IQ3_XXS, 512)],
+                                        (QType.Q4_K, 512), (QType.Q5_K, 512), (QType.Q6_K, 768),
+                                        (QType.IQ3_XXS, 512)],
                          ids=lambda v: getattr(v, "name", str(v)))
 def test_backend_rows_do_not_depend_on_the_call(qtype, n_in):
     """A prompt chunk past both GEMMs' MIN_TOK against its tokens alone and in short calls (the vector
