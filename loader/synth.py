@@ -55,15 +55,18 @@ PRESETS = {p.name: p for p in (
            head_dim=128, n_vocab=32000, rope_freq_base=5e5, rms_eps=1e-5, n_ctx_train=8192),
 )}
 
-# mix name -> llama.cpp `general.file_type` (enum llama_ftype). "q4_k_m" and "iq3_xxs" are mixes; the
-# others put every matrix in one type ("iq3_xxs-pure": the --pure IQ3_XXS of `strata-lite quantize`;
-# "q4_k" is labelled llama.cpp's Q4_K_S, the nearest file type).
-MIXES = {"q4_k_m": 15, "iq3_xxs": 23, "f16": 1, "q8_0": 7, "q4_k": 14, "q6_k": 18, "iq3_xxs-pure": 23}
-_PURE = {"f16": QType.F16, "q8_0": QType.Q8_0, "q4_k": QType.Q4_K, "q6_k": QType.Q6_K,
+# mix name -> llama.cpp `general.file_type` (enum llama_ftype). "q4_k_m", "q5_k_m" and "iq3_xxs" are mixes;
+# the others put every matrix in one type ("iq3_xxs-pure": the --pure IQ3_XXS of `strata-lite quantize`;
+# "q4_k" / "q5_k" are labelled llama.cpp's Q4_K_S / Q5_K_S, the nearest file types).
+MIXES = {"q4_k_m": 15, "q5_k_m": 17, "iq3_xxs": 23, "f16": 1, "q8_0": 7, "q4_k": 14, "q5_k": 16, "q6_k": 18,
+         "iq3_xxs-pure": 23}
+_PURE = {"f16": QType.F16, "q8_0": QType.Q8_0, "q4_k": QType.Q4_K, "q5_k": QType.Q5_K, "q6_k": QType.Q6_K,
          "iq3_xxs-pure": QType.IQ3_XXS}
+_K_M_BASE = {"q4_k_m": QType.Q4_K, "q5_k_m": QType.Q5_K}
 
-# llama.cpp's fallbacks when a row length is not a multiple of the type's block (K-quants: 256)
-_FALLBACK = {**FALLBACK, QType.Q4_K: QType.Q5_0, QType.Q6_K: QType.Q8_0}
+# llama.cpp's fallbacks when a row length is not a multiple of the type's block (K-quants: 256); Q5_K falls
+# back to Q5_0 here where llama.cpp takes Q5_1, a type this project does not read
+_FALLBACK = {**FALLBACK, QType.Q4_K: QType.Q5_0, QType.Q5_K: QType.Q5_0, QType.Q6_K: QType.Q8_0}
 
 # the ChatML specials every synth vocabulary ends with: bos <|endoftext|>, eos <|im_end|>
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -144,15 +147,16 @@ def _use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def _q4_k_m_type(name: str, row_len: int, n_layers: int) -> QType:
-    """llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M for llama-style blocks (llama_tensor_get_type)."""
+def _k_m_type(base: QType, name: str, row_len: int, n_layers: int) -> QType:
+    """llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M (base Q4_K) or Q5_K_M (base Q5_K) for llama-style blocks
+    (llama_tensor_get_type)."""
     if name == "output.weight":
         return QType.Q8_0 if row_len % 256 else QType.Q6_K
     m = _BLK.match(name)
     short = _BLK.sub("", name)
     if m and short in ("attn_v.weight", "ffn_down.weight") and _use_more_bits(int(m.group(1)), n_layers):
         return _fit(QType.Q6_K, row_len)
-    return _fit(QType.Q4_K, row_len)
+    return _fit(base, row_len)
 
 
 def plan_mix(specs: list[TensorSpec], quant: str, n_layers: int) -> dict[str, QType]:
@@ -164,8 +168,8 @@ def plan_mix(specs: list[TensorSpec], quant: str, n_layers: int) -> dict[str, QT
     for name, shape in shapes.items():
         if len(shape) == 1:
             plan[name] = QType.F32
-        elif quant == "q4_k_m":
-            plan[name] = _q4_k_m_type(name, shape[0], n_layers)
+        elif quant in _K_M_BASE:
+            plan[name] = _k_m_type(_K_M_BASE[quant], name, shape[0], n_layers)
         else:
             plan[name] = _fit(_PURE[quant], shape[0])
     return plan

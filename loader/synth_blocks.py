@@ -6,7 +6,7 @@
 Every byte of a block starts random (any quant byte is valid data); then the scale fields are patched,
 vectorized over all blocks, so that the weights have std `std` (default 1/sqrt(n_in): a matmul of a
 unit-RMS input gives a unit-RMS output) and zero mean (random-sign d where the quant values are not
-symmetric; Q4_K's min is set to the middle of its range). The std of each type's weights at d = 1 is
+symmetric; Q4_K's and Q5_K's min is set to the middle of their range). The std of each type's weights at d = 1 is
 measured once by dequantizing sample blocks with gguf.quants, so no per-type constant can drift.
 """
 from __future__ import annotations
@@ -23,8 +23,9 @@ JITTER = 0.25          # per-block d is the target times uniform(1 - JITTER, 1 +
 
 
 def _q4_k_scales(rng, raw3: np.ndarray) -> None:
-    """Q4_K sub-block scale = min = s_j in [8, 16) (6-bit fields with their top bits zero), so that with
-    dmin = 7.5 d every sub-block is d * s_j * (q - 7.5), q in 0..15: symmetric around 0."""
+    """Q4_K / Q5_K sub-block scale = min = s_j in [8, 16) (6-bit fields with their top bits zero), so that with
+    dmin = 7.5 d (Q5_K: 15.5 d) every sub-block is d * s_j * (q - 7.5), q in 0..15 (q - 15.5, q in 0..31):
+    symmetric around 0."""
     s = rng.integers(8, 16, size=(raw3.shape[0], 8), dtype=np.uint8)
     raw3[:, 4:8] = s[:, :4]                       # scales[0..3]: scale of sub-blocks 0..3
     raw3[:, 8:12] = s[:, :4]                      # scales[4..7]: min of sub-blocks 0..3
@@ -48,7 +49,7 @@ def _iq3_xxs_scales(rng, raw3: np.ndarray) -> None:
 class BlockLayout:
     d_offset: int                 # byte offset of the f16 super-scale d in a block
     signed_d: bool                # d gets a random sign (types whose quant values have a non-zero mean)
-    dmin_ratio: float = 0.0       # > 0: an f16 dmin = ratio * d follows d (Q4_K)
+    dmin_ratio: float = 0.0       # > 0: an f16 dmin = ratio * d follows d (Q4_K, Q5_K)
     patch: Callable | None = None  # (rng, raw3) -> None: sets sub-block scales in place
 
 
@@ -60,6 +61,7 @@ LAYOUTS: dict[QType, BlockLayout] = {
     QType.IQ4_NL: BlockLayout(0, signed_d=True),
     QType.IQ3_XXS: BlockLayout(0, signed_d=False, patch=_iq3_xxs_scales),   # sign bits are random already
     QType.Q4_K: BlockLayout(0, signed_d=False, dmin_ratio=7.5, patch=_q4_k_scales),
+    QType.Q5_K: BlockLayout(0, signed_d=False, dmin_ratio=15.5, patch=_q4_k_scales),
     QType.Q6_K: BlockLayout(208, signed_d=False, patch=_q6_k_scales),
 }
 

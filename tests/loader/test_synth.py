@@ -22,7 +22,7 @@ from strata_lite.loader.tokenizer import Tokenizer
 
 # (preset, mix) -> blocks written; qwen2 gets 2 blocks (the forward must cross a block boundary)
 CASES = {("qwen2.5-0.5b", "q4_k_m"): 2, ("qwen2.5-0.5b", "iq3_xxs"): 2,
-         ("llama-8b-layers", "q4_k_m"): 1, ("llama-8b-layers", "iq3_xxs"): 1}
+         ("llama-8b-layers", "q4_k_m"): 1, ("llama-8b-layers", "iq3_xxs"): 1, ("llama-8b-layers", "q5_k_m"): 1}
 
 # Expected types, written out by hand from llama.cpp's rules (not from synth's code). Qwen2.5-0.5B's
 # 896-wide rows cannot hold 256-weight K-quant blocks: Q4_K falls back to Q5_0, Q6_K (and the output) to
@@ -38,6 +38,9 @@ EXPECTED = {
     ("llama-8b-layers", "q4_k_m"): {"token_embd": QT.Q4_K, "output": QT.Q6_K, "attn_v": QT.Q6_K,
                                     "ffn_down": QT.Q6_K, "attn_q": QT.Q4_K, "attn_k": QT.Q4_K,
                                     "attn_output": QT.Q4_K, "ffn_gate": QT.Q4_K, "ffn_up": QT.Q4_K},
+    ("llama-8b-layers", "q5_k_m"): {"token_embd": QT.Q5_K, "output": QT.Q6_K, "attn_v": QT.Q6_K,
+                                    "ffn_down": QT.Q6_K, "attn_q": QT.Q5_K, "attn_k": QT.Q5_K,
+                                    "attn_output": QT.Q5_K, "ffn_gate": QT.Q5_K, "ffn_up": QT.Q5_K},
     ("llama-8b-layers", "iq3_xxs"): {"token_embd": QT.IQ3_XXS, "output": QT.Q5_0, "attn_v": QT.Q5_0,
                                      "ffn_down": QT.IQ3_XXS, "attn_q": QT.IQ3_XXS, "attn_k": QT.IQ3_XXS,
                                      "attn_output": QT.IQ3_XXS, "ffn_gate": QT.IQ3_XXS, "ffn_up": QT.IQ3_XXS},
@@ -57,7 +60,7 @@ def _cli(*argv) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def preset_files(tmp_path_factory):
-    """The four preset/mix files, written through the CLI: {(preset, mix): (path, stdout)}."""
+    """The preset/mix files (CASES), written through the CLI: {(preset, mix): (path, stdout)}."""
     d = tmp_path_factory.mktemp("synth")
     files = {}
     for (preset, mix), blocks in CASES.items():
