@@ -10,7 +10,11 @@ llama.cpp multiplies these types with activations rounded to Q8_0 (32-blocks, sc
 as f16; act_quant.py reproduces it). Keeping that rounding as int8 values makes each 32-weight block
 one integer dot: pmaddubsw takes unsigned x signed bytes, so it gets |w| and sign(w) * a (psignb),
 the int16 pair sums (|w| <= 128, |a| <= 127: < 2^15) are widened by pmaddwd, and one float FMA per
-block applies d_w * d_a. The float kernel in matvec.py (int8 -> float32 conversions + FMAs) is
+block applies d_w * d_a. Q5_0 and Q4_0 skip the signs: their unsigned codes (w + 16, w + 8) go into
+pmaddubsw as they are, and each lane's dot loses 16 (8) times the lane's activation sum, formed once per
+token and block for all the rows of a call: the same integers with two instructions less per row and block
+(default model, decode, 2-core AVX-512 VM, 3 alternating runs: 40.7-43.4 -> 42.7-52.2 tok/s, within this
+VM's noise of a few percent). The float kernel in matvec.py (int8 -> float32 conversions + FMAs) is
 compute-bound at ~17 G weights/s on 2 threads; this one is memory-bound (bench_cpu_kernels.py).
 On a VNNI CPU (isa.py) vpdpbusd replaces pmaddubsw + pmaddwd: the same integers (|w| <= 128, so no pair sum
 saturates; llvm_ir.dot_u8s8), so the same bits.
@@ -73,16 +77,11 @@ def _q8_0_weights(builder, p):
     return L.load(builder, p, 2, L.V32B), _f16(builder, p)
 
 
-def _q5_0_weights(builder, p):
-    """The same for a Q5_0 block, unpacked in registers (ggml: weight j < 16 is the low nibble of qs[j]
-    plus bit j of qh as 16, weight j + 16 the high nibble plus bit j + 16; minus 16): the integers the
-    lossless Q8_0 repacking stores, so the dots and every float after them are the same."""
-    c, d = _q5_0_codes(builder, p)
-    return builder.sub(c, ir.Constant(L.V32B, [16] * 32)), d
-
-
 def _q5_0_codes(builder, p):
-    """(the 32 unsigned 5-bit codes w + 16, scale) of a Q5_0 block (q8_0_gemm.py multiplies them unsigned)."""
+    """(the 32 unsigned 5-bit codes w + 16, scale) of a Q5_0 block, unpacked in registers (ggml: weight j <
+    16 is the low nibble of qs[j] plus bit j of qh as 16, weight j + 16 the high nibble plus bit j + 16;
+    minus 16). The kernels multiply the codes unsigned and subtract 16 times the activations' sum: the
+    integers of the lossless Q8_0 repacking's dots, so every float after them is the same."""
     nib = _nibbles(builder, p, 6)
     qh = builder.bitcast(L.load(builder, p, 2, L.I32), ir.VectorType(L.I8, 4))
     spread = builder.shuffle_vector(qh, ir.Constant(ir.VectorType(L.I8, 4), None),
@@ -101,13 +100,8 @@ def _nibbles(builder, p, off):
     return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(L.I32, 32), list(range(32))))
 
 
-def _q4_0_weights(builder, p):
-    """A Q4_0 block (f16 d, 16 bytes of codes): weight = code - 8."""
-    return builder.sub(_nibbles(builder, p, 2), ir.Constant(L.V32B, [8] * 32)), _f16(builder, p)
-
-
 def _q4_0_codes(builder, p):
-    """(the 32 unsigned codes w + 8, scale) of a Q4_0 block."""
+    """(the 32 unsigned codes w + 8, scale) of a Q4_0 block (f16 d, 16 bytes of codes): weight = code - 8."""
     return _nibbles(builder, p, 2), _f16(builder, p)
 
 
@@ -121,7 +115,11 @@ def _f16(builder, p):
     return builder.fpext(builder.bitcast(L.load(builder, p, 0, L.I16), ir.HalfType()), L.F32)
 
 
-def _make_dot(block_weights, doc_format: str, isa: int):
+def _make_dot(block_weights, doc_format: str, isa: int, offset: int = 0):
+    """offset 0: block_weights gives signed weights, multiplied as |w| by sign(w) x (psign); offset > 0 (a
+    power of two): it gives unsigned codes w + offset, multiplied as they are, and each lane's dot loses
+    offset times the lane's activation sum (formed once per token and block, for all R rows): per lane the
+    same integer either way."""
     @intrinsic
     def dot(typingctx, raw3, r0, xq, xd, t0, n_tok, out):
         if not (L.c_arrays((raw3, types.uint8, 3), (xq, types.int8, 3), (xd, types.float32, 2))
@@ -134,6 +132,8 @@ def _make_dot(block_weights, doc_format: str, isa: int):
 
         def codegen(context, builder, signature, args):
             psign = L.avx2(builder, "psign.b")
+            ones = ir.Constant(L.V32B, [1] * 32)
+            shift = ir.Constant(L.V8I, [max(offset, 1).bit_length() - 1] * 8)
             (praw, rstr, rshape), (pxq, qstr, _), (pxd, dstr, _), (pout, ostr, _) = (
                 L.array_arg(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 6))
             r_idx = L.clamped_rows(builder, args[1], R, rshape[0])
@@ -151,11 +151,17 @@ def _make_dot(block_weights, doc_format: str, isa: int):
                     emit_prefetch(builder, builder.gep(p, [ahead]), locality=2)
                 xa = [L.load(builder, p, builder.mul(blk, qstr[1]), L.V32B) for p in xq0]
                 da = [L.load(builder, p, builder.mul(blk, dstr[1]), L.F32, 4) for p in xd0]
+                if offset:                                  # offset * (lane sums of x), per token
+                    corr = [builder.shl(L.dot_u8s8(builder, isa, ones, x), shift) for x in xa]
                 for k, p in enumerate(rows):
                     w, dw = block_weights(builder, p)
-                    uw = builder.call(psign, [w, w])        # |w|; -128 stays 0x80 = 128 unsigned
+                    if not offset:
+                        uw = builder.call(psign, [w, w])    # |w|; -128 stays 0x80 = 128 unsigned
                     for j in range(T):
-                        isum = L.dot_u8s8(builder, isa, uw, builder.call(psign, [xa[j], w]))
+                        if offset:
+                            isum = builder.sub(L.dot_u8s8(builder, isa, w, xa[j]), corr[j])
+                        else:
+                            isum = L.dot_u8s8(builder, isa, uw, builder.call(psign, [xa[j], w]))
                         s = L.splat(builder, builder.fmul(dw, da[j]), L.V8F)
                         a = acc_ptr[k][j]
                         builder.store(builder.fadd(builder.fmul(builder.sitofp(isum, L.V8F), s, flags=L.CONTRACT),
@@ -198,8 +204,9 @@ def _by_token_count(dot):
 
 def _by_kind(isa):
     """The kernels of every block format for isa's instructions, by run-time `kind`."""
-    q8_0, q5_0, q4_0, iq4_nl = (_by_token_count(_make_dot(w, name, isa)) for w, name in (
-        (_q8_0_weights, "Q8_0"), (_q5_0_weights, "Q5_0"), (_q4_0_weights, "Q4_0"), (_iq4_nl_weights, "IQ4_NL")))
+    q8_0, q5_0, q4_0, iq4_nl = (_by_token_count(_make_dot(w, name, isa, off)) for w, name, off in (
+        (_q8_0_weights, "Q8_0", 0), (_q5_0_codes, "Q5_0", 16), (_q4_0_codes, "Q4_0", 8),
+        (_iq4_nl_weights, "IQ4_NL", 0)))
 
     @njit(cache=True, inline="always")
     def call(kind, raw3, r, xq, xd, t0, nt, out):
