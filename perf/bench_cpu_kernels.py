@@ -16,7 +16,7 @@
   kernel); test_packed_matmul_512 the prompt path with "GFLOP/s" and numpy's sgemm on the same
   shape ("sgemm GFLOP/s", a float32 weight already in memory) for comparison.
 * test_stream: the 1.5B model's fused gate/up shape (1536 -> 17920) for 28 distinct matrices in a
-  row, so the weights come from DRAM as in a decode step; IQ3_XXS, Q4_K and Q6_K in the int8 layouts
+  row, so the weights come from DRAM as in a decode step; IQ3_XXS, Q4_K, Q5_K and Q6_K in the int8 layouts
   (nibble_int8.py) against the file layout's float kernels ("G w/s", "GB/s" of the layout's bytes).
 * test_attention_decode: one decode token's attention over 4K / 32K cached keys of one layer at the
   1.5B model's head shape ("us/key", "GB/s" of the int8 K/V cache read).
@@ -146,7 +146,7 @@ def _timed(f):
 
 
 @pytest.mark.parametrize("int8_layout", [True, False], ids=["int8", "file-layout"])
-@pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q5_K, QType.Q6_K], ids=lambda t: t.name)
 def test_stream(benchmark, qtype, int8_layout, monkeypatch):
     if int8_layout and not _BE.int8:
         pytest.skip("no AVX2: the int8 layout is not used on this CPU")

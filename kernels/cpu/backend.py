@@ -37,7 +37,7 @@ class CpuBackend(Backend):
             numba.set_num_threads(min(int(n_threads), numba.config.NUMBA_NUM_THREADS))
         self.n_threads = numba.get_num_threads()
         self.repack = True            # lossless Q4_0/Q5_0/IQ4_NL -> Q8_0 at upload (repack.py)
-        # AVX2 int8 kernels (docs/design.md): IQ3_XXS, Q4_K and Q6_K repacked losslessly for nibble_int8.py
+        # AVX2 int8 kernels (docs/design.md): IQ3_XXS, Q4_K, Q5_K and Q6_K repacked losslessly for nibble_int8.py
         # (3-5x faster per weight than the float kernels, 1.11-1.47x the bytes) and Q8_0 mat-vecs in int8
         # (q8_0_int8.py: 2x). STRATA_LITE_INT8=0 keeps the float kernels and the file's layouts.
         self.int8 = int8_enabled()

@@ -27,7 +27,7 @@ from ..qtypes import block_geometry
 
 # Largest n_tok that uses the fused kernels (measured crossover on 2 Zen 4 cores, see bench).
 MATVEC_MAX_TOK = 8
-# The int8 layouts (IQ3_XXS, Q4_K, Q6_K repacked; Q8_0, and Q4_0 / Q5_0 / IQ4_NL in their own blocks)
+# The int8 layouts (IQ3_XXS, Q4_K, Q5_K, Q6_K repacked; Q8_0, and Q4_0 / Q5_0 / IQ4_NL in their own blocks)
 # take their int8 kernel for every token count (prompt chunks: the register-tiled GEMMs of q8_0_gemm.py and
 # nibble_gemm.py, with the same bits): its result for a token does not depend on the other
 # tokens of the call (integer block dots, then a fixed order of float sums per token and row), so a

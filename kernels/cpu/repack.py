@@ -8,7 +8,7 @@ dequantizes bit-identically, and every such matrix runs the Q8_0 kernels (5-8x f
 the Q5_0 one, whose 5th-bit unpacking does not vectorize).
 
 When the CPU has AVX2, Q5_0, Q4_0 and IQ4_NL keep their own blocks instead (q8_0_int8.py unpacks them
-in registers, with the results of their Q8_0 repacking, bit for bit), and IQ3_XXS, Q4_K and Q6_K are
+in registers, with the results of their Q8_0 repacking, bit for bit), and IQ3_XXS, Q4_K, Q5_K and Q6_K are
 repacked losslessly for the int8 kernel of
 nibble_int8.py: IQ3_XXS as 4-bit codes (iq3_int8.py: 4.5 instead of 3.06 bits/weight, 3x less work per
 weight; layout IQ3_I8), Q4_K with its scales unpacked (q4_k_int8.py: 5 instead of 4.5; Q4K_I8), Q5_K the
