@@ -443,6 +443,13 @@ def print_gemm(grows):
         print(f"{label:48s} {us:9.1f} {tfs:8.1f} {ref if ref else '':>10}")
 
 
+def write_json(path, be, **figures) -> None:
+    """With --json PATH: the figures of this run, beside the device they come from."""
+    if path:
+        with open(path, "w") as f:
+            json.dump({"device": be.describe(), **figures}, f, indent=1)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="/dev/shm/strata-synth", help="folder for the synthetic GGUF files")
@@ -492,9 +499,7 @@ def main(argv=None) -> int:
         for label, tps in erows:
             print(f"{label:60s} {tps:9.0f}")
         print_breakdown(brows)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"device": be.describe(), "e2e": erows, "step_breakdown": brows}, f, indent=1)
+        write_json(args.json, be, e2e=erows, step_breakdown=brows)
         return 0
     if args.verify_cost:
         os.makedirs(args.models, exist_ok=True)
@@ -503,18 +508,14 @@ def main(argv=None) -> int:
         print(f"\n{'what more tokens a step cost':70s} {'us':>8s} {'dp4a us':>8s}")
         for label, us, dp in vrows:
             print(f"{label:70s} {us:8.1f} " + (f"{dp:8.1f}" if dp is not None else ""))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"device": be.describe(), "verify_cost": vrows}, f, indent=1)
+        write_json(args.json, be, verify_cost=vrows)
         return 0
     if args.pdl_ab:
         os.makedirs(args.models, exist_ok=True)
         brows = [step_breakdown(path, programmatic=p) for path in synth_models(args.models, args.quick)
                  for p in (False, True, False, True)]
         print_breakdown(brows)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"device": be.describe(), "step_breakdown": brows}, f, indent=1)
+        write_json(args.json, be, step_breakdown=brows)
         return 0
     krows = kernel_rows(cp, copy_bw)
     grows = gemm_rows(cp)
@@ -532,10 +533,7 @@ def main(argv=None) -> int:
     for label, tps in erows:
         print(f"{label:60s} {tps:9.0f}")
     print_breakdown(brows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": be.describe(), "copy_bw": copy_bw, "kernels": krows, "gemm": grows, "e2e": erows,
-                       "step_breakdown": brows}, f, indent=1)
+    write_json(args.json, be, copy_bw=copy_bw, kernels=krows, gemm=grows, e2e=erows, step_breakdown=brows)
     return 0
 
 

@@ -120,7 +120,7 @@ class MtpCost(NamedTuple):
         return self.block + self.head if i else (self.head if self.first_head else 0.0)
 
     def draft(self, k: int) -> float:
-        """A draft of k tokens: k * head + (k - 1) * block."""
+        """A draft of k tokens: k * head + (k - 1) * block (one head less without first_head)."""
         return sum(self.token(i) for i in range(k))
 
 
@@ -253,9 +253,10 @@ class MtpDrafter:
             at += n
         if filled:               # the graph's own block outputs: valid until its next replay (_First.step)
             columns, probs = fused[1].drafts()
+            tokens = self.head.token_ids(columns)
             for seq, row in filled:
-                token = int(self.head.token_ids(columns[row:row + 1])[0])
-                self.first[seq] = _First(seq.n_computed, fused[0], row, (token, float(probs[row])), fused[1])
+                self.first[seq] = _First(seq.n_computed, fused[0], row, (int(tokens[row]), float(probs[row])),
+                                         fused[1])
         if not rows:
             return
         out, _ = self._forward(hidden, rows, ids, pos, seq_of, tables, [])
