@@ -281,6 +281,7 @@ def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
     drafts) at position 1,000 (CUDA events around replays, medians of 60) with the launcher sending split-K
     up to SPLIT_K_MAX_TOKENS tokens or one, alternating."""
     from strata_lite.batch import Batch
+    import gguf
     from strata_lite.kernels.cuda import qmatmul as qm
     from strata_lite.runner import ModelRunner, load_model
 
@@ -288,7 +289,7 @@ def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
     for qtype in ("Q5_0", "Q6_K", "Q4_K"):
         for n in tokens:
             sk, _ = bench_matmul(cp, qm, qtype, 896, 4864, n, variant="sk")
-            dp, _ = bench_matmul(cp, qm, qtype, 896, 4864, n, variant=qm.dp4a_variant(qtype, qm._tile(n)))
+            dp, _ = bench_matmul(cp, qm, qtype, 896, 4864, n, variant=qm.dp4a_variant(getattr(gguf.GGMLQuantizationType, qtype), qm._tile(n)))
             rows.append((f"{qtype} 896x4864, {n} tokens: split-K / dp4a", sk * 1e6, dp * 1e6))
     loaded = load_model(model_path, backend="cuda")
     name = os.path.basename(model_path)

@@ -52,10 +52,12 @@ DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
 # rounds for 8 warps) made the 8B-layer decode 30% slower. 5 rounds: the fewest measured to gain (896x4864
 # Q5_0 / Q6_K). Partial terms take SPLIT_K_SMEM bytes of shared memory at most. The kernel takes up to
 # SPLIT_K_MAX_TOKENS tokens (a verify step's pending token and drafts: each decoded unit serves them all);
-# the launcher sends it SPLIT_K_AUTO_TOKENS at most, one until several are measured on a GPU
-# (perf/bench_gpu.py --verify-cost; the 0.5B shape's second verified token costs ~20 % of a step).
+# the launcher sends it SPLIT_K_AUTO_TOKENS at most. H200, 2026-12-03 (perf/bench_gpu.py --verify-cost),
+# 896x4864 at 1 / 2 / 3 / 4 tokens, split-K against dp4a: Q5_0 4.4 / 4.9 / 5.4 / 6.1 against 4.6 / 7.1 / 11.2 /
+# 13.0 us, Q6_K 4.9 / 5.6 / 6.7 / 7.7 against 7.8 / 9.2 / 11.8 / 12.9; the 0.5B shape's step graph at 2 / 4
+# tokens 1,026-1,029 -> 991-994 / 1,330 -> 1,260-1,266 us (1 token unchanged, 852-860).
 SPLIT_K_MAX_TOKENS = 4
-SPLIT_K_AUTO_TOKENS = 1
+SPLIT_K_AUTO_TOKENS = 4
 SPLIT_K_MAX_ROWS = 2048
 SPLIT_K_MIN_ROUNDS = 5
 SPLIT_K_SMEM = 48 * 1024
