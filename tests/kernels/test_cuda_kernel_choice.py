@@ -38,14 +38,15 @@ def test_staged_activations_fit_shared_memory():
 
 
 def test_split_k_only_for_few_tokens_over_few_long_rows(monkeypatch):
-    """Few long rows take the split-K kernel at up to SPLIT_K_AUTO_TOKENS tokens (one by default, at most the
+    """Few long rows take the split-K kernel at up to SPLIT_K_AUTO_TOKENS tokens (4 by default, at most the
     kernel's 4); many rows, short rows, GLU or more tokens do not."""
     from gguf import GGMLQuantizationType as QType
     from strata_lite.kernels.cuda import qmatmul
-    assert split_k(QType.Q6_K, 896, 4864, 1, False) and split_k(QType.Q5_0, 896, 4864, 1, False)
-    assert not split_k(QType.Q6_K, 896, 4864, 2, False)          # one token by default
+    for n in (1, 2, 4):                                          # decode and verify steps of up to 4 tokens
+        assert split_k(QType.Q6_K, 896, 4864, n, False) and split_k(QType.Q5_0, 896, 4864, n, False)
+    monkeypatch.setattr(qmatmul, "SPLIT_K_AUTO_TOKENS", 1)
+    assert not split_k(QType.Q6_K, 896, 4864, 2, False)          # the launcher's limit is honoured
     monkeypatch.setattr(qmatmul, "SPLIT_K_AUTO_TOKENS", 8)
-    assert split_k(QType.Q6_K, 896, 4864, 2, False) and split_k(QType.Q5_0, 896, 4864, 4, False)
     assert not split_k(QType.Q6_K, 896, 4864, 5, False)          # the kernel takes 4 tokens at most
     assert not split_k(QType.Q6_K, 896, 4864, 0, False)
     assert not split_k(QType.IQ3_XXS, 4096, 14336, 1, False)     # 2,048 warps without it
