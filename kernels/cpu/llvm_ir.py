@@ -60,16 +60,18 @@ def _vpdpbusd(builder):
     return builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256", (), ir.FunctionType(V8I, [V8I] * 3))
 
 
-def dot_u8s8(builder, isa, u, s):
-    """<8 x i32>, lane i = sum over k < 4 of u[4i + k] s[4i + k]: u unsigned and s signed bytes (<32 x i8>).
-    AVX2: pmaddwd(pmaddubsw(u, s), 1); VNNI: vpdpbusd(0, u, s). pmaddubsw saturates its pair sums
-    u0 s0 + u1 s1 to int16 and vpdpbusd does not, so the two are equal where no pair sum leaves int16: every
-    caller's u is at most 128 (|w|, or 4- / 5-bit codes), so a pair is within [-32768, 32512] for any s."""
+def dot_u8s8(builder, isa, u, s, acc=None):
+    """<8 x i32>, lane i = acc[i] (0 without acc) + sum over k < 4 of u[4i + k] s[4i + k]: u unsigned and s
+    signed bytes (<32 x i8>). AVX2: pmaddwd(pmaddubsw(u, s), 1) + acc; VNNI: vpdpbusd(acc, u, s). pmaddubsw
+    saturates its pair sums u0 s0 + u1 s1 to int16 and vpdpbusd does not, so the two are equal where no pair
+    sum leaves int16: every caller's u is at most 128 (|w|, or 4- / 5-bit codes), so a pair is within
+    [-32768, 32512] for any s."""
     if isa == _isa.VNNI:
-        return builder.call(_vpdpbusd(builder), [ir.Constant(V8I, None), builder.bitcast(u, V8I),
-                                                 builder.bitcast(s, V8I)])
-    return builder.call(avx2(builder, "pmadd.wd"), [builder.call(avx2(builder, "pmadd.ub.sw"), [u, s]),
-                                                    ir.Constant(V16W, [1] * 16)])
+        return builder.call(_vpdpbusd(builder), [ir.Constant(V8I, None) if acc is None else acc,
+                                                 builder.bitcast(u, V8I), builder.bitcast(s, V8I)])
+    d = builder.call(avx2(builder, "pmadd.wd"), [builder.call(avx2(builder, "pmadd.ub.sw"), [u, s]),
+                                                 ir.Constant(V16W, [1] * 16)])
+    return d if acc is None else builder.add(d, acc)
 
 
 def const(v, ty=I64):

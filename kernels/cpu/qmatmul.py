@@ -22,7 +22,7 @@ from . import matvec as mv
 from .act_quant import round_activations
 from .dequant import (QK, QK_HALF, F16_TABLE, IQ3XXS_GRID, IQ4NL_VALUES, check_raw,
                       dequantize_into, dequantize_into_serial)
-from .repack import INT8_LAYOUTS
+from .repack import INT8_LAYOUTS, ROWS4_LAYOUTS
 from ..qtypes import block_geometry
 
 # Largest n_tok that uses the fused kernels (measured crossover on 2 Zen 4 cores, see bench).
@@ -100,6 +100,9 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
     if n_tok == 0 or w.n_out == 0:
         return out
     qtype = w.qtype
+    if w.layout in ROWS4_LAYOUTS:
+        INT8_LAYOUTS[w.layout][1].matvec(w.raw3, x.reshape(n_tok, w.nb, w.elems), out, serial=w.small)
+        return out
     if w.layout in INT8_LAYOUTS:
         INT8_LAYOUTS[w.layout][1].matvec(w.raw3, x.reshape(n_tok, w.nb, w.elems), out)
         return out

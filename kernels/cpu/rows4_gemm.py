@@ -1,0 +1,186 @@
+"""Prompt-chunk GEMM for Q5_0 / Q4_0 interleaved by 4 rows (rows4_int8.py), with the bits of its mat-vec kernel.
+
+rows4_int8's kernel gives, per (token, row), acc = fma(float(s_b), fl(d_w d_a), acc) over the blocks b, s_b the
+block's exact integer dot minus offset x the activations' sum. Here a tile is one row group (4 rows) and 8
+tokens, the tokens in the lanes of the accumulators (one int32 and one float vector per row): per block and
+lane group j (4 activations) of the 8 tokens, one load of their packed activations serves the 4 rows, each
+row's 4 codes broadcast from the unpacked panel, and vpdpbusd (pmaddubsw + pmaddwd + add on AVX2) sums into
+the row's int32 vector; then per row one subtract, one convert, one multiply (the 8 scale products) and one
+FMA. ~11 vector ops per 32 (token, row) multiply-adds of a block against ~13 per token and row group in the
+mat-vec kernel's 8-token calls (and ~2.2 cycles per (token, row, block) in q8_0_gemm.py's 8-lane order).
+Every integer and float operation per (token, row) is the mat-vec kernel's, so are the bits (tests).
+
+Each thread unpacks PANEL groups at a time (codes and float32 scales: 144 bytes a group and block) and multiplies
+them with its range of token groups, whose packed activations stay in L1 while they meet every group of the
+panel (as q8_0_gemm.py).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import llvm_ir as L
+from . import rows4_int8 as r4
+from .act_quant import round_f16
+from .gemm_work import token_chunks
+from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
+
+MIN_TOK = 16      # from here on the GEMM; below, rows4_int8's mat-vec kernel (8-token calls)
+T = 8             # tokens a tile: the 8 lanes of a vector
+PANEL = 12        # row groups a thread unpacks at a time (48 rows; 12 x 28 blocks x 144 B = 48 KB at 896 columns)
+W_REC = 144       # a panel record: the 4 code vectors (128 bytes), the 4 rows' float32 scales
+A_X, A_D, A_C, A_REC = 0, 256, 288, 320   # activation record: lane groups, scales, offset x block sums
+
+
+# ------------------------------------------------------------------------------------------- panels
+
+def _make_unpack(fifth: bool):
+    """The intrinsic unpack(raw3, g, pw, i): row group g of raw3 into group i of panel pw (groups, blocks, 144)."""
+    bb = 22 if fifth else 18
+
+    @intrinsic
+    def unpack(typingctx, raw3, g, pw, i):
+        if not (L.c_arrays((raw3, types.uint8, 3), (pw, types.uint8, 3))
+                and isinstance(g, types.Integer) and isinstance(i, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            (praw, rstr, rshape), (ppw, wstr, _) = (
+                L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2))
+            src0 = builder.gep(praw, [builder.mul(args[1], builder.mul(L.const(r4.ROWS), rstr[0]))])
+            dst0 = builder.gep(ppw, [builder.mul(args[3], wstr[0])])
+            with cgutils.for_range(builder, rshape[1]) as loop:
+                b = loop.index
+                codes, d = r4.unpack_group(builder, builder.gep(src0, [builder.mul(b, L.const(r4.ROWS * bb))]), fifth)
+                dst = builder.gep(dst0, [builder.mul(b, wstr[1])])
+                for v, c in enumerate(codes):
+                    builder.store(c, builder.bitcast(builder.gep(dst, [L.const(32 * v)]), L.V32B.as_pointer()), align=1)
+                builder.store(d, builder.bitcast(builder.gep(dst, [L.const(128)]), r4.V4F.as_pointer()), align=1)
+            return context.get_dummy_value()
+
+        return types.void(raw3, types.intp, pw, types.intp), codegen
+    return unpack
+
+
+_unpack_q5, _unpack_q4 = _make_unpack(True), _make_unpack(False)
+
+
+# ------------------------------------------------------------------------------------- activations
+
+@njit(cache=True, parallel=True)
+def _pack_activations(x3, a, a_f32, a_i32, offset):
+    # a uint8 (token groups, blocks, A_REC); a_f32 / a_i32 the same bytes. Record [g, b]: lane group j of the
+    # 8 tokens at A_X + 32 j + 4 lane, their scales at A_D, offset x their block sums at A_C (a short last
+    # group repeats the last token). Q8_0 rounding as rows4_int8._prepare_token.
+    n_tok, nb = x3.shape[0], x3.shape[1]
+    for t in prange(a.shape[0] * T):
+        g, lane = t // T, t % T
+        src = min(np.intp(t), n_tok - 1)
+        for b in range(nb):
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x3[src, b, j]))
+            s = np.float32(amax / np.float32(127.0))
+            inv = np.float32(1.0) / s if s != 0 else np.float32(0.0)
+            tot = np.int32(0)
+            for j in range(32):
+                q = np.int8(np.rint(x3[src, b, j] * inv))
+                a[g, b, A_X + 32 * (j // 4) + 4 * lane + j % 4] = np.uint8(q & 255)
+                tot += np.int32(q)
+            a_f32[g, b, A_D // 4 + lane] = np.float32(round_f16(s))
+            a_i32[g, b, A_C // 4 + lane] = offset * tot
+
+
+# --------------------------------------------------------------------------------------------- tile
+
+def _make_tile(isa):
+    """The intrinsic tile(pw, i, a, g, out, r0, t0): out[t0 + l, r0 + q] for the 8 tokens l of group g (stores
+    past the last token go to the last one: the packing repeated it) and the 4 rows q of panel group i."""
+    @intrinsic
+    def tile(typingctx, pw, i, a, g, out, r0, t0):
+        if not (L.c_arrays((pw, types.uint8, 3), (a, types.uint8, 3)) and L.strided_array(out, types.float32, 2)
+                and all(isinstance(v, types.Integer) for v in (i, g, r0, t0))):
+            return None
+        sig = types.void(pw, types.intp, a, types.intp, out, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            (ppw, wstr, wshape), (pa, astr, _), (pout, ostr, oshape) = (
+                L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2, 4))
+            w0 = builder.gep(ppw, [builder.mul(args[1], wstr[0])])
+            a0 = builder.gep(pa, [builder.mul(args[3], astr[0])])
+            acc = [cgutils.alloca_once_value(builder, ir.Constant(L.V8F, None)) for _ in range(r4.ROWS)]
+
+            def dword(p, off):          # 4 bytes at p + off, in each of the 8 lanes
+                return builder.bitcast(L.splat(builder, L.load(builder, p, off, L.I32), L.V8I), L.V32B)
+
+            with cgutils.for_range(builder, wshape[1]) as loop:
+                pwb = builder.gep(w0, [builder.mul(loop.index, wstr[1])])
+                pab = builder.gep(a0, [builder.mul(loop.index, astr[1])])
+                isum = [None] * r4.ROWS
+                for j in range(8):
+                    xa = L.load(builder, pab, A_X + 32 * j, L.V32B)
+                    for q in range(r4.ROWS):       # row q's codes of lane group j: vector j // 2, dword 4 (j % 2) + q
+                        isum[q] = L.dot_u8s8(builder, isa, dword(pwb, 32 * (j // 2) + 4 * (4 * (j % 2) + q)), xa,
+                                             isum[q])
+                corr = L.load(builder, pab, A_C, L.V8I)
+                da = L.load(builder, pab, A_D, L.V8F)
+                for q in range(r4.ROWS):
+                    s = builder.fmul(L.splat(builder, L.load(builder, pwb, 128 + 4 * q, L.F32), L.V8F), da)
+                    f = builder.sitofp(builder.sub(isum[q], corr), L.V8F)
+                    builder.store(builder.fadd(builder.fmul(f, s, flags=L.CONTRACT), builder.load(acc[q]),
+                                               flags=L.CONTRACT), acc[q])
+            vals = [builder.load(p) for p in acc]
+            toks = L.clamped_rows(builder, args[6], T, oshape[0])
+            rows = [builder.add(args[5], L.const(q)) for q in range(r4.ROWS)]
+            L.store_tile(builder, pout, ostr, toks, rows,
+                         lambda q, l: builder.extract_element(vals[q], L.const(l, L.I32)))
+            return context.get_dummy_value()
+
+        return sig, codegen
+    return tile
+
+
+_tile_avx2, _tile_vnni = _make_tile(AVX2), _make_tile(VNNI)
+
+
+@njit(cache=True, inline="always")
+def _tile(isa, pw, i, a, g, out, r0, t0):
+    if VNNI_BUILT and isa == VNNI:
+        _tile_vnni(pw, i, a, g, out, r0, t0)
+    else:
+        _tile_avx2(pw, i, a, g, out, r0, t0)
+
+
+# -------------------------------------------------------------------------------------------- GEMM
+
+@njit(cache=True, parallel=True)
+def _gemm(raw3, x3, out, fifth, n_threads, isa):
+    n_groups, nb = raw3.shape[0] // r4.ROWS, raw3.shape[1]
+    n_tg = (x3.shape[0] + T - 1) // T
+    a = np.empty((n_tg, nb, A_REC), dtype=np.uint8)
+    _pack_activations(x3, a, a.view(np.float32), a.view(np.int32), 16 if fifth else 8)
+    n_pan = (n_groups + PANEL - 1) // PANEL
+    n_ch = token_chunks(n_pan, n_tg, n_threads)
+    for item in prange(n_pan * n_ch):
+        p, c = item // n_ch, item % n_ch
+        g0 = p * PANEL
+        n_in_pan = min(PANEL, n_groups - g0)
+        pw = np.empty((n_in_pan, nb, W_REC), dtype=np.uint8)
+        for i in range(n_in_pan):
+            if fifth:
+                _unpack_q5(raw3, g0 + i, pw, i)
+            else:
+                _unpack_q4(raw3, g0 + i, pw, i)
+        for tg in range(n_tg * c // n_ch, n_tg * (c + 1) // n_ch):
+            for i in range(n_in_pan):
+                _tile(isa, pw, i, a, tg, out, r4.ROWS * (g0 + i), tg * T)
+
+
+def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, fifth: bool, isa: int = INT8_ISA) -> None:
+    """out (n_tok, n_rows) = x @ W.T, W the interleaved layout viewed (n_rows, nb, 22 | 18) (fifth: Q5_0, else
+    Q4_0), x float32 (n_tok, nb, 32): rows4_int8's mat-vec results, bit for bit."""
+    _gemm(raw3, x3, out, fifth, numba.get_num_threads(), isa)

@@ -1,0 +1,336 @@
+"""Q5_0 and Q4_0 with 4 rows interleaved (repacked at load, the same bytes: 5.5 / 4.5 bits per weight) for an
+int8 kernel that keeps each block's integer dot whole and scales 4 rows with one convert and one FMA.
+
+Why: in the row-by-row kernel (q8_0_int8.py) every (row, block) costs the unpacking of a 22-byte block (~10
+vector ops: nibbles, the fifth bits spread from qh) plus a convert and an FMA per 8 lanes, ~16 ops per 32
+weights: Q5_0 matrices ran compute-bound at 13-20 GB/s on 2 threads against ~29 GB/s of DRAM bandwidth
+(docs/cpu.md). Interleaving 4 rows lets one 32-byte load carry 64 nibbles of 4 rows, the fifth bits of 128
+weights come as one 16-byte plane placed so that a shift and an AND put each where it belongs, and the 4
+rows' dots share the activations: ~4.5 ops per 32 weights.
+
+Layout of a row group (rows 4g .. 4g + 3) and 32-column block b, 88 bytes for Q5_0 (72 for Q4_0):
+  [0:32)   low nibbles: code vector 0, high nibbles: code vector 1
+  [32:64)  low nibbles: code vector 2, high nibbles: code vector 3
+  [64:80)  Q5_0: the fifth bits; bit 2v + h of byte m is the fifth bit of vector v's byte m + 16 h
+  [80:88)  the 4 rows' f16 scales d (Q4_0: at [64:72))
+Code vector v (32 bytes, 8 dwords): dword q holds the codes (weight + 16, or + 8 for Q4_0, unsigned) of row
+q % 4, weights 4 (2v + q // 4) .. + 3. The activations are permuted to match once per token and block (xp,
+4 x 32 bytes: dword q of vector v = activations 4 (2v + q // 4) .. + 3), so vpdpbusd (or pmaddubsw +
+pmaddwd) of the 4 code vectors, summed, leaves in dwords q and q + 4 the two halves of row q % 4's block dot.
+The stored matrix keeps its row count (n_rows, blocks * block bytes); row group g's block b is at byte
+(4 g) * row bytes + 4 b * block bytes. Only matrices with a multiple of 4 rows take it (repack.py).
+
+Arithmetic, per (token, row): s_b = the integer dot of block b's codes and int8 activations (llama.cpp's Q8_0
+rounding of x), minus offset times the block's activation sum: exactly sum w x over the block; then
+acc = fma(float(s_b), fl(d_w d_a), acc) over b = 0, 1, ... from 0. Every (token, row) is that sequence
+whatever else is in the call (batch invariance; the same bits with AVX2 or VNNI instructions: integers
+are exact, |code| <= 31 so no pmaddubsw pair sum saturates). This is another float order than the
+row-by-row kernel's 8 lanes (a different rounding of the same sum; bounds in the tests).
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import llvm_ir as L
+from .act_quant import round_f16
+from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
+from .prefetch import emit_prefetch
+
+QK = 32
+ROWS = 4          # rows interleaved in a group
+MAX_TOK = 8       # tokens per kernel call: a group's unpacked codes serve them all
+GROUP_RUN = 4     # row groups per work item with several tokens (16 rows: their blocks stay in L1 while a
+                  # chunk of 8 tokens meets them)
+V16B = ir.VectorType(L.I8, 16)
+V4F = ir.VectorType(L.F32, 4)
+V4I = ir.VectorType(L.I32, 4)
+
+
+# ------------------------------------------------------------------------------------------- repack
+
+@njit(cache=True)
+def _code(src, r, b, w, fifth):
+    """The unsigned code (weight + offset) of row r's weight w (0..31) in its block b: ggml's Q5_0 / Q4_0
+    block order (nibble j: low = weight j, high = weight j + 16; Q5_0's qh bit w = the fifth bit)."""
+    base = 6 if fifth else 2
+    v = np.int32(src[r, b, base + (w % 16)])
+    c = (v >> 4) if w >= 16 else (v & 15)
+    if fifth:
+        qh = (np.int32(src[r, b, 2]) | (np.int32(src[r, b, 3]) << 8) | (np.int32(src[r, b, 4]) << 16)
+              | (np.int32(src[r, b, 5]) << 24))
+        c |= ((qh >> w) & 1) << 4
+    return c
+
+
+@njit(cache=True, parallel=True)
+def _repack(src, dst, fifth):
+    # src (n_rows, nb, 22 | 18) ggml blocks; dst (n_rows // 4, nb, 88 | 72): the layout above
+    d_off = 80 if fifth else 64
+    for g in prange(dst.shape[0]):
+        for b in range(dst.shape[1]):
+            for i in range(dst.shape[2]):
+                dst[g, b, i] = 0
+            for v in range(4):
+                for i in range(32):
+                    q, k = i // 4, i % 4
+                    r = 4 * g + q % 4
+                    c = _code(src, r, b, 4 * (2 * v + q // 4) + k, fifth)
+                    j = i + 32 * (v // 2)
+                    dst[g, b, j] |= np.uint8((c & 15) << (4 * (v % 2)))
+                    if fifth:
+                        dst[g, b, 64 + i % 16] |= np.uint8(((c >> 4) & 1) << (2 * v + i // 16))
+            for q in range(4):
+                dst[g, b, d_off + 2 * q] = src[4 * g + q, b, 0]
+                dst[g, b, d_off + 2 * q + 1] = src[4 * g + q, b, 1]
+
+
+def repack_rows(raw: np.ndarray, n_cols: int, fifth: bool) -> np.ndarray:
+    """ggml Q5_0 (fifth) or Q4_0 rows, uint8 (n_rows, n_cols // 32 * block bytes), n_rows a multiple of 4 ->
+    this layout, the same shape and size."""
+    bb = 22 if fifth else 18
+    n_rows, nb = raw.shape[0], n_cols // QK
+    if n_rows % ROWS or raw.shape[1] != nb * bb:
+        raise ValueError(f"not {n_rows} rows of {nb} {'Q5_0' if fifth else 'Q4_0'} blocks in groups of 4")
+    out = np.empty(raw.shape, dtype=np.uint8)
+    _repack(np.ascontiguousarray(raw).reshape(n_rows, nb, bb), out.reshape(n_rows // ROWS, nb, ROWS * bb), fifth)
+    return out
+
+
+# -------------------------------------------------------------------------------------- activations
+
+@njit(cache=True)
+def _prepare_token(x3, t, xp, xd, xc, offset):
+    """Token t of x3 (n_tok, nb, 32) float32 -> xp[t] (nb, 128) int8 permuted to the code vectors' dwords,
+    xd[t] (nb,) the f16-rounded scales, xc[t] (nb,) offset x the block's int8 sum (llama.cpp's Q8_0)."""
+    q = np.empty(QK, dtype=np.int8)
+    for b in range(x3.shape[1]):
+        amax = np.float32(0.0)
+        for j in range(QK):
+            amax = max(amax, abs(x3[t, b, j]))
+        s = np.float32(amax / np.float32(127.0))
+        inv = np.float32(1.0) / s if s != 0 else np.float32(0.0)
+        xd[t, b] = np.float32(round_f16(s))
+        tot = np.int32(0)
+        for j in range(QK):
+            q[j] = np.int8(np.rint(x3[t, b, j] * inv))
+            tot += np.int32(q[j])
+        xc[t, b] = offset * tot
+        for v in range(4):
+            for i in range(32):
+                qq, k = i // 4, i % 4
+                xp[t, b, 32 * v + i] = q[4 * (2 * v + qq // 4) + k]
+
+
+@njit(cache=True, parallel=True)
+def _prepare(x3, xp, xd, xc, offset):
+    for t in prange(x3.shape[0]):
+        _prepare_token(x3, t, xp, xd, xc, offset)
+
+
+@njit(cache=True)
+def _prepare_serial(x3, xp, xd, xc, offset):
+    for t in range(x3.shape[0]):
+        _prepare_token(x3, t, xp, xd, xc, offset)
+
+
+# ------------------------------------------------------------------------------------------- kernel
+
+def _shift_counts(v):
+    """(shift op, per-dword counts) that bring the fifth bit of code vector v's bytes to bit 4 (bit 2v in the
+    low 128-bit half, 2v + 1 in the high half; the plane is broadcast to both halves)."""
+    lo, hi = 2 * v, 2 * v + 1
+    if hi <= 4:
+        return "shl", [4 - lo] * 4 + [4 - hi] * 4
+    return "lshr", [lo - 4] * 4 + [hi - 4] * 4
+
+
+def unpack_group(builder, p, fifth: bool):
+    """(the 4 code vectors (<32 x i8>, unsigned codes), the 4 rows' scales d (<4 x float>)) of the group
+    block at i8* p (the layout above): nibbles by AND / shift, each fifth bit moved to bit 4 by a per-dword
+    shift of the broadcast plane."""
+    low4 = ir.Constant(L.V32B, [15] * 32)
+    codes = []
+    for off in (0, 32):
+        h = L.load(builder, p, off, L.V32B)
+        codes.append(builder.and_(h, low4))
+        hi = builder.lshr(builder.bitcast(h, L.V16W), ir.Constant(L.V16W, [4] * 16))
+        codes.append(builder.and_(builder.bitcast(hi, L.V32B), low4))
+    if fifth:
+        bit4 = ir.Constant(L.V32B, [16] * 32)
+        plane = L.load(builder, p, 64, V16B)
+        plane = builder.bitcast(builder.shuffle_vector(
+            plane, plane, ir.Constant(ir.VectorType(L.I32, 32), list(range(16)) * 2)), L.V8I)
+        for v in range(4):
+            op, counts = _shift_counts(v)
+            moved = getattr(builder, op)(plane, ir.Constant(L.V8I, counts))
+            codes[v] = builder.or_(codes[v], builder.and_(builder.bitcast(moved, L.V32B), bit4))
+    d = builder.fpext(builder.bitcast(L.load(builder, p, 80 if fifth else 64, ir.VectorType(L.I16, 4)),
+                                      ir.VectorType(ir.HalfType(), 4)), V4F)
+    return codes, d
+
+
+def _make_dot(fifth: bool, isa: int):
+    """The intrinsic dot(raw3, g0, xp, xd, xc, t0, n_tok, out) for Q5_0 (fifth) or Q4_0 groups."""
+    bb = 22 if fifth else 18
+
+    @intrinsic
+    def dot(typingctx, raw3, g0, xp, xd, xc, t0, n_tok, out):
+        if not (L.c_arrays((raw3, types.uint8, 3), (xp, types.int8, 3), (xd, types.float32, 2),
+                           (xc, types.int32, 2))
+                and L.strided_array(out, types.float32, 2) and L.tile_args(g0, t0, n_tok, MAX_TOK)):
+            return None
+        sig = types.void(raw3, types.intp, xp, xd, xc, types.intp, n_tok, out)
+        T = n_tok.literal_value
+        G = 2 if T == 1 else 1          # row groups a call: independent chains for one token
+
+        def codegen(context, builder, signature, args):
+            (praw, rstr, rshape), (pxp, pstr, _), (pxd, dstr, _), (pxc, cstr, _), (pout, ostr, _) = (
+                L.array_arg(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 4, 7))
+            n_groups = builder.udiv(rshape[0], L.const(ROWS))
+            g_idx = L.clamped_rows(builder, args[1], G, n_groups)
+            gstride = builder.mul(L.const(ROWS), rstr[0])
+            bstride = L.const(ROWS * bb)
+            base = [builder.gep(praw, [builder.mul(g, gstride)]) for g in g_idx]
+            t_idx = [builder.add(args[5], L.const(j)) for j in range(T)]
+            xp0 = [builder.gep(pxp, [builder.mul(t, pstr[0])]) for t in t_idx]
+            xd0 = [builder.gep(pxd, [builder.mul(t, dstr[0])]) for t in t_idx]
+            xc0 = [builder.gep(pxc, [builder.mul(t, cstr[0])]) for t in t_idx]
+            acc = [[cgutils.alloca_once_value(builder, ir.Constant(V4F, None)) for _ in range(T)]
+                   for _ in range(G)]
+            lo_idx = ir.Constant(V4I, [0, 1, 2, 3])
+            hi_idx = ir.Constant(V4I, [4, 5, 6, 7])
+            ahead = builder.mul(L.const(2 * G), gstride)   # prefetch two calls' groups ahead, into L2
+            with cgutils.for_range(builder, rshape[1]) as loop:
+                blk = loop.index
+                xv = [[L.load(builder, p, builder.add(builder.mul(blk, pstr[1]), L.const(32 * v)), L.V32B)
+                       for v in range(4)] for p in xp0]
+                da = [L.load(builder, p, builder.mul(blk, dstr[1]), L.F32) for p in xd0]
+                corr = [L.load(builder, p, builder.mul(blk, cstr[1]), L.I32) for p in xc0]
+                for k, p0 in enumerate(base):
+                    p = builder.gep(p0, [builder.mul(blk, bstride)])
+                    for off in (0, 64):                 # 88 bytes a block: up to two new lines
+                        emit_prefetch(builder, builder.gep(p, [builder.add(ahead, L.const(off))]), locality=2)
+                    codes, dw = unpack_group(builder, p, fifth)
+                    for j in range(T):
+                        s01 = L.dot_u8s8(builder, isa, codes[1], xv[j][1],
+                                         L.dot_u8s8(builder, isa, codes[0], xv[j][0]))
+                        s23 = L.dot_u8s8(builder, isa, codes[3], xv[j][3],
+                                         L.dot_u8s8(builder, isa, codes[2], xv[j][2]))
+                        s8 = builder.add(s01, s23)
+                        undef = ir.Constant(L.V8I, ir.Undefined)
+                        s4 = builder.add(builder.shuffle_vector(s8, undef, lo_idx),
+                                         builder.shuffle_vector(s8, undef, hi_idx))
+                        s4 = builder.sub(s4, L.splat(builder, corr[j], V4I))
+                        scale = builder.fmul(dw, L.splat(builder, da[j], V4F))
+                        a = acc[k][j]
+                        builder.store(builder.fadd(builder.fmul(builder.sitofp(s4, V4F), scale, flags=L.CONTRACT),
+                                                   builder.load(a), flags=L.CONTRACT), a)
+            for k, g in enumerate(g_idx):
+                rows = [builder.add(builder.mul(g, L.const(ROWS)), L.const(q)) for q in range(ROWS)]
+                vals = [builder.load(a) for a in acc[k]]
+                L.store_tile(builder, pout, ostr, t_idx, rows,
+                             lambda q, j: builder.extract_element(vals[j], L.const(q, L.I32)))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    dot.__doc__ = f"""out[t0 + j, 4 g + q] for j < n_tok (a literal 1..MAX_TOK), q < 4 and row groups g = g0 ..
+    g0 + G - 1 (G = 2 for one token, else 1; groups past the last are clamped to it) of the
+    {'Q5_0' if fifth else 'Q4_0'} interleaved layout raw3 (n_rows, nb, {bb}); xp int8 (tokens, nb, 128), xd
+    float32 and xc int32 (tokens, nb) from _prepare."""
+    return dot
+
+
+def _by_token_count(dot):
+    @njit(cache=True, inline="always")
+    def call(raw3, g, xp, xd, xc, t0, nt, out):
+        if nt == 8:
+            dot(raw3, g, xp, xd, xc, t0, 8, out)
+        elif nt == 7:
+            dot(raw3, g, xp, xd, xc, t0, 7, out)
+        elif nt == 6:
+            dot(raw3, g, xp, xd, xc, t0, 6, out)
+        elif nt == 5:
+            dot(raw3, g, xp, xd, xc, t0, 5, out)
+        elif nt == 4:
+            dot(raw3, g, xp, xd, xc, t0, 4, out)
+        elif nt == 3:
+            dot(raw3, g, xp, xd, xc, t0, 3, out)
+        elif nt == 2:
+            dot(raw3, g, xp, xd, xc, t0, 2, out)
+        else:
+            dot(raw3, g, xp, xd, xc, t0, 1, out)
+    return call
+
+
+_q5_avx2, _q4_avx2 = _by_token_count(_make_dot(True, AVX2)), _by_token_count(_make_dot(False, AVX2))
+_q5_vnni, _q4_vnni = _by_token_count(_make_dot(True, VNNI)), _by_token_count(_make_dot(False, VNNI))
+
+
+@njit(cache=True, inline="always")
+def _dot(fifth, isa, raw3, g, xp, xd, xc, t0, nt, out):
+    if VNNI_BUILT and isa == VNNI:
+        if fifth:
+            _q5_vnni(raw3, g, xp, xd, xc, t0, nt, out)
+        else:
+            _q4_vnni(raw3, g, xp, xd, xc, t0, nt, out)
+    elif fifth:
+        _q5_avx2(raw3, g, xp, xd, xc, t0, nt, out)
+    else:
+        _q4_avx2(raw3, g, xp, xd, xc, t0, nt, out)
+
+
+@njit(cache=True, inline="always")
+def _group_run(fifth, isa, raw3, item, xp, xd, xc, out):
+    """Row groups item * GROUP_RUN .. for every token, chunks of up to MAX_TOK tokens, chunk-major."""
+    n_tok, n_groups = xp.shape[0], raw3.shape[0] // ROWS
+    g0 = item * GROUP_RUN
+    g1 = min(n_groups, g0 + GROUP_RUN)
+    n_chunks = (n_tok + MAX_TOK - 1) // MAX_TOK
+    for c in range(n_chunks):
+        t0 = n_tok * c // n_chunks
+        nt = n_tok * (c + 1) // n_chunks - t0
+        for g in range(g0, g1):
+            _dot(fifth, isa, raw3, g, xp, xd, xc, t0, nt, out)
+
+
+@njit(cache=True, parallel=True)
+def _matmul(raw3, x3, out, fifth, isa):
+    n_tok, nb, n_groups = x3.shape[0], x3.shape[1], raw3.shape[0] // ROWS
+    xp = np.empty((n_tok, nb, 128), dtype=np.int8)
+    xd = np.empty((n_tok, nb), dtype=np.float32)
+    xc = np.empty((n_tok, nb), dtype=np.int32)
+    if n_tok == 1:
+        _prepare_serial(x3, xp, xd, xc, 16 if fifth else 8)
+        for i in prange((n_groups + 1) // 2):
+            _dot(fifth, isa, raw3, 2 * i, xp, xd, xc, 0, 1, out)
+    else:
+        _prepare(x3, xp, xd, xc, 16 if fifth else 8)
+        for i in prange((n_groups + GROUP_RUN - 1) // GROUP_RUN):
+            _group_run(fifth, isa, raw3, i, xp, xd, xc, out)
+
+
+@njit(cache=True)
+def _matmul_serial(raw3, x3, out, fifth, isa):
+    n_tok, nb, n_groups = x3.shape[0], x3.shape[1], raw3.shape[0] // ROWS
+    xp = np.empty((n_tok, nb, 128), dtype=np.int8)
+    xd = np.empty((n_tok, nb), dtype=np.float32)
+    xc = np.empty((n_tok, nb), dtype=np.int32)
+    _prepare_serial(x3, xp, xd, xc, 16 if fifth else 8)
+    if n_tok == 1:
+        for i in range((n_groups + 1) // 2):
+            _dot(fifth, isa, raw3, 2 * i, xp, xd, xc, 0, 1, out)
+    else:
+        for i in range((n_groups + GROUP_RUN - 1) // GROUP_RUN):
+            _group_run(fifth, isa, raw3, i, xp, xd, xc, out)
+
+
+def matvec(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, fifth: bool, isa: int = INT8_ISA,
+           serial: bool = False) -> None:
+    """out (n_tok, n_rows) = x @ W.T; raw3 the layout viewed (n_rows, nb, 22 | 18) (fifth: Q5_0, else Q4_0),
+    x3 float32 (n_tok, nb, 32). serial: on the calling thread (small matrices), the same bits."""
+    (_matmul_serial if serial else _matmul)(raw3, x3, out, fifth, isa)

@@ -1,0 +1,126 @@
+"""Q5_0 / Q4_0 matrices of 4k rows, interleaved by 4 rows (kernels/cpu/rows4_int8.py), against gguf.quants and
+float64, for batch invariance and through the backend.
+
+* Lossless: the kernel fed 127 e_j (activation scale exactly 1) returns 127 x the weight gguf.quants.dequantize
+  gives, bit for bit, for every column j of every row: every nibble, fifth bit and scale of the file reaches
+  the integer dot where it belongs.
+* Float64 reference (weights and Q8_0-rounded activations are exact float32 products, so the reference is
+  exact): per (token, row) the kernel rounds the scale product d_w d_a once (relative 2^-24) and its running
+  sum once per block (nb FMAs, each within 2^-24 of the partial sum, which is at most sum |w| |x|). Bound:
+  (nb + 2) 2^-24 sum |w| |x|, rigorous; measured at most ~0.02 of it over these cases (the errors are
+  ~2^-25 of the sum, the bound grows with nb). A single wrong weight moves a result by ~1 / n_cols of that sum
+  (>= 2e-4 here), orders of magnitude above the bound.
+* Batch invariance: every token's row is the same bits alone, in any chunk of 1-8 tokens, in a prompt of 17 or
+  70, on one thread or several, with AVX2 or VNNI instructions (where the CPU has VNNI).
+"""
+from types import SimpleNamespace
+
+import gguf.quants
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QType
+
+from strata_lite.kernels.cpu import repack as rp
+from strata_lite.kernels.cpu import rows4, rows4_gemm
+from strata_lite.kernels.cpu import rows4_int8 as r4
+from strata_lite.kernels.cpu.act_quant import round_activations
+from strata_lite.kernels.cpu.backend import CpuBackend
+from strata_lite.kernels.cpu.isa import AVX2, VNNI, VNNI_BUILT, host_has_avx2
+from test_dequant import random_rows
+
+pytestmark = pytest.mark.skipif(not host_has_avx2(), reason="the int8 kernels need an AVX2 CPU")
+
+FORMATS = {QType.Q5_0: rows4.Q5_0_R4, QType.Q4_0: rows4.Q4_0_R4}
+TYPES = sorted(FORMATS, key=lambda t: t.name)
+SHAPES = [(4, 64), (12, 896), (36, 4864)]            # (rows, columns): one group, the 0.5B's widths; odd groups
+ISAS = (AVX2, VNNI) if VNNI_BUILT else (AVX2,)
+
+
+def _rows(qtype, n_out, n_cols, seed):
+    """Random blocks plus the extremes: all codes 0 / 15, all fifth bits set / clear."""
+    raw = random_rows(qtype, n_out, n_cols, seed=seed)
+    b = raw.reshape(n_out, n_cols // 32, -1)
+    lo = 6 if qtype == QType.Q5_0 else 2
+    b[0, 0, lo:] = 0x00
+    b[-1, -1, lo:] = 0xFF
+    if qtype == QType.Q5_0:
+        b[0, -1, 2:6] = 0xFF
+        b[-1, 0, 2:6] = 0x00
+    return raw
+
+
+def _x(n_tok, n_cols, seed):
+    x = np.random.default_rng(seed).standard_normal((n_tok, n_cols), dtype=np.float32)
+    x[0, 32:64] = 0                                 # an all-zero activation block
+    if n_tok > 1:
+        x[1, :32] *= 1000                           # and a large one
+    return x
+
+
+def _run(fmt, raw3, x, **kw):
+    out = np.full((x.shape[0], raw3.shape[0]), np.nan, np.float32)
+    fmt.matvec(raw3, x.reshape(x.shape[0], -1, 32), out, **kw)
+    return out
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_unpacking_is_lossless(qtype):
+    n_out, n_cols = 8, 256
+    raw = _rows(qtype, n_out, n_cols, seed=11)
+    fmt = FORMATS[qtype]
+    raw3 = fmt.repack(raw, n_cols).reshape(n_out, n_cols // 32, -1)
+    x = np.zeros((n_cols, n_cols), np.float32)
+    np.fill_diagonal(x, 127.0)                      # token j: 127 at column j (scale 1, q 127)
+    for isa in ISAS:
+        np.testing.assert_array_equal(_run(fmt, raw3, x, isa=isa),
+                                      np.float32(127) * gguf.quants.dequantize(raw, qtype).T)
+
+
+@pytest.mark.parametrize("n_out,n_cols", SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_against_float64_and_batch_invariant(qtype, n_out, n_cols):
+    raw = _rows(qtype, n_out, n_cols, seed=n_out)
+    fmt = FORMATS[qtype]
+    packed = fmt.repack(raw, n_cols)
+    assert packed.shape == raw.shape and packed.dtype == np.uint8
+    raw3 = packed.reshape(n_out, n_cols // 32, -1)
+    w = gguf.quants.dequantize(raw, qtype).astype(np.float64)
+    bound = (n_cols // 32 + 2) * 2.0 ** -24
+    x = _x(70, n_cols, seed=n_cols)
+    xr = round_activations(QType.Q8_0, x).astype(np.float64)            # llama.cpp's Q8_0 rounding
+    full = _run(fmt, raw3, x)
+    err = np.abs(full.astype(np.float64) - xr @ w.T) / (np.abs(xr) @ np.abs(w).T)
+    assert np.all(err <= bound), f"{np.max(err) / bound:.3g} of the bound"
+    alone = np.concatenate([_run(fmt, raw3, x[t:t + 1]) for t in range(x.shape[0])])
+    np.testing.assert_array_equal(full, alone)
+    for n_tok in (2, 3, 8, 9, 17):
+        for isa in ISAS:
+            for serial in (False, True):
+                np.testing.assert_array_equal(_run(fmt, raw3, x[:n_tok], isa=isa, serial=serial), full[:n_tok],
+                                              err_msg=f"{n_tok} tokens, isa {isa}, serial {serial}")
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_backend_takes_it_for_4k_rows_only(qtype):
+    be = CpuBackend()
+    n_cols = 896
+    ws = [SimpleNamespace(name=f"w{i}", qtype=qtype, n_out=n, n_in=n_cols, raw=_rows(qtype, n, n_cols, seed=n))
+          for i, n in enumerate((64, 8, 7))]
+    up = [be.upload_weight(w) for w in ws]
+    assert [u.layout for u in up] == [rp.Q5_0_R4 if qtype == QType.Q5_0 else rp.Q4_0_R4] * 2 + [rp.GGML]
+    assert up[0].nbytes == ws[0].raw.nbytes                                  # the file's bytes, rearranged
+    x = _x(5, n_cols, seed=3)
+    xr = round_activations(QType.Q8_0, x).astype(np.float64)
+    for w, u in zip(ws, up):
+        ref = xr @ gguf.quants.dequantize(w.raw, qtype).astype(np.float64).T
+        np.testing.assert_allclose(be.qmatmul(u, x), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    fused = be.fuse_rows(up[:2])                                             # q/k/v-style concatenation
+    assert fused.layout == up[0].layout and fused.n_out == 72
+    np.testing.assert_array_equal(be.qmatmul(fused, x), np.concatenate([be.qmatmul(u, x) for u in up[:2]], 1))
+    assert be.fuse_rows(up) is None                                         # layouts differ: kept apart
+
+
+def test_repack_rejects_rows_not_in_groups_of_4():
+    raw = random_rows(QType.Q5_0, 6, 64)
+    with pytest.raises(ValueError, match="groups of 4"):
+        r4.repack_rows(raw, 64, True)
