@@ -1,5 +1,6 @@
 """Q5_0, Q4_0 and IQ4_NL in their own blocks through the AVX2 int8 kernel (q8_0_int8.py), against the
-lossless Q8_0 repacking they replaced (repack.py) and against float64.
+lossless Q8_0 repacking they replaced (repack.py) and against float64. (Q5_0 / Q4_0 matrices of 4k rows take
+the interleaved layout instead: test_rows4_int8.py; the shapes here have other row counts.)
 
 * Bit-identical to the Q8_0-repacked path for every token count (1, 2, 3, 4, 8, 17: one-token 4-row
   tiles, chunks of 2..8 tokens, several chunks) and shape (row tails, the 0.5B model's 896 / 4864
