@@ -1,16 +1,18 @@
-"""Prompt-chunk GEMM for Q5_0 / Q4_0 interleaved by 4 rows (rows4_int8.py), with the bits of its mat-vec kernel.
+"""Prompt-chunk GEMM for Q5_0 / Q4_0 / IQ4_NL interleaved by 4 rows (rows4_int8.py), with the bits of its mat-vec
+kernel.
 
 rows4_int8's kernel gives, per (token, row), acc = fma(float(s_b), fl(d_w d_a), acc) over the blocks b, s_b the
 block's exact integer dot minus offset x the activations' sum. Here a tile is one row group (4 rows) and 8
 tokens, the tokens in the lanes of the accumulators (one int32 and one float vector per row): per block and
 lane group j (4 activations) of the 8 tokens, one load of their packed activations serves the 4 rows, each
 row's 4 codes broadcast from the unpacked panel, and vpdpbusd (pmaddubsw + pmaddwd + add on AVX2) sums into
-the row's int32 vector; then per row one subtract, one convert, one multiply (the 8 scale products) and one
-FMA. ~11 vector ops per 32 (token, row) multiply-adds of a block against ~13 per token and row group in the
+the row's int32 vector (IQ4_NL on AVX2, the sign form: |w| times x signed by w, one more op); then per row one
+subtract, one convert, one multiply (the 8 scale products) and one FMA. ~11 vector ops per 32 (token, row) multiply-adds of a block against ~13 per token and row group in the
 mat-vec kernel's 8-token calls (and ~2.2 cycles per (token, row, block) in q8_0_gemm.py's 8-lane order).
 Every integer and float operation per (token, row) is the mat-vec kernel's, so are the bits (tests).
 
-Each thread unpacks PANEL groups at a time (codes and float32 scales: 144 bytes a group and block) and multiplies
+Each thread unpacks PANEL groups at a time (codes, the sign form's signed weights, float32 scales: 144 or 272
+bytes a group and block) and multiplies
 them with its range of token groups, whose packed activations stay in L1 while they meet every group of the
 panel (as q8_0_gemm.py).
 """
@@ -32,15 +34,19 @@ from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
 MIN_TOK = 16      # from here on the GEMM; below, rows4_int8's mat-vec kernel (8-token calls)
 T = 8             # tokens a tile: the 8 lanes of a vector
 PANEL = 12        # row groups a thread unpacks at a time (48 rows; 12 x 28 blocks x 144 B = 48 KB at 896 columns)
-W_REC = 144       # a panel record: the 4 code vectors (128 bytes), the 4 rows' float32 scales
+# a panel record: the 4 code vectors (128 bytes), for the sign form the 4 signed weight vectors (128), then the
+# 4 rows' float32 scales
+def _w_rec(sign: bool) -> int:
+    return 272 if sign else 144
+
 A_X, A_D, A_C, A_REC = 0, 256, 288, 320   # activation record: lane groups, scales, offset x block sums
 
 
 # ------------------------------------------------------------------------------------------- panels
 
-def _make_unpack(fifth: bool):
-    """The intrinsic unpack(raw3, g, pw, i): row group g of raw3 into group i of panel pw (groups, blocks, 144)."""
-    bb = 22 if fifth else 18
+def _make_unpack(kind: int, isa: int):
+    """The intrinsic unpack(raw3, g, pw, i): row group g of raw3 into group i of panel pw (groups, blocks, w_rec)."""
+    bb = r4.BLOCK_BYTES[kind]
 
     @intrinsic
     def unpack(typingctx, raw3, g, pw, i):
@@ -55,18 +61,39 @@ def _make_unpack(fifth: bool):
             dst0 = builder.gep(ppw, [builder.mul(args[3], wstr[0])])
             with cgutils.for_range(builder, rshape[1]) as loop:
                 b = loop.index
-                codes, d = r4.unpack_group(builder, builder.gep(src0, [builder.mul(b, L.const(r4.ROWS * bb))]), fifth)
+                codes, signed, d = r4.unpack_group(
+                    builder, builder.gep(src0, [builder.mul(b, L.const(r4.ROWS * bb))]), kind, isa)
                 dst = builder.gep(dst0, [builder.mul(b, wstr[1])])
-                for v, c in enumerate(codes):
+                for v, c in enumerate(codes + (signed or [])):
                     builder.store(c, builder.bitcast(builder.gep(dst, [L.const(32 * v)]), L.V32B.as_pointer()), align=1)
-                builder.store(d, builder.bitcast(builder.gep(dst, [L.const(128)]), r4.V4F.as_pointer()), align=1)
+                d_at = L.const(_w_rec(signed is not None) - 16)
+                builder.store(d, builder.bitcast(builder.gep(dst, [d_at]), r4.V4F.as_pointer()), align=1)
             return context.get_dummy_value()
 
         return types.void(raw3, types.intp, pw, types.intp), codegen
     return unpack
 
 
-_unpack_q5, _unpack_q4 = _make_unpack(True), _make_unpack(False)
+_UNPACK = {(kind, isa): _make_unpack(kind, isa) for kind in range(3) for isa in (AVX2, VNNI)}
+_unpack_q5, _unpack_q4, _unpack_nl = (_UNPACK[k, AVX2] for k in range(3))
+_unpack_q5_vnni, _unpack_q4_vnni, _unpack_nl_vnni = (_UNPACK[k, VNNI] for k in range(3))
+
+
+@njit(cache=True, inline="always")
+def _unpack(kind, isa, raw3, g, pw, i):
+    if VNNI_BUILT and isa == VNNI:
+        if kind == r4.Q5_0_KIND:
+            _unpack_q5_vnni(raw3, g, pw, i)
+        elif kind == r4.Q4_0_KIND:
+            _unpack_q4_vnni(raw3, g, pw, i)
+        else:
+            _unpack_nl_vnni(raw3, g, pw, i)
+    elif kind == r4.Q5_0_KIND:
+        _unpack_q5(raw3, g, pw, i)
+    elif kind == r4.Q4_0_KIND:
+        _unpack_q4(raw3, g, pw, i)
+    else:
+        _unpack_nl(raw3, g, pw, i)
 
 
 # ------------------------------------------------------------------------------------- activations
@@ -97,9 +124,10 @@ def _pack_activations(x3, a, a_f32, a_i32, offset):
 
 # --------------------------------------------------------------------------------------------- tile
 
-def _make_tile(isa):
+def _make_tile(isa, sign: bool):
     """The intrinsic tile(pw, i, a, g, out, r0, t0): out[t0 + l, r0 + q] for the 8 tokens l of group g (stores
-    past the last token go to the last one: the packing repeated it) and the 4 rows q of panel group i."""
+    past the last token go to the last one: the packing repeated it) and the 4 rows q of panel group i. sign:
+    the panel holds the sign form (|w|, then w)."""
     @intrinsic
     def tile(typingctx, pw, i, a, g, out, r0, t0):
         if not (L.c_arrays((pw, types.uint8, 3), (a, types.uint8, 3)) and L.strided_array(out, types.float32, 2)
@@ -108,6 +136,8 @@ def _make_tile(isa):
         sig = types.void(pw, types.intp, a, types.intp, out, types.intp, types.intp)
 
         def codegen(context, builder, signature, args):
+            psign = L.avx2(builder, "psign.b")
+            d_at = _w_rec(sign) - 16
             (ppw, wstr, wshape), (pa, astr, _), (pout, ostr, oshape) = (
                 L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2, 4))
             w0 = builder.gep(ppw, [builder.mul(args[1], wstr[0])])
@@ -124,12 +154,13 @@ def _make_tile(isa):
                 for j in range(8):
                     xa = L.load(builder, pab, A_X + 32 * j, L.V32B)
                     for q in range(r4.ROWS):       # row q's codes of lane group j: vector j // 2, dword 4 (j % 2) + q
-                        isum[q] = L.dot_u8s8(builder, isa, dword(pwb, 32 * (j // 2) + 4 * (4 * (j % 2) + q)), xa,
-                                             isum[q])
+                        at = 32 * (j // 2) + 4 * (4 * (j % 2) + q)
+                        xs = builder.call(psign, [xa, dword(pwb, 128 + at)]) if sign else xa
+                        isum[q] = L.dot_u8s8(builder, isa, dword(pwb, at), xs, isum[q])
                 corr = L.load(builder, pab, A_C, L.V8I)
                 da = L.load(builder, pab, A_D, L.V8F)
                 for q in range(r4.ROWS):
-                    s = builder.fmul(L.splat(builder, L.load(builder, pwb, 128 + 4 * q, L.F32), L.V8F), da)
+                    s = builder.fmul(L.splat(builder, L.load(builder, pwb, d_at + 4 * q, L.F32), L.V8F), da)
                     f = builder.sitofp(builder.sub(isum[q], corr), L.V8F)
                     builder.store(builder.fadd(builder.fmul(f, s, flags=L.CONTRACT), builder.load(acc[q]),
                                                flags=L.CONTRACT), acc[q])
@@ -144,13 +175,15 @@ def _make_tile(isa):
     return tile
 
 
-_tile_avx2, _tile_vnni = _make_tile(AVX2), _make_tile(VNNI)
+_tile_avx2, _tile_avx2_sign, _tile_vnni = _make_tile(AVX2, False), _make_tile(AVX2, True), _make_tile(VNNI, False)
 
 
 @njit(cache=True, inline="always")
-def _tile(isa, pw, i, a, g, out, r0, t0):
+def _tile(kind, isa, pw, i, a, g, out, r0, t0):
     if VNNI_BUILT and isa == VNNI:
         _tile_vnni(pw, i, a, g, out, r0, t0)
+    elif kind == r4.IQ4_NL_KIND:
+        _tile_avx2_sign(pw, i, a, g, out, r0, t0)
     else:
         _tile_avx2(pw, i, a, g, out, r0, t0)
 
@@ -158,29 +191,26 @@ def _tile(isa, pw, i, a, g, out, r0, t0):
 # -------------------------------------------------------------------------------------------- GEMM
 
 @njit(cache=True, parallel=True)
-def _gemm(raw3, x3, out, fifth, n_threads, isa):
+def _gemm(raw3, x3, out, kind, w_rec, n_threads, isa):
     n_groups, nb = raw3.shape[0] // r4.ROWS, raw3.shape[1]
     n_tg = (x3.shape[0] + T - 1) // T
     a = np.empty((n_tg, nb, A_REC), dtype=np.uint8)
-    _pack_activations(x3, a, a.view(np.float32), a.view(np.int32), 16 if fifth else 8)
+    _pack_activations(x3, a, a.view(np.float32), a.view(np.int32), r4.offset(kind, isa))
     n_pan = (n_groups + PANEL - 1) // PANEL
     n_ch = token_chunks(n_pan, n_tg, n_threads)
     for item in prange(n_pan * n_ch):
         p, c = item // n_ch, item % n_ch
         g0 = p * PANEL
         n_in_pan = min(PANEL, n_groups - g0)
-        pw = np.empty((n_in_pan, nb, W_REC), dtype=np.uint8)
+        pw = np.empty((n_in_pan, nb, w_rec), dtype=np.uint8)
         for i in range(n_in_pan):
-            if fifth:
-                _unpack_q5(raw3, g0 + i, pw, i)
-            else:
-                _unpack_q4(raw3, g0 + i, pw, i)
+            _unpack(kind, isa, raw3, g0 + i, pw, i)
         for tg in range(n_tg * c // n_ch, n_tg * (c + 1) // n_ch):
             for i in range(n_in_pan):
-                _tile(isa, pw, i, a, tg, out, r4.ROWS * (g0 + i), tg * T)
+                _tile(kind, isa, pw, i, a, tg, out, r4.ROWS * (g0 + i), tg * T)
 
 
-def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, fifth: bool, isa: int = INT8_ISA) -> None:
-    """out (n_tok, n_rows) = x @ W.T, W the interleaved layout viewed (n_rows, nb, 22 | 18) (fifth: Q5_0, else
-    Q4_0), x float32 (n_tok, nb, 32): rows4_int8's mat-vec results, bit for bit."""
-    _gemm(raw3, x3, out, fifth, numba.get_num_threads(), isa)
+def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, kind: int, isa: int = INT8_ISA) -> None:
+    """out (n_tok, n_rows) = x @ W.T, W the interleaved layout of `kind` (rows4_int8's kinds) viewed (n_rows, nb,
+    its block bytes), x float32 (n_tok, nb, 32): rows4_int8's mat-vec results, bit for bit."""
+    _gemm(raw3, x3, out, kind, _w_rec(r4.sign_form(kind, isa)), numba.get_num_threads(), isa)

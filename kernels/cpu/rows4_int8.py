@@ -1,5 +1,5 @@
-"""Q5_0 and Q4_0 with 4 rows interleaved (repacked at load, the same bytes: 5.5 / 4.5 bits per weight) for an
-int8 kernel that keeps each block's integer dot whole and scales 4 rows with one convert and one FMA.
+"""Q5_0, Q4_0 and IQ4_NL with 4 rows interleaved (repacked at load, the same bytes: 5.5 / 4.5 / 4.5 bits per
+weight) for an int8 kernel that keeps each block's integer dot whole and scales 4 rows with one convert and one FMA.
 
 Why: in the row-by-row kernel (q8_0_int8.py) every (row, block) costs the unpacking of a 22-byte block (~10
 vector ops: nibbles, the fifth bits spread from qh) plus a convert and an FMA per 8 lanes, ~16 ops per 32
@@ -8,24 +8,26 @@ weights: Q5_0 matrices ran compute-bound at 13-20 GB/s on 2 threads against ~29 
 weights come as one 16-byte plane placed so that a shift and an AND put each where it belongs, and the 4
 rows' dots share the activations: ~4.5 ops per 32 weights.
 
-Layout of a row group (rows 4g .. 4g + 3) and 32-column block b, 88 bytes for Q5_0 (72 for Q4_0):
+Layout of a row group (rows 4g .. 4g + 3) and 32-column block b, 88 bytes for Q5_0 (72 for Q4_0 / IQ4_NL):
   [0:32)   low nibbles: code vector 0, high nibbles: code vector 1
   [32:64)  low nibbles: code vector 2, high nibbles: code vector 3
   [64:80)  Q5_0: the fifth bits; bit 2v + h of byte m is the fifth bit of vector v's byte m + 16 h
-  [80:88)  the 4 rows' f16 scales d (Q4_0: at [64:72))
-Code vector v (32 bytes, 8 dwords): dword q holds the codes (weight + 16, or + 8 for Q4_0, unsigned) of row
-q % 4, weights 4 (2v + q // 4) .. + 3. The activations are permuted to match once per token and block (xp,
-4 x 32 bytes: dword q of vector v = activations 4 (2v + q // 4) .. + 3), so vpdpbusd (or pmaddubsw +
-pmaddwd) of the 4 code vectors, summed, leaves in dwords q and q + 4 the two halves of row q % 4's block dot.
-The stored matrix keeps its row count (n_rows, blocks * block bytes); row group g's block b is at byte
-(4 g) * row bytes + 4 b * block bytes. Only matrices with a multiple of 4 rows take it (repack.py).
+  [80:88)  the 4 rows' f16 scales d (Q4_0 / IQ4_NL: at [64:72))
+Code vector v (32 bytes, 8 dwords): dword q holds the codes of row q % 4, weights 4 (2v + q // 4) .. + 3: the
+unsigned weight + 16 (Q5_0) or + 8 (Q4_0), or IQ4_NL's table index (pshufb gives the value). The activations
+are permuted to match once per token and block (xp, 4 x 32 bytes: dword q of vector v = activations
+4 (2v + q // 4) .. + 3), so vpdpbusd (or pmaddubsw + pmaddwd) of the 4 vectors, summed, leaves in dwords q
+and q + 4 the two halves of row q % 4's block dot. The stored matrix keeps its row count (n_rows, blocks *
+block bytes); row group g's block b is at byte (4 g) * row bytes + 4 b * block bytes. Only matrices with a
+multiple of 4 rows take it (repack.py).
 
-Arithmetic, per (token, row): s_b = the integer dot of block b's codes and int8 activations (llama.cpp's Q8_0
-rounding of x), minus offset times the block's activation sum: exactly sum w x over the block; then
-acc = fma(float(s_b), fl(d_w d_a), acc) over b = 0, 1, ... from 0. Every (token, row) is that sequence
-whatever else is in the call (batch invariance; the same bits with AVX2 or VNNI instructions: integers
-are exact, |code| <= 31 so no pmaddubsw pair sum saturates). This is another float order than the
-row-by-row kernel's 8 lanes (a different rounding of the same sum; bounds in the tests).
+Arithmetic, per (token, row): s_b = the exact integer dot sum w x of block b (x: llama.cpp's Q8_0 rounding of
+the activations), formed as the dot of unsigned codes w + o with x minus o times the block's activation sum
+(o = 16, 8; IQ4_NL: 128 with VNNI, whose vpdpbusd does not saturate), or, for IQ4_NL on AVX2 (pmaddubsw
+saturates pairs of 241 x 127), as |w| times x signed by w; then acc = fma(float(s_b), fl(d_w d_a), acc) over
+b = 0, 1, ... from 0. Every (token, row) is that sequence whatever else is in the call (batch invariance;
+the same bits with AVX2 or VNNI: the integers are exact). This is another float order than the row-by-row
+kernel's 8 lanes (a different rounding of the same sum; bounds in the tests).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from numba.extending import intrinsic
 
 from . import llvm_ir as L
 from .act_quant import round_f16
+from .dequant import IQ4NL_VALUES
 from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
 from .prefetch import emit_prefetch
 
@@ -48,14 +51,35 @@ GROUP_RUN = 4     # row groups per work item with several tokens (16 rows: their
 V16B = ir.VectorType(L.I8, 16)
 V4F = ir.VectorType(L.F32, 4)
 V4I = ir.VectorType(L.I32, 4)
+Q5_0_KIND, Q4_0_KIND, IQ4_NL_KIND = 0, 1, 2
+NAMES = ("Q5_0", "Q4_0", "IQ4_NL")
+BLOCK_BYTES = (22, 18, 18)          # per row and 32 columns, by kind (the file's)
+_D_OFF = (80, 64, 64)               # the scales' offset in a group block, by kind
+_IQ4_NL = [int(v) for v in IQ4NL_VALUES]
+
+
+def sign_form(kind: int, isa: int) -> bool:
+    """IQ4_NL on AVX2: |w| times x signed by w (its values + 128 would saturate pmaddubsw's pair sums)."""
+    return kind == IQ4_NL_KIND and not (VNNI_BUILT and isa == VNNI)
+
+
+@njit(cache=True, inline="always")
+def offset(kind, isa):
+    """o of the unsigned codes w + o (0: the sign form); the kernels' VNNI branch is taken as in _dot."""
+    if kind == Q5_0_KIND:
+        return 16
+    if kind == Q4_0_KIND:
+        return 8
+    return 128 if (VNNI_BUILT and isa == VNNI) else 0
 
 
 # ------------------------------------------------------------------------------------------- repack
 
 @njit(cache=True)
 def _code(src, r, b, w, fifth):
-    """The unsigned code (weight + offset) of row r's weight w (0..31) in its block b: ggml's Q5_0 / Q4_0
-    block order (nibble j: low = weight j, high = weight j + 16; Q5_0's qh bit w = the fifth bit)."""
+    """The code of row r's weight w (0..31) in its block b (Q5_0 / Q4_0: weight + 16 / + 8; IQ4_NL: its table
+    index), in ggml's block order (nibble j: low = weight j, high = weight j + 16; Q5_0's qh bit w = the fifth
+    bit)."""
     base = 6 if fifth else 2
     v = np.int32(src[r, b, base + (w % 16)])
     c = (v >> 4) if w >= 16 else (v & 15)
@@ -88,15 +112,16 @@ def _repack(src, dst, fifth):
                 dst[g, b, d_off + 2 * q + 1] = src[4 * g + q, b, 1]
 
 
-def repack_rows(raw: np.ndarray, n_cols: int, fifth: bool) -> np.ndarray:
-    """ggml Q5_0 (fifth) or Q4_0 rows, uint8 (n_rows, n_cols // 32 * block bytes), n_rows a multiple of 4 ->
-    this layout, the same shape and size."""
-    bb = 22 if fifth else 18
+def repack_rows(raw: np.ndarray, n_cols: int, kind: int) -> np.ndarray:
+    """ggml rows of `kind`, uint8 (n_rows, n_cols // 32 * block bytes), n_rows a multiple of 4 -> this layout,
+    the same shape and size (IQ4_NL's blocks are Q4_0's: an f16 d and 16 bytes of nibbles)."""
+    bb = BLOCK_BYTES[kind]
     n_rows, nb = raw.shape[0], n_cols // QK
     if n_rows % ROWS or raw.shape[1] != nb * bb:
-        raise ValueError(f"not {n_rows} rows of {nb} {'Q5_0' if fifth else 'Q4_0'} blocks in groups of 4")
+        raise ValueError(f"not {n_rows} rows of {nb} {NAMES[kind]} blocks in groups of 4")
     out = np.empty(raw.shape, dtype=np.uint8)
-    _repack(np.ascontiguousarray(raw).reshape(n_rows, nb, bb), out.reshape(n_rows // ROWS, nb, ROWS * bb), fifth)
+    _repack(np.ascontiguousarray(raw).reshape(n_rows, nb, bb), out.reshape(n_rows // ROWS, nb, ROWS * bb),
+            kind == Q5_0_KIND)
     return out
 
 
@@ -148,10 +173,12 @@ def _shift_counts(v):
     return "lshr", [lo - 4] * 4 + [hi - 4] * 4
 
 
-def unpack_group(builder, p, fifth: bool):
-    """(the 4 code vectors (<32 x i8>, unsigned codes), the 4 rows' scales d (<4 x float>)) of the group
-    block at i8* p (the layout above): nibbles by AND / shift, each fifth bit moved to bit 4 by a per-dword
-    shift of the broadcast plane."""
+def unpack_group(builder, p, kind: int, isa: int):
+    """(the 4 unsigned code vectors u (<32 x i8>), the 4 signed weight vectors w for the sign form (else None),
+    the 4 rows' scales d (<4 x float>)) of the group block at i8* p (the layout above): nibbles by AND / shift,
+    each fifth bit moved to bit 4 by a per-dword shift of the broadcast plane; IQ4_NL's values by pshufb
+    (+ 128 for the offset form, |w| and w for the sign form)."""
+    fifth = kind == Q5_0_KIND
     low4 = ir.Constant(L.V32B, [15] * 32)
     codes = []
     for off in (0, 32):
@@ -168,14 +195,23 @@ def unpack_group(builder, p, fifth: bool):
             op, counts = _shift_counts(v)
             moved = getattr(builder, op)(plane, ir.Constant(L.V8I, counts))
             codes[v] = builder.or_(codes[v], builder.and_(builder.bitcast(moved, L.V32B), bit4))
-    d = builder.fpext(builder.bitcast(L.load(builder, p, 80 if fifth else 64, ir.VectorType(L.I16, 4)),
+    d = builder.fpext(builder.bitcast(L.load(builder, p, _D_OFF[kind], ir.VectorType(L.I16, 4)),
                                       ir.VectorType(ir.HalfType(), 4)), V4F)
-    return codes, d
+    signed = None
+    if kind == IQ4_NL_KIND:
+        def table(values, c):
+            return builder.call(L.avx2(builder, "pshuf.b"), [ir.Constant(L.V32B, [v & 255 for v in values] * 2), c])
+        if sign_form(kind, isa):
+            signed = [table(_IQ4_NL, c) for c in codes]
+            codes = [table([abs(v) for v in _IQ4_NL], c) for c in codes]
+        else:
+            codes = [table([v + 128 for v in _IQ4_NL], c) for c in codes]
+    return codes, signed, d
 
 
-def _make_dot(fifth: bool, isa: int):
-    """The intrinsic dot(raw3, g0, xp, xd, xc, t0, n_tok, out) for Q5_0 (fifth) or Q4_0 groups."""
-    bb = 22 if fifth else 18
+def _make_dot(kind: int, isa: int):
+    """The intrinsic dot(raw3, g0, xp, xd, xc, t0, n_tok, out) for groups of `kind`."""
+    bb = BLOCK_BYTES[kind]
 
     @intrinsic
     def dot(typingctx, raw3, g0, xp, xd, xc, t0, n_tok, out):
@@ -202,6 +238,7 @@ def _make_dot(fifth: bool, isa: int):
             acc = [[cgutils.alloca_once_value(builder, ir.Constant(V4F, None)) for _ in range(T)]
                    for _ in range(G)]
             lo_idx = ir.Constant(V4I, [0, 1, 2, 3])
+            psign = L.avx2(builder, "psign.b")
             hi_idx = ir.Constant(V4I, [4, 5, 6, 7])
             ahead = builder.mul(L.const(2 * G), gstride)   # prefetch two calls' groups ahead, into L2
             with cgutils.for_range(builder, rshape[1]) as loop:
@@ -214,12 +251,11 @@ def _make_dot(fifth: bool, isa: int):
                     p = builder.gep(p0, [builder.mul(blk, bstride)])
                     for off in (0, 64):                 # 88 bytes a block: up to two new lines
                         emit_prefetch(builder, builder.gep(p, [builder.add(ahead, L.const(off))]), locality=2)
-                    codes, dw = unpack_group(builder, p, fifth)
+                    codes, signed, dw = unpack_group(builder, p, kind, isa)
                     for j in range(T):
-                        s01 = L.dot_u8s8(builder, isa, codes[1], xv[j][1],
-                                         L.dot_u8s8(builder, isa, codes[0], xv[j][0]))
-                        s23 = L.dot_u8s8(builder, isa, codes[3], xv[j][3],
-                                         L.dot_u8s8(builder, isa, codes[2], xv[j][2]))
+                        xs = xv[j] if signed is None else [builder.call(psign, [x, w]) for x, w in zip(xv[j], signed)]
+                        s01 = L.dot_u8s8(builder, isa, codes[1], xs[1], L.dot_u8s8(builder, isa, codes[0], xs[0]))
+                        s23 = L.dot_u8s8(builder, isa, codes[3], xs[3], L.dot_u8s8(builder, isa, codes[2], xs[2]))
                         s8 = builder.add(s01, s23)
                         undef = ir.Constant(L.V8I, ir.Undefined)
                         s4 = builder.add(builder.shuffle_vector(s8, undef, lo_idx),
@@ -240,7 +276,7 @@ def _make_dot(fifth: bool, isa: int):
 
     dot.__doc__ = f"""out[t0 + j, 4 g + q] for j < n_tok (a literal 1..MAX_TOK), q < 4 and row groups g = g0 ..
     g0 + G - 1 (G = 2 for one token, else 1; groups past the last are clamped to it) of the
-    {'Q5_0' if fifth else 'Q4_0'} interleaved layout raw3 (n_rows, nb, {bb}); xp int8 (tokens, nb, 128), xd
+    {NAMES[kind]} interleaved layout raw3 (n_rows, nb, {bb}); xp int8 (tokens, nb, 128), xd
     float32 and xc int32 (tokens, nb) from _prepare."""
     return dot
 
@@ -267,25 +303,29 @@ def _by_token_count(dot):
     return call
 
 
-_q5_avx2, _q4_avx2 = _by_token_count(_make_dot(True, AVX2)), _by_token_count(_make_dot(False, AVX2))
-_q5_vnni, _q4_vnni = _by_token_count(_make_dot(True, VNNI)), _by_token_count(_make_dot(False, VNNI))
+_q5_avx2, _q4_avx2, _nl_avx2 = (_by_token_count(_make_dot(k, AVX2)) for k in range(3))
+_q5_vnni, _q4_vnni, _nl_vnni = (_by_token_count(_make_dot(k, VNNI)) for k in range(3))
 
 
 @njit(cache=True, inline="always")
-def _dot(fifth, isa, raw3, g, xp, xd, xc, t0, nt, out):
+def _dot(kind, isa, raw3, g, xp, xd, xc, t0, nt, out):
     if VNNI_BUILT and isa == VNNI:
-        if fifth:
+        if kind == Q5_0_KIND:
             _q5_vnni(raw3, g, xp, xd, xc, t0, nt, out)
-        else:
+        elif kind == Q4_0_KIND:
             _q4_vnni(raw3, g, xp, xd, xc, t0, nt, out)
-    elif fifth:
+        else:
+            _nl_vnni(raw3, g, xp, xd, xc, t0, nt, out)
+    elif kind == Q5_0_KIND:
         _q5_avx2(raw3, g, xp, xd, xc, t0, nt, out)
-    else:
+    elif kind == Q4_0_KIND:
         _q4_avx2(raw3, g, xp, xd, xc, t0, nt, out)
+    else:
+        _nl_avx2(raw3, g, xp, xd, xc, t0, nt, out)
 
 
 @njit(cache=True, inline="always")
-def _group_run(fifth, isa, raw3, item, xp, xd, xc, out):
+def _group_run(kind, isa, raw3, item, xp, xd, xc, out):
     """Row groups item * GROUP_RUN .. for every token, chunks of up to MAX_TOK tokens, chunk-major."""
     n_tok, n_groups = xp.shape[0], raw3.shape[0] // ROWS
     g0 = item * GROUP_RUN
@@ -295,42 +335,42 @@ def _group_run(fifth, isa, raw3, item, xp, xd, xc, out):
         t0 = n_tok * c // n_chunks
         nt = n_tok * (c + 1) // n_chunks - t0
         for g in range(g0, g1):
-            _dot(fifth, isa, raw3, g, xp, xd, xc, t0, nt, out)
+            _dot(kind, isa, raw3, g, xp, xd, xc, t0, nt, out)
 
 
 @njit(cache=True, parallel=True)
-def _matmul(raw3, x3, out, fifth, isa):
+def _matmul(raw3, x3, out, kind, isa):
     n_tok, nb, n_groups = x3.shape[0], x3.shape[1], raw3.shape[0] // ROWS
     xp = np.empty((n_tok, nb, 128), dtype=np.int8)
     xd = np.empty((n_tok, nb), dtype=np.float32)
     xc = np.empty((n_tok, nb), dtype=np.int32)
     if n_tok == 1:
-        _prepare_serial(x3, xp, xd, xc, 16 if fifth else 8)
+        _prepare_serial(x3, xp, xd, xc, offset(kind, isa))
         for i in prange((n_groups + 1) // 2):
-            _dot(fifth, isa, raw3, 2 * i, xp, xd, xc, 0, 1, out)
+            _dot(kind, isa, raw3, 2 * i, xp, xd, xc, 0, 1, out)
     else:
-        _prepare(x3, xp, xd, xc, 16 if fifth else 8)
+        _prepare(x3, xp, xd, xc, offset(kind, isa))
         for i in prange((n_groups + GROUP_RUN - 1) // GROUP_RUN):
-            _group_run(fifth, isa, raw3, i, xp, xd, xc, out)
+            _group_run(kind, isa, raw3, i, xp, xd, xc, out)
 
 
 @njit(cache=True)
-def _matmul_serial(raw3, x3, out, fifth, isa):
+def _matmul_serial(raw3, x3, out, kind, isa):
     n_tok, nb, n_groups = x3.shape[0], x3.shape[1], raw3.shape[0] // ROWS
     xp = np.empty((n_tok, nb, 128), dtype=np.int8)
     xd = np.empty((n_tok, nb), dtype=np.float32)
     xc = np.empty((n_tok, nb), dtype=np.int32)
-    _prepare_serial(x3, xp, xd, xc, 16 if fifth else 8)
+    _prepare_serial(x3, xp, xd, xc, offset(kind, isa))
     if n_tok == 1:
         for i in range((n_groups + 1) // 2):
-            _dot(fifth, isa, raw3, 2 * i, xp, xd, xc, 0, 1, out)
+            _dot(kind, isa, raw3, 2 * i, xp, xd, xc, 0, 1, out)
     else:
         for i in range((n_groups + GROUP_RUN - 1) // GROUP_RUN):
-            _group_run(fifth, isa, raw3, i, xp, xd, xc, out)
+            _group_run(kind, isa, raw3, i, xp, xd, xc, out)
 
 
-def matvec(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, fifth: bool, isa: int = INT8_ISA,
+def matvec(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, kind: int, isa: int = INT8_ISA,
            serial: bool = False) -> None:
-    """out (n_tok, n_rows) = x @ W.T; raw3 the layout viewed (n_rows, nb, 22 | 18) (fifth: Q5_0, else Q4_0),
-    x3 float32 (n_tok, nb, 32). serial: on the calling thread (small matrices), the same bits."""
-    (_matmul_serial if serial else _matmul)(raw3, x3, out, fifth, isa)
+    """out (n_tok, n_rows) = x @ W.T; raw3 the layout of `kind` viewed (n_rows, nb, BLOCK_BYTES[kind]), x3
+    float32 (n_tok, nb, 32). serial: on the calling thread (small matrices), the same bits."""
+    (_matmul_serial if serial else _matmul)(raw3, x3, out, kind, isa)

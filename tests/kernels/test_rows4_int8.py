@@ -1,4 +1,4 @@
-"""Q5_0 / Q4_0 matrices of 4k rows, interleaved by 4 rows (kernels/cpu/rows4_int8.py), against gguf.quants and
+"""Q5_0 / Q4_0 / IQ4_NL matrices of 4k rows, interleaved by 4 rows (kernels/cpu/rows4_int8.py), against gguf.quants and
 float64, for batch invariance and through the backend.
 
 * Lossless: the kernel fed 127 e_j (activation scale exactly 1) returns 127 x the weight gguf.quants.dequantize
@@ -30,14 +30,15 @@ from test_dequant import random_rows
 
 pytestmark = pytest.mark.skipif(not host_has_avx2(), reason="the int8 kernels need an AVX2 CPU")
 
-FORMATS = {QType.Q5_0: rows4.Q5_0_R4, QType.Q4_0: rows4.Q4_0_R4}
+FORMATS = {QType.Q5_0: rows4.Q5_0_R4, QType.Q4_0: rows4.Q4_0_R4, QType.IQ4_NL: rows4.IQ4_NL_R4}
+LAYOUTS = {QType.Q5_0: rp.Q5_0_R4, QType.Q4_0: rp.Q4_0_R4, QType.IQ4_NL: rp.IQ4_NL_R4}
 TYPES = sorted(FORMATS, key=lambda t: t.name)
 SHAPES = [(4, 64), (12, 896), (36, 4864)]            # (rows, columns): one group, the 0.5B's widths; odd groups
 ISAS = (AVX2, VNNI) if VNNI_BUILT else (AVX2,)
 
 
 def _rows(qtype, n_out, n_cols, seed):
-    """Random blocks plus the extremes: all codes 0 / 15, all fifth bits set / clear."""
+    """Random blocks plus the extremes: all codes 0 / 15 (IQ4_NL: -127 / 113), all fifth bits set / clear."""
     raw = random_rows(qtype, n_out, n_cols, seed=seed)
     b = raw.reshape(n_out, n_cols // 32, -1)
     lo = 6 if qtype == QType.Q5_0 else 2
@@ -91,6 +92,7 @@ def test_against_float64_and_batch_invariant(qtype, n_out, n_cols):
     full = _run(fmt, raw3, x)
     err = np.abs(full.astype(np.float64) - xr @ w.T) / (np.abs(xr) @ np.abs(w).T)
     assert np.all(err <= bound), f"{np.max(err) / bound:.3g} of the bound"
+    assert rows4_gemm.MIN_TOK <= 17                  # 17 and 70 tokens take the GEMM, fewer the mat-vec kernel
     alone = np.concatenate([_run(fmt, raw3, x[t:t + 1]) for t in range(x.shape[0])])
     np.testing.assert_array_equal(full, alone)
     for n_tok in (2, 3, 8, 9, 17):
@@ -107,7 +109,7 @@ def test_backend_takes_it_for_4k_rows_only(qtype):
     ws = [SimpleNamespace(name=f"w{i}", qtype=qtype, n_out=n, n_in=n_cols, raw=_rows(qtype, n, n_cols, seed=n))
           for i, n in enumerate((64, 8, 7))]
     up = [be.upload_weight(w) for w in ws]
-    assert [u.layout for u in up] == [rp.Q5_0_R4 if qtype == QType.Q5_0 else rp.Q4_0_R4] * 2 + [rp.GGML]
+    assert [u.layout for u in up] == [LAYOUTS[qtype]] * 2 + [rp.GGML]
     assert up[0].nbytes == ws[0].raw.nbytes                                  # the file's bytes, rearranged
     x = _x(5, n_cols, seed=3)
     xr = round_activations(QType.Q8_0, x).astype(np.float64)
@@ -123,4 +125,4 @@ def test_backend_takes_it_for_4k_rows_only(qtype):
 def test_repack_rejects_rows_not_in_groups_of_4():
     raw = random_rows(QType.Q5_0, 6, 64)
     with pytest.raises(ValueError, match="groups of 4"):
-        r4.repack_rows(raw, 64, True)
+        r4.repack_rows(raw, 64, r4.Q5_0_KIND)
