@@ -38,7 +38,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import llvm_ir as L
-from .act_quant import round_f16
+from . import q8_0_int8 as q8
 from .dequant import IQ4NL_VALUES
 from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
 from .prefetch import emit_prefetch
@@ -128,38 +128,32 @@ def repack_rows(raw: np.ndarray, n_cols: int, kind: int) -> np.ndarray:
 # -------------------------------------------------------------------------------------- activations
 
 @njit(cache=True)
-def _prepare_token(x3, t, xp, xd, xc, offset):
-    """Token t of x3 (n_tok, nb, 32) float32 -> xp[t] (nb, 128) int8 permuted to the code vectors' dwords,
-    xd[t] (nb,) the f16-rounded scales, xc[t] (nb,) offset x the block's int8 sum (llama.cpp's Q8_0)."""
-    q = np.empty(QK, dtype=np.int8)
+def _prepare_token(x3, t, xq, xp, xd, xc, offset):
+    """Token t of x3 (n_tok, nb, 32) float32 -> xd[t] (nb,) the f16-rounded scales and xq[t] the int8 values
+    (llama.cpp's Q8_0 rounding, q8_0_int8._quantize_block), xp[t] (nb, 128) those permuted to the code
+    vectors' dwords, xc[t] (nb,) offset x the block's int8 sum."""
     for b in range(x3.shape[1]):
-        amax = np.float32(0.0)
-        for j in range(QK):
-            amax = max(amax, abs(x3[t, b, j]))
-        s = np.float32(amax / np.float32(127.0))
-        inv = np.float32(1.0) / s if s != 0 else np.float32(0.0)
-        xd[t, b] = np.float32(round_f16(s))
+        q8._quantize_block(x3, xq, xd, t, b)
         tot = np.int32(0)
         for j in range(QK):
-            q[j] = np.int8(np.rint(x3[t, b, j] * inv))
-            tot += np.int32(q[j])
+            tot += np.int32(xq[t, b, j])
         xc[t, b] = offset * tot
         for v in range(4):
             for i in range(32):
                 qq, k = i // 4, i % 4
-                xp[t, b, 32 * v + i] = q[4 * (2 * v + qq // 4) + k]
+                xp[t, b, 32 * v + i] = xq[t, b, 4 * (2 * v + qq // 4) + k]
 
 
 @njit(cache=True, parallel=True)
-def _prepare(x3, xp, xd, xc, offset):
+def _prepare(x3, xq, xp, xd, xc, offset):
     for t in prange(x3.shape[0]):
-        _prepare_token(x3, t, xp, xd, xc, offset)
+        _prepare_token(x3, t, xq, xp, xd, xc, offset)
 
 
 @njit(cache=True)
-def _prepare_serial(x3, xp, xd, xc, offset):
+def _prepare_serial(x3, xq, xp, xd, xc, offset):
     for t in range(x3.shape[0]):
-        _prepare_token(x3, t, xp, xd, xc, offset)
+        _prepare_token(x3, t, xq, xp, xd, xc, offset)
 
 
 # ------------------------------------------------------------------------------------------- kernel
@@ -341,15 +335,16 @@ def _group_run(kind, isa, raw3, item, xp, xd, xc, out):
 @njit(cache=True, parallel=True)
 def _matmul(raw3, x3, out, kind, isa):
     n_tok, nb, n_groups = x3.shape[0], x3.shape[1], raw3.shape[0] // ROWS
+    xq = np.empty((n_tok, nb, QK), dtype=np.int8)
     xp = np.empty((n_tok, nb, 128), dtype=np.int8)
     xd = np.empty((n_tok, nb), dtype=np.float32)
     xc = np.empty((n_tok, nb), dtype=np.int32)
     if n_tok == 1:
-        _prepare_serial(x3, xp, xd, xc, offset(kind, isa))
+        _prepare_serial(x3, xq, xp, xd, xc, offset(kind, isa))
         for i in prange((n_groups + 1) // 2):
             _dot(kind, isa, raw3, 2 * i, xp, xd, xc, 0, 1, out)
     else:
-        _prepare(x3, xp, xd, xc, offset(kind, isa))
+        _prepare(x3, xq, xp, xd, xc, offset(kind, isa))
         for i in prange((n_groups + GROUP_RUN - 1) // GROUP_RUN):
             _group_run(kind, isa, raw3, i, xp, xd, xc, out)
 
@@ -357,10 +352,11 @@ def _matmul(raw3, x3, out, kind, isa):
 @njit(cache=True)
 def _matmul_serial(raw3, x3, out, kind, isa):
     n_tok, nb, n_groups = x3.shape[0], x3.shape[1], raw3.shape[0] // ROWS
+    xq = np.empty((n_tok, nb, QK), dtype=np.int8)
     xp = np.empty((n_tok, nb, 128), dtype=np.int8)
     xd = np.empty((n_tok, nb), dtype=np.float32)
     xc = np.empty((n_tok, nb), dtype=np.int32)
-    _prepare_serial(x3, xp, xd, xc, offset(kind, isa))
+    _prepare_serial(x3, xq, xp, xd, xc, offset(kind, isa))
     if n_tok == 1:
         for i in range((n_groups + 1) // 2):
             _dot(kind, isa, raw3, 2 * i, xp, xd, xc, 0, 1, out)

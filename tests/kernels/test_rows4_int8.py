@@ -27,6 +27,7 @@ from strata_lite.kernels.cpu.act_quant import round_activations
 from strata_lite.kernels.cpu.backend import CpuBackend
 from strata_lite.kernels.cpu.isa import AVX2, VNNI, VNNI_BUILT, host_has_avx2
 from test_dequant import random_rows
+from test_own_blocks_int8 import _rows, _x          # random blocks with the extremes; activations with a 0 / large block
 
 pytestmark = pytest.mark.skipif(not host_has_avx2(), reason="the int8 kernels need an AVX2 CPU")
 
@@ -35,27 +36,6 @@ LAYOUTS = {QType.Q5_0: rp.Q5_0_R4, QType.Q4_0: rp.Q4_0_R4, QType.IQ4_NL: rp.IQ4_
 TYPES = sorted(FORMATS, key=lambda t: t.name)
 SHAPES = [(4, 64), (12, 896), (36, 4864)]            # (rows, columns): one group, the 0.5B's widths; odd groups
 ISAS = (AVX2, VNNI) if VNNI_BUILT else (AVX2,)
-
-
-def _rows(qtype, n_out, n_cols, seed):
-    """Random blocks plus the extremes: all codes 0 / 15 (IQ4_NL: -127 / 113), all fifth bits set / clear."""
-    raw = random_rows(qtype, n_out, n_cols, seed=seed)
-    b = raw.reshape(n_out, n_cols // 32, -1)
-    lo = 6 if qtype == QType.Q5_0 else 2
-    b[0, 0, lo:] = 0x00
-    b[-1, -1, lo:] = 0xFF
-    if qtype == QType.Q5_0:
-        b[0, -1, 2:6] = 0xFF
-        b[-1, 0, 2:6] = 0x00
-    return raw
-
-
-def _x(n_tok, n_cols, seed):
-    x = np.random.default_rng(seed).standard_normal((n_tok, n_cols), dtype=np.float32)
-    x[0, 32:64] = 0                                 # an all-zero activation block
-    if n_tok > 1:
-        x[1, :32] *= 1000                           # and a large one
-    return x
 
 
 def _run(fmt, raw3, x, **kw):
