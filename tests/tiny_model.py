@@ -39,8 +39,9 @@ def random_blocks(rng, qtype: QT, n_rows: int, n_cols: int) -> np.ndarray:
 def write_tiny_model(path, arch: str = "qwen2", qtype: QT = QT.Q8_0, n_layers: int = 2, n_embd: int = 64,
                      n_heads: int = 4, n_kv_heads: int = 2, n_ff: int = 128, seed: int = 0,
                      skip_tensor: str | None = None, tied_output: bool = False, extra_meta: dict | None = None,
-                     mtp: bool = False):
-    """mtp: also an MTP block (loader/mtp.py's layout) after the main blocks; its tensors are drawn after
+                     mtp: bool = False, qtype_of: dict | None = None):
+    """qtype_of: {"attn_v": QT.Q8_0, ...}: those block matrices in another type than qtype (a Q4_K_M file's
+    mix). mtp: also an MTP block (loader/mtp.py's layout) after the main blocks; its tensors are drawn after
     every main tensor, so the main weights equal those of the same call without it."""
     rng = np.random.default_rng(seed)
     tokens = _byte_level_vocab() + ["he", "lo", "llo", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
@@ -73,7 +74,8 @@ def write_tiny_model(path, arch: str = "qwen2", qtype: QT = QT.Q8_0, n_layers: i
 
     def mat(name, n_out, n_in):
         if name != skip_tensor:
-            w.add_tensor(name, random_blocks(rng, qtype, n_out, n_in), raw_dtype=qtype)
+            t = (qtype_of or {}).get(name.split(".")[-2], qtype)
+            w.add_tensor(name, random_blocks(rng, t, n_out, n_in), raw_dtype=t)
 
     def vec(name, n, around=1.0):
         if name != skip_tensor:

@@ -7,18 +7,21 @@ import numpy as np
 from ..backend import Backend
 from ..kv_layout import kv_shapes
 from .act_quant import activation_format
-from .attention import attention, kv_store
+from .attention import attention_nocheck, kv_store
 from .dequant import dequantize
 from .isa import int8_enabled, kernel_family, log_kernel_family
 from .elementwise import add, rmsnorm, rope, silu_mul
 from .qmatmul import qmatmul_packed
 from .repack import PackedWeight, pack_weight, release_pages
+from .rope_store import rope_kv_store
 from .sampling import add_counts, sample
 
 # qmatmul_glu turns the fused gate/up output y (n, 2 * n_ff) into silu(gate) * up this many rows at a time,
 # into y's own buffer: the split halves and the result then cost 2 x GLU_ROWS rows, not 2 x n (512 tokens of
 # the 0.5B model: 19 MiB for the halves and 9.5 for the result; docs/cpu.md).
 GLU_ROWS = 64
+# residual adds of up to this many rows (decode steps) go straight to numpy: single-threaded, ~1 us at one token
+DIRECT_ADD_ROWS = 8
 
 
 class _Raw:
@@ -82,12 +85,22 @@ class CpuBackend(Backend):
         return PackedWeight("+".join(w.name for w in ws), ws[0].qtype, raw.shape[0], ws[0].n_in, raw,
                             src_qtype=ws[0].src_qtype, layout=ws[0].layout, int8=self.int8)
 
+    def qmatmul_add(self, w, x, out):
+        y = self.qmatmul(w, x)
+        if out.shape[0] <= DIRECT_ADD_ROWS:   # numpy's float32 add: the add kernel's bits, without its checks
+            np.add(out, y, out=out)
+        else:
+            self.add(out, y, out=out)
+
     def qmatmul_glu(self, w, x):
         """silu(gate) * up (n, w.n_out / 2), as Backend.qmatmul_glu (one mat-mul, then the element-wise
         kernel, the same bits), GLU_ROWS rows at a time into the first half of the mat-mul's output: rows
         a..b of the result overwrite y's rows a/2..b/2, which their halves were copied out of already."""
         y = self.qmatmul(w, x)
         n, half = y.shape[0], w.n_out // 2
+        if n == 1:      # one token: both halves are contiguous views, the result overwrites the gate half
+            silu_mul(y[:, :half], y[:, half:], y[:, :half])
+            return y[:, :half]
         act = y.reshape(-1)[:n * half].reshape(n, half)
         for a in range(0, n, GLU_ROWS):
             b = min(n, a + GLU_ROWS)
@@ -158,10 +171,16 @@ class CpuBackend(Backend):
 
     def attention(self, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out=None,
                   max_keys=None):
+        # the engine validated the batch and built the cache (Backend contract): no checks per block
         if out is None:
             out = np.empty_like(q)
-        attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out)
+        attention_nocheck(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out)
         return out
+
+    def rope_kv_store(self, q, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                      freq_base, n_rot, neox, q_scale=None, k_scale=None):
+        rope_kv_store(q, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                      freq_base, n_rot, neox, q_scale, k_scale)
 
     def sample(self, logits, rows, counts):
         return sample(logits, rows, counts)

@@ -80,7 +80,7 @@ def decoder_block(be, cfg, lw, hw, x, rows: BlockRows, layer_kv, obs) -> None:
     first) and the SwiGLU FFN, each added to x. lw: the block as the backend holds it (_Layer), hw: its
     host weights (names for the observer)."""
     n = x.shape[0]
-    h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps, round_for=lw.qkv or lw.attn_q)
+    h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps, round_for=lw.qkv or lw.qk or lw.attn_q)
     obs(h, hw.attn_q, hw.attn_k, hw.attn_v)
     q, k, v = _project_qkv(be, cfg, lw, h)
     if cfg.qk_norm:
@@ -119,12 +119,18 @@ class _Layer:
             setattr(self, name, None if v is None else be.from_host(v))
         # matrices that read the same input become one mat-mul where the backend can fuse them
         # (fewer kernel launches per token); the separate copies are then dropped
+        # (q, k, v; else q and k where v has another type, as Q4_K_M files give some blocks a Q8_0 v)
         self.qkv = be.fuse_rows([self.attn_q, self.attn_k, self.attn_v])
-        self.qkv_bias = None
+        self.qk = None if self.qkv is not None else be.fuse_rows([self.attn_q, self.attn_k])
+        self.qkv_bias = self.qk_bias = None
+        if lw.attn_q_bias is not None and self.qkv is not None:
+            self.qkv_bias = be.from_host(np.concatenate([lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias]))
+        if lw.attn_q_bias is not None and self.qk is not None:
+            self.qk_bias = be.from_host(np.concatenate([lw.attn_q_bias, lw.attn_k_bias]))
+        if self.qkv is not None or self.qk is not None:
+            self.attn_q = self.attn_k = None
         if self.qkv is not None:
-            if lw.attn_q_bias is not None:
-                self.qkv_bias = be.from_host(np.concatenate([lw.attn_q_bias, lw.attn_k_bias, lw.attn_v_bias]))
-            self.attn_q = self.attn_k = self.attn_v = None
+            self.attn_v = None
         self.gate_up = be.fuse_rows([self.ffn_gate, self.ffn_up])
         if self.gate_up is not None:
             self.ffn_gate = self.ffn_up = None
@@ -152,6 +158,9 @@ def _project_qkv(be, cfg, lw, h):
     n, q_dim, kv_dim = h.shape[0], cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     if lw.qkv is not None:
         q, k, v = be.qmatmul_split(lw.qkv, h, (q_dim, kv_dim, kv_dim), lw.qkv_bias)
+    elif lw.qk is not None:
+        q, k = be.qmatmul_split(lw.qk, h, (q_dim, kv_dim), lw.qk_bias)
+        v = be.qmatmul_split(lw.attn_v, h, (kv_dim,), lw.attn_v_bias)[0]
     else:
         q, k, v = (be.qmatmul_split(lw.attn_q, h, (q_dim,), lw.attn_q_bias)[0],
                    be.qmatmul_split(lw.attn_k, h, (kv_dim,), lw.attn_k_bias)[0],

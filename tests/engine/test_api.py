@@ -30,14 +30,18 @@ def _same_as(tiny, got, want):
         np.testing.assert_allclose(got, want, rtol=0, atol=FLIP_TOL * np.abs(want).max())
 
 
+# "qwen2-Q5_0-v8": q, k and the rest Q5_0, v Q8_0, as the default model's Q4_K_M file has some blocks (the
+# engine then fuses q and k only)
 @pytest.fixture(scope="module", params=[("qwen2", QT.Q8_0), ("qwen3", QT.Q4_K), ("llama", QT.Q5_0),
-                                        ("qwen2", QT.IQ3_XXS), ("llama", QT.Q5_K)],   # IQ3_XXS, Q5_K: repacked
-                ids=lambda p: f"{p[0]}-{p[1].name}")                                  # for the int8 kernel (AVX2)
+                                        ("qwen2", QT.IQ3_XXS), ("llama", QT.Q5_K),   # IQ3_XXS, Q5_K: repacked
+                                        ("qwen2", QT.Q5_0, "v8")],                   # for the int8 kernel (AVX2)
+                ids=lambda p: "-".join([p[0], p[1].name, *p[2:]]))
 def tiny(request, tmp_path_factory):
-    arch, qtype = request.param
+    arch, qtype = request.param[:2]
     n_embd = 256 if qtype in (QT.Q4_K, QT.IQ3_XXS, QT.Q5_K) else 64
     path = write_tiny_model(tmp_path_factory.mktemp(arch) / "m.gguf", arch=arch, qtype=qtype, n_embd=n_embd,
-                            n_ff=256, n_heads=4, n_kv_heads=2)
+                            n_ff=256, n_heads=4, n_kv_heads=2,
+                            qtype_of={"attn_v": QT.Q8_0} if request.param[2:] == ("v8",) else None)
     return LLM(str(path), backend="cpu", n_ctx=256)
 
 
@@ -51,6 +55,14 @@ def test_logits_match_float64_reference(tiny):
     ours = tiny.logits(ids)
     assert ours.shape == (len(ids), tiny.config.n_vocab) and ours.dtype == np.float32
     assert _close(ours, reference_logits(tiny.config, tiny.weights, ids, k_scales=tiny.model.k_scales))
+
+
+def test_matrices_that_read_the_same_input_are_fused(tiny):
+    layer = tiny.model.layers[0]
+    # a Q8_0 v beside Q5_0 q and k: other blocks with the int8 kernels; without them all three are Q8_0 blocks
+    v8 = tiny.weights.layers[0].attn_v.qtype != tiny.weights.layers[0].attn_q.qtype and tiny.backend.int8
+    assert (layer.qkv is None) == v8 and (layer.qk is not None) == v8     # q+k+v, else q+k beside v
+    assert layer.gate_up is not None
 
 
 def test_cached_prefix_gives_the_same_logits(tiny):
