@@ -51,6 +51,8 @@ class Preset:
 PRESETS = {p.name: p for p in (
     Preset("qwen2.5-0.5b", "qwen2", n_layers=24, n_embd=896, n_ff=4864, n_heads=14, n_kv_heads=2, head_dim=64,
            n_vocab=151936, rope_freq_base=1e6, rms_eps=1e-6, n_ctx_train=32768),
+    Preset("qwen2.5-1.5b", "qwen2", n_layers=28, n_embd=1536, n_ff=8960, n_heads=12, n_kv_heads=2, head_dim=128,
+           n_vocab=151936, rope_freq_base=1e6, rms_eps=1e-6, n_ctx_train=32768),
     Preset("llama-8b-layers", "llama", n_layers=8, n_embd=4096, n_ff=14336, n_heads=32, n_kv_heads=8,
            head_dim=128, n_vocab=32000, rope_freq_base=5e5, rms_eps=1e-5, n_ctx_train=8192),
 )}

@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--ctx", type=int, default=512, help="chunk size in tokens")
     k.set_defaults(func=cmd_kld)
     sy = sub.add_parser("synth", help="write a GGUF model of real shapes with random valid weights (docs/synth.md)")
-    sy.add_argument("--preset", required=True, help="model shapes: qwen2.5-0.5b, llama-8b-layers")
+    sy.add_argument("--preset", required=True, help="model shapes: qwen2.5-0.5b, qwen2.5-1.5b, llama-8b-layers")
     sy.add_argument("--arch", default=None, help="architecture: qwen2, qwen3, llama (default: the preset's)")
     sy.add_argument("--quant", default="q4_k_m",
                     help="type mix: q4_k_m, q5_k_m, iq3_xxs, or one type for every matrix: f16, q8_0, q4_k, q5_k, "

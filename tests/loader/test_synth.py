@@ -21,7 +21,7 @@ from strata_lite.loader.synth_vocab import synth_vocab
 from strata_lite.loader.tokenizer import Tokenizer
 
 # (preset, mix) -> blocks written; qwen2 gets 2 blocks (the forward must cross a block boundary)
-CASES = {("qwen2.5-0.5b", "q4_k_m"): 2, ("qwen2.5-0.5b", "iq3_xxs"): 2,
+CASES = {("qwen2.5-0.5b", "q4_k_m"): 2, ("qwen2.5-0.5b", "iq3_xxs"): 2, ("qwen2.5-1.5b", "iq3_xxs"): 2,
          ("llama-8b-layers", "q4_k_m"): 1, ("llama-8b-layers", "iq3_xxs"): 1, ("llama-8b-layers", "q5_k_m"): 1}
 
 # Expected types, written out by hand from llama.cpp's rules (not from synth's code). Qwen2.5-0.5B's
@@ -35,6 +35,9 @@ EXPECTED = {
     ("qwen2.5-0.5b", "iq3_xxs"): {"token_embd": QT.IQ4_NL, "output": QT.Q5_0, "attn_v": QT.Q5_0,
                                   "ffn_down": QT.IQ4_NL, "attn_q": QT.IQ4_NL, "attn_k": QT.IQ4_NL,
                                   "attn_output": QT.IQ4_NL, "ffn_gate": QT.IQ4_NL, "ffn_up": QT.IQ4_NL},
+    ("qwen2.5-1.5b", "iq3_xxs"): {"token_embd": QT.IQ3_XXS, "output": QT.Q5_0, "attn_v": QT.Q5_0,     # 1536-wide
+                                  "ffn_down": QT.IQ3_XXS, "attn_q": QT.IQ3_XXS, "attn_k": QT.IQ3_XXS,  # rows: no
+                                  "attn_output": QT.IQ3_XXS, "ffn_gate": QT.IQ3_XXS, "ffn_up": QT.IQ3_XXS},  # fallback
     ("llama-8b-layers", "q4_k_m"): {"token_embd": QT.Q4_K, "output": QT.Q6_K, "attn_v": QT.Q6_K,
                                     "ffn_down": QT.Q6_K, "attn_q": QT.Q4_K, "attn_k": QT.Q4_K,
                                     "attn_output": QT.Q4_K, "ffn_gate": QT.Q4_K, "ffn_up": QT.Q4_K},
