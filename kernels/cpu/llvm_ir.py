@@ -109,6 +109,18 @@ def hsum(builder, v):
     return builder.extract_element(v, const(0, I32))
 
 
+def ihsum(builder, v):
+    """Sum of the lanes of an integer vector (power-of-two width), as a scalar (wrapping adds: exact while the
+    sum fits the lane type)."""
+    n = v.type.count // 2
+    while n >= 1:
+        idx = ir.VectorType(I32, n)
+        v = builder.add(builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n)))),
+                        builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n, 2 * n)))))
+        n //= 2
+    return builder.extract_element(v, const(0, I32))
+
+
 def clamped_rows(builder, r0, count, n_rows):
     """Row indices r0 .. r0 + count - 1, each clamped to n_rows - 1 (a short last group repeats its
     last row, so kernels never branch on the tail)."""

@@ -1,18 +1,20 @@
-"""Prompt-chunk GEMM for the layouts of nibble_int8.py (IQ3_XXS, Q4_K, Q5_K, Q6_K repacked): register tiles of R
-weight rows x T tokens, with the bits of nibble_int8.matvec.
+"""Prompt-chunk GEMM for the layouts of nibble_int8.py (IQ3_XXS, Q4_K, Q5_K, Q6_K repacked), tokens in the lanes, with
+the bits of nibble_int8.matvec.
 
-nibble_int8.py's kernel takes one row and up to 4 tokens per call and reloads every token's activations
-for each row. Here a thread copies PANEL rows at a time into a panel (codes as stored, scales widened to
-int16, float terms), and each tile keeps R x T int32 block sums in registers while the weights and scale
-lanes of R rows, unpacked in registers once per sub-block, meet the activations of T tokens.
+nibble_int8's kernel gives, per (token, row), acc = fma(float(v_b), fl(d_w d_a), acc) over the blocks b, v_b the
+block's exact integer dot sum_s scale_s (sum_{i in s} (q_i + 128) w_i) - 128 C, and for Q4_K / Q5_K beside it
+mins = fma(float(m_b), fl(dmin d_a), mins), m_b = sum_s min_s bsum_s exact; the result is acc - mins. Here a tile
+is 4 rows x 2 groups of 8 tokens, the tokens in the lanes of the accumulators: per 4 weights of a block, one
+load of 8 tokens' packed activations serves the 4 rows and each row's 4 weights, unpacked to int8 in the
+thread's panel, are one broadcast for both token groups; vpdpbusd (pmaddubsw + pmaddwd + add on AVX2) sums them
+into the sub-block's int32 vector, which one vpmulld by the sub-block's scale adds to the block's. That is one
+multiply per 32 (token, row) multiply-adds where the mat-vec form needs two (pmaddubsw, then pmaddwd by the
+scale lanes): the 1.5B IQ3_XXS shapes' mat-muls at 512 tokens went 0.20 -> see docs/cpu.md. Then per row and
+block one subtract, one convert, one multiply (8 scale products) and one FMA; every integer is exact and every
+float operation is the mat-vec kernel's per (token, row), so are the bits (tests).
 
-Bits: per (token, row) and 256-weight block the same exact integer sum (pmaddubsw of the +128 activations
-with the weights, pmaddwd with the scale lanes, summed over the 8 sub-blocks: integer, so in any order),
-then the same float steps in the same order: acc = fma(float(isum), fl(d_w d_a), acc) per lane,
-corr = fma(fl(d_w d_a), C, corr), for Q4_K / Q5_K mins = fma(float(m * bsum), fl(dmin d_a), mins) per lane, and
-(hsum(acc) - 128 corr) - hsum(mins) at the end. The products d_w d_a of one row are formed for T tokens in
-one vector multiply (each lane the scalar product the kernel forms); m * bsum is formed in float, exact
-(m <= 63, |bsum| <= 32 x 127: below 2^24), as the kernel's int32 product converted.
+Saturation on AVX2: pmaddubsw's pair sums (q + 128) w stay within int16: |w| <= 62 (IQ3_XXS; Q6_K 32, Q5_K 31),
+2 x 255 x 62 < 2^15. The block sums stay below 2^27.
 """
 from __future__ import annotations
 
@@ -26,236 +28,242 @@ from numba.extending import intrinsic
 from . import llvm_ir as L
 from . import nibble_int8 as nib
 from .gemm_work import token_chunks
+from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
 
-MIN_TOK = 64         # from here on the GEMM; below, nibble_int8.matvec (perf/bench_prompt_gemm.py)
-R, T = 2, 4          # tile: R T int32 sums + R weight and R scale-lane registers + 1 activation: 14 ymm
-                     # (1 x 8, 2 x 6, 3 x 4, 4 x 2: no faster, one thread, within this VM's noise)
-PANEL = 16           # rows a thread copies at a time (16 x 19 blocks x 208 bytes: 63 KB at 4864 columns)
+MIN_TOK = 16         # from here on the GEMM; below, nibble_int8.matvec (perf/bench_prompt_gemm.py)
+ROWS, T = 4, 8       # a tile: 4 rows x 2 groups of T tokens (the lanes of a vector)
+PANEL = 4            # row groups a thread unpacks at a time (16 rows; 35 blocks x 1.4 KB x 4 = 200 KB at 8960
+                     # columns, in L2)
 QK = nib.QK
-# A panel record holds block b of the R rows of a row group (k = a row's slot 0..R-1), byte offsets
-# (panel_layout):
-#   CODES + cb k: the row's codes as stored (cb = 128: two 4-bit codes a byte, nibble_int8's order; Q5_K:
-#                 cb = 160, those and the fifth bits' plane; Q6_K: cb = 256 int8 weights)
-#   sc + 32 k:    16 int16 scales (the 8 sub-block scales, or Q6_K's 16), so a sub-block's pmaddwd lanes
-#                  are one broadcast
-#   fl + 48 k:    float32 d, float(C), dmin, 0, then the 8 mins (Q4_K, Q5_K) as float32
-# 80 + cb bytes a row and block. A panel of int8 weights and ready pmaddwd lanes (640 bytes) was no faster
-# (2.1-2.3 cycles per row, token and 32 weights either way, one thread): the lanes' shift, mask and
-# broadcast run beside the multiplies, which bound the tile.
-CODES = 0
-# byte offsets in a source block (nibble_int8.py's layouts): scales, d, C, mins, dmin (the mins: Q4_K, Q5_K)
-SRC_NIB = (128, 136, 140, 144, 152)
-SRC_Q5K = (160, 168, 172, 176, 184)
-SRC_Q6K = (256, 272, 276, 0, 0)
-MINS = (nib.Q4K, nib.Q5K)
-
-
-def panel_layout(kind):
-    """(cb, sc, fl, rec) of layout `kind`'s panel records: code bytes a row, the byte offsets of the int16
-    scales and of the float fields, the record's bytes."""
-    cb = 256 if kind == nib.Q6K else 160 if kind == nib.Q5K else 128
-    return cb, R * cb, R * (cb + 32), R * (cb + 80)
+# Panel record of one row group and block (byte offsets): row q's 256 weights (int8, in order) at W + 256 q; the scale of sub-block s of row q at SC + 16 s + 4 q (int32; 8 sub-blocks of 32
+# weights, Q6_K 16 of 16); row q's float32 d at D + 4 q, 128 C (int32) at C128 + 4 q, float32 dmin at DMIN + 4 q,
+# the mins (int32, Q4_K / Q5_K) at MINS + 16 s + 4 q.
+W, SC, D, C128, DMIN, MINS = 0, 1024, 1280, 1296, 1312, 1328
+W_REC = 1456
+# Activation record of one token group and block: quad j of lane (token) l at A_X + 32 j + 4 l (uint8: the Q8_K
+# values + 128), the tokens' float32 scales at A_D + 4 l, the sub-block sums (int32) at A_B + 32 s + 4 l.
+A_X, A_D, A_B = 0, 2048, 2080
+A_REC = 2336
 
 
 # ------------------------------------------------------------------------------------------- panels
 
 @njit(cache=True, inline="always")
-def _unpack_row(kind, raw3, raw_f, raw_i, r, pw, p16, pf, g, k, cb, sc_at, fl_at):
-    """Row r of raw3 (layout `kind`; raw_f / raw_i: the same bytes as float32 / int32) into slot k of row
-    group g of the panel (pw: uint8 records; p16, pf: the same bytes as int16, float32; cb, sc_at, fl_at:
-    panel_layout)."""
-    n_sc = 16 if kind == nib.Q6K else 8
-    sc_src, d_src, c_src, mins_src, dmin_src = SRC_Q6K if kind == nib.Q6K else SRC_Q5K if kind == nib.Q5K else SRC_NIB
-    sc, fl = sc_at // 2 + 16 * k, fl_at // 4 + 12 * k
-    for b in range(raw3.shape[1]):
-        for i in range(cb):
-            pw[g, b, CODES + cb * k + i] = raw3[r, b, i]
-        for i in range(n_sc):       # Q6_K's scales are int8, the others' uint8
-            v = raw3[r, b, sc_src + i]
-            p16[g, b, sc + i] = np.int16(np.int8(v)) if kind == nib.Q6K else np.int16(v)
-        pf[g, b, fl] = raw_f[r, b, d_src // 4]
-        pf[g, b, fl + 1] = np.float32(raw_i[r, b, c_src // 4])
-        if kind == nib.Q4K or kind == nib.Q5K:
-            pf[g, b, fl + 2] = raw_f[r, b, dmin_src // 4]
-            for i in range(8):
-                pf[g, b, fl + 4 + i] = np.float32(raw3[r, b, mins_src + i])
+def _src_offsets(kind):
+    if kind == nib.Q6K:
+        return 256, 272, 276, 0, 0
+    if kind == nib.Q5K:
+        return 160, 168, 172, 176, 184
+    return 128, 136, 140, 144, 152
+
+
+@njit(cache=True, inline="always")
+def _weights(kind, src, dst, table):
+    """One block of one row (src: its bytes in layout `kind`) -> dst (256 int8 weights in order, as uint8)."""
+    if kind == nib.Q6K:
+        for i in range(QK):
+            dst[i] = src[i]
+        return
+    for p in range(4):              # codes: byte 32p + j holds weight 64p + j (low nibble), 64p + 32 + j (high)
+        for j in range(32):
+            byte = src[32 * p + j]
+            dst[64 * p + j] = byte & 15
+            dst[64 * p + 32 + j] = byte >> 4
+    if kind == nib.IQ3:             # code -> signed value
+        for i in range(QK):
+            dst[i] = np.uint8(table[dst[i]] & 255)
+    elif kind == nib.Q5K:           # the fifth bits: bit 2p of plane byte j (weight 64p + j), 2p + 1 (64p + 32 + j)
+        for p in range(4):
+            for j in range(32):
+                plane = src[128 + j]
+                dst[64 * p + j] |= ((plane >> (2 * p)) & 1) << 4
+                dst[64 * p + 32 + j] |= ((plane >> (2 * p + 1)) & 1) << 4
+
+
+@njit(cache=True)
+def _unpack_group(kind, raw3, raw_f, raw_i, r0, pw, pw_i, pw_f, gi, table):
+    """Rows r0 .. r0 + 3 of raw3 (layout `kind`; raw_f / raw_i the same bytes as float32 / int32; rows past the
+    last repeat it) into group gi of the panel (pw uint8 (groups, blocks, W_REC), pw_i / pw_f its int32 / float32
+    view)."""
+    n_rows = raw3.shape[0]
+    sc_o, d_o, c_o, mins_o, dmin_o = _src_offsets(kind)
+    n_sub = 16 if kind == nib.Q6K else 8
+    for q in range(ROWS):
+        r = min(r0 + q, n_rows - 1)
+        for b in range(raw3.shape[1]):
+            src = raw3[r, b]
+            _weights(kind, src, pw[gi, b, W + QK * q:W + QK * (q + 1)], table)
+            for s in range(n_sub):
+                v = src[sc_o + s]
+                pw_i[gi, b, (SC + 16 * s) // 4 + q] = np.int32(np.int8(v)) if kind == nib.Q6K else np.int32(v)
+            pw_f[gi, b, D // 4 + q] = raw_f[r, b, d_o // 4]
+            pw_i[gi, b, C128 // 4 + q] = np.int32(128) * raw_i[r, b, c_o // 4]
+            if kind == nib.Q4K or kind == nib.Q5K:
+                pw_f[gi, b, DMIN // 4 + q] = raw_f[r, b, dmin_o // 4]
+                for s in range(8):
+                    pw_i[gi, b, (MINS + 16 * s) // 4 + q] = np.int32(src[mins_o + s])
 
 
 # ------------------------------------------------------------------------------------- activations
-# Packed activations: (tokens / T, blocks, A_REC) bytes; record [g, b]: T x 256 uint8 (Q8_K values + 128),
-# T float32 scales, T x 8 float32 sub-block sums (Q4_K's mins). A short last group repeats its last token.
-A_X, A_D, A_B = 0, 256 * T, 260 * T
-A_REC = 292 * T
-
 
 @njit(cache=True, parallel=True)
-def _pack_activations(x3, a, a_f32):
+def _pack_activations(x3, a, a_f32, a_i32):
+    # a uint8 (token groups, blocks, A_REC), a_f32 / a_i32 the same bytes; a short last group repeats its last
+    # token. llama.cpp's Q8_K rounding (nibble_int8._quantize_block).
     n_tok, nb = x3.shape[0], x3.shape[1]
     for t in prange(a.shape[0] * T):
+        g, lane = t // T, t % T
+        xt = x3[min(np.intp(t), n_tok - 1):]
         q = np.empty((1, nb, QK), dtype=np.uint8)
         d = np.empty((1, nb), dtype=np.float32)
         bs = np.empty((1, nb, 8), dtype=np.int32)
-        xt = x3[min(t, n_tok - 1):]
-        g, j = t // T, t % T
         for b in range(nb):
             nib._quantize_block(xt, q, d, bs, 0, b)
             for i in range(QK):
-                a[g, b, A_X + QK * j + i] = q[0, b, i]
-            a_f32[g, b, A_D // 4 + j] = d[0, b]
+                a[g, b, A_X + 32 * (i // 4) + 4 * lane + i % 4] = q[0, b, i]
+            a_f32[g, b, A_D // 4 + lane] = d[0, b]
             for s in range(8):
-                a_f32[g, b, A_B // 4 + 8 * j + s] = np.float32(bs[0, b, s])
+                a_i32[g, b, (A_B + 32 * s) // 4 + lane] = bs[0, b, s]
 
 
 # --------------------------------------------------------------------------------------------- tile
 
-def _make_tile(kind):
-    """The intrinsic tile(pw, gr, a, gt, out, r0, t0, table): out[t0 + j, r0 + k] (j < T, k < R; stores past
-    the last token / row go to the last one, which the packing repeated) from row group gr of panel pw
-    (layout `kind`) and token group gt of the packed activations a. table: IQ3's 16 code values twice."""
-    lookup, mins, wide, high = kind == nib.IQ3, kind in MINS, kind == nib.Q6K, kind == nib.Q5K
-    cb, SC, FL, _ = panel_layout(kind)
+def _make_tile(isa, n_sub: int, mins: bool):
+    """The intrinsic tile(pw, i, a, g0, g1, out, r0): out[8 g + l, r0 + q] for the 8 tokens l of token groups
+    g = g0 and g1 (g1 may equal g0: its values are then stored twice; stores past the last token or row go to
+    the last one, which the packing repeated) and the 4 rows q of panel group i. n_sub: sub-blocks a block (8;
+    Q6_K 16), mins: Q4_K / Q5_K's mins term."""
+    quads = 64 // n_sub         # 4-weight quads a sub-block
 
     @intrinsic
-    def tile(typingctx, pw, gr, a, gt, out, r0, t0, table):
-        if not (L.c_arrays((pw, types.uint8, 3), (a, types.uint8, 3), (table, types.int8, 1))
-                and L.strided_array(out, types.float32, 2)
-                and all(isinstance(v, types.Integer) for v in (gr, gt, r0, t0))):
+    def tile(typingctx, pw, i, a, g0, g1, out, r0):
+        if not (L.c_arrays((pw, types.uint8, 3), (a, types.uint8, 3)) and L.strided_array(out, types.float32, 2)
+                and all(isinstance(v, types.Integer) for v in (i, g0, g1, r0))):
             return None
-        sig = types.void(pw, types.intp, a, types.intp, out, types.intp, types.intp, table)
+        sig = types.void(pw, types.intp, a, types.intp, types.intp, out, types.intp)
 
         def codegen(context, builder, signature, args):
-            maddubs, maddwd, pshufb = (L.avx2(builder, n) for n in ("pmadd.ub.sw", "pmadd.wd", "pshuf.b"))
-            (ppw, wstr, wshape), (pa, astr, _), (pout, ostr, oshape), (ptab, _, _) = (
-                L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2, 4, 7))
-            tab = L.load(builder, ptab, 0, L.V32B)
-            VT = ir.VectorType(L.F32, T)
-            low4 = ir.Constant(L.V32B, [15] * 32)
+            (ppw, wstr, wshape), (pa, astr, _), (pout, ostr, oshape) = (
+                L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2, 5))
             w0 = builder.gep(ppw, [builder.mul(args[1], wstr[0])])
-            a0 = builder.gep(pa, [builder.mul(args[3], astr[0])])
+            groups = (args[3], args[4])
+            a0 = [builder.gep(pa, [builder.mul(g, astr[0])]) for g in groups]
 
-            def zeros(ty, n_k, n_j):
-                return [[cgutils.alloca_once_value(builder, ir.Constant(ty, None)) for _ in range(n_j)]
-                        for _ in range(n_k)]
+            def vec(ty):
+                return [[cgutils.alloca_once_value(builder, ir.Constant(ty, None)) for _ in range(ROWS)]
+                        for _ in groups]
+            acc, macc, blk = vec(L.V8F), vec(L.V8F), vec(L.V8I)
 
-            acc, mins_acc, isum = zeros(L.V8F, R, T), zeros(L.V8F, R, T), zeros(L.V8I, R, T)
-            corr = zeros(VT, R, 1)
+            def bcast(p, off, ty=L.I32):     # a 4-byte field at p + off in each of the 8 lanes
+                return L.splat(builder, L.load(builder, p, off, ty), L.V8I if ty == L.I32 else L.V8F)
 
-            def fl(p, k, i, ty=L.F32):
-                return L.load(builder, p, FL + 48 * k + 4 * i, ty)
-
-            def fma(x, y, ptr):         # the kernel's contracted multiply-add into an accumulator
-                builder.store(builder.fadd(builder.fmul(x, y, flags=L.CONTRACT), builder.load(ptr),
-                                           flags=L.CONTRACT), ptr)
-
-            def weights(pwb, k, sub):
-                """<32 x i8> weights of sub-block `sub` of row slot k, and its <16 x i16> pmaddwd lanes."""
-                if wide:
-                    w = L.load(builder, pwb, builder.add(builder.mul(sub, L.const(32)), L.const(cb * k)), L.V32B)
-                    two = L.load(builder, pwb, builder.add(builder.mul(sub, L.const(4)), L.const(SC + 32 * k)),
-                                 ir.VectorType(L.I16, 2))
-                    return w, builder.shuffle_vector(two, two, ir.Constant(ir.VectorType(L.I32, 16), [0] * 8 + [1] * 8))
-                pair, half = builder.ashr(sub, L.const(1)), builder.and_(sub, L.const(1))
-                codes = L.load(builder, pwb, builder.add(builder.mul(pair, L.const(32)), L.const(cb * k)), L.V32B)
-                shift = L.splat(builder, builder.trunc(builder.mul(half, L.const(4)), L.I16), L.V16W)
-                w = builder.and_(builder.bitcast(builder.lshr(builder.bitcast(codes, L.V16W), shift), L.V32B), low4)
-                if lookup:
-                    w = builder.call(pshufb, [tab, w])
-                if high:                # Q5_K: bit `sub` of the plane byte is the fifth bit, as 16
-                    plane = L.load(builder, pwb, L.const(cb * k + 128), L.V32B)
-                    bit = L.splat(builder, builder.trunc(sub, L.I16), L.V16W)
-                    fifth = builder.and_(builder.bitcast(builder.lshr(builder.bitcast(plane, L.V16W), bit), L.V32B),
-                                         ir.Constant(L.V32B, [1] * 32))
-                    w = builder.or_(w, builder.bitcast(builder.shl(builder.bitcast(fifth, L.V16W),
-                                                                   ir.Constant(L.V16W, [4] * 16)), L.V32B))
-                sc = L.load(builder, pwb, builder.add(builder.mul(sub, L.const(2)), L.const(SC + 32 * k)), L.I16)
-                return w, L.splat(builder, sc, L.V16W)
-
-            # one iteration per 32-weight sub-block (a loop of nb x 8: with the 8 sub-blocks unrolled LLVM hoists
-            # all their loads and spills), the float steps after a block's 8th
-            with cgutils.for_range(builder, builder.mul(wshape[1], L.const(8))) as loop:
-                blk, sub = builder.ashr(loop.index, L.const(3)), builder.and_(loop.index, L.const(7))
-                pwb = builder.gep(w0, [builder.mul(blk, wstr[1])])
-                pab = builder.gep(a0, [builder.mul(blk, astr[1])])
-                ws = [weights(pwb, k, sub) for k in range(R)]
-                for j in range(T):
-                    xa = L.load(builder, pab, builder.add(builder.mul(sub, L.const(32)), L.const(A_X + QK * j)), L.V32B)
-                    for k in range(R):
-                        m = builder.call(maddwd, [builder.call(maddubs, [xa, ws[k][0]]), ws[k][1]])
-                        builder.store(builder.add(builder.load(isum[k][j]), m), isum[k][j])
-                with builder.if_then(builder.icmp_unsigned("==", sub, L.const(7))):
-                    da = L.load(builder, pab, A_D, VT)
-                    for k in range(R):
-                        s_t = builder.fmul(L.splat(builder, fl(pwb, k, 0), VT), da)     # lane j: d_w * d_a of token j
-                        fma(s_t, L.splat(builder, fl(pwb, k, 1), VT), corr[k][0])
+            with cgutils.for_range(builder, wshape[1]) as loop:
+                pwb = builder.gep(w0, [builder.mul(loop.index, wstr[1])])
+                pab = [builder.gep(p, [builder.mul(loop.index, astr[1])]) for p in a0]
+                for row in blk:
+                    for ptr in row:
+                        builder.store(ir.Constant(L.V8I, None), ptr)
+                # one iteration per sub-block, its quads unrolled
+                with cgutils.for_range(builder, L.const(n_sub)) as sub:
+                    s = sub.index
+                    dsub = [[[None, None] for _ in range(ROWS)] for _ in groups]     # even / odd quads: 2 chains
+                    for jj in range(quads):
+                        j = builder.add(builder.mul(s, L.const(quads)), L.const(jj))
+                        xa = [L.load(builder, p, builder.add(L.const(A_X), builder.mul(j, L.const(32))), L.V32B)
+                              for p in pab]
+                        for q in range(ROWS):
+                            w = builder.bitcast(bcast(pwb, builder.add(L.const(W + QK * q), builder.mul(j, L.const(4)))),
+                                                L.V32B)
+                            for k, x in enumerate(xa):
+                                dsub[k][q][jj % 2] = L.dot_u8s8(builder, isa, x, w, dsub[k][q][jj % 2])
+                    for q in range(ROWS):
+                        sc = bcast(pwb, builder.add(L.const(SC + 4 * q), builder.mul(s, L.const(16))))
+                        for k in range(len(groups)):
+                            d = builder.add(*dsub[k][q])
+                            builder.store(builder.add(builder.load(blk[k][q]), builder.mul(d, sc)), blk[k][q])
+                for k, p in enumerate(pab):
+                    da = L.load(builder, p, A_D, L.V8F)
+                    for q in range(ROWS):
+                        v = builder.sub(builder.load(blk[k][q]), bcast(pwb, C128 + 4 * q))
+                        sd = builder.fmul(bcast(pwb, D + 4 * q, L.F32), da)
+                        builder.store(builder.fadd(builder.fmul(builder.sitofp(v, L.V8F), sd, flags=L.CONTRACT),
+                                                   builder.load(acc[k][q]), flags=L.CONTRACT), acc[k][q])
                         if mins:
-                            dm_t = builder.fmul(L.splat(builder, fl(pwb, k, 2), VT), da)
-                            m8 = fl(pwb, k, 4, L.V8F)
-                        for j in range(T):
-                            lane = L.const(j, L.I32)
-                            fma(builder.sitofp(builder.load(isum[k][j]), L.V8F),
-                                L.splat(builder, builder.extract_element(s_t, lane), L.V8F), acc[k][j])
-                            builder.store(ir.Constant(L.V8I, None), isum[k][j])
-                            if mins:
-                                bsum = L.load(builder, pab, A_B + 32 * j, L.V8F)
-                                dm = L.splat(builder, builder.extract_element(dm_t, lane), L.V8F)
-                                fma(builder.fmul(m8, bsum), dm, mins_acc[k][j])
-
-            def result(k, j):
-                c = builder.extract_element(builder.load(corr[k][0]), L.const(j, L.I32))
-                v = builder.fsub(L.hsum(builder, builder.load(acc[k][j])),
-                                 builder.fmul(ir.Constant(L.F32, 128.0), c))
-                return builder.fsub(v, L.hsum(builder, builder.load(mins_acc[k][j]))) if mins else v
-
-            rows = L.clamped_rows(builder, args[5], R, oshape[1])
-            toks = L.clamped_rows(builder, args[6], T, oshape[0])
-            L.store_tile(builder, pout, ostr, toks, rows, result)
+                            m = None
+                            for s in range(8):
+                                t = builder.mul(bcast(pwb, MINS + 16 * s + 4 * q), L.load(builder, p, A_B + 32 * s, L.V8I))
+                                m = t if m is None else builder.add(m, t)
+                            sm = builder.fmul(bcast(pwb, DMIN + 4 * q, L.F32), da)
+                            builder.store(builder.fadd(builder.fmul(builder.sitofp(m, L.V8F), sm, flags=L.CONTRACT),
+                                                       builder.load(macc[k][q]), flags=L.CONTRACT), macc[k][q])
+            rows = L.clamped_rows(builder, args[6], ROWS, oshape[1])
+            for k, g in enumerate(groups):
+                vals = [builder.load(ptr) for ptr in acc[k]]
+                if mins:
+                    vals = [builder.fsub(v, builder.load(ptr)) for v, ptr in zip(vals, macc[k])]
+                toks = L.clamped_rows(builder, builder.mul(g, L.const(T)), T, oshape[0])
+                L.store_tile(builder, pout, ostr, toks, rows,
+                             lambda q, l: builder.extract_element(vals[q], L.const(l, L.I32)))
             return context.get_dummy_value()
 
         return sig, codegen
     return tile
 
 
-_tile_iq3, _tile_q4k, _tile_q6k, _tile_q5k = (_make_tile(k) for k in (nib.IQ3, nib.Q4K, nib.Q6K, nib.Q5K))
+# (isa, n_sub, mins) -> tile: IQ3_XXS (8, no mins), Q4_K / Q5_K (8, mins), Q6_K (16, no mins)
+_t8, _t8m, _t16 = (_make_tile(AVX2, 8, False), _make_tile(AVX2, 8, True), _make_tile(AVX2, 16, False))
+_t8v, _t8mv, _t16v = (_make_tile(VNNI, 8, False), _make_tile(VNNI, 8, True), _make_tile(VNNI, 16, False))
+
+
+@njit(cache=True, inline="always")
+def _tile(kind, isa, pw, i, a, g0, g1, out, r0):
+    if VNNI_BUILT and isa == VNNI:
+        if kind == nib.Q6K:
+            _t16v(pw, i, a, g0, g1, out, r0)
+        elif kind == nib.Q4K or kind == nib.Q5K:
+            _t8mv(pw, i, a, g0, g1, out, r0)
+        else:
+            _t8v(pw, i, a, g0, g1, out, r0)
+    elif kind == nib.Q6K:
+        _t16(pw, i, a, g0, g1, out, r0)
+    elif kind == nib.Q4K or kind == nib.Q5K:
+        _t8m(pw, i, a, g0, g1, out, r0)
+    else:
+        _t8(pw, i, a, g0, g1, out, r0)
 
 
 # -------------------------------------------------------------------------------------------- GEMM
 
 @njit(cache=True, parallel=True)
-def _gemm(raw3, raw_f, raw_i, x3, out, table, kind, cb, sc_at, fl_at, rec, n_threads):
+def _gemm(raw3, raw_f, raw_i, x3, out, table, kind, n_threads, isa):
     n_rows, nb = raw3.shape[0], raw3.shape[1]
+    n_groups = (n_rows + ROWS - 1) // ROWS
     n_tg = (x3.shape[0] + T - 1) // T
     a = np.empty((n_tg, nb, A_REC), dtype=np.uint8)
-    _pack_activations(x3, a, a.view(np.float32))
-    n_pan = (n_rows + PANEL - 1) // PANEL
+    _pack_activations(x3, a, a.view(np.float32), a.view(np.int32))
+    n_pan = (n_groups + PANEL - 1) // PANEL
     n_ch = token_chunks(n_pan, n_tg, n_threads)
     for item in prange(n_pan * n_ch):
         p, c = item // n_ch, item % n_ch
-        r0 = p * PANEL
-        n_in_pan = min(PANEL, n_rows - r0)
-        n_rg = (n_in_pan + R - 1) // R
-        pw = np.empty((n_rg, nb, rec), dtype=np.uint8)
-        p16, pf = pw.view(np.int16), pw.view(np.float32)
-        for i in range(n_rg * R):
-            _unpack_row(kind, raw3, raw_f, raw_i, r0 + min(i, n_in_pan - 1), pw, p16, pf, i // R, i % R,
-                        cb, sc_at, fl_at)
-        for gt in range(n_tg * c // n_ch, n_tg * (c + 1) // n_ch):
-            for gr in range(n_rg):
-                if kind == nib.Q4K:
-                    _tile_q4k(pw, gr, a, gt, out, r0 + gr * R, gt * T, table)
-                elif kind == nib.Q6K:
-                    _tile_q6k(pw, gr, a, gt, out, r0 + gr * R, gt * T, table)
-                elif kind == nib.Q5K:
-                    _tile_q5k(pw, gr, a, gt, out, r0 + gr * R, gt * T, table)
-                else:
-                    _tile_iq3(pw, gr, a, gt, out, r0 + gr * R, gt * T, table)
+        g0 = p * PANEL
+        n_in_pan = min(PANEL, n_groups - g0)
+        pw = np.zeros((n_in_pan, nb, W_REC), dtype=np.uint8)
+        pw_i, pw_f = pw.view(np.int32), pw.view(np.float32)
+        for i in range(n_in_pan):
+            _unpack_group(kind, raw3, raw_f, raw_i, ROWS * (g0 + i), pw, pw_i, pw_f, i, table)
+        tg0, tg1 = n_tg * c // n_ch, n_tg * (c + 1) // n_ch
+        for tg in range(tg0, tg1, 2):             # two token groups a tile (the last may repeat: same values)
+            for i in range(n_in_pan):
+                _tile(kind, isa, pw, i, a, tg, min(tg + 1, tg1 - 1), out, ROWS * (g0 + i))
 
 
-def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, table: np.ndarray, kind: int) -> None:
+def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, table: np.ndarray, kind: int,
+           isa: int = INT8_ISA) -> None:
     """out (n_tok, n_rows) = x @ W.T; W in layout `kind` (nibble_int8's IQ3, Q4K, Q6K, Q5K) as (n_rows, nb, block
     bytes), x float32 (n_tok, nb, 256): nibble_int8.matvec's results, bit for bit. table: IQ3's code values."""
     n_rows, nb, nbytes = raw3.shape
     as_f32, as_i32 = (raw3.view(dt).reshape(n_rows, nb, nbytes // 4) for dt in (np.float32, np.int32))
-    _gemm(raw3, as_f32, as_i32, x3, out, table, kind, *panel_layout(kind), numba.get_num_threads())
+    _gemm(raw3, as_f32, as_i32, x3, out, table, kind, numba.get_num_threads(), isa)
 
 
 def multiply(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, table: np.ndarray, kind: int) -> None:

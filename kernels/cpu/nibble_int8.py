@@ -160,7 +160,7 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high:
                 return [[cgutils.alloca_once_value(builder, ir.Constant(ty, value)) for _ in range(T)]
                         for _ in range(R)]
 
-            acc_ptr, corr_ptr, min_ptr = accumulators(L.V8F, None), accumulators(L.F32, 0.0), accumulators(L.V8F, None)
+            acc_ptr, min_ptr = accumulators(L.F32, 0.0), accumulators(L.F32, 0.0)
             # software prefetch of the rows this thread reads two calls from now (prange hands each thread a
             # contiguous range; rows of ~1 KB are too short a stream for the hardware prefetcher) into L2.
             # Streaming 28 distinct 17920x1536 IQ3_XXS matrices on 2 threads: no prefetch 12.9 G weights/s,
@@ -210,31 +210,28 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high:
                             isum[k][j] = builder.add(isum[k][j], builder.add(m_lo, m_hi))
                 for k, p in enumerate(rows):
                     dw = load(p, d_off, L.F32)
-                    c = builder.sitofp(load(p, c_off, L.I32), L.F32)
+                    c128 = builder.mul(load(p, c_off, L.I32), const(128, L.I32))
                     if mins:
                         mins8 = builder.zext(load(p, mins_off, ir.VectorType(L.I8, 8)), L.V8I)
                         dmin = load(p, dmin_off, L.F32)
                     for j in range(T):
-                        s = builder.fmul(dw, da[j])
+                        # the block's exact integer dot (the +128 offset taken back in integers), then one FMA
+                        v = builder.sub(L.ihsum(builder, isum[k][j]), c128)
                         a = acc_ptr[k][j]
-                        builder.store(builder.fadd(builder.fmul(builder.sitofp(isum[k][j], L.V8F),
-                                                                L.splat(builder, s, L.V8F), flags=L.CONTRACT),
+                        builder.store(builder.fadd(builder.fmul(builder.sitofp(v, L.F32), builder.fmul(dw, da[j]),
+                                                                flags=L.CONTRACT),
                                                    builder.load(a), flags=L.CONTRACT), a)
-                        cp = corr_ptr[k][j]
-                        builder.store(builder.fadd(builder.fmul(s, c, flags=L.CONTRACT), builder.load(cp),
-                                                   flags=L.CONTRACT), cp)
-                        if mins:        # sum over sub-blocks of min * (activation sum), scaled by dmin * da
+                        if mins:        # sum over sub-blocks of min * (activation sum), exact, scaled by dmin * da
                             bsum = load(xb0[j], builder.mul(blk.index, bstr[1]), L.V8I)
+                            m = L.ihsum(builder, builder.mul(mins8, bsum))
                             mp = min_ptr[k][j]
-                            builder.store(builder.fadd(
-                                builder.fmul(builder.sitofp(builder.mul(mins8, bsum), L.V8F),
-                                             L.splat(builder, builder.fmul(dmin, da[j]), L.V8F), flags=L.CONTRACT),
-                                builder.load(mp), flags=L.CONTRACT), mp)
+                            builder.store(builder.fadd(builder.fmul(builder.sitofp(m, L.F32), builder.fmul(dmin, da[j]),
+                                                                    flags=L.CONTRACT),
+                                                       builder.load(mp), flags=L.CONTRACT), mp)
 
-            def result(k, j):           # undo the +128 offset, subtract the mins
-                v = builder.fsub(L.hsum(builder, builder.load(acc_ptr[k][j])),
-                                 builder.fmul(ir.Constant(L.F32, 128.0), builder.load(corr_ptr[k][j])))
-                return builder.fsub(v, L.hsum(builder, builder.load(min_ptr[k][j]))) if mins else v
+            def result(k, j):           # subtract the mins
+                v = builder.load(acc_ptr[k][j])
+                return builder.fsub(v, builder.load(min_ptr[k][j])) if mins else v
 
             L.store_tile(builder, pout, ostr, t_idx, r_idx, result)
             return context.get_dummy_value()
