@@ -30,7 +30,7 @@ from . import nibble_int8 as nib
 from .gemm_work import token_chunks
 from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
 
-MIN_TOK = 16         # from here on the GEMM; below, nibble_int8.matvec (perf/bench_prompt_gemm.py)
+MIN_TOK = 32         # from here on the GEMM; below, nibble_int8.matvec (crossover 24-32 tokens, docs/cpu.md)
 ROWS, T = 4, 8       # a tile: 4 rows x 2 groups of T tokens (the lanes of a vector)
 PANEL = 4            # row groups a thread unpacks at a time (16 rows; 35 blocks x 1.4 KB x 4 = 200 KB at 8960
                      # columns, in L2)
@@ -58,7 +58,16 @@ def _src_offsets(kind):
 
 
 @njit(cache=True, inline="always")
-def _weights(kind, src, dst, table):
+def _iq3_value(c):
+    """IQ3 code (level l | sign << 3) -> its signed value as arithmetic (vectorizes; a table gather does not):
+    8 l + 4, 62 for l = 7 (iq3_int8.IQ3_LEVELS), negated for the sign."""
+    lv = c & 7
+    v = 8 * lv + 4 + 2 * (lv == 7)
+    return (v ^ -(c >> 3)) + (c >> 3)
+
+
+@njit(cache=True, inline="always")
+def _weights(kind, src, dst):
     """One block of one row (src: its bytes in layout `kind`) -> dst (256 int8 weights in order, as uint8)."""
     if kind == nib.Q6K:
         for i in range(QK):
@@ -66,18 +75,16 @@ def _weights(kind, src, dst, table):
         return
     for p in range(4):              # codes: byte 32p + j holds weight 64p + j (low nibble), 64p + 32 + j (high)
         for j in range(32):
-            byte = src[32 * p + j]
-            dst[64 * p + j] = byte & 15
-            dst[64 * p + 32 + j] = byte >> 4
-    if kind == nib.IQ3:             # code -> signed value
-        for i in range(QK):
-            dst[i] = np.uint8(table[dst[i]] & 255)
-    elif kind == nib.Q5K:           # the fifth bits: bit 2p of plane byte j (weight 64p + j), 2p + 1 (64p + 32 + j)
-        for p in range(4):
-            for j in range(32):
-                plane = src[128 + j]
-                dst[64 * p + j] |= ((plane >> (2 * p)) & 1) << 4
-                dst[64 * p + 32 + j] |= ((plane >> (2 * p + 1)) & 1) << 4
+            byte = np.int32(src[32 * p + j])
+            lo, hi = byte & 15, byte >> 4
+            if kind == nib.IQ3:
+                lo, hi = _iq3_value(lo), _iq3_value(hi)
+            elif kind == nib.Q5K:   # the fifth bits: bit 2p of plane byte j (weight 64p + j), 2p + 1 (64p + 32 + j)
+                plane = np.int32(src[128 + j])
+                lo |= ((plane >> (2 * p)) & 1) << 4
+                hi |= ((plane >> (2 * p + 1)) & 1) << 4
+            dst[64 * p + j] = np.uint8(lo & 255)
+            dst[64 * p + 32 + j] = np.uint8(hi & 255)
 
 
 @njit(cache=True)
@@ -92,7 +99,7 @@ def _unpack_group(kind, raw3, raw_f, raw_i, r0, pw, pw_i, pw_f, gi, table):
         r = min(r0 + q, n_rows - 1)
         for b in range(raw3.shape[1]):
             src = raw3[r, b]
-            _weights(kind, src, pw[gi, b, W + QK * q:W + QK * (q + 1)], table)
+            _weights(kind, src, pw[gi, b, W + QK * q:W + QK * (q + 1)])
             for s in range(n_sub):
                 v = src[sc_o + s]
                 pw_i[gi, b, (SC + 16 * s) // 4 + q] = np.int32(np.int8(v)) if kind == nib.Q6K else np.int32(v)
@@ -134,6 +141,7 @@ def _make_tile(isa, n_sub: int, mins: bool):
     the last one, which the packing repeated) and the 4 rows q of panel group i. n_sub: sub-blocks a block (8;
     Q6_K 16), mins: Q4_K / Q5_K's mins term."""
     quads = 64 // n_sub         # 4-weight quads a sub-block
+    chains = 2 if isa == VNNI else 1
 
     @intrinsic
     def tile(typingctx, pw, i, a, g0, g1, out, r0):
@@ -175,11 +183,11 @@ def _make_tile(isa, n_sub: int, mins: bool):
                             w = builder.bitcast(bcast(pwb, builder.add(L.const(W + QK * q), builder.mul(j, L.const(4)))),
                                                 L.V32B)
                             for k, x in enumerate(xa):
-                                dsub[k][q][jj % 2] = L.dot_u8s8(builder, isa, x, w, dsub[k][q][jj % 2])
+                                dsub[k][q][jj % chains] = L.dot_u8s8(builder, isa, x, w, dsub[k][q][jj % chains])
                     for q in range(ROWS):
                         sc = bcast(pwb, builder.add(L.const(SC + 4 * q), builder.mul(s, L.const(16))))
                         for k in range(len(groups)):
-                            d = builder.add(*dsub[k][q])
+                            d = dsub[k][q][0] if chains == 1 else builder.add(*dsub[k][q])
                             builder.store(builder.add(builder.load(blk[k][q]), builder.mul(d, sc)), blk[k][q])
                 for k, p in enumerate(pab):
                     da = L.load(builder, p, A_D, L.V8F)
@@ -247,7 +255,7 @@ def _gemm(raw3, raw_f, raw_i, x3, out, table, kind, n_threads, isa):
         p, c = item // n_ch, item % n_ch
         g0 = p * PANEL
         n_in_pan = min(PANEL, n_groups - g0)
-        pw = np.zeros((n_in_pan, nb, W_REC), dtype=np.uint8)
+        pw = np.empty((n_in_pan, nb, W_REC), dtype=np.uint8)    # the fields a kind does not use are never read
         pw_i, pw_f = pw.view(np.int32), pw.view(np.float32)
         for i in range(n_in_pan):
             _unpack_group(kind, raw3, raw_f, raw_i, ROWS * (g0 + i), pw, pw_i, pw_f, i, table)
