@@ -7,9 +7,10 @@ argument: AVX2 forms a 4-byte dot with pmaddubsw + pmaddwd by ones, VNNI with on
 256-bit lanes, from AVX-512 VNNI with AVX-512 VL (EVEX) or AVX-VNNI (VEX; LLVM picks the encoding from the
 CPU's features). Both give the same integers (llvm_ir.dot_u8s8 says why), so the same bits. INT8_ISA is
 chosen once at import; STRATA_LITE_CPU_ISA=avx2 keeps the AVX2 instructions on a VNNI CPU.
-The K-quant kernels (nibble_int8.py, nibble_gemm.py) have no VNNI variant: their pmaddwd multiplies by the
-sub-block scales, not by ones, so vpdpbusd cannot replace it; on a VNNI target LLVM itself turns their
-pmaddwd + vpaddd into vpdpwssd (the same integers; seen with LLVM 22.1).
+The K-quant / IQ3_XXS mat-vec kernel (nibble_int8.py) has no VNNI variant: its pmaddwd multiplies by the
+sub-block scales, not by ones, so vpdpbusd cannot replace it; on a VNNI target LLVM itself turns its
+pmaddwd + vpaddd into vpdpwssd (the same integers; seen with LLVM 22.1). Their prompt GEMM (nibble_gemm.py)
+keeps the tokens in the lanes and takes the isa argument like the Q8_0 family.
 LLVM aborts the process when asked for vpdpbusd on a target without it, so the kernels compile their VNNI
 branch only under `if VNNI_BUILT` (a constant Numba prunes): VNNI_BUILT depends only on the target Numba
 compiles for, which is part of its cache key, so a cached kernel never holds code its host cannot run.

@@ -20,6 +20,11 @@ unsigned by signed bytes: sum (q + 128) w = sum q w + 128 sum w, the second term
 The Q4_K mins need each sub-block's activation sum (`bsums`, int32, without the offset).
 No overflow: |pair sum| <= 2 * 255 * 62 < 2^15 (pmaddubsw saturates at int16; Q5_K: 2 * 255 * 31), and the
 scaled int32 sums stay below 2^27 per block.
+
+Float order, per (token, row): acc = fma(float(v_b), fl(d_w d_a), acc) over the blocks b from 0, v_b the block's
+exact integer dot (the 8 lanes of scaled pair sums added in integers) minus 128 C; Q4_K / Q5_K also
+mins = fma(float(m_b), fl(dmin d_a), mins), m_b = sum_s min_s bsum_s exact; the result is acc - mins. The prompt
+GEMM (nibble_gemm.py) forms the same integers another way and then the same float steps: the same bits.
 """
 from __future__ import annotations
 
