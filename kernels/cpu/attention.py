@@ -52,10 +52,10 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .attention_int8 import GROUP, quantize_row, quantize_row16, scores_int16, scores_int8
+from .attention_int8 import GROUP, dequant_group, quantize_row, quantize_row16, scores_int16, scores_int8
 from .elementwise import exp2_poly
 from .isa import int8_enabled
-from ..kv_layout import kv_scale_groups
+from ..kv_layout import KV_GROUP, kv_scale_groups
 
 __all__ = ["kv_store", "attention", "attention_nocheck", "qk_path", "QK_PATHS"]
 
@@ -317,6 +317,10 @@ def _dequant_rows(pages, scales, page_tables, seq, g, kb, nk, buf):
         row = pages[page, kp % ps, g]
         scr = scales[page, kp % ps, g]
         bj = buf[j]
+        if gs == KV_GROUP:          # 32 channels a scale (every head_dim multiple of 32): one vector conversion
+            for gi in range(ng):
+                dequant_group(row, gi * KV_GROUP, bj, gi * KV_GROUP, scr[gi])
+            continue
         for gi in range(ng):
             sc = scr[gi]
             o = gi * gs

@@ -98,6 +98,30 @@ def _dot16(builder, qrow, kp, goff):
     return builder.add(*halves)
 
 
+V32F = ir.VectorType(L.F32, GROUP)
+
+
+@intrinsic
+def dequant_group(typingctx, src, so, dst, do, scale):
+    """dst[do:do + 32] = float32(src[so:so + 32]) * scale: one KV group of an int8 cache row (src int8, 1-D
+    C-contiguous: a row view of the cache) into a float32 row (dst), as one vector sign-extension, convert and
+    multiply. The products are the scalar loop's (an exact conversion, one rounding), which LLVM left
+    unvectorized over the cache's row views (~0.23 ns a channel against ~0.14 here, one thread)."""
+    if not (L.c_arrays((src, types.int8, 1), (dst, types.float32, 1)) and isinstance(so, types.Integer)
+            and isinstance(do, types.Integer) and scale == types.float32):
+        return None
+    sig = types.void(src, types.intp, dst, types.intp, types.float32)
+
+    def codegen(context, builder, signature, args):
+        (psrc, _, _), (pdst, _, _) = (L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2))
+        f = builder.sitofp(L.load(builder, psrc, args[1], L.V32B), V32F)
+        f = builder.fmul(f, L.splat(builder, args[4], V32F))
+        builder.store(f, builder.bitcast(builder.gep(pdst, [builder.mul(args[3], L.const(4))]), V32F.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _make_scores(qtype, dot):
     """The scores intrinsic for queries and keys of integer type qtype, one group's dot product by dot."""
     @intrinsic
