@@ -52,7 +52,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .attention_int8 import GROUP, dequant_group, quantize_row, quantize_row16, scores_int16, scores_int8
+from .attention_int8 import GROUP, dequant_key, quantize_row, quantize_row16, scores_int16, scores_int8
 from .elementwise import exp2_poly
 from .isa import int8_enabled
 from ..kv_layout import KV_GROUP, kv_scale_groups
@@ -312,15 +312,14 @@ def _dequant_rows(pages, scales, page_tables, seq, g, kb, nk, buf):
     for j in range(nk):
         kp = kb + j
         page = page_tables[seq, kp // ps]
+        if gs == KV_GROUP:          # 32 channels a scale (every head_dim multiple of 32): vector conversions
+            dequant_key(pages, scales, page, kp % ps, g, buf, j)
+            continue
         # 1-D row views first: indexing the 4-D cache inside the d loop kept it scalar
         # (decode, 600 keys, 12 heads: 210 -> 87 us per layer)
         row = pages[page, kp % ps, g]
         scr = scales[page, kp % ps, g]
         bj = buf[j]
-        if gs == KV_GROUP:          # 32 channels a scale (every head_dim multiple of 32): one vector conversion
-            for gi in range(ng):
-                dequant_group(row, gi * KV_GROUP, bj, gi * KV_GROUP, scr[gi])
-            continue
         for gi in range(ng):
             sc = scr[gi]
             o = gi * gs

@@ -102,21 +102,32 @@ V32F = ir.VectorType(L.F32, GROUP)
 
 
 @intrinsic
-def dequant_group(typingctx, src, so, dst, do, scale):
-    """dst[do:do + 32] = float32(src[so:so + 32]) * scale: one KV group of an int8 cache row (src int8, 1-D
-    C-contiguous: a row view of the cache) into a float32 row (dst), as one vector sign-extension, convert and
-    multiply. The products are the scalar loop's (an exact conversion, one rounding), which LLVM left
-    unvectorized over the cache's row views (~0.23 ns a channel against ~0.14 here, one thread)."""
-    if not (L.c_arrays((src, types.int8, 1), (dst, types.float32, 1)) and isinstance(so, types.Integer)
-            and isinstance(do, types.Integer) and scale == types.float32):
+def dequant_key(typingctx, pages, scales, page, slot, g, buf, j):
+    """buf[j] = float32(pages[page, slot, g]) * its group scales (scales[page, slot, g], one per 32 channels):
+    one key's int8 row of a (n_pages, page_size, n_kv_heads, head_dim) cache into row j of a float32 (keys,
+    head_dim) buffer, each group one vector sign-extension, convert and multiply, addressed from the arrays'
+    strides (no row views). head_dim a multiple of 32; the scalar loop's products."""
+    if not (L.c_arrays((pages, types.int8, 4), (scales, types.float32, 4), (buf, types.float32, 2))
+            and all(isinstance(v, types.Integer) for v in (page, slot, g, j))):
         return None
-    sig = types.void(src, types.intp, dst, types.intp, types.float32)
+    sig = types.void(pages, scales, types.intp, types.intp, types.intp, buf, types.intp)
 
     def codegen(context, builder, signature, args):
-        (psrc, _, _), (pdst, _, _) = (L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2))
-        f = builder.sitofp(L.load(builder, psrc, args[1], L.V32B), V32F)
-        f = builder.fmul(f, L.splat(builder, args[4], V32F))
-        builder.store(f, builder.bitcast(builder.gep(pdst, [builder.mul(args[3], L.const(4))]), V32F.as_pointer()), align=4)
+        (pp, pstr, pshape), (ps, sstr, _), (pb, bstr, _) = (
+            L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 1, 5))
+        page, slot, g, j = args[2], args[3], args[4], args[6]
+        src = builder.gep(pp, [builder.add(builder.add(builder.mul(page, pstr[0]), builder.mul(slot, pstr[1])),
+                                           builder.mul(g, pstr[2]))])
+        sc = builder.gep(ps, [builder.add(builder.add(builder.mul(page, sstr[0]), builder.mul(slot, sstr[1])),
+                                          builder.mul(g, sstr[2]))])
+        dst = builder.gep(pb, [builder.mul(j, bstr[0])])
+        n_groups = builder.sdiv(pshape[3], L.const(GROUP))
+        with cgutils.for_range(builder, n_groups) as loop:
+            gi = loop.index
+            f = builder.sitofp(L.load(builder, src, builder.mul(gi, L.const(GROUP)), L.V32B), V32F)
+            f = builder.fmul(f, L.splat(builder, L.load(builder, sc, builder.mul(gi, L.const(4)), L.F32), V32F))
+            builder.store(f, builder.bitcast(builder.gep(dst, [builder.mul(gi, L.const(4 * GROUP))]),
+                                             V32F.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
