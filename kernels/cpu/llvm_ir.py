@@ -99,24 +99,14 @@ def splat(builder, value, vty):
 
 
 def hsum(builder, v):
-    """Sum of the lanes of a float vector (power-of-two width), as a scalar."""
+    """Sum of the lanes of a float or integer vector (power-of-two width), as a scalar, halving the vector each
+    step (integers: wrapping adds, exact while the sum fits the lane type)."""
+    add = builder.fadd if isinstance(v.type.element, ir.FloatType) else builder.add
     n = v.type.count // 2
     while n >= 1:
         idx = ir.VectorType(I32, n)
-        v = builder.fadd(builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n)))),
-                         builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n, 2 * n)))))
-        n //= 2
-    return builder.extract_element(v, const(0, I32))
-
-
-def ihsum(builder, v):
-    """Sum of the lanes of an integer vector (power-of-two width), as a scalar (wrapping adds: exact while the
-    sum fits the lane type)."""
-    n = v.type.count // 2
-    while n >= 1:
-        idx = ir.VectorType(I32, n)
-        v = builder.add(builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n)))),
-                        builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n, 2 * n)))))
+        v = add(builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n)))),
+                builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n, 2 * n)))))
         n //= 2
     return builder.extract_element(v, const(0, I32))
 

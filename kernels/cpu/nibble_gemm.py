@@ -9,7 +9,7 @@ load of 8 tokens' packed activations serves the 4 rows and each row's 4 weights,
 thread's panel, are one broadcast for both token groups; vpdpbusd (pmaddubsw + pmaddwd + add on AVX2) sums them
 into the sub-block's int32 vector, which one vpmulld by the sub-block's scale adds to the block's. That is one
 multiply per 32 (token, row) multiply-adds where the mat-vec form needs two (pmaddubsw, then pmaddwd by the
-scale lanes): the 1.5B IQ3_XXS shapes' mat-muls at 512 tokens went 0.20 -> see docs/cpu.md. Then per row and
+scale lanes): the 1.5B IQ3_XXS shapes' mat-muls at 512 tokens ran 2.2x faster (docs/cpu.md). Then per row and
 block one subtract, one convert, one multiply (8 scale products) and one FMA; every integer is exact and every
 float operation is the mat-vec kernel's per (token, row), so are the bits (tests).
 
@@ -49,15 +49,6 @@ A_REC = 2336
 # ------------------------------------------------------------------------------------------- panels
 
 @njit(cache=True, inline="always")
-def _src_offsets(kind):
-    if kind == nib.Q6K:
-        return 256, 272, 276, 0, 0
-    if kind == nib.Q5K:
-        return 160, 168, 172, 176, 184
-    return 128, 136, 140, 144, 152
-
-
-@njit(cache=True, inline="always")
 def _iq3_value(c):
     """IQ3 code (level l | sign << 3) -> its signed value as arithmetic (vectorizes; a table gather does not):
     8 l + 4, 62 for l = 7 (iq3_int8.IQ3_LEVELS), negated for the sign."""
@@ -88,12 +79,12 @@ def _weights(kind, src, dst):
 
 
 @njit(cache=True)
-def _unpack_group(kind, raw3, raw_f, raw_i, r0, pw, pw_i, pw_f, gi, table):
+def _unpack_group(kind, raw3, raw_f, raw_i, r0, pw, pw_i, pw_f, gi):
     """Rows r0 .. r0 + 3 of raw3 (layout `kind`; raw_f / raw_i the same bytes as float32 / int32; rows past the
     last repeat it) into group gi of the panel (pw uint8 (groups, blocks, W_REC), pw_i / pw_f its int32 / float32
     view)."""
     n_rows = raw3.shape[0]
-    sc_o, d_o, c_o, mins_o, dmin_o = _src_offsets(kind)
+    sc_o, d_o, c_o, mins_o, dmin_o = nib.FIELDS[kind]
     n_sub = 16 if kind == nib.Q6K else 8
     for q in range(ROWS):
         r = min(r0 + q, n_rows - 1)
@@ -243,7 +234,7 @@ def _tile(kind, isa, pw, i, a, g0, g1, out, r0):
 # -------------------------------------------------------------------------------------------- GEMM
 
 @njit(cache=True, parallel=True)
-def _gemm(raw3, raw_f, raw_i, x3, out, table, kind, n_threads, isa):
+def _gemm(raw3, raw_f, raw_i, x3, out, kind, n_threads, isa):
     n_rows, nb = raw3.shape[0], raw3.shape[1]
     n_groups = (n_rows + ROWS - 1) // ROWS
     n_tg = (x3.shape[0] + T - 1) // T
@@ -258,7 +249,7 @@ def _gemm(raw3, raw_f, raw_i, x3, out, table, kind, n_threads, isa):
         pw = np.empty((n_in_pan, nb, W_REC), dtype=np.uint8)    # the fields a kind does not use are never read
         pw_i, pw_f = pw.view(np.int32), pw.view(np.float32)
         for i in range(n_in_pan):
-            _unpack_group(kind, raw3, raw_f, raw_i, ROWS * (g0 + i), pw, pw_i, pw_f, i, table)
+            _unpack_group(kind, raw3, raw_f, raw_i, ROWS * (g0 + i), pw, pw_i, pw_f, i)
         tg0, tg1 = n_tg * c // n_ch, n_tg * (c + 1) // n_ch
         for tg in range(tg0, tg1, 2):             # two token groups a tile (the last may repeat: same values)
             for i in range(n_in_pan):
@@ -268,10 +259,11 @@ def _gemm(raw3, raw_f, raw_i, x3, out, table, kind, n_threads, isa):
 def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, table: np.ndarray, kind: int,
            isa: int = INT8_ISA) -> None:
     """out (n_tok, n_rows) = x @ W.T; W in layout `kind` (nibble_int8's IQ3, Q4K, Q6K, Q5K) as (n_rows, nb, block
-    bytes), x float32 (n_tok, nb, 256): nibble_int8.matvec's results, bit for bit. table: IQ3's code values."""
+    bytes), x float32 (n_tok, nb, 256): nibble_int8.matvec's results, bit for bit. table: IQ3's code values, which
+    only the mat-vec kernel reads (the GEMM computes them, _iq3_value), taken so both have one signature."""
     n_rows, nb, nbytes = raw3.shape
     as_f32, as_i32 = (raw3.view(dt).reshape(n_rows, nb, nbytes // 4) for dt in (np.float32, np.int32))
-    _gemm(raw3, as_f32, as_i32, x3, out, table, kind, numba.get_num_threads(), isa)
+    _gemm(raw3, as_f32, as_i32, x3, out, kind, numba.get_num_threads(), isa)
 
 
 def multiply(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, table: np.ndarray, kind: int) -> None:

@@ -39,6 +39,10 @@ from .prefetch import emit_prefetch
 
 QK = 256
 MAX_TOK = 4       # tokens per kernel call
+# the layouts, by the `kind` argument of matvec, and the byte offsets of their fields in a block: (scales, d, C,
+# mins, dmin), the mins only in Q4_K's and Q5_K's
+IQ3, Q4K, Q6K, Q5K = 0, 1, 2, 3
+FIELDS = ((128, 136, 140, 0, 0), (128, 136, 140, 144, 152), (256, 272, 276, 0, 0), (160, 168, 172, 176, 184))
 ROW_GROUP = 4     # rows per work item with several tokens (a 4096-weight row is ~2.3 KB in these layouts)
 
 
@@ -122,8 +126,7 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high:
     wide: the Q6_K layout (q6_k_int8.py): int8 weights instead of codes, 16 int8 scales (one per 16
     weights) at byte 256, d at 272, C at 276. high: the Q5_K layout (q5_k_int8.py): the fifth bits' plane
     at byte 128, the other fields 32 bytes later than Q4_K's."""
-    scale_off, d_off, c_off = (256, 272, 276) if wide else (160, 168, 172) if high else (128, 136, 140)
-    mins_off, dmin_off = (176, 184) if high else (144, 152)
+    scale_off, d_off, c_off, mins_off, dmin_off = FIELDS[Q6K if wide else Q5K if high else Q4K]
     block_bytes = 280 if wide else 192 if high else 160
 
     @intrinsic
@@ -221,14 +224,14 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high:
                         dmin = load(p, dmin_off, L.F32)
                     for j in range(T):
                         # the block's exact integer dot (the +128 offset taken back in integers), then one FMA
-                        v = builder.sub(L.ihsum(builder, isum[k][j]), c128)
+                        v = builder.sub(L.hsum(builder, isum[k][j]), c128)
                         a = acc_ptr[k][j]
                         builder.store(builder.fadd(builder.fmul(builder.sitofp(v, L.F32), builder.fmul(dw, da[j]),
                                                                 flags=L.CONTRACT),
                                                    builder.load(a), flags=L.CONTRACT), a)
                         if mins:        # sum over sub-blocks of min * (activation sum), exact, scaled by dmin * da
                             bsum = load(xb0[j], builder.mul(blk.index, bstr[1]), L.V8I)
-                            m = L.ihsum(builder, builder.mul(mins8, bsum))
+                            m = L.hsum(builder, builder.mul(mins8, bsum))
                             mp = min_ptr[k][j]
                             builder.store(builder.fadd(builder.fmul(builder.sitofp(m, L.F32), builder.fmul(dmin, da[j]),
                                                                     flags=L.CONTRACT),
@@ -262,8 +265,6 @@ def _by_token_count(dot):
     return call
 
 
-# the layouts, by the `kind` argument of matvec
-IQ3, Q4K, Q6K, Q5K = 0, 1, 2, 3
 _DOT_IQ3 = _by_token_count(make_dot(lookup=True))     # IQ3_XXS codes through the table
 _DOT_Q4K = _by_token_count(make_dot(mins=True))       # Q4_K codes and mins
 _DOT_Q6K = _by_token_count(make_dot(wide=True))       # Q6_K int8 weights, scales per 16
