@@ -5,7 +5,7 @@ Two paths, chosen by the number of tokens:
     over the weights per call (each row stays in L1 while the tokens are looped over).
   * otherwise: dequantize a tile of rows into a float32 scratch buffer (dequant.py, Numba-parallel)
     and multiply it with BLAS (numpy.matmul); the whole matrix is never materialized.
-F32 weights go straight to BLAS; F16 / BF16 always take the tile path.
+F32 weights go straight to BLAS; F16 / BF16 take half_matvec.py up to MATVEC_MAX_TOK tokens, the tile path above.
 """
 import ctypes
 import glob
@@ -17,7 +17,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from . import q8_0_gemm, q8_0_int8
+from . import half_matvec, q8_0_gemm, q8_0_int8
 from . import matvec as mv
 from .act_quant import round_activations
 from .dequant import (QK, QK_HALF, F16_TABLE, IQ3XXS_GRID, IQ4NL_VALUES, check_raw,
@@ -39,6 +39,7 @@ MATVEC_MAX_TOK = 8
 # The tile path dequantizes about this many float32 bytes at a time (fits L2).
 TILE_BYTES = 1 << 20
 
+_HALF = {QType.F16, QType.BF16}   # up to MATVEC_MAX_TOK tokens: half_matvec.py (rows of whole 16-weight steps)
 _FUSED = {QType.Q8_0, QType.Q4_0, QType.Q5_0, QType.IQ4_NL, QType.Q4_K, QType.Q5_K, QType.Q6_K,
           QType.IQ3_XXS}
 
@@ -74,6 +75,8 @@ def qmatmul(qtype, raw: np.ndarray, n_cols: int, x: np.ndarray, out: np.ndarray)
         return
     if qtype == QType.F32:
         np.matmul(x, raw.view(np.float32).T, out=out)
+    elif qtype in _HALF and n_tok <= MATVEC_MAX_TOK and half_matvec.fits(n_cols):
+        half_matvec.matvec(raw, qtype == QType.BF16, x, out)
     elif qtype in _FUSED and n_tok <= MATVEC_MAX_TOK:
         matvec_fused(qtype, raw, x, out)
     else:
@@ -123,6 +126,8 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
             mv.mv_q8_0(w.raw3, x3, out, F16_TABLE, QK)
     elif qtype == QType.F32:
         np.matmul(x, w.raw.view(np.float32).T, out=out)
+    elif qtype in _HALF and n_tok <= MATVEC_MAX_TOK and half_matvec.fits(w.n_in):
+        half_matvec.matvec(w.raw, qtype == QType.BF16, x, out)
     elif qtype in _FUSED and n_tok <= MATVEC_MAX_TOK:
         matvec_fused(qtype, w.raw, x, out)
     else:

@@ -1,0 +1,87 @@
+"""F16 / BF16 weights against float32 activations for decode-sized calls (up to MATVEC_MAX_TOK tokens): each
+output is one row's dot product with one token, 16 weights at a time converted to float32 in registers
+(F16: the hardware conversion, `vcvtph2ps` under F16C / AVX-512; BF16: a shift into the float's high half),
+fused multiply-adds into 16 lanes, then the lanes' fixed halving sum. Weights are read once per call from
+their file layout (2 bytes each, no float32 copy): the decode of an F16 model is then bound by the bytes it
+reads, where the tile path (dequantize to float32, then BLAS) spent ~1 ns a weight converting.
+
+The order of each output's float operations depends on its row and token only, never on the token count
+of the call (up to MATVEC_MAX_TOK; longer prompt chunks take the tile path, docs/bounds.md).
+"""
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import llvm_ir as L
+
+LANES = 16                       # weights per step (one 32-byte load)
+_V16F = ir.VectorType(L.F32, LANES)
+_V16H = ir.VectorType(ir.HalfType(), LANES)
+_V16I = ir.VectorType(L.I32, LANES)
+
+
+def _make_dot(bf16: bool):
+    @intrinsic
+    def dot(typingctx, w, r, x, t):
+        """sum over k of float32(w[r, k]) * x[t, k]: w uint16 (n_out, k) F16 or BF16 bits, x float32 (n_tok, k),
+        C-contiguous, k a multiple of LANES."""
+        if not (L.c_arrays((w, types.uint16, 2), (x, types.float32, 2))
+                and isinstance(r, types.Integer) and isinstance(t, types.Integer)):
+            return None
+        sig = types.float32(w, types.intp, x, types.intp)
+
+        def codegen(context, builder, signature, args):
+            (pw, wstr, wshape), (px, xstr, _) = (L.array_arg(context, builder, signature.args[k], args[k])
+                                                 for k in (0, 2))
+            wrow = builder.gep(pw, [builder.mul(args[1], wstr[0])])
+            xrow = builder.gep(px, [builder.mul(args[3], xstr[0])])
+            acc = cgutils.alloca_once_value(builder, ir.Constant(_V16F, [0.0] * LANES))
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F] * 3),
+                                                 "llvm.fma.v16f32")
+            with cgutils.for_range(builder, builder.sdiv(wshape[1], L.const(LANES))) as loop:
+                i = loop.index
+                bits = L.load(builder, wrow, builder.mul(i, L.const(2 * LANES)), L.V16W)
+                if bf16:
+                    wf = builder.bitcast(builder.shl(builder.zext(bits, _V16I),
+                                                     ir.Constant(_V16I, [16] * LANES)), _V16F)
+                else:
+                    wf = builder.fpext(builder.bitcast(bits, _V16H), _V16F)
+                xv = L.load(builder, xrow, builder.mul(i, L.const(4 * LANES)), _V16F)
+                builder.store(builder.call(fma, [wf, xv, builder.load(acc)]), acc)
+            return L.hsum(builder, builder.load(acc))
+
+        return sig, codegen
+    return dot
+
+
+_dot_f16 = _make_dot(False)
+_dot_bf16 = _make_dot(True)
+
+
+@njit(parallel=True, cache=True)
+def _mv_f16(w, x, out):
+    for r in prange(w.shape[0]):
+        for t in range(x.shape[0]):
+            out[t, r] = _dot_f16(w, r, x, t)
+
+
+@njit(parallel=True, cache=True)
+def _mv_bf16(w, x, out):
+    for r in prange(w.shape[0]):
+        for t in range(x.shape[0]):
+            out[t, r] = _dot_bf16(w, r, x, t)
+
+
+def fits(n_in: int) -> bool:
+    """Whether rows of n_in weights take this kernel (whole steps of LANES)."""
+    return n_in % LANES == 0
+
+
+def matvec(raw: np.ndarray, bf16: bool, x: np.ndarray, out: np.ndarray) -> None:
+    """out (n_tok, n_out) = x (n_tok, n_in) @ W.T for raw (n_out, 2 * n_in) uint8 rows of F16 (bf16 False) or
+    BF16 values; x float32 C-contiguous, fits(n_in)."""
+    w = np.asarray(raw).view(np.uint16)
+    (_mv_bf16 if bf16 else _mv_f16)(w, x, out)
+
