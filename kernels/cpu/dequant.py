@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as QType
 from gguf import quants as _gq
 
 from ..qtypes import block_geometry, check_supported, row_nbytes
+from . import half_matvec
 
 # float16 bit pattern -> float32 value, exact for every pattern (NaN payloads included)
 F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -297,11 +298,13 @@ def dequantize_into(qtype: QType, raw: np.ndarray, out: np.ndarray) -> None:
     if qtype == QType.F32:
         out[...] = raw.view(np.float32)
         return
-    if qtype == QType.F16:
-        out[...] = raw.view(np.float16)
-        return
-    if qtype == QType.BF16:
-        out.view(np.uint32)[...] = raw.view(np.uint16).astype(np.uint32) << 16
+    if qtype in (QType.F16, QType.BF16):
+        if half_matvec.fits(out.shape[1]) and out.flags.c_contiguous:
+            half_matvec.to_f32(raw, qtype == QType.BF16, out)
+        elif qtype == QType.F16:
+            out[...] = raw.view(np.float16)
+        else:
+            out.view(np.uint32)[...] = raw.view(np.uint16).astype(np.uint32) << 16
         return
     _, bsize = block_geometry(qtype)
     raw3 = raw.reshape(raw.shape[0], -1, bsize)
