@@ -6,7 +6,8 @@ their file layout (2 bytes each, no float32 copy): the decode of an F16 model is
 reads, where the tile path (dequantize to float32, then BLAS) spent ~1 ns a weight converting.
 
 The order of each output's float operations depends on its row and token only, never on the token count
-of the call (up to MATVEC_MAX_TOK; longer prompt chunks take the tile path, docs/bounds.md).
+of the call (up to MATVEC_MAX_TOK; longer prompt chunks take the tile path, docs/bounds.md). The same
+conversion, stored instead of multiplied (to_f32), is the tile path's F16 / BF16 dequantization.
 """
 import numpy as np
 from llvmlite import ir
@@ -90,37 +91,26 @@ _row_bf16 = _make_row_to_f32(True)
 
 
 @njit(nogil=True, cache=True)
-def _to_f32_f16(w, out):
+def _to_f32(w, out, bf16):
     for r in range(w.shape[0]):
-        _row_f16(w, r, out)
-
-
-@njit(nogil=True, cache=True)
-def _to_f32_bf16(w, out):
-    for r in range(w.shape[0]):
-        _row_bf16(w, r, out)
+        if bf16:
+            _row_bf16(w, r, out)
+        else:
+            _row_f16(w, r, out)
 
 
 def to_f32(raw: np.ndarray, bf16: bool, out: np.ndarray) -> None:
-    """out (n, n_in) float32 = the F16 (bf16 False) or BF16 values of raw (n, 2 * n_in) uint8 rows, exactly (an F16
-    signaling NaN comes back quiet), on the calling thread without the GIL (the tile path's dequantization: numpy's scalar float16 cast converts
-    ~0.55 G values/s); raw and out C-contiguous, fits(n_in)."""
-    w = np.asarray(raw).view(np.uint16)
-    (_to_f32_bf16 if bf16 else _to_f32_f16)(w, out)
+    """out (n, n_in) float32 = the F16 (bf16 False) or BF16 values of raw (n, 2 * n_in) uint8 rows, exactly (an
+    F16 signaling NaN comes back quiet), on the calling thread without the GIL: the tile path's dequantization
+    (numpy's scalar float16 cast converts ~0.55 G values/s). raw and out C-contiguous, fits(n_in)."""
+    _to_f32(np.asarray(raw).view(np.uint16), out, bf16)
 
 
 @njit(parallel=True, cache=True)
-def _mv_f16(w, x, out):
+def _mv(w, x, out, bf16):
     for r in prange(w.shape[0]):
         for t in range(x.shape[0]):
-            out[t, r] = _dot_f16(w, r, x, t)
-
-
-@njit(parallel=True, cache=True)
-def _mv_bf16(w, x, out):
-    for r in prange(w.shape[0]):
-        for t in range(x.shape[0]):
-            out[t, r] = _dot_bf16(w, r, x, t)
+            out[t, r] = _dot_bf16(w, r, x, t) if bf16 else _dot_f16(w, r, x, t)
 
 
 def fits(n_in: int) -> bool:
@@ -131,6 +121,5 @@ def fits(n_in: int) -> bool:
 def matvec(raw: np.ndarray, bf16: bool, x: np.ndarray, out: np.ndarray) -> None:
     """out (n_tok, n_out) = x (n_tok, n_in) @ W.T for raw (n_out, 2 * n_in) uint8 rows of F16 (bf16 False) or
     BF16 values; x float32 C-contiguous, fits(n_in)."""
-    w = np.asarray(raw).view(np.uint16)
-    (_mv_bf16 if bf16 else _mv_f16)(w, x, out)
+    _mv(np.asarray(raw).view(np.uint16), x, out, bf16)
 
