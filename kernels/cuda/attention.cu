@@ -13,11 +13,13 @@
 //      into q), l = sum p; all KPS scores sit in shared memory, so nothing is rescaled inside a split;
 //   C  acc[h][c] = sum of p[h][k] * v[k][c] on the tensor cores (int8 V exact, p times the V scale split in
 //      two f16 halves).
-// The split's partial (m, l, acc) is either written to the workspace and folded by attn_merge (splits in
-// parallel: decode), or folded in the same CTA (`looped`: one CTA walks all its splits; many tokens).
-// Both modes fold the splits left to right with attn_fold, and every float operation on the value path is
-// an explicitly rounded intrinsic (no contraction choices left to the compiler), so a token's output is the
-// same bits in either mode and whatever else shares the launch (batch invariance).
+// Splits are folded in groups of consecutive splits (group_splits: by the token's own key count). A
+// group's partial (m, l, acc) is either written to the workspace and folded by attn_merge (groups in
+// parallel: decode), or folded in the same CTA (`_looped` kernels: one CTA walks all its groups; many
+// tokens). Both modes fold with attn_fold in the same order (splits left to right within a group, groups
+// left to right), and every float operation on the value path is an explicitly rounded intrinsic (no
+// contraction choices left to the compiler), so a token's output is the same bits in either mode and
+// whatever else shares the launch (batch invariance).
 #include "common.cuh"
 
 #define KPS 128              // keys per split (attention.py: keys_per_split)
@@ -75,12 +77,14 @@ __device__ __forceinline__ u32 smem_u32(const void* p) {
     return a;
 }
 template <int BYTES>
-__device__ __forceinline__ void cp_async(void* dst, const void* src) {
+__device__ __forceinline__ void cp_async_s(u32 dst, const void* src) {   // dst: a shared-window address
     if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
     else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem_u32(dst)), "l"(src), "n"(BYTES) : "memory");
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(src), "n"(BYTES) : "memory");
 }
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* dst, const void* src) { cp_async_s<BYTES>(smem_u32(dst), src); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
@@ -134,22 +138,36 @@ struct Smem {
     float qf[HT], qinv[HT];                  // per head: 2^(13 - e), 2^(e - 13), e = exponent of max |q * qscale|
 };
 
-// Issue cp.async copies of the nk keys' rows of one kv head (and their scales) into shared memory.
+// Issue cp.async copies of the nk keys' rows of one kv head (and their scales) into shared memory. Each
+// thread copies the same 16-byte chunk of every row it stages; a row's source is one 32 x 32 -> 64-bit
+// multiply-add (cache row index x row bytes + the thread's base), a full split's copies are unrolled.
 template <int D, int HT>
 __device__ __forceinline__ void stage_rows(u8* rows, float* scl, const i8* __restrict__ pages,
                                            const float* __restrict__ scales, const int* rowoff, int nk,
                                            int kvh, int n_kv) {
     using C = Cfg<D, HT>;
     constexpr int CPR = D / 16;                              // 16-byte chunks per row
-    const int c = threadIdx.x % CPR;                         // this thread's chunk of every row it copies
-    const i8* src = pages + (i64)kvh * D + c * 16;
-    for (int k = threadIdx.x / CPR; k < nk; k += NT / CPR)
-        cp_async<16>(rows + k * C::RS + c * 16, src + (i64)rowoff[k] * n_kv * D);
-    constexpr int SPR = C::NG * 4 / C::SC_CHUNK;
+    constexpr int STEP = NT / CPR;                           // rows per pass of the CTA
+    const int c = threadIdx.x % CPR, k0 = threadIdx.x / CPR;
+    const u32 row_bytes = (u32)(n_kv * D);
+    const u8* src = (const u8*)pages + kvh * D + c * 16;
+    const u32 dst = smem_u32(rows) + k0 * C::RS + c * 16;
+    if (nk == KPS) {
+#pragma unroll
+        for (int i = 0; i < KPS / STEP; i++)
+            cp_async_s<16>(dst + i * STEP * C::RS, src + (u64)(u32)rowoff[k0 + i * STEP] * row_bytes);
+    } else {
+        for (int i = 0; k0 + i * STEP < nk; i++)
+            cp_async_s<16>(dst + i * STEP * C::RS, src + (u64)(u32)rowoff[k0 + i * STEP] * row_bytes);
+    }
+    constexpr int SPR = C::NG * 4 / C::SC_CHUNK;             // scale chunks per row (1 or 2)
+    const u32 scale_row_bytes = (u32)(n_kv * C::NG * 4);
+    const u8* ssrc = (const u8*)scales + kvh * C::NG * 4;
+    const u32 sdst = smem_u32(scl);
     for (int i = threadIdx.x; i < nk * SPR; i += NT) {
-        const int k = i / SPR, c = i % SPR;
-        cp_async<C::SC_CHUNK>((u8*)scl + k * C::NG * 4 + c * C::SC_CHUNK,
-                              (const u8*)(scales + ((i64)rowoff[k] * n_kv + kvh) * C::NG) + c * C::SC_CHUNK);
+        const int k = i / SPR, cc = i % SPR;
+        cp_async_s<C::SC_CHUNK>(sdst + k * C::NG * 4 + cc * C::SC_CHUNK,
+                                ssrc + cc * C::SC_CHUNK + (u64)(u32)rowoff[k] * scale_row_bytes);
     }
     cp_async_commit();
 }
@@ -332,17 +350,42 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
         float ch[2][4] = {}, cl[2][4] = {};
         for (int kb = part * 16; kb < nk; kb += 16 * C::KSPLIT) {
             const int kk[4] = {kb + 2 * tq, kb + 2 * tq + 8, kb + 2 * tq + 1, kb + 2 * tq + 9};
-            u32 x[4], ph[4], pl[4];
+            u32 x[4], bh0, bh1, bl0, bl1;
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                x[j] = *(const u32*)(vrows + kk[j] * C::RS + grp * 32 + 4 * g) ^ 0x80808080u;
-                float pv = 0.f;                  // P' of head g (0 past the keys and for heads past hcount)
-                if (g < w.hcount && kk[j] < nk)
-                    pv = __fmul_rn(__fmul_rn(sh.S[g * C::SSTR + kk[j]], vsc[kk[j] * C::NG + grp]), fv);
-                split_f16(pv, ph[j], pl[j]);
+            for (int j = 0; j < 4; j++) x[j] = *(const u32*)(vrows + kk[j] * C::RS + grp * 32 + 4 * g) ^ 0x80808080u;
+            if constexpr (HT <= 4) {
+                // 16 keys x at most 4 heads: lane L makes the pair of head L / 8, keys L % 8 and L % 8 + 8,
+                // and lane (g, tq) takes its fragments from lanes 8g + 2tq and 8g + 2tq + 1 (columns g >= HT
+                // get another head's values: they are never stored)
+                const int hl = lane / 8, kl = kb + lane % 8, src = g % 4 * 8 + 2 * tq;
+                u32 ph[2], pl[2];
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int k = kl + 8 * j;
+                    float pv = 0.f;              // P' (0 past the keys and for heads past hcount)
+                    if (hl < w.hcount && k < nk)
+                        pv = __fmul_rn(__fmul_rn(sh.S[hl * C::SSTR + k], vsc[k * C::NG + grp]), fv);
+                    split_f16(pv, ph[j], pl[j]);
+                }
+                const u32 wh = ph[0] | ph[1] << 16, wl = pl[0] | pl[1] << 16;
+                bh0 = __shfl_sync(0xffffffffu, wh, src);
+                bh1 = __shfl_sync(0xffffffffu, wh, src + 1);
+                bl0 = __shfl_sync(0xffffffffu, wl, src);
+                bl1 = __shfl_sync(0xffffffffu, wl, src + 1);
+            } else {
+                u32 ph[4], pl[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float pv = 0.f;              // P' of head g (0 past the keys and for heads past hcount)
+                    if (g < w.hcount && kk[j] < nk)
+                        pv = __fmul_rn(__fmul_rn(sh.S[g * C::SSTR + kk[j]], vsc[kk[j] * C::NG + grp]), fv);
+                    split_f16(pv, ph[j], pl[j]);
+                }
+                bh0 = ph[0] | ph[1] << 16;
+                bh1 = ph[2] | ph[3] << 16;
+                bl0 = pl[0] | pl[1] << 16;
+                bl1 = pl[2] | pl[3] << 16;
             }
-            const u32 bh0 = ph[0] | ph[1] << 16, bh1 = ph[2] | ph[3] << 16;
-            const u32 bl0 = pl[0] | pl[1] << 16, bl1 = pl[2] | pl[3] << 16;
 #pragma unroll
             for (int m = 0; m < 2; m++) {
                 const u32 t01 = __byte_perm(x[0], x[1], m ? 0x7362 : 0x5140);   // bytes 2m, 2m + 1 of keys
@@ -361,23 +404,37 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
     }
 }
 
-// grid (n_tok, n_kv * n_ht, looped ? 1 : Z), block NT. The CTA takes splits s = z, z + Z, ... of its token
-// (z = blockIdx.z; looped: z = 0, Z = 1), so the copies of split s + Z fly while split s is computed:
-// K(s + Z) is issued when phase A of s is done with the K buffer, V(s + Z) when phase C is done with the V
-// buffer (head_dim 256, one buffer: V(s) after A, K(s + Z) after C). cp.async groups complete in issue
-// order, hence the wait counts.
-// Parallel mode: each split's partial to ws_acc (cap, ws_splits, n_heads, D) and ws_ml (cap, ws_splits,
-// n_heads, 2), folded by attn_merge. Looped mode: the CTA folds its splits in order itself and writes out
-// (n_tok, n_heads, D). Every split's partial is the same bits whichever CTA computes it.
-template <int D, int HT>
+// Splits folded together in the CTA before anything leaves it: a token with n_own splits of keys folds
+// them in groups of group_splits consecutive splits (left to right within a group, then the groups left to
+// right). The group size is a function of the token's own split count and of the model's shape (width =
+// kv heads x head tiles: the CTAs a split of one token needs) only, so both modes and every launch share
+// the order: the largest of 1, 2, 4, 8 that leaves a single token at least GROUP_CTAS work items (groups x
+// width), so a decode keeps ~4 CTAs per SM busy while long contexts leave one partial per group, not per
+// split, to the workspace and the merge.
+#define GROUP_CTAS 512       // attention.py: GROUP_CTAS
+__device__ __forceinline__ int group_splits(int n_own, int width) {
+    const int r = n_own * width / GROUP_CTAS;                          // attention.py: group_splits
+    return r >= 8 ? 8 : r >= 4 ? 4 : r >= 2 ? 2 : 1;
+}
+
+// grid (n_tok, n_kv * n_ht, LOOPED ? 1 : Z), block NT. The CTA takes the groups g = z, z + Z, ... of its
+// token (z = blockIdx.z; LOOPED: z = 0, Z = 1) and their splits in order, so the copies of the next split
+// fly while one is computed: K(next) is issued when phase A of s is done with the K buffer, V(next) when
+// phase C is done with the V buffer (head_dim 256, one buffer: V(s) after A, K(next) after C). cp.async
+// groups complete in issue order, hence the wait counts.
+// Split-parallel (!LOOPED): each group's partial to ws_acc (cap, ws_splits, n_heads, D) and ws_ml (cap,
+// ws_splits, n_heads, 2) at the group's index, folded by attn_merge. LOOPED: the CTA also folds its groups
+// in order and writes out (n_tok, n_heads, D). A group's partial is the same bits whichever CTA computes it.
+template <int D, int HT, bool LOOPED>
 __device__ __forceinline__ void attn_body(
     const float* __restrict__ q, const i32* __restrict__ token_seq, const i32* __restrict__ token_pos,
     const i32* __restrict__ page_tables, const i8* __restrict__ k_pages, const float* __restrict__ k_scales,
     const i8* __restrict__ v_pages, const float* __restrict__ v_scales, float* __restrict__ out,
     float* __restrict__ ws_acc, float* __restrict__ ws_ml, float qscale, int n_heads, int n_kv, int G,
-    int n_ht, int page_size, int max_pages, int ws_splits, int looped) {
+    int n_ht, int page_size, int max_pages, int ws_splits) {
     using C = Cfg<D, HT>;
     static_assert(KPS == NT, "one key of a split per thread");
+    constexpr int HPW = (HT + NW - 1) / NW;      // heads per warp in the q normalization
     __shared__ Smem<D, HT> sh;
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     Work w;
@@ -387,14 +444,25 @@ __device__ __forceinline__ void attn_body(
     const int tile = blockIdx.y % n_ht;
     w.h0 = w.kvh * G + tile * HT;
     w.hcount = min(HT, G - tile * HT);
-    w.seq = token_seq[w.t];
-    w.n_keys = token_pos[w.t] + 1;
     w.n_heads = n_heads;
     w.n_kv = n_kv;
     w.qscale = qscale;
+    // q of the heads this warp normalizes, loaded first: behind the K/V copies these loads would wait
+    // for the copies' traffic
+    float qv[HPW][D / WARP];
+#pragma unroll
+    for (int j = 0; j < HPW; j++) {
+        const int h = warp + j * NW;
+#pragma unroll
+        for (int i = 0; i < D / WARP; i++)
+            qv[j][i] = h < w.hcount ? q[((i64)w.t * n_heads + w.h0 + h) * D + lane + i * WARP] : 0.f;
+    }
+    w.seq = token_seq[w.t];
+    w.n_keys = token_pos[w.t] + 1;
     const int n_own = (w.n_keys + KPS - 1) / KPS;
-    const int z = looped ? 0 : (int)blockIdx.z, Z = looped ? 1 : (int)gridDim.z;
-    if (z >= n_own) return;                      // whole CTA: past this token's keys
+    const int P = group_splits(n_own, n_kv * n_ht), n_grp = (n_own + P - 1) / P;
+    const int z = LOOPED ? 0 : (int)blockIdx.z, Z = LOOPED ? 1 : (int)gridDim.z;
+    if (z >= n_grp) return;                      // whole CTA: past this token's keys
     u8* krows = sh.kv;
     u8* vrows = C::ONE_BUF ? sh.kv : sh.kv + KPS * C::RS;
     auto page_row = [&](int s) {                 // cache row of this thread's key of split s
@@ -402,17 +470,25 @@ __device__ __forceinline__ void attn_body(
         return p < w.n_keys ? page_tables[(i64)w.seq * max_pages + p / page_size] * page_size + p % page_size : 0;
     };
     auto keys_of = [&](int s) { return min(KPS, w.n_keys - s * KPS); };
+    auto group_end = [&](int s) { return min((s / P + 1) * P, n_own); };   // one past the last split of s's group
+    auto next_split = [&](int s) {               // the split after s in this CTA's walk; n_own: none
+        if (s + 1 < group_end(s)) return s + 1;
+        const int gn = s / P + Z;
+        return gn < n_grp ? gn * P : n_own;
+    };
 
-    sh.rowoff[tid] = page_row(z);
+    sh.rowoff[tid] = page_row(z * P);
     __syncthreads();
-    stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(z), w.kvh, n_kv);
-    if constexpr (!C::ONE_BUF) stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(z), w.kvh, n_kv);
-    for (int h = warp; h < w.hcount; h += NW) {  // the heads' power-of-two normalizations (while K flies)
-        const float* qh = q + ((i64)w.t * n_heads + w.h0 + h) * D;
+    stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(z * P), w.kvh, n_kv);
+    if constexpr (!C::ONE_BUF) stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(z * P), w.kvh, n_kv);
+#pragma unroll
+    for (int j = 0; j < HPW; j++) {              // the heads' power-of-two normalizations (while K flies)
+        const int h = warp + j * NW;
         float m = 0.f;
-        for (int c = lane; c < D; c += WARP) m = fmaxf(m, fabsf(__fmul_rn(qh[c], qscale)));
+#pragma unroll
+        for (int i = 0; i < D / WARP; i++) m = fmaxf(m, fabsf(__fmul_rn(qv[j][i], qscale)));
         m = warp_max(m);
-        if (lane == 0) {
+        if (lane == 0 && h < w.hcount) {
             const int e = exponent_of(m);
             sh.qf[h] = pow2i(13 - e);
             sh.qinv[h] = pow2i(e - 13);
@@ -422,9 +498,10 @@ __device__ __forceinline__ void attn_body(
     __syncthreads();                             // the normalizations are in
     QFrags<D, HT> qf;
     qf.build(w, sh);
-    float M[C::GPW][2][4], L[C::GPW][2][4], A[C::GPW][2][4];   // looped: the fold of this thread's elements
-    for (int s = z; s < n_own; s += Z) {
-        const int nk = keys_of(s), sn = s + Z;
+    float Mg[C::GPW][2][4], Lg[C::GPW][2][4], Ag[C::GPW][2][4];   // the fold of this thread's elements: group
+    float M[LOOPED ? C::GPW : 1][2][4], L[LOOPED ? C::GPW : 1][2][4], A[LOOPED ? C::GPW : 1][2][4];  // all
+    for (int s = z * P; s < n_own;) {
+        const int nk = keys_of(s), sn = next_split(s);
         const bool more = sn < n_own;
         const int row_next = more ? page_row(sn) : 0;           // loaded now, stored after phase A
         if constexpr (C::ONE_BUF) cp_async_wait<0>(); else cp_async_wait<1>();   // K(s) is here
@@ -470,47 +547,67 @@ __device__ __forceinline__ void attn_body(
                 });
             }
         }
+        const int g = s / P;
+        const bool first = s == g * P, last = s + 1 == group_end(s);
         if (part == 0) {
             for_each_value<D, HT>([&](int gi, int m, int i, int h, int c) {
                 if (h >= w.hcount) return;
-                if (!looped) {
-                    ws_acc[(((i64)w.t * ws_splits + s) * n_heads + w.h0 + h) * D + c] = acc[gi][m][i];
-                } else if (s == 0) {
-                    M[gi][m][i] = sh.sm[h];
-                    L[gi][m][i] = sh.sl[h];
-                    A[gi][m][i] = acc[gi][m][i];
+                if (first) {
+                    Mg[gi][m][i] = sh.sm[h];
+                    Lg[gi][m][i] = sh.sl[h];
+                    Ag[gi][m][i] = acc[gi][m][i];
                 } else {
-                    attn_fold(M[gi][m][i], L[gi][m][i], A[gi][m][i], sh.sm[h], sh.sl[h], acc[gi][m][i]);
+                    attn_fold(Mg[gi][m][i], Lg[gi][m][i], Ag[gi][m][i], sh.sm[h], sh.sl[h], acc[gi][m][i]);
+                }
+                if (!last) return;
+                if constexpr (LOOPED) {
+                    if (g == 0) {
+                        M[gi][m][i] = Mg[gi][m][i];
+                        L[gi][m][i] = Lg[gi][m][i];
+                        A[gi][m][i] = Ag[gi][m][i];
+                    } else {
+                        attn_fold(M[gi][m][i], L[gi][m][i], A[gi][m][i], Mg[gi][m][i], Lg[gi][m][i], Ag[gi][m][i]);
+                    }
+                } else {
+                    const i64 idx = ((i64)w.t * ws_splits + g) * n_heads + w.h0 + h;
+                    ws_acc[idx * D + c] = Ag[gi][m][i];
+                    if (c == 0) {                // one thread per head holds channel 0
+                        ws_ml[2 * idx] = Mg[gi][m][i];
+                        ws_ml[2 * idx + 1] = Lg[gi][m][i];
+                    }
                 }
             });
         }
-        if (!looped && tid < w.hcount) {
-            const i64 idx = ((i64)w.t * ws_splits + s) * n_heads + w.h0 + tid;
-            ws_ml[2 * idx] = sh.sm[tid];
-            ws_ml[2 * idx + 1] = sh.sl[tid];
-        }
+        s = sn;
     }
-    if (looped && warp / C::NG == 0) {
-        for_each_value<D, HT>([&](int gi, int m, int i, int h, int c) {
-            if (h < w.hcount) out[((i64)w.t * n_heads + w.h0 + h) * D + c] = __fdiv_rn(A[gi][m][i], L[gi][m][i]);
-        });
+    if constexpr (LOOPED) {
+        if (warp / C::NG == 0) {
+            for_each_value<D, HT>([&](int gi, int m, int i, int h, int c) {
+                if (h < w.hcount) out[((i64)w.t * n_heads + w.h0 + h) * D + c] = __fdiv_rn(A[gi][m][i], L[gi][m][i]);
+            });
+        }
     }
 }
 
-// 5 CTAs per SM where registers and shared memory allow (HT 8 and head_dim 256 would spill or not fit)
-#define ATTN_KERNEL(D, HT)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(NT, HT == 8 || D >= 128 ? 4 : 5) attn_d##D##_h##HT(       \
+// Per (head_dim, head tile): attn_d{D}_h{HT} (split-parallel) and attn_d{D}_h{HT}_looped. 5 CTAs per SM
+// where registers and shared memory allow (HT 8 and head_dim 256 would spill or not fit); the looped
+// kernels keep a second fold (all groups) in registers: 3 CTAs per SM (2 at head_dim 256).
+#define ATTN_KERNEL_MODE(D, HT, LOOPED, NAME, MIN_CTAS)                                                    \
+    extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS) NAME(                                       \
         const float* __restrict__ q, const i32* __restrict__ token_seq, const i32* __restrict__ token_pos, \
         const i32* __restrict__ page_tables, const i8* __restrict__ k_pages,                               \
         const float* __restrict__ k_scales, const i8* __restrict__ v_pages,                                \
         const float* __restrict__ v_scales, float* __restrict__ out, float* __restrict__ ws_acc,           \
         float* __restrict__ ws_ml, float qscale, int n_heads, int n_kv, int G, int n_ht, int page_size,    \
-        int max_pages, int ws_splits, int looped) {                                                        \
+        int max_pages, int ws_splits) {                                                                    \
         grid_dependency_sync();                                                                           \
-        attn_body<D, HT>(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, out,  \
-                         ws_acc, ws_ml, qscale, n_heads, n_kv, G, n_ht, page_size, max_pages, ws_splits,   \
-                         looped);                                                                          \
+        attn_body<D, HT, LOOPED>(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,         \
+                                 v_scales, out, ws_acc, ws_ml, qscale, n_heads, n_kv, G, n_ht, page_size,  \
+                                 max_pages, ws_splits);                                                    \
     }
+#define ATTN_KERNEL(D, HT)                                                                                  \
+    ATTN_KERNEL_MODE(D, HT, false, attn_d##D##_h##HT, HT == 8 || D >= 128 ? 4 : 5)                         \
+    ATTN_KERNEL_MODE(D, HT, true, attn_d##D##_h##HT##_looped, D >= 256 ? 2 : 3)
 
 ATTN_KERNEL(64, 1)
 ATTN_KERNEL(64, 2)
@@ -524,23 +621,24 @@ ATTN_KERNEL(256, 1)
 ATTN_KERNEL(256, 2)
 ATTN_KERNEL(256, 4)
 
-// Fold a token's own splits left to right: grid (n_tok, n_heads, D / 32), block NT; out (n_tok, n_heads, D).
-// The fold is sequential in the splits, so its inputs are brought in bulk first (cp.async, MCH splits of 32
-// channels at a time), the running maxima (a warp scan) and the weights ca, cb are computed in parallel once
-// per split for the head, and warp 0 (lane = channel) applies them from shared memory.
+// Fold a token's own group partials left to right: grid (n_tok, n_heads, D / 32), block NT; out (n_tok,
+// n_heads, D). The fold is sequential in the groups, so its inputs are brought in bulk first (cp.async, MCH
+// groups of 32 channels at a time), the running maxima (a warp scan) and the weights ca, cb are computed in
+// parallel once per group for the head, and warp 0 (lane = channel) applies them from shared memory.
 #define MCH 256
 extern "C" __global__ void __launch_bounds__(NT) attn_merge(const float* __restrict__ ws_acc,
                                                            const float* __restrict__ ws_ml,
                                                            const i32* __restrict__ token_pos,
                                                            float* __restrict__ out, int n_heads, int D,
-                                                           int ws_splits) {
+                                                           int ws_splits, int width) {
     grid_dependency_sync();
     __shared__ alignas(16) float a[MCH][WARP];
     __shared__ alignas(16) float ml[MCH][2];
     __shared__ float mprev[MCH], wa[MCH], wb[MCH];
     const int t = blockIdx.x, h = blockIdx.y, d0 = blockIdx.z * WARP, tid = threadIdx.x;
-    const int n_own = (token_pos[t] + KPS) / KPS;   // ceil((pos + 1) / KPS)
-    const i64 row0 = (i64)t * ws_splits * n_heads + h; // split s of (t, h) is row row0 + s * n_heads
+    const int n_split = (token_pos[t] + KPS) / KPS; // ceil((pos + 1) / KPS)
+    const int P = group_splits(n_split, width), n_own = (n_split + P - 1) / P;   // the token's groups
+    const i64 row0 = (i64)t * ws_splits * n_heads + h; // group s of (t, h) is row row0 + s * n_heads
     float carry = neg_inf(), L = 0.f, A = 0.f;      // warp 0: max of the splits before this chunk; sum, acc
     for (int c0 = 0; c0 < n_own; c0 += MCH) {
         const int n = min(MCH, n_own - c0);

@@ -4,14 +4,17 @@ Cache layout per layer (kernels/kv_layout.py): k_pages/v_pages int8 (n_pages, pa
 k_scales/v_scales float32 (n_pages, page_size, n_kv_heads, head_dim // 32). Semantics match
 kernels/cpu/attention.attention: token t attends to positions 0..token_pos[t] of sequence token_seq[t].
 
-Flash-decoding with a FIXED number of keys per split (`keys_per_split`): a token's splits, and the order
-they are folded in, depend only on its own position, never on the batch (batch invariance). Two modes,
+Flash-decoding with a FIXED number of keys per split (`keys_per_split`), the splits folded in groups of
+`group_splits(n, width)` consecutive ones (n: the token's own split count; width: the model's kv heads x
+head tiles): a token's splits, groups and the order they are folded in depend only on its own position and
+the model, never on the batch (batch invariance). Two modes,
 chosen from host ints, give the same bits (attention.cu explains why):
   * split-parallel (n_tok <= ws.split_tokens): grid (n_tok, n_kv_heads * head tiles, Z), CTA z computing
-    splits z, z + Z, ... (`split_stride`: about 4 CTAs per SM, each loading its next split while it
-    computes one), partials to the workspace, then attn_merge folds each token's own splits;
+    groups z, z + Z, ... split by split (`split_stride`: about 4 CTAs per SM, each loading its next split
+    while it computes one), one partial per group to the workspace, then attn_merge folds each token's
+    own groups;
   * looped (more tokens, or max_keys <= keys_per_split): one CTA per (token, kv head, head tile) walks its
-    splits; no workspace traffic, no merge.
+    groups (kernels named *_looped); no workspace traffic, no merge.
 CTAs past a token's key count exit at once, so a graph captured with max_keys = context length replays
 for any positions. Index validity (token_seq, token_pos, page_tables) is the caller's, checked when the
 batch is built; `max_keys` must be >= token_pos + 1 of every token.
@@ -28,7 +31,7 @@ import numpy as np
 from . import runtime
 from ..kv_layout import kv_scale_groups
 
-__all__ = ["keys_per_split", "AttentionWorkspace", "attention_workspace", "attention"]
+__all__ = ["keys_per_split", "group_splits", "AttentionWorkspace", "attention_workspace", "attention"]
 
 keys_per_split = 128        # KPS in attention.cu
 _CU = "attention.cu"
@@ -38,10 +41,22 @@ _SPLIT_TOKENS = 64          # default cap on tokens run split-parallel (bounds t
 _LOG2E = 1.4426950408889634
 
 
+GROUP_CTAS = 512            # GROUP_CTAS in attention.cu
+
+
+def group_splits(n_split: int, width: int) -> int:
+    """Consecutive splits folded into one partial for a token with n_split splits, width = kv heads x head
+    tiles (group_splits in attention.cu): the largest of 1, 2, 4, 8 that leaves the token GROUP_CTAS work
+    items (groups x width). The 8B shape (width 8): 2 splits from 16K keys, 4 from 32K, 8 from 64K; the 0.5B
+    shape (width 2): 2 from 64K. A function of the token and the model only."""
+    r = n_split * width // GROUP_CTAS
+    return 8 if r >= 8 else 4 if r >= 4 else 2 if r >= 2 else 1
+
+
 @dataclass(frozen=True)
 class AttentionWorkspace:
     """Split partials for up to `split_tokens` tokens of one launch (reused by every layer)."""
-    acc: object             # (split_tokens, n_splits, n_heads, head_dim) float32
+    acc: object             # (split_tokens, n_splits, n_heads, head_dim) float32: group partials (<= splits)
     ml: object              # (split_tokens, n_splits, n_heads, 2) float32: running max (log2 units), sum
     max_tokens: int
     split_tokens: int
@@ -81,13 +96,13 @@ def _sm_count(device_id: int) -> int:
     return int(runtime.cupy().cuda.Device(device_id).attributes["MultiProcessorCount"])
 
 
-def split_stride(n_items: int, n_split: int, n_sm: int) -> int:
-    """Z, the CTAs per (token, kv head, head tile) of a split-parallel launch: all n_split splits (one CTA
-    each) while the n_items = tokens x kv heads x tiles x n_split work items fit CTAS_PER_SM per SM, else
-    fewer CTAs walking several splits each (a grid choice: a split's partial is the same bits whichever
+def split_stride(n_items: int, n_group: int, n_sm: int) -> int:
+    """Z, the CTAs per (token, kv head, head tile) of a split-parallel launch: all n_group groups (one CTA
+    each) while the n_items = tokens x kv heads x tiles x n_group work items fit CTAS_PER_SM per SM, else
+    fewer CTAs walking several groups each (a grid choice: a group's partial is the same bits whichever
     CTA computes it)."""
     per_cta = max(1, -(-n_items // (n_sm * CTAS_PER_SM)))
-    return -(-n_split // per_cta)
+    return -(-n_group // per_cta)
 
 
 def _check(name, arr, dtype, shape_or_ndim):
@@ -141,12 +156,13 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     n_split = runtime.cdiv(max_keys, keys_per_split)
     looped = n_tok > ws.split_tokens or n_split == 1
     qscale = np.float32(float(scale) * _LOG2E)
-    z = 1 if looped else split_stride(n_tok * n_kv * n_ht * n_split, n_split, _sm_count(q.device.id))
-    runtime.launch(_CU, f"attn_d{hd}_h{ht}", (n_tok, n_kv * n_ht, z), (_THREADS,),
+    n_group = runtime.cdiv(n_split, group_splits(n_split, n_kv * n_ht))
+    z = 1 if looped else split_stride(n_tok * n_kv * n_ht * n_group, n_group, _sm_count(q.device.id))
+    runtime.launch(_CU, f"attn_d{hd}_h{ht}" + ("_looped" if looped else ""), (n_tok, n_kv * n_ht, z), (_THREADS,),
                    (q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, out,
                     ws.acc, ws.ml, qscale, np.int32(n_heads), np.int32(n_kv), np.int32(group), np.int32(n_ht),
-                    np.int32(page_size), np.int32(page_tables.shape[1]), np.int32(ws.n_splits),
-                    np.int32(looped)))
+                    np.int32(page_size), np.int32(page_tables.shape[1]), np.int32(ws.n_splits)))
     if not looped:
         runtime.launch(_CU, "attn_merge", (n_tok, n_heads, hd // 32), (_THREADS,),
-                       (ws.acc, ws.ml, token_pos, out, np.int32(n_heads), np.int32(hd), np.int32(ws.n_splits)))
+                       (ws.acc, ws.ml, token_pos, out, np.int32(n_heads), np.int32(hd), np.int32(ws.n_splits),
+                        np.int32(n_kv * n_ht)))

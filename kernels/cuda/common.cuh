@@ -9,6 +9,7 @@ typedef short i16;
 typedef unsigned int u32;
 typedef int i32;
 typedef long long i64;
+typedef unsigned long long u64;
 
 #define WARP 32
 

@@ -55,13 +55,17 @@ def test_split_k_only_for_few_tokens_over_few_long_rows(monkeypatch):
     assert not split_k(QType.Q6_K, 1792, 4864, 1, True)          # GLU
 
 
-def test_attention_split_stride():
-    """CTAs per (token, kv head, tile) of a split-parallel attention launch (kernels/cuda/attention.py): one per
-    split while the work items fit CTAS_PER_SM CTAs per SM, else fewer CTAs walking several splits each."""
-    from strata_lite.kernels.cuda.attention import CTAS_PER_SM, split_stride
+def test_attention_groups_and_split_stride():
+    """Splits folded per group (kernels/cuda/attention.py group_splits: by the token's own split count) and
+    the CTAs per (token, kv head, tile) of a split-parallel launch: one per group while the work items fit
+    CTAS_PER_SM CTAs per SM, else fewer CTAs walking several groups each."""
+    from strata_lite.kernels.cuda.attention import CTAS_PER_SM, group_splits, split_stride
+    # 8B shape (8 kv heads, one tile): 4K, 8K, 16K, 32K, 64K keys; 0.5B shape (2 kv heads) at 32K, 64K, 128K
+    assert [group_splits(n, 8) for n in (32, 64, 127, 128, 256, 512, 4096)] == [1, 1, 1, 2, 4, 8, 8]
+    assert [group_splits(n, 2) for n in (256, 512, 1024)] == [1, 2, 4]
     assert CTAS_PER_SM == 4
-    assert split_stride(8 * 32, 32, 132) == 32           # 8B shape at 4K keys: 256 items, one CTA per split
-    assert split_stride(8 * 256, 256, 132) == 64         # at 32K: 2048 items -> 4 splits a CTA
-    assert split_stride(2 * 256, 256, 132) == 256        # 0.5B shape at 32K: 512 items fit
-    assert split_stride(4 * 8 * 256, 256, 132) == 16     # 4 tokens at 32K: 16 splits a CTA
+    assert split_stride(8 * 32, 32, 132) == 32           # 8B shape at 4K keys: 32 groups of 1 split, 256 items
+    assert split_stride(8 * 64, 64, 132) == 64           # at 32K: 256 splits in 64 groups of 4, 512 items fit
+    assert split_stride(2 * 64, 64, 132) == 64           # 0.5B shape at 32K
+    assert split_stride(4 * 8 * 64, 64, 132) == 16       # 4 tokens at 32K: 2048 items -> 4 groups a CTA
     assert split_stride(1, 1, 132) == 1

@@ -127,10 +127,39 @@ def test_ctas_walking_several_splits_give_the_same_bits(n_heads, n_kv, hd, monke
     q = rng.standard_normal((len(seq), n_heads, hd)).astype(np.float32)
     runs = {}
     for z in (None, 1, 3):
-        monkeypatch.setattr(ak, "split_stride", lambda n_items, n_split, n_sm, z=z: z or n_split)
+        monkeypatch.setattr(ak, "split_stride", lambda n_items, n_group, n_sm, z=z: z or n_group)
         runs[z] = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=1500)
     check_against_refs(c, q, seq, pos, hd ** -0.5, runs[None])
     for z in (1, 3):
+        np.testing.assert_array_equal(runs[z].view(np.uint32), runs[None].view(np.uint32))
+
+
+# (n_heads, n_kv, head_dim, sequence lengths, token positions, their group sizes): width 8 (the 8B shape)
+# and 32 (32 kv heads of 64: groups at fewer keys)
+GROUPED = [(32, 8, 128, [33000, 17000], [32999, 16999, 16383, 5000], [4, 2, 2, 1]),
+           (32, 32, 64, [16500, 9000], [16499, 8999, 5000, 1000], [8, 4, 2, 1])]
+
+
+@pytest.mark.parametrize("n_heads,n_kv,hd,lens,pos,sizes", GROUPED)
+def test_groups_of_splits(n_heads, n_kv, hd, lens, pos, sizes, monkeypatch):
+    """Long tokens fold their splits in groups of 2, 4 and 8 (group_splits): the reference and the CPU
+    backend within the tolerances, and the same bits with one CTA per group, CTAs walking several groups
+    (Z = 1, 3) and the looped kernels."""
+    import cupy as cp
+    from strata_lite.kernels.cuda import attention as ak
+    rng = np.random.default_rng(hd + 3 * n_kv)
+    c = Cache(cp, rng, lens, n_kv, hd, page_size=64)
+    seq = [0, 1, 0, 1]
+    width = n_kv * -(-(n_heads // n_kv) // ak._head_tile(n_heads // n_kv, hd))
+    assert [ak.group_splits(-(-(p + 1) // ak.keys_per_split), width) for p in pos] == sizes
+    q = rng.standard_normal((len(seq), n_heads, hd)).astype(np.float32)
+    runs = {}
+    for z in (None, 1, 3):
+        monkeypatch.setattr(ak, "split_stride", lambda n_items, n_group, n_sm, z=z: z or n_group)
+        runs[z] = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=lens[0])
+    check_against_refs(c, q, seq, pos, hd ** -0.5, runs[None])
+    runs["looped"] = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=lens[0], split_tokens=1)
+    for z in (1, 3, "looped"):
         np.testing.assert_array_equal(runs[z].view(np.uint32), runs[None].view(np.uint32))
 
 
