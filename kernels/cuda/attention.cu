@@ -348,6 +348,11 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
         const int ev = exponent_of(warp_max(mv));
         const float fv = pow2i(13 - ev);
         float ch[2][4] = {}, cl[2][4] = {};
+        // HT <= 4: this lane's P' pair is head lane / 8, keys kb + lane % 8 (+ 8)
+        const bool head_ok = lane / 8 < w.hcount;
+        const float* pS = sh.S + min(lane / 8, HT - 1) * C::SSTR + lane % 8;
+        const float* pvs = vsc + lane % 8 * C::NG + grp;
+        const int src = g % 4 * 8 + 2 * tq;
         for (int kb = part * 16; kb < nk; kb += 16 * C::KSPLIT) {
             const int kk[4] = {kb + 2 * tq, kb + 2 * tq + 8, kb + 2 * tq + 1, kb + 2 * tq + 9};
             u32 x[4], bh0, bh1, bl0, bl1;
@@ -356,16 +361,14 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
             if constexpr (HT <= 4) {
                 // 16 keys x at most 4 heads: lane L makes the pair of head L / 8, keys L % 8 and L % 8 + 8,
                 // and lane (g, tq) takes its fragments from lanes 8g + 2tq and 8g + 2tq + 1 (columns g >= HT
-                // get another head's values: they are never stored)
-                const int hl = lane / 8, kl = kb + lane % 8, src = g % 4 * 8 + 2 * tq;
+                // get another head's values: they are never stored). Loads in bounds whatever the key and
+                // head, the zeros by selection: no branches in the loop.
                 u32 ph[2], pl[2];
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    const int k = kl + 8 * j;
-                    float pv = 0.f;              // P' (0 past the keys and for heads past hcount)
-                    if (hl < w.hcount && k < nk)
-                        pv = __fmul_rn(__fmul_rn(sh.S[hl * C::SSTR + k], vsc[k * C::NG + grp]), fv);
-                    split_f16(pv, ph[j], pl[j]);
+                    const int k = kb + 8 * j;
+                    const float pv = __fmul_rn(__fmul_rn(pS[k], pvs[k * C::NG]), fv);
+                    split_f16(head_ok && k + lane % 8 < nk ? pv : 0.f, ph[j], pl[j]);
                 }
                 const u32 wh = ph[0] | ph[1] << 16, wl = pl[0] | pl[1] << 16;
                 bh0 = __shfl_sync(0xffffffffu, wh, src);
@@ -375,11 +378,9 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
             } else {
                 u32 ph[4], pl[4];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    float pv = 0.f;              // P' of head g (0 past the keys and for heads past hcount)
-                    if (g < w.hcount && kk[j] < nk)
-                        pv = __fmul_rn(__fmul_rn(sh.S[g * C::SSTR + kk[j]], vsc[kk[j] * C::NG + grp]), fv);
-                    split_f16(pv, ph[j], pl[j]);
+                for (int j = 0; j < 4; j++) {    // P' of head g (0 past the keys and for heads past hcount)
+                    const float pv = __fmul_rn(__fmul_rn(sh.S[g * C::SSTR + kk[j]], vsc[kk[j] * C::NG + grp]), fv);
+                    split_f16(g < w.hcount && kk[j] < nk ? pv : 0.f, ph[j], pl[j]);
                 }
                 bh0 = ph[0] | ph[1] << 16;
                 bh1 = ph[2] | ph[3] << 16;
