@@ -63,14 +63,14 @@ class CpuBackend(Backend):
     def from_host(self, arr):
         return np.ascontiguousarray(arr)
 
-    def upload_weight(self, w):
+    def upload_weight(self, w, vocab_rows: bool = False):
         """-> PackedWeight (repack.py), kernel views precomputed: Q4_0/Q5_0/IQ4_NL in their own blocks for
         the AVX2 int8 kernel (without it losslessly repacked to Q8_0), IQ3_XXS/Q4_K/Q6_K repacked for it.
         The token embedding is only looked up row by row (embed), so it keeps its file layout; if it
-        doubles as the output matrix it is repacked on its first qmatmul."""
+        doubles as the output matrix it is repacked on its first qmatmul. vocab_rows: pack_weight's."""
         if w.name.startswith("token_embd"):
             return PackedWeight(w.name, w.qtype, w.n_out, w.n_in, w.raw, final=not self.repack)
-        return pack_weight(w, repack=self.repack, int8=self.int8)
+        return pack_weight(w, repack=self.repack, int8=self.int8, vocab_rows=vocab_rows)
 
     def fuse_rows(self, weights):
         ws = list(weights)

@@ -99,8 +99,8 @@ class PackedWeight:
 
     qtype / raw are what the kernels read (Q8_0 for repacked types); src_qtype is the file's type.
     layout: GGML (raw holds GGML blocks of qtype), IQ3_I8, Q4K_I8, Q5K_I8 or Q6K_I8 (IQ3_XXS / Q4_K / Q5_K /
-    Q6_K repacked for nibble_int8.py by iq3_int8.py / q4_k_int8.py / q5_k_int8.py / q6_k_int8.py), Q5_0_R4
-    Q4_0_R4 or IQ4_NL_R4 (rows interleaved by 4, rows4_int8.py).
+    Q6_K repacked for nibble_int8.py by iq3_int8.py / q4_k_int8.py / q5_k_int8.py / q6_k_int8.py), Q5_0_R4,
+    Q4_0_R4, IQ4_NL_R4 or Q8_0_R4 (rows interleaved by 4, rows4_int8.py).
     raw3 is raw viewed (n_out, n_blocks, block_nbytes) for the fused kernels (None for float types).
     """
     __slots__ = ("name", "qtype", "n_out", "n_in", "raw", "src_qtype", "layout", "raw3", "nb", "elems", "small",
@@ -153,23 +153,31 @@ Q5K_I8 = "q5_k_i8"
 Q5_0_R4 = "q5_0_r4"
 Q4_0_R4 = "q4_0_r4"
 IQ4_NL_R4 = "iq4_nl_r4"
+Q8_0_R4 = "q8_0_r4"
 # layout -> (the file's type, the module with QK, BLOCK_BYTES, repack(raw, n_cols, f16 table), matvec)
 INT8_LAYOUTS = {IQ3_I8: (QType.IQ3_XXS, iq3_int8), Q4K_I8: (QType.Q4_K, q4_k_int8),
                 Q6K_I8: (QType.Q6_K, q6_k_int8), Q5K_I8: (QType.Q5_K, q5_k_int8),
                 Q5_0_R4: (QType.Q5_0, rows4.Q5_0_R4), Q4_0_R4: (QType.Q4_0, rows4.Q4_0_R4),
-                IQ4_NL_R4: (QType.IQ4_NL, rows4.IQ4_NL_R4)}
-ROWS4_LAYOUTS = frozenset({Q5_0_R4, Q4_0_R4, IQ4_NL_R4})     # rows interleaved in 4s: matrices of 4k rows only
+                IQ4_NL_R4: (QType.IQ4_NL, rows4.IQ4_NL_R4), Q8_0_R4: (QType.Q8_0, rows4.Q8_0_R4)}
+ROWS4_LAYOUTS = frozenset({Q5_0_R4, Q4_0_R4, IQ4_NL_R4, Q8_0_R4})   # rows interleaved in 4s: matrices of 4k rows only
 _INT8_LAYOUT_OF = {qtype: layout for layout, (qtype, _) in INT8_LAYOUTS.items()}
 
 # below this many weight bytes the matvec runs on the calling thread only
 SMALL_BYTES = 160 * 1024
 
 
-def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool = False) -> PackedWeight:
-    """QuantTensor-like w -> PackedWeight. With `int8` (an AVX2 CPU) and `repack`, Q5_0, Q4_0 and IQ4_NL
+def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool = False,
+                vocab_rows: bool = False) -> PackedWeight:
+    """QuantTensor-like w -> PackedWeight. With `int8` (an AVX2 CPU) and `repack`, Q5_0, Q4_0, IQ4_NL and Q8_0
     matrices of 4k rows are interleaved by 4 rows for rows4_int8.py and IQ3_XXS, Q4_K, Q5_K and Q6_K repacked
-    for nibble_int8.py; Q8_0 and the other Q5_0 / Q4_0 / IQ4_NL keep their blocks for q8_0_int8.py
-    (q8_0_gemm.py for prompt chunks). Without `int8` Q5_0, Q4_0 and IQ4_NL are repacked to Q8_0 (with `repack`).
+    for nibble_int8.py; the other Q8_0 / Q5_0 / Q4_0 / IQ4_NL keep their blocks for q8_0_int8.py
+    (q8_0_gemm.py for prompt chunks), and so does a Q8_0 matrix whose source stays (not release_source: the
+    token embedding as the tied output matrix), since its interleaved copy would add its
+    whole size to the resident memory for a kernel that mostly pays on prompts. Without `int8` Q5_0, Q4_0 and
+    IQ4_NL are repacked to Q8_0 (with `repack`). With vocab_rows (rows scoring the vocabulary: the output
+    matrix, MTP heads, whose rows must give the same bits in any matrix holding them, such as a head cut to a
+    draft vocabulary of any size) Q8_0 keeps its blocks too: the interleaved kernel's float order differs
+    from the blocks' and needs 4k rows.
 
     With release_source, the pages of the original (memory-mapped) bytes of a repacked matrix are
     dropped from the process (madvise MADV_DONTNEED): they were read once and are not needed again
@@ -180,6 +188,8 @@ def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool 
     layout = _INT8_LAYOUT_OF.get(qtype)
     if layout in ROWS4_LAYOUTS and not (repack and int8 and w.n_out % rows4_int8.ROWS == 0):
         layout = None                         # in their own blocks, or repacked to Q8_0
+    if layout == Q8_0_R4 and (vocab_rows or not release_source):
+        layout = None                         # a vocabulary's rows, or blocks that stay resident anyway
     if int8 and qtype in REPACK_TO_Q8_0 and layout is None:   # the int8 kernel unpacks these blocks itself
         return PackedWeight(w.name, qtype, w.n_out, w.n_in, w.raw, int8=int8)
     if repack and int8 and layout is not None:

@@ -1,4 +1,4 @@
-"""Q5_0, Q4_0 and IQ4_NL interleaved by 4 rows, as repack.py's INT8_LAYOUTS wants a layout: QK, BLOCK_BYTES, repack and
+"""Q5_0, Q4_0, IQ4_NL and Q8_0 interleaved by 4 rows, as repack.py's INT8_LAYOUTS wants a layout: QK, BLOCK_BYTES, repack and
 matvec. The layout and the mat-vec kernel: rows4_int8.py; prompt chunks of MIN_TOK+ tokens: rows4_gemm.py
 (the same bits)."""
 from __future__ import annotations
@@ -10,11 +10,12 @@ from . import rows4_gemm, rows4_int8
 from .isa import INT8_ISA
 
 
-_KIND = {QType.Q5_0: rows4_int8.Q5_0_KIND, QType.Q4_0: rows4_int8.Q4_0_KIND, QType.IQ4_NL: rows4_int8.IQ4_NL_KIND}
+_KIND = {QType.Q5_0: rows4_int8.Q5_0_KIND, QType.Q4_0: rows4_int8.Q4_0_KIND, QType.IQ4_NL: rows4_int8.IQ4_NL_KIND,
+         QType.Q8_0: rows4_int8.Q8_0_KIND}
 
 
 class Rows4Format:
-    """One interleaved format (Q5_0, Q4_0 or IQ4_NL). BLOCK_BYTES: per row and 32 columns, the file's (the layout
+    """One interleaved format (Q5_0, Q4_0, IQ4_NL or Q8_0). BLOCK_BYTES: per row and 32 columns, the file's (the layout
     rearranges the bytes of 4 rows, it does not add any)."""
     QK = rows4_int8.QK
 
@@ -41,3 +42,4 @@ class Rows4Format:
 Q5_0_R4 = Rows4Format(QType.Q5_0)
 Q4_0_R4 = Rows4Format(QType.Q4_0)
 IQ4_NL_R4 = Rows4Format(QType.IQ4_NL)
+Q8_0_R4 = Rows4Format(QType.Q8_0)

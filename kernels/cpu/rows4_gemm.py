@@ -1,4 +1,4 @@
-"""Prompt-chunk GEMM for Q5_0 / Q4_0 / IQ4_NL interleaved by 4 rows (rows4_int8.py), with the bits of its mat-vec
+"""Prompt-chunk GEMM for Q5_0 / Q4_0 / IQ4_NL / Q8_0 interleaved by 4 rows (rows4_int8.py), with the bits of its mat-vec
 kernel.
 
 rows4_int8's kernel gives, per (token, row), acc = fma(float(s_b), fl(d_w d_a), acc) over the blocks b, s_b the
@@ -8,7 +8,7 @@ block and lane group j (4 activations) of 8 tokens, one load of their packed act
 each row's 4 codes are broadcast from the unpacked panel once for both 8-token groups (2 groups a tile:
 default model's Q5_0 mat-muls at 512 tokens 739 -> 621 ms, prompt 1.15-1.18x end to end on the 2-core AVX-512
 EPYC VM; with AVX2's 16 vector registers the float accumulators may spill, not measured), and vpdpbusd (pmaddubsw + pmaddwd + add on AVX2) sums into
-the row's int32 vector (IQ4_NL on AVX2, the sign form: |w| times x signed by w, one more op); then per row one
+the row's int32 vector (IQ4_NL and Q8_0 on AVX2, the sign form: |w| times x signed by w, one more op); then per row one
 subtract, one convert, one multiply (the 8 scale products) and one FMA. ~11 vector ops per 32 (token, row) multiply-adds of a block against ~13 per token and row group in the
 mat-vec kernel's 8-token calls (and ~2.2 cycles per (token, row, block) in q8_0_gemm.py's 8-lane order).
 Every integer and float operation per (token, row) is the mat-vec kernel's, so are the bits (tests).
@@ -76,9 +76,9 @@ def _make_unpack(kind: int, isa: int):
     return unpack
 
 
-_UNPACK = {(kind, isa): _make_unpack(kind, isa) for kind in range(3) for isa in (AVX2, VNNI)}
-_unpack_q5, _unpack_q4, _unpack_nl = (_UNPACK[k, AVX2] for k in range(3))
-_unpack_q5_vnni, _unpack_q4_vnni, _unpack_nl_vnni = (_UNPACK[k, VNNI] for k in range(3))
+_UNPACK = {(kind, isa): _make_unpack(kind, isa) for kind in r4.KINDS for isa in (AVX2, VNNI)}
+_unpack_q5, _unpack_q4, _unpack_nl, _unpack_q8 = (_UNPACK[k, AVX2] for k in r4.KINDS)
+_unpack_q5_vnni, _unpack_q4_vnni, _unpack_nl_vnni, _unpack_q8_vnni = (_UNPACK[k, VNNI] for k in r4.KINDS)
 
 
 @njit(cache=True, inline="always")
@@ -88,12 +88,16 @@ def _unpack(kind, isa, raw3, g, pw, i):
             _unpack_q5_vnni(raw3, g, pw, i)
         elif kind == r4.Q4_0_KIND:
             _unpack_q4_vnni(raw3, g, pw, i)
+        elif kind == r4.Q8_0_KIND:
+            _unpack_q8_vnni(raw3, g, pw, i)
         else:
             _unpack_nl_vnni(raw3, g, pw, i)
     elif kind == r4.Q5_0_KIND:
         _unpack_q5(raw3, g, pw, i)
     elif kind == r4.Q4_0_KIND:
         _unpack_q4(raw3, g, pw, i)
+    elif kind == r4.Q8_0_KIND:
+        _unpack_q8(raw3, g, pw, i)
     else:
         _unpack_nl(raw3, g, pw, i)
 
@@ -189,7 +193,7 @@ _tile_avx2, _tile_avx2_sign, _tile_vnni = _make_tile(AVX2, False), _make_tile(AV
 def _tile(kind, isa, pw, i, a, g0, g1, out, r0):
     if VNNI_BUILT and isa == VNNI:
         _tile_vnni(pw, i, a, g0, g1, out, r0)
-    elif kind == r4.IQ4_NL_KIND:
+    elif kind == r4.IQ4_NL_KIND or kind == r4.Q8_0_KIND:     # r4.sign_form
         _tile_avx2_sign(pw, i, a, g0, g1, out, r0)
     else:
         _tile_avx2(pw, i, a, g0, g1, out, r0)

@@ -1,5 +1,6 @@
-"""Q5_0, Q4_0 and IQ4_NL with 4 rows interleaved (repacked at load, the same bytes: 5.5 / 4.5 / 4.5 bits per
-weight) for an int8 kernel that keeps each block's integer dot whole and scales 4 rows with one convert and one FMA.
+"""Q5_0, Q4_0, IQ4_NL and Q8_0 with 4 rows interleaved (repacked at load, the same bytes: 5.5 / 4.5 / 4.5 / 8.5
+bits per weight) for an int8 kernel that keeps each block's integer dot whole and scales 4 rows with one convert
+and one FMA.
 
 Why: in the row-by-row kernel (q8_0_int8.py) every (row, block) costs the unpacking of a 22-byte block (~10
 vector ops: nibbles, the fifth bits spread from qh) plus a convert and an FMA per 8 lanes, ~16 ops per 32
@@ -13,8 +14,9 @@ Layout of a row group (rows 4g .. 4g + 3) and 32-column block b, 88 bytes for Q5
   [32:64)  low nibbles: code vector 2, high nibbles: code vector 3
   [64:80)  Q5_0: the fifth bits; bit 2v + h of byte m is the fifth bit of vector v's byte m + 16 h
   [80:88)  the 4 rows' f16 scales d (Q4_0 / IQ4_NL: at [64:72))
+Q8_0, 136 bytes: [0:128) the 4 code vectors holding the signed weights themselves, [128:136) the scales.
 Code vector v (32 bytes, 8 dwords): dword q holds the codes of row q % 4, weights 4 (2v + q // 4) .. + 3: the
-unsigned weight + 16 (Q5_0) or + 8 (Q4_0), or IQ4_NL's table index (pshufb gives the value). The activations
+unsigned weight + 16 (Q5_0) or + 8 (Q4_0), IQ4_NL's table index (pshufb gives the value), or Q8_0's weight. The activations
 are permuted to match once per token and block (xp, 4 x 32 bytes: dword q of vector v = activations
 4 (2v + q // 4) .. + 3), so vpdpbusd (or pmaddubsw + pmaddwd) of the 4 vectors, summed, leaves in dwords q
 and q + 4 the two halves of row q % 4's block dot. The stored matrix keeps its row count (n_rows, blocks *
@@ -23,11 +25,13 @@ multiple of 4 rows take it (repack.py).
 
 Arithmetic, per (token, row): s_b = the exact integer dot sum w x of block b (x: llama.cpp's Q8_0 rounding of
 the activations), formed as the dot of unsigned codes w + o with x minus o times the block's activation sum
-(o = 16, 8; IQ4_NL: 128 with VNNI, whose vpdpbusd does not saturate), or, for IQ4_NL on AVX2 (pmaddubsw
-saturates pairs of 241 x 127), as |w| times x signed by w; then acc = fma(float(s_b), fl(d_w d_a), acc) over
+(o = 16, 8; IQ4_NL and Q8_0: 128 with VNNI, whose vpdpbusd does not saturate), or, for IQ4_NL and Q8_0 on
+AVX2 (pmaddubsw saturates pairs of 241 x 127), as |w| times x signed by w; then acc = fma(float(s_b), fl(d_w d_a), acc) over
 b = 0, 1, ... from 0. Every (token, row) is that sequence whatever else is in the call (batch invariance;
 the same bits with AVX2 or VNNI: the integers are exact). This is another float order than the row-by-row
-kernel's 8 lanes (a different rounding of the same sum; bounds in the tests).
+kernel's 8 lanes (a different rounding of the same sum; bounds in the tests). Q8_0 gains less than the packed
+kinds (no unpacking to save), but its prompt GEMM scales 4 rows with one convert and FMA a block instead of
+q8_0_gemm.py's 8 lanes of 4 weights each.
 """
 from __future__ import annotations
 
@@ -51,16 +55,18 @@ GROUP_RUN = 4     # row groups per work item with several tokens (16 rows: their
 V16B = ir.VectorType(L.I8, 16)
 V4F = ir.VectorType(L.F32, 4)
 V4I = ir.VectorType(L.I32, 4)
-Q5_0_KIND, Q4_0_KIND, IQ4_NL_KIND = 0, 1, 2
-NAMES = ("Q5_0", "Q4_0", "IQ4_NL")
-BLOCK_BYTES = (22, 18, 18)          # per row and 32 columns, by kind (the file's)
-_D_OFF = (80, 64, 64)               # the scales' offset in a group block, by kind
+Q5_0_KIND, Q4_0_KIND, IQ4_NL_KIND, Q8_0_KIND = 0, 1, 2, 3
+NAMES = ("Q5_0", "Q4_0", "IQ4_NL", "Q8_0")
+KINDS = range(4)
+BLOCK_BYTES = (22, 18, 18, 34)      # per row and 32 columns, by kind (the file's)
+_D_OFF = (80, 64, 64, 128)          # the scales' offset in a group block, by kind
 _IQ4_NL = [int(v) for v in IQ4NL_VALUES]
 
 
 def sign_form(kind: int, isa: int) -> bool:
-    """IQ4_NL on AVX2: |w| times x signed by w (its values + 128 would saturate pmaddubsw's pair sums)."""
-    return kind == IQ4_NL_KIND and not (VNNI_BUILT and isa == VNNI)
+    """IQ4_NL and Q8_0 on AVX2: |w| times x signed by w (their values + 128 would saturate pmaddubsw's pair
+    sums)."""
+    return kind in (IQ4_NL_KIND, Q8_0_KIND) and not (VNNI_BUILT and isa == VNNI)
 
 
 @njit(cache=True, inline="always")
@@ -112,6 +118,21 @@ def _repack(src, dst, fifth):
                 dst[g, b, d_off + 2 * q + 1] = src[4 * g + q, b, 1]
 
 
+@njit(cache=True, parallel=True)
+def _repack_q8_0(src, dst):
+    # src (n_rows, nb, 34) ggml Q8_0 blocks (f16 d, 32 int8 weights); dst (n_rows // 4, nb, 136): the 4 weight
+    # vectors in the code vectors' dword order (the weights themselves, signed), then the 4 rows' d
+    for g in prange(dst.shape[0]):
+        for b in range(dst.shape[1]):
+            for v in range(4):
+                for i in range(32):
+                    q, k = i // 4, i % 4
+                    dst[g, b, 32 * v + i] = src[4 * g + q % 4, b, 2 + 4 * (2 * v + q // 4) + k]
+            for q in range(4):
+                dst[g, b, 128 + 2 * q] = src[4 * g + q, b, 0]
+                dst[g, b, 128 + 2 * q + 1] = src[4 * g + q, b, 1]
+
+
 def repack_rows(raw: np.ndarray, n_cols: int, kind: int) -> np.ndarray:
     """ggml rows of `kind`, uint8 (n_rows, n_cols // 32 * block bytes), n_rows a multiple of 4 -> this layout,
     the same shape and size (IQ4_NL's blocks are Q4_0's: an f16 d and 16 bytes of nibbles)."""
@@ -120,8 +141,11 @@ def repack_rows(raw: np.ndarray, n_cols: int, kind: int) -> np.ndarray:
     if n_rows % ROWS or raw.shape[1] != nb * bb:
         raise ValueError(f"not {n_rows} rows of {nb} {NAMES[kind]} blocks in groups of 4")
     out = np.empty(raw.shape, dtype=np.uint8)
-    _repack(np.ascontiguousarray(raw).reshape(n_rows, nb, bb), out.reshape(n_rows // ROWS, nb, ROWS * bb),
-            kind == Q5_0_KIND)
+    src, dst = np.ascontiguousarray(raw).reshape(n_rows, nb, bb), out.reshape(n_rows // ROWS, nb, ROWS * bb)
+    if kind == Q8_0_KIND:
+        _repack_q8_0(src, dst)
+    else:
+        _repack(src, dst, kind == Q5_0_KIND)
     return out
 
 
@@ -171,7 +195,16 @@ def unpack_group(builder, p, kind: int, isa: int):
     """(the 4 unsigned code vectors u (<32 x i8>), the 4 signed weight vectors w for the sign form (else None),
     the 4 rows' scales d (<4 x float>)) of the group block at i8* p (the layout above): nibbles by AND / shift,
     each fifth bit moved to bit 4 by a per-dword shift of the broadcast plane; IQ4_NL's values by pshufb
-    (+ 128 for the offset form, |w| and w for the sign form)."""
+    (+ 128 for the offset form, |w| and w for the sign form); Q8_0's weights as stored (w + 128 by an XOR of
+    the sign bit, or |w| by psign and w)."""
+    d = builder.fpext(builder.bitcast(L.load(builder, p, _D_OFF[kind], ir.VectorType(L.I16, 4)),
+                                      ir.VectorType(ir.HalfType(), 4)), V4F)
+    if kind == Q8_0_KIND:
+        w = [L.load(builder, p, 32 * v, L.V32B) for v in range(4)]
+        if sign_form(kind, isa):
+            psign = L.avx2(builder, "psign.b")
+            return [builder.call(psign, [c, c]) for c in w], w, d
+        return [builder.xor(c, ir.Constant(L.V32B, [128] * 32)) for c in w], None, d
     fifth = kind == Q5_0_KIND
     low4 = ir.Constant(L.V32B, [15] * 32)
     codes = []
@@ -189,8 +222,6 @@ def unpack_group(builder, p, kind: int, isa: int):
             op, counts = _shift_counts(v)
             moved = getattr(builder, op)(plane, ir.Constant(L.V8I, counts))
             codes[v] = builder.or_(codes[v], builder.and_(builder.bitcast(moved, L.V32B), bit4))
-    d = builder.fpext(builder.bitcast(L.load(builder, p, _D_OFF[kind], ir.VectorType(L.I16, 4)),
-                                      ir.VectorType(ir.HalfType(), 4)), V4F)
     signed = None
     if kind == IQ4_NL_KIND:
         def table(values, c):
@@ -243,7 +274,7 @@ def _make_dot(kind: int, isa: int):
                 corr = [L.load(builder, p, builder.mul(blk, cstr[1]), L.I32) for p in xc0]
                 for k, p0 in enumerate(base):
                     p = builder.gep(p0, [builder.mul(blk, bstride)])
-                    for off in (0, 64):                 # 88 bytes a block: up to two new lines
+                    for off in range(0, ROWS * bb, 64):   # the group block's new lines (88 bytes: 2, 136: 3)
                         emit_prefetch(builder, builder.gep(p, [builder.add(ahead, L.const(off))]), locality=2)
                     codes, signed, dw = unpack_group(builder, p, kind, isa)
                     for j in range(T):
@@ -297,8 +328,8 @@ def _by_token_count(dot):
     return call
 
 
-_q5_avx2, _q4_avx2, _nl_avx2 = (_by_token_count(_make_dot(k, AVX2)) for k in range(3))
-_q5_vnni, _q4_vnni, _nl_vnni = (_by_token_count(_make_dot(k, VNNI)) for k in range(3))
+_q5_avx2, _q4_avx2, _nl_avx2, _q8_avx2 = (_by_token_count(_make_dot(k, AVX2)) for k in KINDS)
+_q5_vnni, _q4_vnni, _nl_vnni, _q8_vnni = (_by_token_count(_make_dot(k, VNNI)) for k in KINDS)
 
 
 @njit(cache=True, inline="always")
@@ -308,12 +339,16 @@ def _dot(kind, isa, raw3, g, xp, xd, xc, t0, nt, out):
             _q5_vnni(raw3, g, xp, xd, xc, t0, nt, out)
         elif kind == Q4_0_KIND:
             _q4_vnni(raw3, g, xp, xd, xc, t0, nt, out)
+        elif kind == Q8_0_KIND:
+            _q8_vnni(raw3, g, xp, xd, xc, t0, nt, out)
         else:
             _nl_vnni(raw3, g, xp, xd, xc, t0, nt, out)
     elif kind == Q5_0_KIND:
         _q5_avx2(raw3, g, xp, xd, xc, t0, nt, out)
     elif kind == Q4_0_KIND:
         _q4_avx2(raw3, g, xp, xd, xc, t0, nt, out)
+    elif kind == Q8_0_KIND:
+        _q8_avx2(raw3, g, xp, xd, xc, t0, nt, out)
     else:
         _nl_avx2(raw3, g, xp, xd, xc, t0, nt, out)
 

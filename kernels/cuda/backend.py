@@ -61,8 +61,9 @@ class CudaBackend(Backend):
             return arr
         return self.cp.asarray(np.ascontiguousarray(arr))
 
-    def upload_weight(self, w):
-        """A QuantTensor's raw blocks copied to the device as they are in the file (no repack)."""
+    def upload_weight(self, w, vocab_rows: bool = False):
+        """A QuantTensor's raw blocks copied to the device as they are in the file (no repack; a row's bits
+        never depend on the matrix, vocab_rows or not)."""
         self.plan.check_fits(w.raw.nbytes, f"weight {w.name}")
         return qm.upload(w)
 

@@ -20,7 +20,7 @@ class Transformer:
         self.group = group
         self.token_embd = be.upload_weight(weights.token_embd)
         tied = weights.output is weights.token_embd       # loader/weights.py: the same QuantTensor when tied
-        self.output = self.token_embd if tied else be.upload_weight(weights.output)
+        self.output = self.token_embd if tied else be.upload_weight(weights.output, vocab_rows=True)
         self.output_norm = be.from_host(weights.output_norm)
         self.k_scales = [k_channel_scales(cfg, lw) for lw in weights.layers]  # host copies, for tests
         for layer, s in zip(self.layers, self.k_scales):

@@ -1,4 +1,4 @@
-"""Q5_0 / Q4_0 / IQ4_NL matrices of 4k rows, interleaved by 4 rows (kernels/cpu/rows4_int8.py), against gguf.quants and
+"""Q5_0 / Q4_0 / IQ4_NL / Q8_0 matrices of 4k rows, interleaved by 4 rows (kernels/cpu/rows4_int8.py), against gguf.quants and
 float64, for batch invariance and through the backend.
 
 * Lossless: the kernel fed 127 e_j (activation scale exactly 1) returns 127 x the weight gguf.quants.dequantize
@@ -27,15 +27,26 @@ from strata_lite.kernels.cpu.act_quant import round_activations
 from strata_lite.kernels.cpu.backend import CpuBackend
 from strata_lite.kernels.cpu.isa import AVX2, VNNI, VNNI_BUILT, host_has_avx2
 from test_dequant import random_rows
-from test_own_blocks_int8 import _rows, _x          # random blocks with the extremes; activations with a 0 / large block
+from test_own_blocks_int8 import _rows as _own_rows, _x   # random blocks with the extremes; activations with a 0 / large block
 
 pytestmark = pytest.mark.skipif(not host_has_avx2(), reason="the int8 kernels need an AVX2 CPU")
 
-FORMATS = {QType.Q5_0: rows4.Q5_0_R4, QType.Q4_0: rows4.Q4_0_R4, QType.IQ4_NL: rows4.IQ4_NL_R4}
-LAYOUTS = {QType.Q5_0: rp.Q5_0_R4, QType.Q4_0: rp.Q4_0_R4, QType.IQ4_NL: rp.IQ4_NL_R4}
+FORMATS = {QType.Q5_0: rows4.Q5_0_R4, QType.Q4_0: rows4.Q4_0_R4, QType.IQ4_NL: rows4.IQ4_NL_R4,
+           QType.Q8_0: rows4.Q8_0_R4}
+LAYOUTS = {QType.Q5_0: rp.Q5_0_R4, QType.Q4_0: rp.Q4_0_R4, QType.IQ4_NL: rp.IQ4_NL_R4, QType.Q8_0: rp.Q8_0_R4}
 TYPES = sorted(FORMATS, key=lambda t: t.name)
 SHAPES = [(4, 64), (12, 896), (36, 4864)]            # (rows, columns): one group, the 0.5B's widths; odd groups
 ISAS = (AVX2, VNNI) if VNNI_BUILT else (AVX2,)
+
+
+def _rows(qtype, n_out, n_cols, seed):
+    """_own_rows' blocks; Q8_0 also gets a block of -128 (|w| = 128 in the sign form) and one of 127."""
+    raw = _own_rows(qtype, n_out, n_cols, seed)
+    if qtype == QType.Q8_0:
+        b = raw.reshape(n_out, n_cols // 32, -1)
+        b[0, -1, 2:] = 0x80
+        b[-1, 0, 2:] = 0x7F
+    return raw
 
 
 def _run(fmt, raw3, x, **kw):
@@ -70,7 +81,8 @@ def test_against_float64_and_batch_invariant(qtype, n_out, n_cols):
     x = _x(70, n_cols, seed=n_cols)
     xr = round_activations(QType.Q8_0, x).astype(np.float64)            # llama.cpp's Q8_0 rounding
     full = _run(fmt, raw3, x)
-    err = np.abs(full.astype(np.float64) - xr @ w.T) / (np.abs(xr) @ np.abs(w).T)
+    scale = np.abs(xr) @ np.abs(w).T                 # 0 where a (token, row) meets only zeros: the result must be 0
+    err = np.abs(full.astype(np.float64) - xr @ w.T) / np.where(scale > 0, scale, 1.0)
     assert np.all(err <= bound), f"{np.max(err) / bound:.3g} of the bound"
     assert rows4_gemm.MIN_TOK <= 17                  # 17 and 70 tokens take the GEMM, fewer the mat-vec kernel
     alone = np.concatenate([_run(fmt, raw3, x[t:t + 1]) for t in range(x.shape[0])])
@@ -100,6 +112,27 @@ def test_backend_takes_it_for_4k_rows_only(qtype):
     assert fused.layout == up[0].layout and fused.n_out == 72
     np.testing.assert_array_equal(be.qmatmul(fused, x), np.concatenate([be.qmatmul(u, x) for u in up[:2]], 1))
     assert be.fuse_rows(up) is None                                         # layouts differ: kept apart
+
+
+def test_q8_0_vocabulary_rows_and_tied_output_keep_their_blocks():
+    """A Q8_0 matrix whose source stays resident (the token embedding as the tied output, packed with
+    release_source=False) is read in its own blocks, not copied into the interleaved layout; so is one whose
+    rows score the vocabulary (vocab_rows: the output matrix, MTP heads), whose rows give the same bits in a
+    head cut to any number of them."""
+    n_cols = 256
+    w = SimpleNamespace(name="token_embd.weight", qtype=QType.Q8_0, n_out=64, n_in=n_cols,
+                        raw=_rows(QType.Q8_0, 64, n_cols, seed=5))
+    assert rp.pack_weight(w, int8=True).layout == rp.Q8_0_R4
+    kept = rp.pack_weight(w, int8=True, release_source=False)
+    assert kept.layout == rp.GGML and kept.raw is w.raw
+    be = CpuBackend()
+    head = be.upload_weight(SimpleNamespace(name="output.weight", qtype=QType.Q8_0, n_out=64, n_in=n_cols, raw=w.raw),
+                            vocab_rows=True)
+    cut = be.upload_weight(SimpleNamespace(name="output.weight[draft_vocab]", qtype=QType.Q8_0, n_out=7,
+                                           n_in=n_cols, raw=np.ascontiguousarray(w.raw[::10])), vocab_rows=True)
+    assert head.layout == cut.layout == rp.GGML
+    x = _x(3, n_cols, seed=4)
+    np.testing.assert_array_equal(be.qmatmul(cut, x), be.qmatmul(head, x)[:, ::10])
 
 
 def test_repack_rejects_rows_not_in_groups_of_4():
