@@ -16,8 +16,8 @@ Layout of a row group (rows 4g .. 4g + 3) and 32-column block b, 88 bytes for Q5
   [80:88)  the 4 rows' f16 scales d (Q4_0 / IQ4_NL: at [64:72))
 Q8_0, 136 bytes: [0:128) the 4 code vectors holding the signed weights themselves, [128:136) the scales.
 Code vector v (32 bytes, 8 dwords): dword q holds the codes of row q % 4, weights 4 (2v + q // 4) .. + 3: the
-unsigned weight + 16 (Q5_0) or + 8 (Q4_0), IQ4_NL's table index (pshufb gives the value), or Q8_0's weight. The activations
-are permuted to match once per token and block (xp, 4 x 32 bytes: dword q of vector v = activations
+unsigned weight + 16 (Q5_0) or + 8 (Q4_0), IQ4_NL's table index (pshufb gives the value), or Q8_0's weight.
+The activations are permuted to match once per token and block (xp, 4 x 32 bytes: dword q of vector v = activations
 4 (2v + q // 4) .. + 3), so vpdpbusd (or pmaddubsw + pmaddwd) of the 4 vectors, summed, leaves in dwords q
 and q + 4 the two halves of row q % 4's block dot. The stored matrix keeps its row count (n_rows, blocks *
 block bytes); row group g's block b is at byte (4 g) * row bytes + 4 b * block bytes. Only matrices with a
@@ -26,8 +26,8 @@ multiple of 4 rows take it (repack.py).
 Arithmetic, per (token, row): s_b = the exact integer dot sum w x of block b (x: llama.cpp's Q8_0 rounding of
 the activations), formed as the dot of unsigned codes w + o with x minus o times the block's activation sum
 (o = 16, 8; IQ4_NL and Q8_0: 128 with VNNI, whose vpdpbusd does not saturate), or, for IQ4_NL and Q8_0 on
-AVX2 (pmaddubsw saturates pairs of 241 x 127), as |w| times x signed by w; then acc = fma(float(s_b), fl(d_w d_a), acc) over
-b = 0, 1, ... from 0. Every (token, row) is that sequence whatever else is in the call (batch invariance;
+AVX2 (pmaddubsw saturates pairs of 241 x 127), as |w| times x signed by w; then
+acc = fma(float(s_b), fl(d_w d_a), acc) over b = 0, 1, ... from 0. Every (token, row) is that sequence whatever else is in the call (batch invariance;
 the same bits with AVX2 or VNNI: the integers are exact). This is another float order than the row-by-row
 kernel's 8 lanes (a different rounding of the same sum; bounds in the tests). Q8_0 gains less than the packed
 kinds (no unpacking to save), but its prompt GEMM scales 4 rows with one convert and FMA a block instead of

@@ -481,7 +481,8 @@ __device__ __forceinline__ void attn_body(
     sh.rowoff[tid] = page_row(z * P);
     __syncthreads();
     stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(z * P), w.kvh, n_kv);
-    if constexpr (!C::ONE_BUF) stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(z * P), w.kvh, n_kv);
+    if constexpr (!C::ONE_BUF)
+        stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(z * P), w.kvh, n_kv);
 #pragma unroll
     for (int j = 0; j < HPW; j++) {              // the heads' power-of-two normalizations (while K flies)
         const int h = warp + j * NW;

@@ -1,5 +1,5 @@
-"""Q5_0 / Q4_0 / IQ4_NL / Q8_0 matrices of 4k rows, interleaved by 4 rows (kernels/cpu/rows4_int8.py), against gguf.quants and
-float64, for batch invariance and through the backend.
+"""Q5_0 / Q4_0 / IQ4_NL / Q8_0 matrices of 4k rows, interleaved by 4 rows (kernels/cpu/rows4_int8.py), against
+gguf.quants and float64, for batch invariance and through the backend.
 
 * Lossless: the kernel fed 127 e_j (activation scale exactly 1) returns 127 x the weight gguf.quants.dequantize
   gives, bit for bit, for every column j of every row: every nibble, fifth bit and scale of the file reaches
@@ -27,7 +27,8 @@ from strata_lite.kernels.cpu.act_quant import round_activations
 from strata_lite.kernels.cpu.backend import CpuBackend
 from strata_lite.kernels.cpu.isa import AVX2, VNNI, VNNI_BUILT, host_has_avx2
 from test_dequant import random_rows
-from test_own_blocks_int8 import _rows as _own_rows, _x   # random blocks with the extremes; activations with a 0 / large block
+# random blocks with the extremes; activations with an all-zero and a large block
+from test_own_blocks_int8 import _rows as _own_rows, _x
 
 pytestmark = pytest.mark.skipif(not host_has_avx2(), reason="the int8 kernels need an AVX2 CPU")
 
