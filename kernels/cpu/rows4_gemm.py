@@ -193,7 +193,7 @@ _tile_avx2, _tile_avx2_sign, _tile_vnni = _make_tile(AVX2, False), _make_tile(AV
 def _tile(kind, isa, pw, i, a, g0, g1, out, r0):
     if VNNI_BUILT and isa == VNNI:
         _tile_vnni(pw, i, a, g0, g1, out, r0)
-    elif kind == r4.IQ4_NL_KIND or kind == r4.Q8_0_KIND:     # r4.sign_form
+    elif r4.sign_form(kind, isa):
         _tile_avx2_sign(pw, i, a, g0, g1, out, r0)
     else:
         _tile_avx2(pw, i, a, g0, g1, out, r0)

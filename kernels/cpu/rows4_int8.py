@@ -63,10 +63,11 @@ _D_OFF = (80, 64, 64, 128)          # the scales' offset in a group block, by ki
 _IQ4_NL = [int(v) for v in IQ4NL_VALUES]
 
 
-def sign_form(kind: int, isa: int) -> bool:
+@njit(cache=True, inline="always")
+def sign_form(kind, isa):
     """IQ4_NL and Q8_0 on AVX2: |w| times x signed by w (their values + 128 would saturate pmaddubsw's pair
-    sums)."""
-    return kind in (IQ4_NL_KIND, Q8_0_KIND) and not (VNNI_BUILT and isa == VNNI)
+    sums). Called at code generation and inside the kernels (rows4_gemm._tile)."""
+    return (kind == IQ4_NL_KIND or kind == Q8_0_KIND) and not (VNNI_BUILT and isa == VNNI)
 
 
 @njit(cache=True, inline="always")

@@ -641,7 +641,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_merge(const float* __restr
     const int n_split = (token_pos[t] + KPS) / KPS; // ceil((pos + 1) / KPS)
     const int P = group_splits(n_split, width), n_own = (n_split + P - 1) / P;   // the token's groups
     const i64 row0 = (i64)t * ws_splits * n_heads + h; // group s of (t, h) is row row0 + s * n_heads
-    float carry = neg_inf(), L = 0.f, A = 0.f;      // warp 0: max of the splits before this chunk; sum, acc
+    float carry = neg_inf(), L = 0.f, A = 0.f;      // warp 0: max of the groups before this chunk; sum, acc
     for (int c0 = 0; c0 < n_own; c0 += MCH) {
         const int n = min(MCH, n_own - c0);
         __syncthreads();                             // the previous chunk is consumed
