@@ -169,13 +169,16 @@ GEMMS = [  # (qtype, n_out, n_in, n_tok, llama.cpp TFLOP/s on the same card) -- 
     ("IQ3_XXS", 4096, 14336, 512, None),
     ("Q5_0", 4864, 896, 512, None),
     ("Q5_0", 896, 896, 512, None),
+    ("Q4_K", 4096, 4096, 512, None),
+    ("IQ3_XXS", 14336, 4096, 128, None),
+    ("Q5_0", 4864, 896, 128, None),
     ("IQ3_XXS", 14336, 4096, 64, None),
     ("Q4_K", 14336, 4096, 64, None),
     ("Q5_0", 4864, 896, 64, None),
     ("Q5_0", 896, 896, 64, None),
 ]
 # (kernel, the tensor-core kernel's variant: warps per CTA, n8 token tiles per warp)
-GEMM_KERNELS = [("dp4a", None), ("mma", (4, 1)), ("mma", (4, 2))]
+GEMM_KERNELS = [("dp4a", None), ("mma", (4, 1)), ("mma", (2, 4)), ("mma", (4, 4))]
 
 
 def gemm_rows(cp):
@@ -183,7 +186,7 @@ def gemm_rows(cp):
     rows = []
     for qtype, n_out, n_in, n_tok, ref in GEMMS:
         times = bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, GEMM_KERNELS)
-        auto = qm.tensor_core_variant(n_out, n_tok)
+        auto = qm.tensor_core_variant(n_out, n_tok, qtype=qm.QType[qtype])
         for (kernel, mma), t in times.items():
             label = f"{qtype} {n_in}x{n_out} n={n_tok} {kernel}" + (f" w{mma[0]} nb={mma[1]}" if mma else "")
             label += " *" if (mma == auto if kernel == "mma" else auto is None) else ""
@@ -406,14 +409,13 @@ def synth_models(out_dir, quick):
 
 GEMM_EXPLORE = [("IQ3_XXS", 14336, 4096, 512), ("Q4_K", 14336, 4096, 512), ("Q6_K", 14336, 4096, 512),
                 ("Q8_0", 14336, 4096, 512), ("IQ3_XXS", 14336, 4096, 64)]
-# (kernel name suffix, warps, n8 tiles per warp) of qmatmul_mma.cu built with -DMMQ_EXPLORE (_b<N>: the
-# registers capped so that N CTAs fit an SM)
-MMA_EXPLORE = [("w4_n2", 4, 2), ("w4_n2_b4", 4, 2), ("w8_n1", 8, 1), ("w8_n1_b3", 8, 1)]
+# (kernel name suffix, warps, n8 tiles per warp) of qmatmul_mma.cu built with -DMMQ_EXPLORE
+MMA_EXPLORE = [("w4_n4", 4, 4), ("w4_n2", 4, 2), ("w2_n2", 2, 2), ("w8_n2", 8, 2)]
 
 
 def gemm_explore_rows(cp):
     """--gemm-explore: the tensor-core kernel's candidate variants, each checked bit for bit against the
-    default build's MMA_WIDE kernel on the same inputs."""
+    default build's widest kernel on the same inputs."""
     from strata_lite.kernels.cuda import qmatmul as qm
     from strata_lite.kernels.cuda.runtime import cdiv, launch
     rows = []
@@ -421,7 +423,7 @@ def gemm_explore_rows(cp):
         ws, xq, xd = gemm_inputs(cp, qm, qtype, n_out, n_in, n_tok)
         qt = ws[0].qtype
         ref = cp.empty((n_tok, n_out), cp.float32)
-        qm.matmul_prequantized(ws[0], xq, xd, ref, kernel="mma", mma=qm.MMA_WIDE)
+        qm.matmul_prequantized(ws[0], xq, xd, ref, kernel="mma", mma=qm.MMA_VARIANTS[0])
         out = cp.empty_like(ref)
         for suffix, warps, nb in MMA_EXPLORE:
             def call(w, suffix=suffix, warps=warps, nb=nb):

@@ -46,6 +46,51 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+
+// The quantized mat-muls' lane order (qmatmul.cu, qmatmul_mma.cu): lane l's partial sums added left to right,
+// ((0 + v_0) + v_1) + ... + v_{n-1} over the first n_lanes lanes, for each of the warp's NV values; res[o]
+// receives value o's sum (every lane may read res after the call). A tensor-core thread, which owns whole
+// outputs, adds its lane classes in this order with one running sum per output (no stack of partials).
+// buf: fold_words(NV) floats, res: NV floats, both this warp's own shared memory, buf 16-byte aligned. Passes
+// of up to FOLD_ROWS values: lanes store a row each, then lane o < FOLD_ROWS reads row o as float4 (the stride
+// of 36 words puts the 8 rows' float4 at distinct banks) and adds it up.
+constexpr int FOLD_ROWS = 8, FOLD_STRIDE = 36;
+__host__ __device__ constexpr int fold_words(int nv) { return (nv < FOLD_ROWS ? nv : FOLD_ROWS) * FOLD_STRIDE; }
+template <int NV>
+__device__ __forceinline__ void lane_fold(const float* v, int n_lanes, float* buf, float* res) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int c0 = 0; c0 < NV; c0 += FOLD_ROWS) {
+        __syncwarp();                              // the previous pass's reads are done
+#pragma unroll
+        for (int o = 0; o < FOLD_ROWS && o < NV; ++o)
+            if (c0 + o < NV) buf[o * FOLD_STRIDE + lane] = v[c0 + o];
+        __syncwarp();
+        if (lane < FOLD_ROWS && c0 + lane < NV) {
+            const float4* row = (const float4*)(buf + lane * FOLD_STRIDE);
+            float s = 0.0f;
+            if (n_lanes == 32) {                   // every lane had units (rows of >= 32 units): no predicates
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const float4 q = row[j];
+                    s = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(s, q.x), q.y), q.z), q.w);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const float4 q = row[j];
+                    if (4 * j < n_lanes) s = __fadd_rn(s, q.x);
+                    if (4 * j + 1 < n_lanes) s = __fadd_rn(s, q.y);
+                    if (4 * j + 2 < n_lanes) s = __fadd_rn(s, q.z);
+                    if (4 * j + 3 < n_lanes) s = __fadd_rn(s, q.w);
+                }
+            }
+            res[c0 + lane] = s;
+        }
+    }
+    __syncwarp();
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

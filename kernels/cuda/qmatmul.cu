@@ -9,7 +9,7 @@
 // so G * RW weight loads per lane are in flight at once, and each activation load serves RW rows. Per
 // token, the unit's int8 weights are dotted with the int8 activations by __dp4a, the integer sums are
 // scaled in float with explicit __fmul_rn/__fmaf_rn (no contraction choices left to the compiler), and
-// the 32 lane sums are added by warp_sum's fixed tree. So every output's arithmetic depends only on its
+// the 32 lane sums are added left to right (lane_fold, common.cuh). So every output's arithmetic depends only on its
 // row and its token, never on TILE, RW, G, the token's slot in the tile, or what else shares the launch
 // (batch invariance). The output goes through Out (qmatmul_types.cuh): bias, residual add, split, GLU.
 #include "qmatmul_types.cuh"
@@ -17,7 +17,7 @@
 
 // --------------------------------------------------------------------------------------- mat-mul
 // Rows of warp w: RW consecutive rows from w * RW, or (GLU, RW = 2) w and w + n_out / 2. -> false when
-// the warp has none (whole warps leave: the warp_sum below sees full warps).
+// the warp has none (whole warps leave: each warp folds its own lanes).
 template <int RW, bool GLU>
 __device__ __forceinline__ bool warp_rows(int n_out, int* rows) {
     const int w = blockIdx.x * blockDim.y + threadIdx.y;
@@ -33,22 +33,32 @@ __device__ __forceinline__ bool warp_rows(int n_out, int* rows) {
     }
 }
 
+constexpr int MM_WARPS = 8;                        // warps per CTA at most (__launch_bounds__(256); qmatmul.py WARPS_PER_CTA)
+
+// Each lane holds its units' partial sums acc[r][t] of row rows[r] and token t0 + t; the lanes' partials of
+// an output are added in lane order (lane_fold over the lanes that had units), and lane t writes token t's
+// outputs.
 template <int RW, int TILE, bool GLU>
-__device__ __forceinline__ void store_rows(const Out& o, const int* rows, int n_out, int t0, int nt,
+__device__ __forceinline__ void store_rows(const Out& o, const int* rows, int n_out, int n_units, int t0, int nt,
                                            float (&acc)[RW][TILE]) {
+    constexpr int NV = RW * TILE;
+    __shared__ __align__(16) float fold_buf[MM_WARPS][fold_words(NV)];
+    __shared__ float fold_res[MM_WARPS][NV];
+    float v[NV];
 #pragma unroll
-    for (int t = 0; t < TILE; ++t) {
-        float s[RW];
+    for (int t = 0; t < TILE; ++t)
 #pragma unroll
-        for (int r = 0; r < RW; ++r) s[r] = warp_sum(acc[r][t]);
-        if (threadIdx.x != 0 || t >= nt) continue;
-        if constexpr (GLU) {
-            o.glu(t0 + t, rows[0], n_out / 2, s[0], s[1]);
-        } else {
+        for (int r = 0; r < RW; ++r) v[t * RW + r] = acc[r][t];
+    lane_fold<NV>(v, min(WARP, n_units), fold_buf[threadIdx.y], fold_res[threadIdx.y]);
+    const int t = threadIdx.x;
+    if (t >= nt) return;
+    const float* s = fold_res[threadIdx.y] + t * RW;
+    if constexpr (GLU) {
+        o.glu(t0 + t, rows[0], n_out / 2, s[0], s[1]);
+    } else {
 #pragma unroll
-            for (int r = 0; r < RW; ++r)
-                if (rows[r] < n_out) o.put(t0 + t, rows[r], n_out, s[r]);
-        }
+        for (int r = 0; r < RW; ++r)
+            if (rows[r] < n_out) o.put(t0 + t, rows[r], n_out, s[r]);
     }
 }
 
@@ -101,7 +111,7 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
             }
         }
     }
-    store_rows<RW, TILE, GLU>(o, rows, n_out, t0, nt, acc);
+    store_rows<RW, TILE, GLU>(o, rows, n_out, n_units, t0, nt, acc);
 }
 
 // Up to SK_MAX_TOKENS tokens with more warps per row (split-K): the same sums as mm_q, token by token. A CTA
@@ -109,7 +119,7 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
 // units 32j .. 32j + 31, unit 32j + l in lane l, as mm_q deals them), dots each unit with every token and
 // leaves the two fma operands of (token t, unit) in shared memory, part[t * stride + j * 32 + l]; then warp
 // t folds token t: lane l's units in mm_q's order (acc = fma(a, b, acc) over rounds 0, 1, ...), and
-// warp_sum adds the lanes. For matrices of few, long rows, where mm_q has too few warps to keep loads in
+// lane_fold adds the lanes as mm_q does. For matrices of few, long rows, where mm_q has too few warps to keep loads in
 // flight (qmatmul.py split_k). part: dynamic shared memory, n_tok * cdiv(k / UNIT, 32) * 32 float2; xq, xd
 // as mm_q's; n_tok <= blockDim.y.
 template <class T>
@@ -141,8 +151,10 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         const float2 p = pt[j * WARP + lane];
         acc = __fmaf_rn(p.x, p.y, acc);
     }
-    const float sum = warp_sum(acc);
-    if (lane == 0) o.put(w, row, n_out, sum);
+    __shared__ __align__(16) float fold_buf[MM_WARPS][fold_words(1)];
+    __shared__ float fold_res[MM_WARPS][1];
+    lane_fold<1>(&acc, min(WARP, n_units), fold_buf[w], fold_res[w]);
+    if (lane == 0) o.put(w, row, n_out, fold_res[w][0]);
 }
 
 #define MM_Q_SK_KERNEL(NAME, T)                                                                           \
@@ -260,7 +272,7 @@ __device__ __forceinline__ void mm_f(const u8* __restrict__ W, int row_bytes, in
             }
         }
     }
-    store_rows<RW, TILE, GLU>(o, rows, n_out, t0, nt, acc);
+    store_rows<RW, TILE, GLU>(o, rows, n_out, k / 8, t0, nt, acc);
 }
 
 #define MM_F_KERNEL(NAME, LOADW, TILE)                                                                    \

@@ -24,12 +24,14 @@ from .runtime import cdiv, cupy, launch
 CU = "qmatmul.cu"
 CU_MMA = "qmatmul_mma.cu"
 # The tensor-core kernel's variants (warps per CTA, n8 token tiles per warp): kernels mmq[glu]_<type>_w<W>_n<NB>
-# of qmatmul_mma.cu; a CTA takes 32 rows (GLU: 16 gate + 16 up) by W * 8 * NB tokens. See tensor_core_variant.
-MMA_NARROW, MMA_WIDE = (4, 1), (4, 2)
-MMA_VARIANTS = (MMA_NARROW, MMA_WIDE)
+# of qmatmul_mma.cu; a CTA takes 32 rows (GLU: 16 gate + 16 up) by W * 8 * NB tokens. A launch takes the
+# first of MMA_CHOICES (variant, least CTAs, least tokens) that its grid and token count reach, else the dp4a
+# kernel (see tensor_core_variant).
+MMA_WIDEST, MMA_MIDDLE, MMA_NARROW = (4, 4), (2, 4), (4, 1)
+MMA_CHOICES = ((MMA_WIDEST, 256, 256), (MMA_MIDDLE, 192, 64), (MMA_NARROW, 192, 64))
+MMA_VARIANTS = tuple(v for v, _, _ in MMA_CHOICES)
+MMA_WIDEST_SLOWER = frozenset({QType.Q6_K})   # types that measured faster in MMA_MIDDLE at 512 tokens
 MMA_MIN_TOKENS = 64         # the tensor-core kernel from this many tokens (decode steps and draft checks stay on dp4a)
-MMA_MIN_CTAS = 192          # and this many CTAs of MMA_NARROW
-MMA_WIDE_MIN_CTAS = 256     # MMA_WIDE where it still makes this many CTAs (about two per SM of an H200)
 WARPS_PER_CTA = 8           # warps per CTA of the dp4a mat-mul (8 measured a little faster than 4 on an H200)
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>...); a launch takes the smallest >= n
 ACT_WARPS = 8               # quantization blocks (warps) per CTA
@@ -215,18 +217,23 @@ def mma_smem(qtype, warps: int, nb: int) -> int:
     return 2 * warps * tok * (words + 1) * 4
 
 
-def tensor_core_variant(n_out: int, n_tok: int, glu: bool = False):
+def tensor_core_variant(n_out: int, n_tok: int, glu: bool = False, qtype=None):
     """(warps per CTA, n8 token tiles per warp) of the tensor-core kernel for this launch, or None where the
-    dp4a kernel is faster. Measured on an H200 (perf/bench_gpu.py --gemm, 2026-12-03, kernel_notes.md), µs:
-    4096x14336 at 512 tokens IQ3_XXS 893 (MMA_WIDE) / 1,195 (MMA_NARROW) / 1,810 (dp4a), Q4_K 732 / 870 /
-    2,292, Q8_0 1,238 / 1,944 / 2,071; at 64 tokens IQ3_XXS 151 / 169 / 241, Q4_K 110 / 121 / 298; 896x4864
-    Q5_0 at 64 tokens 22.4 (152 CTAs) / 19.7 (304) / 36.9; 896x896 at 64 tokens 18.6 / 14.4 (56 CTAs) / 8.7.
-    The row length does not enter: rows of 896 and of 4096 weights chose alike."""
+    dp4a kernel is faster. Measured on an H200 (perf/bench_gpu.py --gemm, 2026-12-03, kernel_notes.md), µs,
+    MMA_WIDEST / MMA_MIDDLE / MMA_NARROW / dp4a: 4096x14336 at 512 tokens IQ3_XXS 631 / 679 / 1,333 / 1,654,
+    Q4_K 571 / 608 / 902 / 1,862, Q8_0 875 / 1,100 / 2,010 / 1,892, Q6_K 1,191 / 1,075 / 2,292 / 2,870; at 128
+    tokens IQ3_XXS 199 / 189 / 358 / 425 (half of MMA_WIDEST's tokens padding); at 64 tokens IQ3_XXS 200 / 116
+    / 192 / 221, Q4_K 172 / 116 / 126 / 244; 896x4864 Q5_0 at 64 tokens 25.8 / 19.2 (152 CTAs) / 16.2 (304) /
+    25.3; 896x896 Q5_0 at 512 tokens 20.0 (112 CTAs) / 19.2 (224) / 20.8 / 35.6, at 64 tokens 19.6 / 18.3 / 9.6
+    (56 CTAs) / 6.6. The row length does not enter: rows of 896 and of 4096 weights chose alike."""
     if n_tok < MMA_MIN_TOKENS:
         return None
     row_tiles = cdiv(n_out // 2 if glu else n_out, mma_rows(glu))
-    for (warps, nb), least in ((MMA_WIDE, MMA_WIDE_MIN_CTAS), (MMA_NARROW, MMA_MIN_CTAS)):
-        if cdiv(n_tok, 8 * nb * warps) * row_tiles >= least:
+    slower = qtype is not None and QType(int(qtype)) in MMA_WIDEST_SLOWER
+    for (warps, nb), least_ctas, least_tokens in MMA_CHOICES:
+        if slower and (warps, nb) == MMA_WIDEST:
+            continue
+        if n_tok >= least_tokens and cdiv(n_tok, 8 * nb * warps) * row_tiles >= least_ctas:
             return warps, nb
     return None
 
@@ -280,7 +287,7 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     if n == 0:
         return
     args = (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), xq, xd, np.int32(n), *outs)
-    chosen = tensor_core_variant(w.n_out, n, glu)
+    chosen = tensor_core_variant(w.n_out, n, glu, w.qtype)
     name = _KNAME[w.qtype]
     if kernel == "mma" or (kernel == "auto" and chosen and variant is None):
         warps, nb = tuple(mma or chosen or MMA_NARROW)

@@ -4,12 +4,12 @@
 // depend on which kernel its step took (batch invariance; the launcher picks by token count).
 //
 // How the bits are kept. The dp4a kernel gives unit u of a row to lane u % 32, which adds the unit's
-// contributions in order, fin(U, ints, xd, acc) per unit (qmatmul_types.cuh), and then sums the 32 lane
-// partials with warp_sum's xor tree: lane 0 ends with ((p0 + p16) + (p8 + p24)) + ... Here a thread owns
-// whole outputs, so it walks the units class by class: class l = the units l, l + 32, ... (the dp4a
-// kernel's lane l), classes visited in bit-reversed order (0, 16, 8, 24, 4, ...), and each finished class
-// sum is pushed onto a 5-level pairwise stack, which adds exactly the pairs of the xor tree. The integer
-// parts come from mma instead of dp4a: integer sums are exact, so they are equal whatever the order.
+// contributions in order, fin(U, ints, xd, acc) per unit (qmatmul_types.cuh), and then adds the lane
+// partials left to right, ((0 + p0) + p1) + ... (lane_fold, common.cuh). Here a thread owns whole outputs,
+// so it walks the units class by class: class l = the units l, l + 32, ... (the dp4a kernel's lane l),
+// classes 0, 1, 2, ..., each class summed from 0 and then added to the output's running sum: two floats
+// per output. The integer parts come from mma instead of dp4a: integer sums are exact, so they are equal
+// whatever the order.
 //
 // Work split: a CTA takes 32 weight rows (two m16 tiles; GLU: 16 gate rows i.. and the up rows
 // i + n_out / 2.., so one thread ends with both sums of an output of silu(gate) * up) by W * 8 * NB
@@ -44,14 +44,14 @@ __device__ __forceinline__ void a_frag(const U& ra, const U& rb, int w0, int t, 
     a[3] = rb.w[w0 + 4 + t] & keep_hi;
 }
 
-// The units of a row in the order the outputs add them: class visit i = 0..31 (class l = brev5(i)), the
-// class's units l, l + 32, ... Classes without units (rows of fewer than 32 units) are skipped here; the
-// summing walk pushes them as zeros.
+// The units of a row in the order the outputs add them: class i = 0, 1, ..., 31, the class's units i,
+// i + 32, ... Classes without units (rows of fewer than 32 units) are the last ones: the walk ends there
+// (u >= n_units).
 struct UnitWalk {
-    int i = 0, u = 0;                              // class visit 0 is class 0, never empty
+    int i = 0, u = 0;                              // class i, unit u; class 0 is never empty
     __device__ __forceinline__ void next(int n_units) {
         u += 32;
-        while (u >= n_units && i < 31) u = __brev(++i) >> 27;
+        if (u >= n_units && i < 31) u = ++i;
     }
 };
 
@@ -173,27 +173,6 @@ __device__ __forceinline__ void decode_and_stage(const u8* wr, int u, const u32*
     su[lane] = v;
 }
 
-// Push class visit i's sums ch (then zeroed): level j holds the sum of 2^j classes until its partner arrives;
-// after i = 31, stk[0] holds the totals.
-template <int NO>
-__device__ __forceinline__ void push_class(int i, float* ch, float (*stk)[NO]) {
-#pragma unroll
-    for (int o = 0; o < NO; ++o) {
-        float v = ch[o];
-        ch[o] = 0.0f;
-        if (!(i & 1)) { stk[0][o] = v; continue; }
-        v = __fadd_rn(stk[0][o], v);
-        if (!(i & 2)) { stk[1][o] = v; continue; }
-        v = __fadd_rn(stk[1][o], v);
-        if (!(i & 4)) { stk[2][o] = v; continue; }
-        v = __fadd_rn(stk[2][o], v);
-        if (!(i & 8)) { stk[3][o] = v; continue; }
-        v = __fadd_rn(stk[3][o], v);
-        if (!(i & 16)) { stk[4][o] = v; continue; }
-        stk[0][o] = __fadd_rn(stk[4][o], v);
-    }
-}
-
 // W (n_out, row_bytes) u8; xq (n_tok, k) int8; xd (n_tok, k / XB) f32; su: [2][NW][32] decoded units; xw
 // [2][NW][TOK][XSTRIDE] and xs [2][NW][TOK] staged activations and scales (dynamic shared memory: qmatmul.py
 // mma_smem). grid (cdiv(n_tok, TOK), cdiv(n_out, 32)) (GLU: cdiv(n_out / 2, 16)), block (32, NW).
@@ -215,10 +194,10 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
                                  xw + warp * XBUF, xs + warp * TOK);
     cp_async_wait();
     __syncthreads();
-    float ch[NO], stk[5][NO];
+    float ch[NO], tot[NO];                         // the class being summed; the classes before it, added in order
 #pragma unroll
-    for (int o = 0; o < NO; ++o) ch[o] = 0.0f;
-    UnitWalk sum;                                  // the unit being added; sum.i the class visit whose sums ch holds
+    for (int o = 0; o < NO; ++o) ch[o] = tot[o] = 0.0f;
+    UnitWalk sum;                                  // the unit being added; sum.i the class whose sums ch holds
     const int steps = (n_units + NW - 1) / NW;
     for (int s = 0; s < steps; ++s) {
         const int buf = s & 1;
@@ -233,10 +212,14 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
         for (int j = 0; j < nu; ++j) {
             unit_mma<T, NB>(su[buf][j], xw + (buf * NW + j) * XBUF + tw * Staged<T>::XSTRIDE,
                             xs + (buf * NW + j) * TOK + tw, g, t, ch);
-            sum.u += 32;                           // the class ends: push it and the empty ones after it
-            while (sum.u >= n_units && sum.i < 32) {
-                push_class<NO>(sum.i, ch, stk);
-                if (++sum.i < 32) sum.u = __brev(sum.i) >> 27;
+            sum.u += 32;
+            if (sum.u >= n_units) {                // the class ends: add it to the outputs' running sums
+#pragma unroll
+                for (int o = 0; o < NO; ++o) {
+                    tot[o] = __fadd_rn(tot[o], ch[o]);
+                    ch[o] = 0.0f;
+                }
+                sum.u = ++sum.i;
             }
         }
         cp_async_wait();
@@ -252,12 +235,12 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
             if (tok >= n_tok) continue;
             if constexpr (GLU) {
                 const int i = r0 + g + 8 * (r >> 1);
-                if (i < half) o.glu(tok, i, half, stk[0][4 * nb + r], stk[0][4 * (NB + nb) + r]);
+                if (i < half) o.glu(tok, i, half, tot[4 * nb + r], tot[4 * (NB + nb) + r]);
             } else {
 #pragma unroll
                 for (int mt = 0; mt < 2; ++mt) {
                     const int row = r0 + 16 * mt + g + 8 * (r >> 1);
-                    if (row < n_out) o.put(tok, row, n_out, stk[0][4 * (NB * mt + nb) + r]);
+                    if (row < n_out) o.put(tok, row, n_out, tot[4 * (NB * mt + nb) + r]);
                 }
             }
         }
@@ -280,11 +263,11 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 #define MMQ_VARIANT(NAME, T, NW, NB) MMQ_KERNEL(NAME, T, NW, NB, false, mmq, 0, ) \
     MMQ_KERNEL(NAME, T, NW, NB, true, mmqglu, 0, )
 #ifdef MMQ_EXPLORE   // perf/bench_gpu.py --gemm-explore: candidates beside the default kernels
-#define MMQ_KERNELS(NAME, T) MMQ_VARIANT(NAME, T, 4, 1) MMQ_VARIANT(NAME, T, 4, 2) \
-    MMQ_KERNEL(NAME, T, 4, 2, false, mmq, 4, _b4) MMQ_KERNEL(NAME, T, 8, 1, false, mmq, 0, ) \
-    MMQ_KERNEL(NAME, T, 8, 1, false, mmq, 3, _b3)
+#define MMQ_KERNELS(NAME, T) MMQ_VARIANT(NAME, T, 4, 1) MMQ_VARIANT(NAME, T, 2, 4) MMQ_VARIANT(NAME, T, 4, 4) \
+    MMQ_KERNEL(NAME, T, 4, 2, false, mmq, 0, ) MMQ_KERNEL(NAME, T, 2, 2, false, mmq, 0, ) \
+    MMQ_KERNEL(NAME, T, 8, 2, false, mmq, 0, )
 #else
-#define MMQ_KERNELS(NAME, T) MMQ_VARIANT(NAME, T, 4, 1) MMQ_VARIANT(NAME, T, 4, 2)
+#define MMQ_KERNELS(NAME, T) MMQ_VARIANT(NAME, T, 4, 1) MMQ_VARIANT(NAME, T, 2, 4) MMQ_VARIANT(NAME, T, 4, 4)
 #endif
 
 MMQ_KERNELS(q8_0, TQ8_0)

@@ -3,8 +3,8 @@ so it is checked without a GPU. Every kernel gives the same bits (tests/kernels/
 the choice is about speed, from the H200 measurements in tensor_core_variant's docstring."""
 from gguf import GGMLQuantizationType as QType
 
-from strata_lite.kernels.cuda.qmatmul import (MMA_MIN_TOKENS, MMA_NARROW, MMA_VARIANTS, MMA_WIDE, mma_smem, split_k,
-                                              tensor_core_variant)
+from strata_lite.kernels.cuda.qmatmul import (MMA_MIDDLE, MMA_MIN_TOKENS, MMA_NARROW, MMA_VARIANTS, MMA_WIDEST,
+                                              mma_smem, split_k, tensor_core_variant)
 
 
 def test_decode_and_draft_checks_stay_on_dp4a():
@@ -14,13 +14,17 @@ def test_decode_and_draft_checks_stay_on_dp4a():
 
 
 def test_prompt_chunks_take_the_tensor_cores_in_the_widest_tile_that_fills_the_card():
-    assert tensor_core_variant(14336, 512) == MMA_WIDE        # 8 x 448 CTAs
-    assert tensor_core_variant(14336, 64) == MMA_WIDE         # 448
-    assert tensor_core_variant(4864, 512) == MMA_WIDE         # 8 x 152
-    assert tensor_core_variant(4864, 64) == MMA_NARROW        # wide: 152 CTAs, narrow: 304
-    assert tensor_core_variant(9728, 64, glu=True) == MMA_WIDE     # 4864 gate rows, 16 per CTA: 304 CTAs
-    assert tensor_core_variant(4096, 64, glu=True) == MMA_NARROW   # wide: 128 CTAs, narrow: 256
-    assert tensor_core_variant(9728, 512, glu=True) == MMA_WIDE
+    assert tensor_core_variant(14336, 512) == MMA_WIDEST      # 4 x 448 CTAs
+    assert tensor_core_variant(14336, 512, qtype=QType.IQ3_XXS) == MMA_WIDEST
+    assert tensor_core_variant(14336, 512, qtype=QType.Q6_K) == MMA_MIDDLE   # measured faster there
+    assert tensor_core_variant(14336, 128) == MMA_MIDDLE      # the widest would pad half of its 128 tokens
+    assert tensor_core_variant(14336, 64) == MMA_MIDDLE       # 448
+    assert tensor_core_variant(4864, 512) == MMA_WIDEST       # 4 x 152
+    assert tensor_core_variant(4864, 64) == MMA_NARROW        # middle: 152 CTAs, narrow: 304
+    assert tensor_core_variant(896, 512) == MMA_MIDDLE        # widest: 4 x 28 CTAs, middle: 8 x 28
+    assert tensor_core_variant(9728, 64, glu=True) == MMA_MIDDLE   # 4864 gate rows, 16 per CTA: 304 CTAs
+    assert tensor_core_variant(4096, 64, glu=True) == MMA_NARROW   # middle: 128 CTAs, narrow: 256
+    assert tensor_core_variant(9728, 512, glu=True) == MMA_WIDEST
 
 
 def test_small_grids_stay_on_dp4a():
@@ -34,7 +38,7 @@ def test_staged_activations_fit_shared_memory():
     for qtype in (QType.IQ3_XXS, QType.Q4_K, QType.Q6_K, QType.Q8_0):
         for warps, nb in MMA_VARIANTS:
             assert mma_smem(qtype, warps, nb) + 23 * 1024 <= 227 * 1024
-    assert mma_smem(QType.Q4_K, 4, 2) == 2 * 4 * 64 * (16 + 4 + 1) * 4
+    assert mma_smem(QType.Q4_K, 4, 4) == 2 * 4 * 128 * (16 + 4 + 1) * 4
 
 
 def test_split_k_only_for_few_tokens_over_few_long_rows(monkeypatch):

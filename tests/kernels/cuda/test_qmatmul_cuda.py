@@ -113,7 +113,7 @@ def test_matmul_batch_invariant(cp, qm, qtype):
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("mma", [(4, 1), (4, 2)], ids=lambda v: f"w{v[0]}n{v[1]}")
+@pytest.mark.parametrize("mma", [(4, 1), (2, 4), (4, 4)], ids=lambda v: f"w{v[0]}n{v[1]}")
 def test_tensor_core_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, mma):
     """The tensor-core kernel replays the dp4a kernel's order of float operations exactly, plain and GLU, in
     every variant (warps per CTA, token tiles per warp): rows and tokens that do not fill its tiles (whole
