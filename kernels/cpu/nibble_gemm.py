@@ -60,10 +60,6 @@ def _iq3_value(c):
 @njit(cache=True, inline="always")
 def _weights(kind, src, dst):
     """One block of one row (src: its bytes in layout `kind`) -> dst (256 int8 weights in order, as uint8)."""
-    if kind == nib.Q6K:
-        for i in range(QK):
-            dst[i] = src[i]
-        return
     for p in range(4):              # codes: byte 32p + j holds weight 64p + j (low nibble), 64p + 32 + j (high)
         for j in range(32):
             byte = np.int32(src[32 * p + j])
@@ -74,6 +70,10 @@ def _weights(kind, src, dst):
                 plane = np.int32(src[128 + j])
                 lo |= ((plane >> (2 * p)) & 1) << 4
                 hi |= ((plane >> (2 * p + 1)) & 1) << 4
+            elif kind == nib.Q6K:   # two high bits each: bits 4e, 4e + 2 of plane byte 32 (p // 2) + j, e = p % 2
+                plane = np.int32(src[128 + 32 * (p // 2) + j]) >> (4 * (p % 2))
+                lo = (lo | ((plane & 3) << 4)) - 32
+                hi = (hi | (((plane >> 2) & 3) << 4)) - 32
             dst[64 * p + j] = np.uint8(lo & 255)
             dst[64 * p + 32 + j] = np.uint8(hi & 255)
 

@@ -1,5 +1,5 @@
 """The AVX2 int8 mat-vec shared by the 4-bit-code layouts (iq3_int8.py: IQ3_XXS, q4_k_int8.py: Q4_K,
-q5_k_int8.py: Q5_K) and the int8 one of Q6_K (q6_k_int8.py).
+q5_k_int8.py: Q5_K, q6_k_int8.py: Q6_K).
 
 Both layouts keep 256 weights per block as 4-bit codes in ggml's nibble order and start with the same
 144 bytes:
@@ -12,7 +12,9 @@ and a weight is d * scale[s] * value(code) (- dmin * min[s] for Q4_K, whose bloc
 value(code) is a 16-entry int8 table looked up with pshufb (IQ3_XXS: a sign and one of 8 grid levels)
 or the code itself (Q4_K: 0..15). Q5_K's layout puts each weight's fifth bit in a plane of 32 bytes after
 the codes (bit 2p of byte j: weight 64p + j, bit 2p + 1: weight 64p + 32 + j, the file's qh) and its
-scales, d, C, mins and dmin 32 bytes later (q5_k_int8.py): value = code | fifth bit << 4 (0..31).
+scales, d, C, mins and dmin 32 bytes later (q5_k_int8.py): value = code | fifth bit << 4 (0..31). Q6_K's
+puts two high bits a weight in a plane of 64 bytes after the codes, then 16 int8 scales (one per 16
+weights), d and C (q6_k_int8.py): value = (code | high bits << 4) - 32 (-32..31).
 
 Activations are rounded like llama.cpp's Q8_K (per 256: int8 q = rint(-127 x / x_signed_max), the
 rounding act_quant.py reproduces) and stored offset by +128 as uint8, because pmaddubsw multiplies
@@ -42,7 +44,7 @@ MAX_TOK = 4       # tokens per kernel call
 # the layouts, by the `kind` argument of matvec, and the byte offsets of their fields in a block: (scales, d, C,
 # mins, dmin), the mins only in Q4_K's and Q5_K's
 IQ3, Q4K, Q6K, Q5K = 0, 1, 2, 3
-FIELDS = ((128, 136, 140, 0, 0), (128, 136, 140, 144, 152), (256, 272, 276, 0, 0), (160, 168, 172, 176, 184))
+FIELDS = ((128, 136, 140, 0, 0), (128, 136, 140, 144, 152), (192, 208, 212, 0, 0), (160, 168, 172, 176, 184))
 ROW_GROUP = 4     # rows per work item with several tokens (a 4096-weight row is ~2.3 KB in these layouts)
 
 
@@ -123,11 +125,11 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high:
     raw3 uint8 (rows, blocks, block bytes); xq uint8 (tokens, blocks, 256); xd float32 (tokens, blocks);
     xb int32 (tokens, blocks, 8) bsums (read when `mins`); out float32 (tokens, rows);
     table: 16 int8 code values twice, one copy per 128-bit lane (used when `lookup`).
-    wide: the Q6_K layout (q6_k_int8.py): int8 weights instead of codes, 16 int8 scales (one per 16
-    weights) at byte 256, d at 272, C at 276. high: the Q5_K layout (q5_k_int8.py): the fifth bits' plane
+    wide: the Q6_K layout (q6_k_int8.py): codes with two high bits each in a plane at byte 128, 16 int8
+    scales (one per 16 weights) at byte 192, d at 208, C at 212. high: the Q5_K layout (q5_k_int8.py): the fifth bits' plane
     at byte 128, the other fields 32 bytes later than Q4_K's."""
     scale_off, d_off, c_off, mins_off, dmin_off = FIELDS[Q6K if wide else Q5K if high else Q4K]
-    block_bytes = 280 if wide else 192 if high else 160
+    block_bytes = 216 if wide else 192 if high else 160
 
     @intrinsic
     def dot(typingctx, raw3, r0, xq, xd, xb, t0, n_tok, out, table):
@@ -157,6 +159,15 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high:
                                                               ir.Constant(L.V16W, [bit] * 16)), L.V32B), one)
                 return builder.bitcast(builder.shl(builder.bitcast(b, L.V16W), ir.Constant(L.V16W, [4] * 16)),
                                        L.V32B)
+
+            bits45 = ir.Constant(L.V32B, [0x30] * 32)
+            thirty_two = ir.Constant(L.V32B, [32] * 32)
+
+            def high_bits(plane, bit):      # <32 x i8>: bits bit, bit + 1 of each plane byte, at bits 4-5
+                w = builder.bitcast(plane, L.V16W)   # shifted in 16-bit lanes: the mask drops what crosses bytes
+                w = builder.shl(w, ir.Constant(L.V16W, [4 - bit] * 16)) if bit < 4 else \
+                    builder.lshr(w, ir.Constant(L.V16W, [bit - 4] * 16)) if bit > 4 else w
+                return builder.and_(builder.bitcast(w, L.V32B), bits45)
             r_idx = L.clamped_rows(builder, args[1], R, rshape[0])
             t_idx = [builder.add(args[5], const(j)) for j in range(T)]
             row0 = [builder.gep(praw, [builder.mul(r, rstr[0])]) for r in r_idx]
@@ -177,7 +188,7 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high:
             ahead = builder.mul(const(2 * R), rstr[0])
             with cgutils.for_range(builder, rshape[1]) as blk:
                 rows = [builder.gep(p, [builder.mul(blk.index, rstr[1])]) for p in row0]
-                for p in rows:          # every cache line of the block (160 / 192 bytes: 3, 280: 5)
+                for p in rows:          # every cache line of the block (160 / 192 bytes: 3, 216: 4)
                     for o in range(0, block_bytes, 64):
                         emit_prefetch(builder, builder.gep(p, [builder.add(ahead, const(o))]), locality=2)
                 xqb = [builder.gep(p, [builder.mul(blk.index, qstr[1])]) for p in xq0]
@@ -195,17 +206,19 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high:
                     return builder.shuffle_vector(scales[k], scales[k], ir.Constant(ir.VectorType(L.I32, 16), idx))
 
                 planes = [load(p, 128, L.V32B) for p in rows] if high else []
+                planes2 = [(load(p, 128, L.V32B), load(p, 160, L.V32B)) for p in rows] if wide else []
                 for pair in range(4):
                     xa = [(load(p, 64 * pair, L.V32B), load(p, 64 * pair + 32, L.V32B)) for p in xqb]
                     for k, p in enumerate(rows):
+                        codes = load(p, 32 * pair, L.V32B)
+                        w_lo = builder.and_(codes, low4)
+                        w_hi = builder.and_(builder.bitcast(builder.lshr(builder.bitcast(codes, L.V16W),
+                                                                         ir.Constant(L.V16W, [4] * 16)), L.V32B),
+                                            low4)
                         if wide:
-                            w_lo, w_hi = load(p, 64 * pair, L.V32B), load(p, 64 * pair + 32, L.V32B)
-                        else:
-                            codes = load(p, 32 * pair, L.V32B)
-                            w_lo = builder.and_(codes, low4)
-                            w_hi = builder.and_(builder.bitcast(builder.lshr(builder.bitcast(codes, L.V16W),
-                                                                             ir.Constant(L.V16W, [4] * 16)), L.V32B),
-                                                low4)
+                            plane, e = planes2[k][pair // 2], 4 * (pair % 2)
+                            w_lo = builder.sub(builder.or_(w_lo, high_bits(plane, e)), thirty_two)
+                            w_hi = builder.sub(builder.or_(w_hi, high_bits(plane, e + 2)), thirty_two)
                         if lookup:
                             w_lo, w_hi = builder.call(pshufb, [tab, w_lo]), builder.call(pshufb, [tab, w_hi])
                         if high:

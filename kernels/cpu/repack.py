@@ -12,8 +12,8 @@ in registers, with the results of their Q8_0 repacking, bit for bit), and IQ3_XX
 repacked losslessly for the int8 kernel of
 nibble_int8.py: IQ3_XXS as 4-bit codes (iq3_int8.py: 4.5 instead of 3.06 bits/weight, 3x less work per
 weight; layout IQ3_I8), Q4_K with its scales unpacked (q4_k_int8.py: 5 instead of 4.5; Q4K_I8), Q5_K the
-same with its fifth bits' plane (q5_k_int8.py: 6 instead of 5.5; Q5K_I8), Q6_K as int8 values
-(q6_k_int8.py: 8.75 instead of 6.56; Q6K_I8). Those layouts run the int8 kernel for every
+same with its fifth bits' plane (q5_k_int8.py: 6 instead of 5.5; Q5K_I8), Q6_K as 4-bit codes with a plane
+of two high bits each (q6_k_int8.py: 6.75 instead of 6.56; Q6K_I8). Those layouts run the int8 kernel for every
 token count (batch invariance: qmatmul.py).
 
 `PackedWeight` is a drop-in for the loader's QuantTensor (name, qtype, n_out, n_in, raw, nbytes), so

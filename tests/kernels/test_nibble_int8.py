@@ -141,6 +141,35 @@ def test_q5_k_repack_keeps_every_code():
         assert dst[b, 172:176].view(np.int32)[0] == c
 
 
+def test_q6_k_repack_keeps_every_code():
+    """The layout's low nibbles with their two high bits are the file's 6-bit codes, weight by weight (ggml's
+    dequantize_row_q6_K order), the scales are the file's, and C is the scale-weighted sum of the values q - 32."""
+    raw = random_rows(QType.Q6_K, 3, 512, seed=5)
+    src = raw.reshape(-1, 210)
+    dst = q6_k_int8.repack(raw, 512, F16_TABLE).reshape(-1, 216)
+    for b in range(src.shape[0]):
+        ql, qh = src[b, 0:128].astype(np.int32), src[b, 128:192].astype(np.int32)
+        want = np.empty(256, np.int32)
+        for n in range(2):
+            l0, l1, h = ql[64 * n:64 * n + 32], ql[64 * n + 32:64 * n + 64], qh[32 * n:32 * n + 32]
+            want[128 * n:128 * n + 32] = (l0 & 15) | ((h & 3) << 4)
+            want[128 * n + 32:128 * n + 64] = (l1 & 15) | (((h >> 2) & 3) << 4)
+            want[128 * n + 64:128 * n + 96] = (l0 >> 4) | (((h >> 4) & 3) << 4)
+            want[128 * n + 96:128 * n + 128] = (l1 >> 4) | (((h >> 6) & 3) << 4)
+        codes, plane = dst[b, :128].astype(np.int32), dst[b, 128:192].astype(np.int32)
+        got = np.empty(256, np.int32)
+        for p in range(4):
+            bits = plane[32 * (p // 2):32 * (p // 2) + 32] >> (4 * (p % 2))
+            got[64 * p:64 * p + 32] = (codes[32 * p:32 * p + 32] & 15) | ((bits & 3) << 4)
+            got[64 * p + 32:64 * p + 64] = (codes[32 * p:32 * p + 32] >> 4) | (((bits >> 2) & 3) << 4)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(dst[b, 192:208], src[b, 192:208])
+        scales = src[b, 192:208].view(np.int8).astype(np.int64)
+        c = int(sum(scales[k] * (want[16 * k:16 * k + 16] - 32).sum() for k in range(16)))
+        assert dst[b, 212:216].view(np.int32)[0] == c
+        assert dst[b, 208:212].view(np.float32)[0] == np.float32(src[b, 208:210].view(np.float16)[0])
+
+
 @needs_avx2
 def test_q6_k_kernel_extreme_values_do_not_saturate():
     """Values -32 (the largest magnitude) with scales -128 and 127 against activations of +-127."""
