@@ -152,22 +152,14 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high:
                 (ptab, _, _) = (L.array_arg(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 4, 7, 8))
             tab = load(ptab, 0, L.V32B)
             low4 = ir.Constant(L.V32B, [15] * 32)
-            one = ir.Constant(L.V32B, [1] * 32)
 
-            def fifth_bits(plane, bit):     # <32 x i8>: bit `bit` of each plane byte, as 0 or 16
-                b = builder.and_(builder.bitcast(builder.lshr(builder.bitcast(plane, L.V16W),
-                                                              ir.Constant(L.V16W, [bit] * 16)), L.V32B), one)
-                return builder.bitcast(builder.shl(builder.bitcast(b, L.V16W), ir.Constant(L.V16W, [4] * 16)),
-                                       L.V32B)
-
-            bits45 = ir.Constant(L.V32B, [0x30] * 32)
-            thirty_two = ir.Constant(L.V32B, [32] * 32)
-
-            def high_bits(plane, bit):      # <32 x i8>: bits bit, bit + 1 of each plane byte, at bits 4-5
+            def plane_bits(plane, bit, mask):   # <32 x i8>: bits from `bit` of each plane byte, moved to bit 4, masked
                 w = builder.bitcast(plane, L.V16W)   # shifted in 16-bit lanes: the mask drops what crosses bytes
                 w = builder.shl(w, ir.Constant(L.V16W, [4 - bit] * 16)) if bit < 4 else \
                     builder.lshr(w, ir.Constant(L.V16W, [bit - 4] * 16)) if bit > 4 else w
-                return builder.and_(builder.bitcast(w, L.V32B), bits45)
+                return builder.and_(builder.bitcast(w, L.V32B), ir.Constant(L.V32B, [mask] * 32))
+
+            thirty_two = ir.Constant(L.V32B, [32] * 32)
             r_idx = L.clamped_rows(builder, args[1], R, rshape[0])
             t_idx = [builder.add(args[5], const(j)) for j in range(T)]
             row0 = [builder.gep(praw, [builder.mul(r, rstr[0])]) for r in r_idx]
@@ -205,8 +197,8 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high:
                     idx = [2 * sub] * 8 + [2 * sub + 1] * 8 if wide else [sub] * 16
                     return builder.shuffle_vector(scales[k], scales[k], ir.Constant(ir.VectorType(L.I32, 16), idx))
 
-                planes = [load(p, 128, L.V32B) for p in rows] if high else []
-                planes2 = [(load(p, 128, L.V32B), load(p, 160, L.V32B)) for p in rows] if wide else []
+                planes = [[load(p, o, L.V32B) for o in ((128, 160) if wide else (128,))] for p in rows] \
+                    if wide or high else []
                 for pair in range(4):
                     xa = [(load(p, 64 * pair, L.V32B), load(p, 64 * pair + 32, L.V32B)) for p in xqb]
                     for k, p in enumerate(rows):
@@ -216,14 +208,14 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high:
                                                                          ir.Constant(L.V16W, [4] * 16)), L.V32B),
                                             low4)
                         if wide:
-                            plane, e = planes2[k][pair // 2], 4 * (pair % 2)
-                            w_lo = builder.sub(builder.or_(w_lo, high_bits(plane, e)), thirty_two)
-                            w_hi = builder.sub(builder.or_(w_hi, high_bits(plane, e + 2)), thirty_two)
+                            plane, e = planes[k][pair // 2], 4 * (pair % 2)     # two high bits each
+                            w_lo = builder.sub(builder.or_(w_lo, plane_bits(plane, e, 0x30)), thirty_two)
+                            w_hi = builder.sub(builder.or_(w_hi, plane_bits(plane, e + 2, 0x30)), thirty_two)
                         if lookup:
                             w_lo, w_hi = builder.call(pshufb, [tab, w_lo]), builder.call(pshufb, [tab, w_hi])
                         if high:
-                            w_lo = builder.or_(w_lo, fifth_bits(planes[k], 2 * pair))
-                            w_hi = builder.or_(w_hi, fifth_bits(planes[k], 2 * pair + 1))
+                            w_lo = builder.or_(w_lo, plane_bits(planes[k][0], 2 * pair, 0x10))
+                            w_hi = builder.or_(w_hi, plane_bits(planes[k][0], 2 * pair + 1, 0x10))
                         s_lo, s_hi = lanes(k, 2 * pair), lanes(k, 2 * pair + 1)
                         for j in range(T):
                             m_lo = builder.call(maddwd, [builder.call(maddubs, [xa[j][0], w_lo]), s_lo])
