@@ -121,8 +121,10 @@ def bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, kernels):
     kernel choice), weights of random bytes with finite scales in 4 copies (the chunk is compute-bound)."""
     ws, xq, xd = gemm_inputs(cp, qm, qtype, n_out, n_in, n_tok)
     out = cp.empty((n_tok, n_out), cp.float32)
+    tiles = qm.ActBuffers(n_tok, n_in, tiles=True)   # the tensor-core kernel's copy (timed with it: act_tiles)
     return {(kernel, mma): timed_in_graph(
-        cp, [lambda w=w: qm.matmul_prequantized(w, xq, xd, out, kernel=kernel, mma=mma) for w in ws] * 2)
+        cp, [lambda w=w: qm.matmul_prequantized(w, xq, xd, out, kernel=kernel, mma=mma, tiles=tiles)
+             for w in ws] * 2)
         for kernel, mma in kernels}
 
 
@@ -425,9 +427,10 @@ def gemm_explore_rows(cp):
         ref = cp.empty((n_tok, n_out), cp.float32)
         qm.matmul_prequantized(ws[0], xq, xd, ref, kernel="mma", mma=qm.MMA_VARIANTS[0])
         out = cp.empty_like(ref)
+        xt, xdt = qm.chunk_major(qm.act_format(qt), xq, xd, qm.ActBuffers(n_tok, n_in, tiles=True))
         for suffix, warps, nb in MMA_EXPLORE:
             def call(w, suffix=suffix, warps=warps, nb=nb):
-                args = (w.raw, np.int32(w.raw.shape[1]), np.int32(n_out), np.int32(n_in), xq, xd, np.int32(n_tok),
+                args = (w.raw, np.int32(w.raw.shape[1]), np.int32(n_out), np.int32(n_in), xt, xdt, np.int32(n_tok),
                         *qm._out_args(w, n_tok, out, None, False, False))
                 launch(qm.CU_MMA, f"mmq_{qm._KNAME[qt]}_{suffix}", (cdiv(n_tok, 8 * nb * warps), cdiv(n_out, 32)),
                        (32, warps), args, shared_mem=qm.mma_smem(qt, warps, nb), options=("-DMMQ_EXPLORE",))

@@ -115,7 +115,7 @@ class CudaBackend(Backend):
         rounded = self._rounded
         if fmt is not None and rounded is not None and rounded[0] is x and rounded[1] == fmt:
             xq, xd = act.views(fmt, x.shape[0], w.n_in)
-            qm.matmul_prequantized(w, xq, xd, out, **epilogue)
+            qm.matmul_prequantized(w, xq, xd, out, tiles=act, **epilogue)
             return
         if fmt is not None and rounded is not None and rounded[1] == fmt:
             self._rounded = None

@@ -317,6 +317,21 @@ extern "C" __global__ void __launch_bounds__(256) quant_q8_k(const float* __rest
     round_q8_k(v, xq + (size_t)blk * 256, xd + blk);
 }
 
+// The tensor-core kernel's copy of rounded activations, chunk-major: xt (k / 16, n, 16) int8 and xdt (k / xb, n)
+// f32 from xq (n, k) and xd (n, k / xb), so that its staging copies (one 16-byte chunk of consecutive tokens)
+// read contiguous memory (qmatmul_mma.cu decode_and_stage). Thread i: chunk i / n of token i % n (the writes
+// contiguous), and while i < n * (k / xb) scale i / n of token i % n. 1-D grid over n * (k / 16) threads.
+extern "C" __global__ void __launch_bounds__(256) act_tiles(const i8* __restrict__ xq, const float* __restrict__ xd,
+                                                            i8* __restrict__ xt, float* __restrict__ xdt, int n,
+                                                            int k, int xb) {
+    grid_dependency_sync();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * (k / 16)) return;
+    const size_t c = i % n, j = i / n;
+    ((uint4*)xt)[i] = ((const uint4*)(xq + c * k))[j];
+    if (i < (size_t)n * (k / xb)) xdt[i] = xd[c * (k / xb) + j];
+}
+
 // ------------------------------------------------------------------------------------- dequant
 // out (m, k) f32 = rows ids (m) of W, bit-exact with gguf.quants.dequantize; an id outside [0, n_out)
 // gives a NaN row. grid (m, cdiv(k / UNIT, blockDim.x)), 1-D blocks; thread = unit.

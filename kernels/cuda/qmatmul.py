@@ -35,6 +35,7 @@ MMA_MIN_TOKENS = 64         # the tensor-core kernel from this many tokens (deco
 WARPS_PER_CTA = 8           # warps per CTA of the dp4a mat-mul (8 measured a little faster than 4 on an H200)
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>...); a launch takes the smallest >= n
 ACT_WARPS = 8               # quantization blocks (warps) per CTA
+ACT_TILE_THREADS = 256      # threads (16-byte chunks) per CTA of act_tiles
 DQ_THREADS = 128            # units per CTA of dequant_rows
 MAX_GRID_Y = 65535
 # The dp4a kernel's work split per token tile: (rows per warp RW, units in flight per lane G); kernels
@@ -142,21 +143,38 @@ def act_format(qtype) -> str | None:
 
 class ActBuffers:
     """Preallocated int8 activations and their scales, one set per format (both can be live for one x):
-    views(fmt, n, k) -> xq (n, k) int8, xd (n, k / XBLOCK[fmt]) float32, slices of the same buffers each call."""
+    views(fmt, n, k) -> xq (n, k) int8, xd (n, k / XBLOCK[fmt]) float32, slices of the same buffers each call;
+    tiles(fmt, n, k) -> the tensor-core kernel's chunk-major copy of them (act_tiles), kept where max_tokens
+    reaches MMA_MIN_TOKENS (below it no launch takes that kernel), or where `tiles` says so."""
 
-    def __init__(self, max_tokens: int, max_n_in: int):
+    def __init__(self, max_tokens: int, max_n_in: int, tiles: bool | None = None):
         cp = cupy()
         self.max_tokens, self.max_n_in = int(max_tokens), int(max_n_in)
         n = self.max_tokens * self.max_n_in
         self._xq = {f: cp.empty(n, dtype=cp.int8) for f in XBLOCK}
         self._xd = {f: cp.empty(self.max_tokens * (self.max_n_in // b), dtype=cp.float32) for f, b in XBLOCK.items()}
+        # one pair for both formats: a copy lives from act_tiles to the mat-mul launched after it
+        keep = self.max_tokens >= MMA_MIN_TOKENS if tiles is None else tiles
+        self._tiles = (cp.empty(n, dtype=cp.int8), cp.empty(n // min(XBLOCK.values()), dtype=cp.float32)) if keep else None
 
-    def views(self, fmt: str, n: int, k: int):
+    def _fits(self, fmt: str, n: int, k: int) -> int:
         xb = XBLOCK[fmt]
         if not (0 <= n <= self.max_tokens and 0 < k <= self.max_n_in and k % xb == 0):
             raise ValueError(f"{fmt} activations ({n}, {k}) do not fit ActBuffers({self.max_tokens}, "
                              f"{self.max_n_in}) or k is not a multiple of {xb}")
+        return xb
+
+    def views(self, fmt: str, n: int, k: int):
+        xb = self._fits(fmt, n, k)
         return self._xq[fmt][:n * k].reshape(n, k), self._xd[fmt][:n * k // xb].reshape(n, k // xb)
+
+    def tiles(self, fmt: str, n: int, k: int):
+        """xt (k / 16, n, 16) int8 and xdt (k / XBLOCK[fmt], n) float32."""
+        xb = self._fits(fmt, n, k)
+        if self._tiles is None:
+            raise ValueError(f"ActBuffers({self.max_tokens}, {self.max_n_in}) keeps no tensor-core copy")
+        xt, xdt = self._tiles
+        return xt[:n * k].reshape(k // 16, n, 16), xdt[:n * k // xb].reshape(k // xb, n)
 
 
 def _check(name: str, a, shape, dtype, align: int = 1) -> None:
@@ -189,6 +207,17 @@ def quantize_activations(fmt: str, x, xq, xd) -> None:
     if n_blocks:
         launch(CU, f"quant_{fmt}", (cdiv(n_blocks, ACT_WARPS),), (32, ACT_WARPS),
                (x, xq, xd, np.int32(n_blocks)))
+
+
+def chunk_major(fmt: str, xq, xd, tiles: ActBuffers):
+    """The tensor-core kernel's copy of rounded activations xq (n, k), xd (n, k / XBLOCK[fmt]) in tiles'
+    buffers: xt (k / 16, n, 16) int8, xdt (k / XBLOCK[fmt], n) float32 (qmatmul.cu act_tiles)."""
+    n, k = _x_shape(xq)
+    xt, xdt = tiles.tiles(fmt, n, k)
+    if n:
+        launch(CU, "act_tiles", (cdiv(n * (k // 16), ACT_TILE_THREADS),), (ACT_TILE_THREADS,),
+               (xq, xd, xt, xdt, np.int32(n), np.int32(k), np.int32(XBLOCK[fmt])))
+    return xt, xdt
 
 
 def _tile(n: int) -> int:
@@ -264,7 +293,8 @@ def _out_args(w: DeviceWeight, n: int, out, bias, accumulate: bool, glu: bool) -
 
 
 def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=None, bias=None,
-                        accumulate: bool = False, glu: bool = False, variant=None, build: str = "default") -> None:
+                        accumulate: bool = False, glu: bool = False, variant=None, build: str = "default",
+                        tiles: ActBuffers | None = None) -> None:
     """out = x @ W.T from x already quantized to act_format(w.qtype): xq (n, w.n_in) int8 (16-byte
     aligned), xd (n, w.n_in / XBLOCK) float32. out: (n, w.n_out) float32, or a list of arrays splitting
     the rows (see _out_args); bias (n_out,) is added, accumulate adds to what out holds (residual); glu:
@@ -273,7 +303,8 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     results are the same bits); mma: the tensor-core kernel's variant, one of MMA_VARIANTS (None: as
     tensor_core_variant says, else MMA_NARROW); variant (benchmarks): the dp4a kernel's (tile, RW, G), from the kernels of
     `build` (BUILDS), or "sk" for the split-K kernel (up to SPLIT_K_MAX_TOKENS tokens; split_k says when
-    "auto" takes it)."""
+    "auto" takes it). tiles: the ActBuffers whose tiles() take the tensor-core kernel's chunk-major copy of
+    xq and xd (None: a new one, allocated here; the engine passes its workspace)."""
     fmt = act_format(w.qtype)
     if fmt is None:
         raise ValueError(f"{w.qtype.name} weights take float activations: use matmul")
@@ -295,8 +326,9 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
         n_rows = w.n_out // 2 if glu else w.n_out
         if cdiv(n_rows, rows) > MAX_GRID_Y:
             raise ValueError(f"{w.n_out} output rows exceed one launch ({MAX_GRID_Y * rows} at most)")
+        xt, xdt = chunk_major(fmt, xq, xd, tiles or ActBuffers(n, w.n_in, tiles=True))
         launch(CU_MMA, f"{'mmqglu' if glu else 'mmq'}_{name}_w{warps}_n{nb}",
-               (cdiv(n, 8 * nb * warps), cdiv(n_rows, rows)), (32, warps), args,
+               (cdiv(n, 8 * nb * warps), cdiv(n_rows, rows)), (32, warps), (w.raw, *args[1:4], xt, xdt, *args[6:]),
                shared_mem=mma_smem(w.qtype, warps, nb))
         return
     if variant == "sk" or (variant is None and split_k(w.qtype, w.n_out, w.n_in, n, glu)):
@@ -322,7 +354,7 @@ def matmul(w: DeviceWeight, x, out, act: ActBuffers, bias=None, accumulate: bool
     if fmt is not None:
         xq, xd = act.views(fmt, n, w.n_in)
         quantize_activations(fmt, x, xq, xd)
-        matmul_prequantized(w, xq, xd, out, bias=bias, accumulate=accumulate, glu=glu)
+        matmul_prequantized(w, xq, xd, out, bias=bias, accumulate=accumulate, glu=glu, tiles=act)
         return
     nbytes = _check_weight(w)
     _check("x", x, (n, w.n_in), np.float32, align=16)

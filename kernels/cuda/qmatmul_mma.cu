@@ -15,8 +15,9 @@
 // i + n_out / 2.., so one thread ends with both sums of an output of silu(gate) * up) by W * 8 * NB
 // tokens, warp w the w-th 8 * NB of them. The CTA walks the units in the order above, W at a
 // time (a step): warp w decodes the step's w-th unit of the 32 rows into shared memory (lane r: row r)
-// and stages that unit's activations and scales of the CTA's tokens there too (the B fragments: units
-// of one step lie 32 units apart, so they share no cache line of a token's row); then every warp
+// and stages that unit's activations and scales of the CTA's tokens there too (the B fragments, copied
+// from the chunk-major copy of the activations that the launcher makes first: a step's units lie 32
+// units apart, so from row-major activations each copy gathered 32-byte pieces of many rows); then every warp
 // multiplies all W decoded units with its tokens, so each decoded unit serves W * 8 * NB tokens. Two
 // buffers: the next step's units are decoded and staged while slower warps still read this step's, and
 // one barrier per step orders them. Grid (token tiles, row tiles): the CTAs sharing weight rows run
@@ -151,34 +152,39 @@ __device__ __forceinline__ void cp_async(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // Decode unit u of this lane's row into su[lane] and stage the unit's activations of the CTA's TOK tokens
-// (token c: row min(tok0 + c, n_tok - 1) of xq) into xw [TOK][XSTRIDE] and their scales into xs [TOK]:
-// the copies are issued first, then the decode's loads.
+// (token c: token min(tok0 + c, n_tok - 1)) into xw [TOK][XSTRIDE] and their scales into xs [TOK], from the
+// chunk-major copies act_tiles makes (qmatmul.cu): xt (k / 16, n_tok, 16) int8, xdt (k / XB, n_tok) f32. Each
+// copy instruction takes one chunk of 32 consecutive tokens, so it reads 32 x XCHUNK contiguous bytes (the
+// row-major gather of 16 rows took 5x the L1 wavefronts) and writes 32 rows of xw, XSTRIDE words apart, in
+// distinct banks. The copies are issued first, then the decode's loads.
 template <class T, int TOK>
 __device__ __forceinline__ void decode_and_stage(const u8* wr, int u, const u32* tab, typename T::U* su,
-                                                 const i8* __restrict__ xq, const float* __restrict__ xd,
-                                                 int k, int n_xd, int upx, int tok0, int n_tok, u32* xw,
-                                                 float* xs) {
+                                                 const i8* __restrict__ xt, const float* __restrict__ xdt,
+                                                 int upx, int tok0, int n_tok, u32* xw, float* xs) {
     const int lane = threadIdx.x;
     constexpr int CW = T::XCHUNK / 4, NCH = T::NW / CW, XS = Staged<T>::XSTRIDE;   // words per chunk, chunks per token
+    static_assert(TOK % 32 == 0, "a copy instruction takes 32 tokens of one chunk");
 #pragma unroll
     for (int m = 0; m < TOK * NCH / 32; ++m) {
-        const int f = 32 * m + lane, c = f / NCH, q = f % NCH;
-        cp_async<T::XCHUNK>(xw + c * XS + q * CW, T::xchunk(xq + (size_t)min(tok0 + c, n_tok - 1) * k, u, q));
+        const int q = m / (TOK / 32), c = 32 * (m % (TOK / 32)) + lane, o = T::xpos(u, q);
+        const int tok = min(tok0 + c, n_tok - 1);
+        cp_async<T::XCHUNK>(xw + c * XS + q * CW, xt + ((size_t)(o >> 4) * n_tok + tok) * 16 + (o & 15));
     }
 #pragma unroll
     for (int m = 0; m < TOK / 32; ++m)
-        cp_async<4>(xs + 32 * m + lane, xd + (size_t)min(tok0 + 32 * m + lane, n_tok - 1) * n_xd + u / upx);
+        cp_async<4>(xs + 32 * m + lane, xdt + (size_t)(u / upx) * n_tok + min(tok0 + 32 * m + lane, n_tok - 1));
     typename T::U v;
     T::decode(wr, u, tab, v);
     su[lane] = v;
 }
 
-// W (n_out, row_bytes) u8; xq (n_tok, k) int8; xd (n_tok, k / XB) f32; su: [2][NW][32] decoded units; xw
+// W (n_out, row_bytes) u8; xt (k / 16, n_tok, 16) int8 and xdt (k / XB, n_tok) f32: the activations and scales
+// chunk-major (act_tiles); su: [2][NW][32] decoded units; xw
 // [2][NW][TOK][XSTRIDE] and xs [2][NW][TOK] staged activations and scales (dynamic shared memory: qmatmul.py
 // mma_smem). grid (cdiv(n_tok, TOK), cdiv(n_out, 32)) (GLU: cdiv(n_out / 2, 16)), block (32, NW).
 template <class T, int NW, int NB, bool GLU>
 __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int n_out, int k,
-                                    const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
+                                    const i8* __restrict__ xt, const float* __restrict__ xdt, int n_tok,
                                     const Out& o, const u32* tab, typename T::U (*su)[NW][32], u32* xw, float* xs) {
     constexpr int NO = 2 * NB * 4;                 // outputs per thread: m tile (2) x n tile (NB) x d register (4)
     constexpr int TOK = NW * 8 * NB, XBUF = TOK * Staged<T>::XSTRIDE;   // tokens per CTA, staged words per unit
@@ -186,12 +192,12 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
     const int r0 = blockIdx.y * (GLU ? 16 : 32), tok0 = blockIdx.x * TOK, tw = warp * 8 * NB;
     const int my_row = GLU ? min(r0 + (lane & 15), half - 1) + (lane < 16 ? 0 : half) : min(r0 + lane, n_out - 1);
     const u8* wr = W + (size_t)my_row * row_bytes; // the row this lane decodes
-    const int n_units = k / T::UNIT, n_xd = k / T::XB, upx = T::XB / T::UNIT;
+    const int n_units = k / T::UNIT, upx = T::XB / T::UNIT;
     UnitWalk dec;                                  // the unit this warp decodes: step s's warp-th
     for (int j = 0; j < warp; ++j) dec.next(n_units);
     if (warp < n_units)
-        decode_and_stage<T, TOK>(wr, dec.u, tab, su[0][warp], xq, xd, k, n_xd, upx, tok0, n_tok,
-                                 xw + warp * XBUF, xs + warp * TOK);
+        decode_and_stage<T, TOK>(wr, dec.u, tab, su[0][warp], xt, xdt, upx, tok0, n_tok, xw + warp * XBUF,
+                                 xs + warp * TOK);
     cp_async_wait();
     __syncthreads();
     float ch[NO], tot[NO];                         // the class being summed; the classes before it, added in order
@@ -206,7 +212,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 #pragma unroll
         for (int j = 0; j < NW; ++j) dec.next(n_units);
         if ((s + 1) * NW + warp < n_units)
-            decode_and_stage<T, TOK>(wr, dec.u, tab, su[buf ^ 1][warp], xq, xd, k, n_xd, upx, tok0, n_tok,
+            decode_and_stage<T, TOK>(wr, dec.u, tab, su[buf ^ 1][warp], xt, xdt, upx, tok0, n_tok,
                                      xw + ((buf ^ 1) * NW + warp) * XBUF, xs + ((buf ^ 1) * NW + warp) * TOK);
         const int nu = min(NW, n_units - s * NW);
         for (int j = 0; j < nu; ++j) {
@@ -250,14 +256,14 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 // MINB: CTAs per SM the register allocation must allow (0: the compiler's choice)
 #define MMQ_KERNEL(NAME, T, NW, NB, GLU, PREFIX, MINB, SUFFIX)                                            \
     extern "C" __global__ void __launch_bounds__(32 * NW, MINB) PREFIX##_##NAME##_w##NW##_n##NB##SUFFIX( \
-        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
-        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
+        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xt,             \
+        const float* __restrict__ xdt, int n_tok, OUT_PARAMS) {                                           \
         GRID_SMEM(T);                                                                                     \
         __shared__ T::U su[2][NW][32];                                                                    \
         extern __shared__ __align__(16) u32 staged[];                                                     \
         load_grid<T>(grid);                                                                               \
         grid_dependency_sync();                                                                           \
-        mmq<T, NW, NB, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, su, staged,            \
+        mmq<T, NW, NB, GLU>(W, row_bytes, n_out, k, xt, xdt, n_tok, OUT_ARGS, grid, su, staged,           \
                             (float*)(staged + 2 * NW * (NW * 8 * NB) * Staged<T>::XSTRIDE));              \
     }
 #define MMQ_VARIANT(NAME, T, NW, NB) MMQ_KERNEL(NAME, T, NW, NB, false, mmq, 0, ) \

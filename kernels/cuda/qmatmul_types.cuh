@@ -166,9 +166,10 @@ struct TBase {
     static __device__ __forceinline__ u32 xword(const i8* xr, int u, int i) {
         return __ldg((const unsigned int*)(xr + offset(u)) + i);
     }
-    // the same words as XCHUNK-byte pieces: piece q = words q * XCHUNK / 4 .. (the tensor-core kernel's copies)
+    // the same words as XCHUNK-byte pieces: piece q = words q * XCHUNK / 4 .., at byte xpos(u, q) of the token's
+    // row (the tensor-core kernel's copies)
     static constexpr int XCHUNK = 16;
-    static __device__ __forceinline__ const i8* xchunk(const i8* xr, int u, int q) { return xr + offset(u) + 16 * q; }
+    static __device__ __forceinline__ int xpos(int u, int q) { return u * UNIT_ + 16 * q; }
 };
 
 struct TQ8_0 : TBase<32, 32, 8> {
@@ -368,7 +369,7 @@ struct TQ6_K : TBase<32, 256, 8> {
         return __ldg((const unsigned int*)(xr + offset(u) + 32 * (i >> 1)) + (i & 1));
     }
     static constexpr int XCHUNK = 8;
-    static __device__ __forceinline__ const i8* xchunk(const i8* xr, int u, int q) { return xr + offset(u) + 32 * q; }
+    static __device__ __forceinline__ int xpos(int u, int q) { return offset(u) + 32 * q; }
     // s = sum over the four 8-weight chunks of their 16-group scale * (q . x)
     static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {
         return __fmaf_rn(__fmul_rn(v.d, xd), (float)s, acc);

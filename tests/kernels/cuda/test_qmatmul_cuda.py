@@ -98,8 +98,9 @@ def test_matmul_matches_float64(cp, qm, qtype):
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_matmul_batch_invariant(cp, qm, qtype):
-    """Each token of a 40-token launch (the tensor-core kernel for quantized weights) is bit-equal to a
-    launch with that token alone, and to 3-token launches (dp4a, other token tile sizes and slots)."""
+    """Each token of a 40-token launch is bit-equal to a launch with that token alone, and to 3-token
+    launches (other token tile sizes and slots; the tensor-core kernel's equality with these is
+    test_tensor_core_kernel_equals_dp4a_bit_for_bit)."""
     n_out, n_in = _shapes(qtype)[1]
     w, _ = _weight(qm, qtype, n_out, n_in, seed=3)
     act = qm.ActBuffers(40, n_in)
