@@ -34,11 +34,6 @@ __device__ __forceinline__ u32 load_u32_a2(const u8* p) {   // p 2-byte aligned
 }
 __device__ __forceinline__ u32 load_u32_a4(const u8* p) { return *(const u32*)p; }
 
-// (float)i, exactly, for |i| < 2^22, in two full-rate instructions (an integer add into the mantissa of
-// 1.5 * 2^23, then a float subtraction) instead of I2F, which issues at a quarter of the FMA rate: the
-// tensor-core mat-mul converts one integer sum per output and 32 weights.
-__device__ __forceinline__ float small_i2f(i32 i) { return __fsub_rn(__int_as_float(0x4B400000 + i), 12582912.0f); }
-
 // Sum over a warp by a fixed xor-shuffle tree: the same order whatever else is in flight, so a
 // result never depends on how many tokens or rows share a launch (batch invariance).
 __device__ __forceinline__ float warp_sum(float v) {

@@ -179,9 +179,9 @@ struct TQ8_0 : TBase<32, 32, 8> {
         load_a2<8>(b + 2, v.w);
         v.d = ldf16(b);
     }
-    // |s| <= 32 * 128 * 127 < 2^22 for every 32-weight type that uses this fin: small_i2f is exact
+    // (float)s: exact (|s| <= 32 * 128 * 127 < 2^24), one I2FP, which on sm_86+ issues on the integer pipe
     static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {
-        return __fmaf_rn(__fmul_rn(v.d, xd), small_i2f(s), acc);
+        return __fmaf_rn(__fmul_rn(v.d, xd), (float)s, acc);
     }
     static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
         a = __fmul_rn(v.d, xd);          // fin's operands
@@ -411,7 +411,7 @@ struct TIQ3_XXS : TBase<32, 256, 8> {
         v.db = __fmul_rn(__fmul_rn(ldf16(b), __fadd_rn(0.5f, (float)(aux >> 28))), 0.5f);
     }
     static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {   // |s| <= 32 * 62 * 127
-        return __fmaf_rn(__fmul_rn(v.db, xd), small_i2f(s), acc);
+        return __fmaf_rn(__fmul_rn(v.db, xd), (float)s, acc);
     }
     static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
         a = __fmul_rn(v.db, xd);         // fin's operands
