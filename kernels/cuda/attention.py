@@ -66,6 +66,13 @@ class AttentionWorkspace:
     n_splits: int
 
 
+def attention_workspace_nbytes(max_tokens: int, n_heads: int, head_dim: int, max_keys: int,
+                               split_tokens: int = _SPLIT_TOKENS) -> int:
+    """Device bytes attention_workspace allocates for these sizes (the VRAM plan checks them first)."""
+    st = min(max_tokens, split_tokens)
+    return 4 * st * runtime.cdiv(max_keys, keys_per_split) * n_heads * (head_dim + 2)
+
+
 def attention_workspace(max_tokens: int, n_heads: int, head_dim: int, max_keys: int,
                         split_tokens: int = _SPLIT_TOKENS) -> AttentionWorkspace:
     """Allocate once (cupy) for launches of up to max_tokens tokens and max_keys keys. Launches of more than

@@ -73,7 +73,12 @@ class CudaBackend(Backend):
     def reserve(self, max_tokens: int, max_width: int, n_heads: int, head_dim: int, max_keys: int,
                 n_vocab: int, max_rows: int) -> None:
         """Allocate the long-lived workspaces for forwards of up to max_tokens tokens whose widest matrix
-        input is max_width, attention over up to max_keys keys, and sampling of up to max_rows rows."""
+        input is max_width, attention over up to max_keys keys, and sampling of up to max_rows rows. The
+        activation and attention buffers are checked against the VRAM plan first (the sampling buffers are
+        a few KB per row)."""
+        need = (qm.act_buffers_nbytes(max_tokens, max_width)
+                + attn_k.attention_workspace_nbytes(max_tokens, n_heads, head_dim, max_keys))
+        self.plan.check_fits(need, f"the step workspaces ({max_tokens} tokens, {max_keys} keys)")
         self._act = qm.ActBuffers(max_tokens, max_width)
         self._rounded = None
         self._attn_ws = attn_k.attention_workspace(max_tokens, n_heads, head_dim, max_keys)

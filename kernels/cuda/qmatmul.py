@@ -141,6 +141,14 @@ def act_format(qtype) -> str | None:
     return "q8_0" if qtype in Q8_0_ACT else "q8_k" if qtype in Q8_K_ACT else None
 
 
+def act_buffers_nbytes(max_tokens: int, max_n_in: int, tiles: bool | None = None) -> int:
+    """Device bytes ActBuffers(max_tokens, max_n_in, tiles) allocates (the VRAM plan checks them first)."""
+    n = int(max_tokens) * int(max_n_in)
+    keep = max_tokens >= MMA_MIN_TOKENS if tiles is None else tiles
+    rows = sum(n + 4 * (int(max_tokens) * (int(max_n_in) // b)) for b in XBLOCK.values())
+    return rows + (n + 4 * (n // min(XBLOCK.values())) if keep else 0)
+
+
 class ActBuffers:
     """Preallocated int8 activations and their scales, one set per format (both can be live for one x):
     views(fmt, n, k) -> xq (n, k) int8, xd (n, k / XBLOCK[fmt]) float32, slices of the same buffers each call;
