@@ -141,19 +141,23 @@ def act_format(qtype) -> str | None:
     return "q8_0" if qtype in Q8_0_ACT else "q8_k" if qtype in Q8_K_ACT else None
 
 
+def _keeps_tiles(max_tokens: int, tiles: bool | None) -> bool:
+    """Whether ActBuffers keep the tensor-core copy: as `tiles` says, else from MMA_MIN_TOKENS tokens (below
+    it no launch takes that kernel)."""
+    return int(max_tokens) >= MMA_MIN_TOKENS if tiles is None else bool(tiles)
+
+
 def act_buffers_nbytes(max_tokens: int, max_n_in: int, tiles: bool | None = None) -> int:
     """Device bytes ActBuffers(max_tokens, max_n_in, tiles) allocates (the VRAM plan checks them first)."""
     n = int(max_tokens) * int(max_n_in)
-    keep = max_tokens >= MMA_MIN_TOKENS if tiles is None else tiles
     rows = sum(n + 4 * (int(max_tokens) * (int(max_n_in) // b)) for b in XBLOCK.values())
-    return rows + (n + 4 * (n // min(XBLOCK.values())) if keep else 0)
+    return rows + (n + 4 * (n // min(XBLOCK.values())) if _keeps_tiles(max_tokens, tiles) else 0)
 
 
 class ActBuffers:
     """Preallocated int8 activations and their scales, one set per format (both can be live for one x):
     views(fmt, n, k) -> xq (n, k) int8, xd (n, k / XBLOCK[fmt]) float32, slices of the same buffers each call;
-    tiles(fmt, n, k) -> the tensor-core kernel's chunk-major copy of them (act_tiles), kept where max_tokens
-    reaches MMA_MIN_TOKENS (below it no launch takes that kernel), or where `tiles` says so."""
+    tiles(fmt, n, k) -> the tensor-core kernel's chunk-major copy of them (act_tiles; see _keeps_tiles)."""
 
     def __init__(self, max_tokens: int, max_n_in: int, tiles: bool | None = None):
         cp = cupy()
@@ -162,8 +166,8 @@ class ActBuffers:
         self._xq = {f: cp.empty(n, dtype=cp.int8) for f in XBLOCK}
         self._xd = {f: cp.empty(self.max_tokens * (self.max_n_in // b), dtype=cp.float32) for f, b in XBLOCK.items()}
         # one pair for both formats: a copy lives from act_tiles to the mat-mul launched after it
-        keep = self.max_tokens >= MMA_MIN_TOKENS if tiles is None else tiles
-        self._tiles = (cp.empty(n, dtype=cp.int8), cp.empty(n // min(XBLOCK.values()), dtype=cp.float32)) if keep else None
+        self._tiles = ((cp.empty(n, dtype=cp.int8), cp.empty(n // min(XBLOCK.values()), dtype=cp.float32))
+                       if _keeps_tiles(self.max_tokens, tiles) else None)
 
     def _fits(self, fmt: str, n: int, k: int) -> int:
         xb = XBLOCK[fmt]
