@@ -15,8 +15,10 @@ clipped to [-127, 127] (an all-zero group gets scale 0 and q 0), so ``x ~= q * s
     GQA group for those tokens, so each dequantized K/V block is reused by
     tile_tokens * group_size query rows;
   * keys are processed in blocks of ``_BK`` positions: the block's scores for every query row
-    (float path: K dequantized (int8 * scale -> float32) into a row buffer, dot products
-    register-blocked 2 rows x 2 keys; integer paths: the int8 rows gathered, integer dots,
+    (float path: K dequantized (int8 * scale -> float32) into a row buffer, then per eight keys
+    one 8-lane accumulator a key over the channels and one reduction tree for the eight
+    (attention_int8.scores_float; head sizes that are not whole 8-channel chunks: dot products
+    register-blocked 2 rows x 2 keys); integer paths: the int8 rows gathered, integer dots,
     below), V dequantized into a row buffer, then for every query row online softmax in
     float32 (running max / running sum, base-2 with log2(e) folded into the query's
     scale), acc += p @ V (vectorizes over head_dim);
@@ -52,7 +54,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .attention_int8 import GROUP, dequant_key, quantize_row, quantize_row16, scores_int16, scores_int8
+from .attention_int8 import (GROUP, dequant_key, quantize_row, quantize_row16, scores_float, scores_int16,
+                             scores_int8)
 from .elementwise import exp2_poly
 from .isa import int8_enabled
 from ..kv_layout import KV_GROUP, kv_scale_groups
@@ -334,7 +337,10 @@ def _dequant_rows(pages, scales, page_tables, seq, g, kb, nk, buf):
 def _keys_float(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S):
     _dequant_rows(k_pages, k_scales, page_tables, seq, g, kb, nk, Kb)
     hd = k_pages.shape[3]
-    # scores S = Qs @ Kb^T, register-blocked 2 rows x 2 keys (shared loads)
+    if hd % 8 == 0:                               # eight keys a reduction tree (attention_int8.scores_float)
+        scores_float(Qs, Kb, S, rows)
+        return
+    # other head sizes: S = Qs @ Kb^T, register-blocked 2 rows x 2 keys (shared loads)
     for r in range(0, rows, 2):
         r1 = min(r + 1, rows - 1)                 # odd tail: duplicate last row
         if rpos[r] < kb and rpos[r1] < kb:        # both rows fully masked here

@@ -1,4 +1,5 @@
-"""Attention scores q.k in integer arithmetic with AVX2, for kernels/cpu/attention.py.
+"""Attention scores q.k in integer arithmetic with AVX2, for kernels/cpu/attention.py, and the float path's
+scores by the same eight-key reduction tree (scores_float).
 
 A key's group of KV_GROUP = 32 channels is int8 with its own float32 scale (kv_layout.py); the query is
 rounded per (query row, group) to integers with a float32 scale, so one group's dot product is exact
@@ -67,15 +68,15 @@ def quantize_row16(x, qi, qd, r, scale):
 
 
 def _tree_sum(builder, vs):
-    """8 int32 x 8 vectors -> one vector whose lane i is the sum of vs[i]'s lanes: three rounds of
-    pairwise interleave-and-add (lanes 0-7, then pairs of lanes, then 128-bit halves)."""
+    """8 vectors of 8 (int32 or float32) -> one vector whose lane i is the sum of vs[i]'s lanes: three rounds
+    of pairwise interleave-and-add (lanes 0-7, then pairs of lanes, then 128-bit halves), a fixed order."""
     pats = ([[0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]],
             [[0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]],
             [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]])
     idx = ir.VectorType(L.I32, 8)
+    add = builder.fadd if isinstance(vs[0].type.element, ir.FloatType) else builder.add
     for a, b in pats:
-        vs = [builder.add(builder.shuffle_vector(x, y, ir.Constant(idx, a)),
-                          builder.shuffle_vector(x, y, ir.Constant(idx, b)))
+        vs = [add(builder.shuffle_vector(x, y, ir.Constant(idx, a)), builder.shuffle_vector(x, y, ir.Constant(idx, b)))
               for x, y in zip(vs[0::2], vs[1::2])]
     return vs[0]
 
@@ -128,6 +129,46 @@ def dequant_key(typingctx, pages, scales, page, slot, g, buf, j):
             f = builder.fmul(f, L.splat(builder, L.load(builder, sc, builder.mul(gi, L.const(4)), L.F32), V32F))
             builder.store(f, builder.bitcast(builder.gep(dst, [builder.mul(gi, L.const(4 * GROUP))]),
                                              V32F.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def scores_float(typingctx, qs, kb, s, rows):
+    """s[r, j] = sum over channels of qs[r, c] * kb[j, c] for r < rows and every key j of the block: qs
+    float32 (max rows, head_dim) the scaled query rows, kb float32 (block keys, head_dim) the dequantized
+    keys, s float32 (max rows, block keys). Per eight keys: each key's products accumulated in one 8-lane
+    vector over the channels' 8-wide chunks in order (fused multiply-adds), then the eight vectors reduced
+    together by _tree_sum: a fixed order per (row, key), no horizontal sum per key. Block keys a multiple of
+    KEYS, head_dim of 8."""
+    if not (L.c_arrays((qs, types.float32, 2), (kb, types.float32, 2), (s, types.float32, 2))
+            and isinstance(rows, types.Integer)):
+        return None
+    sig = types.void(qs, kb, s, types.intp)
+
+    def codegen(context, builder, signature, args):
+        (pq, qstr, qshape), (pk, kstr, kshape), (ps, ostr, _) = (
+            L.array_arg(context, builder, signature.args[i], args[i]) for i in range(3))
+        rows = context.cast(builder, args[3], signature.args[3], types.intp)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(L.V8F, [L.V8F] * 3), "llvm.fma.v8f32")
+        n_oct = builder.udiv(kshape[0], L.const(KEYS))
+        n_chunks = builder.udiv(qshape[1], L.const(8))
+        zero = ir.Constant(L.V8F, [0.0] * 8)
+        with cgutils.for_range(builder, rows) as rl:
+            qrow = builder.gep(pq, [builder.mul(rl.index, qstr[0])])
+            srow = builder.gep(ps, [builder.mul(rl.index, ostr[0])])
+            with cgutils.for_range(builder, n_oct) as jl:
+                j0 = builder.mul(jl.index, L.const(KEYS))
+                krows = [builder.gep(pk, [builder.mul(builder.add(j0, L.const(k)), kstr[0])]) for k in range(KEYS)]
+                accs = [cgutils.alloca_once_value(builder, zero) for _ in range(KEYS)]
+                with cgutils.for_range(builder, n_chunks) as cl:
+                    off = builder.mul(cl.index, L.const(32))
+                    qv = L.load(builder, qrow, off, L.V8F)
+                    for kp, acc in zip(krows, accs):
+                        builder.store(builder.call(fma, [qv, L.load(builder, kp, off, L.V8F), builder.load(acc)]), acc)
+                out = builder.bitcast(builder.gep(srow, [builder.mul(j0, L.const(4))]), L.V8F.as_pointer())
+                builder.store(_tree_sum(builder, [builder.load(a) for a in accs]), out, align=4)
         return context.get_dummy_value()
 
     return sig, codegen
