@@ -329,7 +329,8 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
         raise ValueError(f"kernel must be auto, dp4a or mma and mma one of {MMA_VARIANTS}, got {kernel!r}, {mma!r}")
     if n == 0:
         return
-    args = (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), xq, xd, np.int32(n), *outs)
+    weight = (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in))
+    args = (*weight, xq, xd, np.int32(n), *outs)
     chosen = tensor_core_variant(w.n_out, n, glu, w.qtype)
     name = _KNAME[w.qtype]
     if kernel == "mma" or (kernel == "auto" and chosen and variant is None):
@@ -340,7 +341,7 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
             raise ValueError(f"{w.n_out} output rows exceed one launch ({MAX_GRID_Y * rows} at most)")
         xt, xdt = chunk_major(fmt, xq, xd, tiles or ActBuffers(n, w.n_in, tiles=True))
         launch(CU_MMA, f"{'mmqglu' if glu else 'mmq'}_{name}_w{warps}_n{nb}",
-               (cdiv(n, 8 * nb * warps), cdiv(n_rows, rows)), (32, warps), (w.raw, *args[1:4], xt, xdt, *args[6:]),
+               (cdiv(n, 8 * nb * warps), cdiv(n_rows, rows)), (32, warps), (*weight, xt, xdt, np.int32(n), *outs),
                shared_mem=mma_smem(w.qtype, warps, nb))
         return
     if variant == "sk" or (variant is None and split_k(w.qtype, w.n_out, w.n_in, n, glu)):
