@@ -7,9 +7,12 @@
 // into "units" (32 weights; 64 for Q4_K/Q5_K, 8 for float weights); lane l takes units l, l+32, ... and
 // decodes each unit once for the whole token tile; G units per lane are loaded before their arithmetic,
 // so G * RW weight loads per lane are in flight at once, and each activation load serves RW rows. Per
-// token, the unit's int8 weights are dotted with the int8 activations by __dp4a, the integer sums are
-// scaled in float with explicit __fmul_rn/__fmaf_rn (no contraction choices left to the compiler), and
-// the 32 lane sums are added left to right (lane_fold, common.cuh). So every output's arithmetic depends only on its
+// token, the unit's int8 weights are dotted with the int8 activations by __dp4a; the integer parts of a
+// superblock's units (IQ3_XXS and Q6_K: the 8 units of a 256-weight block, which lie in 8 consecutive lanes;
+// one unit for the other types: qmatmul_types.cuh) are summed by shuffles and scaled in float once, with
+// explicit __fmul_rn/__fmaf_rn (no contraction choices left to the compiler), into the running sum of the
+// lane group; and the groups' sums are added left to right (lane_fold, common.cuh, for one-unit groups;
+// store_groups otherwise). So every output's arithmetic depends only on its
 // row and its token, never on TILE, RW, G, the token's slot in the tile, or what else shares the launch
 // (batch invariance). The output goes through Out (qmatmul_types.cuh): bias, residual add, split, GLU.
 #include "qmatmul_types.cuh"
@@ -35,9 +38,23 @@ __device__ __forceinline__ bool warp_rows(int n_out, int* rows) {
 
 constexpr int MM_WARPS = 8;                        // warps per CTA at most (__launch_bounds__(256); qmatmul.py WARPS_PER_CTA)
 
-// Each lane holds its units' partial sums acc[r][t] of row rows[r] and token t0 + t; the lanes' partials of
-// an output are added in lane order (lane_fold over the lanes that had units), and lane t writes token t's
-// outputs.
+// The fold's output: lane t < nt writes token t0 + t's outputs from res (value t * RW + r: row rows[r]).
+template <int RW, bool GLU>
+__device__ __forceinline__ void put_rows(const Out& o, const int* rows, int n_out, int t0, int nt, const float* res) {
+    const int t = threadIdx.x;
+    if (t >= nt) return;
+    const float* s = res + t * RW;
+    if constexpr (GLU) {
+        o.glu(t0 + t, rows[0], n_out / 2, s[0], s[1]);
+    } else {
+#pragma unroll
+        for (int r = 0; r < RW; ++r)
+            if (rows[r] < n_out) o.put(t0 + t, rows[r], n_out, s[r]);
+    }
+}
+
+// One-unit superblocks: each lane holds its units' partial sums acc[r][t] of row rows[r] and token t0 + t; the
+// lanes' partials of an output are added in lane order (lane_fold over the lanes that had units).
 template <int RW, int TILE, bool GLU>
 __device__ __forceinline__ void store_rows(const Out& o, const int* rows, int n_out, int n_units, int t0, int nt,
                                            float (&acc)[RW][TILE]) {
@@ -50,28 +67,66 @@ __device__ __forceinline__ void store_rows(const Out& o, const int* rows, int n_
 #pragma unroll
         for (int r = 0; r < RW; ++r) v[t * RW + r] = acc[r][t];
     lane_fold<NV>(v, min(WARP, n_units), fold_buf[threadIdx.y], fold_res[threadIdx.y]);
-    const int t = threadIdx.x;
-    if (t >= nt) return;
-    const float* s = fold_res[threadIdx.y] + t * RW;
-    if constexpr (GLU) {
-        o.glu(t0 + t, rows[0], n_out / 2, s[0], s[1]);
-    } else {
+    put_rows<RW, GLU>(o, rows, n_out, t0, nt, fold_res[threadIdx.y]);
+}
+
+// Reduce-scatter of NV integer parts over the S lanes of a group (S and NV powers of two): halving steps, each
+// lane keeping the half its position bit names and adding its partner's copy of it. On return the lane at
+// position p = lane % S holds in v[0 .. OWN) the group's sums of the values p * NV / S, p * NV / S + 1, ...,
+// OWN = max(NV / S, 1) (for NV < S, the S / NV lanes sharing a value all hold it). Every lane calls it.
+template <int S, int NV, class I>
+__device__ __forceinline__ void group_scatter(I* v) {
+    if constexpr (S > 1) {
+        const int lane = threadIdx.x;
+        int len = NV;
 #pragma unroll
-        for (int r = 0; r < RW; ++r)
-            if (rows[r] < n_out) o.put(t0 + t, rows[r], n_out, s[r]);
+        for (int m = S / 2; m >= 1; m /= 2) {
+            if (len > 1) {
+                const bool up = lane & m;
+                len /= 2;
+#pragma unroll
+                for (int i = 0; i < NV / 2; ++i)
+                    if (i < len) {
+                        const I send = up ? v[i] : v[i + len], keep = up ? v[i + len] : v[i];
+                        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, m);
+                    }
+            } else {
+                v[0] += __shfl_xor_sync(0xffffffffu, v[0], m);
+            }
+        }
     }
 }
 
-// One unit's contribution to a token's running sum: fma with the type's two operands (T::terms).
-template <class T>
-__device__ __forceinline__ float unit_dot(const typename T::U& v, const i32* x, float xd, float acc) {
-    float a, b;
-    T::terms(v, x, xd, a, b);
-    return __fmaf_rn(a, b, acc);
+// Superblocks of S > 1 units: after group_scatter the lane at position p of group gi owns OWN of the warp's NV
+// values (acc[o]: value p * NV / S + o; for NV < S only the value's first lane adds); the output of value v
+// is ((0 + group 0's sum) + group 1's) + ..., the groups' sums passed through shared memory.
+template <int S, int RW, int TILE, bool GLU>
+__device__ __forceinline__ void store_groups(const Out& o, const int* rows, int n_out, int t0, int nt,
+                                             const float* acc) {
+    constexpr int NV = RW * TILE, OWN = NV >= S ? NV / S : 1, NG = WARP / S;
+    __shared__ float group_part[MM_WARPS][NV][NG];
+    __shared__ float fold_res[MM_WARPS][NV];
+    const int lane = threadIdx.x, p = lane % S, w = threadIdx.y;
+    if (p * NV % S == 0)
+#pragma unroll
+        for (int i = 0; i < OWN; ++i) group_part[w][p * NV / S + i][lane / S] = acc[i];
+    __syncwarp();
+    if (lane < NV) {
+        float s = 0.0f;
+#pragma unroll
+        for (int gi = 0; gi < NG; ++gi) s = __fadd_rn(s, group_part[w][lane][gi]);
+        fold_res[w][lane] = s;
+    }
+    __syncwarp();
+    put_rows<RW, GLU>(o, rows, n_out, t0, nt, fold_res[w]);
 }
 
 // W (n_out, row_bytes) u8 rows of blocks; xq (n_tok, k) int8 with 16-byte aligned rows; xd (n_tok, k / XB)
 // f32. grid (cdiv(warps, blockDim.y), cdiv(n_tok, TILE)), block (32, warps per CTA).
+// S > 1: every lane runs every round and dots every token slot of the tile (past the tile's last token, the
+// last token again: the shuffles take the whole warp); lanes past the row's last unit decode nothing and add
+// nothing (rows hold whole superblocks, so whole groups are past it). A unit's NV integer parts are
+// reduce-scattered over its group, and each lane adds the float tails of the values it owns.
 template <class T, int TILE, int RW, int G, bool GLU>
 __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                      const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
@@ -82,65 +137,120 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
     const u8* wr[RW];
 #pragma unroll
     for (int r = 0; r < RW; ++r) wr[r] = W + (size_t)min(rows[r], n_out - 1) * row_bytes;
-    const int n_units = k / T::UNIT, n_xd = k / T::XB, upx = T::XB / T::UNIT;
-    float acc[RW][TILE];
+    const int n_units = k / T::UNIT, n_xd = k / T::XB;
+    constexpr int S = T::S, UPX = T::XB / T::UNIT;
+    if constexpr (S == 1) {
+        float acc[RW][TILE];
 #pragma unroll
-    for (int r = 0; r < RW; ++r)
+        for (int r = 0; r < RW; ++r)
 #pragma unroll
-        for (int t = 0; t < TILE; ++t) acc[r][t] = 0.0f;
-    for (int ub = lane; ub < n_units; ub += WARP * G) {
-        typename T::U v[G][RW];
+            for (int t = 0; t < TILE; ++t) acc[r][t] = 0.0f;
+        for (int ub = lane; ub < n_units; ub += WARP * G) {
+            typename T::U v[G][RW];
 #pragma unroll
-        for (int g = 0; g < G; ++g)                // all weight loads first
+            for (int g = 0; g < G; ++g)            // all weight loads first
 #pragma unroll
-            for (int r = 0; r < RW; ++r)
-                if (ub + WARP * g < n_units) T::decode(wr[r], ub + WARP * g, tab, v[g][r]);
+                for (int r = 0; r < RW; ++r)
+                    if (ub + WARP * g < n_units) T::decode(wr[r], ub + WARP * g, tab, v[g][r]);
 #pragma unroll
-        for (int g = 0; g < G; ++g) {
-            const int u = ub + WARP * g;
-            if (u >= n_units) break;
+            for (int g = 0; g < G; ++g) {
+                const int u = ub + WARP * g;
+                if (u >= n_units) break;
 #pragma unroll
-            for (int t = 0; t < TILE; ++t) {
-                if (t < nt) {
-                    i32 x[T::NW];
-                    T::xload(xq + (size_t)(t0 + t) * k, u, x);
-                    const float s = __ldg(xd + (size_t)(t0 + t) * n_xd + u / upx);
+                for (int t = 0; t < TILE; ++t) {
+                    if (t < nt) {
+                        i32 x[T::NW];
+                        T::xload(xq + (size_t)(t0 + t) * k, u, x);
+                        const float s = __ldg(xd + (size_t)(t0 + t) * n_xd + u / UPX);
 #pragma unroll
-                    for (int r = 0; r < RW; ++r) acc[r][t] = unit_dot<T>(v[g][r], x, s, acc[r][t]);
+                        for (int r = 0; r < RW; ++r) {
+                            float a, b;
+                            T::tail(v[g][r], T::ints(v[g][r], x), s, a, b);
+                            acc[r][t] = __fmaf_rn(a, b, acc[r][t]);
+                        }
+                    }
                 }
             }
         }
+        store_rows<RW, TILE, GLU>(o, rows, n_out, n_units, t0, nt, acc);
+    } else {
+        constexpr int NV = RW * TILE, OWN = NV >= S ? NV / S : 1;
+        const int p = lane % S;
+        float acc[OWN];
+#pragma unroll
+        for (int i = 0; i < OWN; ++i) acc[i] = 0.0f;
+        for (int ub = 0; ub < n_units; ub += WARP * G) {
+            typename T::U v[G][RW];
+#pragma unroll
+            for (int g = 0; g < G; ++g)            // all weight loads first
+#pragma unroll
+                for (int r = 0; r < RW; ++r)
+                    if (ub + WARP * g + lane < n_units) T::decode(wr[r], ub + WARP * g + lane, tab, v[g][r]);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                if (ub + WARP * g >= n_units) break;   // the same for every lane
+                const int u = min(ub + WARP * g + lane, n_units - 1);
+                const bool adds = ub + WARP * g + lane < n_units && p * NV % S == 0;
+                typename T::I iv[NV];
+#pragma unroll
+                for (int t = 0; t < TILE; ++t) {
+                    i32 x[T::NW];
+                    T::xload(xq + (size_t)(t0 + min(t, nt - 1)) * k, u, x);
+#pragma unroll
+                    for (int r = 0; r < RW; ++r) iv[t * RW + r] = T::ints(v[g][r], x);
+                }
+                group_scatter<S, NV>(iv);
+#pragma unroll
+                for (int i = 0; i < OWN; ++i) {
+                    const int vi = p * NV / S + i, t = vi / RW, r = vi % RW;
+                    typename T::U q = v[g][0];     // row r's scales (tail reads no weights)
+#pragma unroll
+                    for (int rr = 1; rr < RW; ++rr)
+                        if (r == rr) q = v[g][rr];
+                    float a, b;
+                    T::tail(q, iv[i], __ldg(xd + (size_t)(t0 + min(t, nt - 1)) * n_xd + u / UPX), a, b);
+                    if (adds) acc[i] = __fmaf_rn(a, b, acc[i]);
+                }
+            }
+        }
+        store_groups<S, RW, TILE, GLU>(o, rows, n_out, t0, nt, acc);
     }
-    store_rows<RW, TILE, GLU>(o, rows, n_out, n_units, t0, nt, acc);
 }
 
 // Up to SK_MAX_TOKENS tokens with more warps per row (split-K): the same sums as mm_q, token by token. A CTA
 // of blockDim.y warps takes row blockIdx.x; warp w decodes the unit rounds w, w + blockDim.y, ... (round j =
 // units 32j .. 32j + 31, unit 32j + l in lane l, as mm_q deals them), dots each unit with every token and
-// leaves the two fma operands of (token t, unit) in shared memory, part[t * stride + j * 32 + l]; then warp
-// t folds token t: lane l's units in mm_q's order (acc = fma(a, b, acc) over rounds 0, 1, ...), and
-// lane_fold adds the lanes as mm_q does. For matrices of few, long rows, where mm_q has too few warps to keep loads in
-// flight (qmatmul.py split_k). part: dynamic shared memory, n_tok * cdiv(k / UNIT, 32) * 32 float2; xq, xd
-// as mm_q's; n_tok <= blockDim.y.
+// leaves the two fma operands of (token t, unit) in shared memory, part[t * stride + j * 32 + l] (S > 1: the
+// superblock's, in its group's first lane, zeros in the others); then warp t folds token t: lane l's units in
+// mm_q's order (acc = fma(a, b, acc) over rounds 0, 1, ...), and lane_fold adds the lanes, i.e. the groups'
+// sums in mm_q's order (adding +0 changes no sum that is not -0, and a sum from 0 is never -0). For matrices of
+// few, long rows, where mm_q has too few warps to keep loads in flight (qmatmul.py split_k). part: dynamic
+// shared memory, n_tok * cdiv(k / UNIT, 32) * 32 float2; xq, xd as mm_q's; n_tok <= blockDim.y.
 template <class T>
 __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                         const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
                                         const Out& o, const u32* tab, float2* part) {
     const int lane = threadIdx.x, w = threadIdx.y, nw = blockDim.y, row = blockIdx.x;
     const u8* wr = W + (size_t)row * row_bytes;
-    const int n_units = k / T::UNIT, n_xd = k / T::XB, upx = T::XB / T::UNIT, rounds = (n_units + WARP - 1) / WARP;
+    const int n_units = k / T::UNIT, n_xd = k / T::XB, rounds = (n_units + WARP - 1) / WARP;
+    constexpr int S = T::S, UPX = T::XB / T::UNIT;
     const int stride = rounds * WARP;                  // part entries per token
     for (int j = w; j < rounds; j += nw) {
-        const int u = j * WARP + lane;
-        if (u >= n_units) continue;
+        const bool has = j * WARP + lane < n_units;    // S > 1: lanes without a unit stay for the shuffles
+        if constexpr (S == 1) {
+            if (!has) continue;
+        }
+        const int u = min(j * WARP + lane, n_units - 1);
         typename T::U v;
-        T::decode(wr, u, tab, v);
+        if (has) T::decode(wr, u, tab, v);
         for (int t = 0; t < n_tok; ++t) {
             i32 x[T::NW];
             T::xload(xq + (size_t)t * k, u, x);
+            typename T::I iv = T::ints(v, x);
+            group_scatter<S, 1>(&iv);
             float a, b;
-            T::terms(v, x, __ldg(xd + (size_t)t * n_xd + u / upx), a, b);
-            part[t * stride + j * WARP + lane] = make_float2(a, b);
+            T::tail(v, iv, __ldg(xd + (size_t)t * n_xd + u / UPX), a, b);
+            if (has) part[t * stride + j * WARP + lane] = lane % S == 0 ? make_float2(a, b) : make_float2(0.0f, 0.0f);
         }
     }
     __syncthreads();

@@ -3,20 +3,21 @@
 // same bits: every output equals the dp4a kernel's for the same row and token, so a token's logits do not
 // depend on which kernel its step took (batch invariance; the launcher picks by token count).
 //
-// How the bits are kept. The dp4a kernel gives unit u of a row to lane u % 32, which adds the unit's
-// contributions in order, fin(U, ints, xd, acc) per unit (qmatmul_types.cuh), and then adds the lane
-// partials left to right, ((0 + p0) + p1) + ... (lane_fold, common.cuh). Here a thread owns whole outputs,
-// so it walks the units class by class: class l = the units l, l + 32, ... (the dp4a kernel's lane l),
-// classes 0, 1, 2, ..., each class summed from 0 and then added to the output's running sum: two floats
-// per output. The integer parts come from mma instead of dp4a: integer sums are exact, so they are equal
-// whatever the order.
+// How the bits are kept. The dp4a kernel gives unit u of a row to lane u % 32; the S units of a superblock
+// (qmatmul_types.cuh) lie in a group of S consecutive lanes (S = 1: every lane its own group). Each output's sum
+// is its groups' sums added left to right, ((0 + p0) + p1) + ..., where group gi's sum adds the float tails
+// (T::tail) of its superblocks in round order, each tail applied once to the superblock's exact integer sum.
+// Here a thread owns whole outputs, so it walks the units group by group (UnitWalk): each superblock's
+// integer parts summed, its tail added to the group's sum, each group's sum added to the output's running
+// sum: two floats and an integer part per output. The integer parts come from mma instead of dp4a: integer
+// sums are exact, so they are equal whatever the order.
 //
 // Work split: a CTA takes 32 weight rows (two m16 tiles; GLU: 16 gate rows i.. and the up rows
 // i + n_out / 2.., so one thread ends with both sums of an output of silu(gate) * up) by W * 8 * NB
 // tokens, warp w the w-th 8 * NB of them. The CTA walks the units in the order above, W at a
 // time (a step): warp w decodes the step's w-th unit of the 32 rows into shared memory (lane r: row r)
 // and stages that unit's activations and scales of the CTA's tokens there too (the B fragments, copied
-// from the chunk-major copy of the activations that the launcher makes first: a step's units lie 32
+// from the chunk-major copy of the activations that the launcher makes first: a step's units may lie 32
 // units apart, so from row-major activations each copy gathered 32-byte pieces of many rows); then every warp
 // multiplies all W decoded units with its tokens, so each decoded unit serves W * 8 * NB tokens. Two
 // buffers: the next step's units are decoded and staged while slower warps still read this step's, and
@@ -45,14 +46,23 @@ __device__ __forceinline__ void a_frag(const U& ra, const U& rb, int w0, int t, 
     a[3] = rb.w[w0 + 4 + t] & keep_hi;
 }
 
-// The units of a row in the order the outputs add them: class i = 0, 1, ..., 31, the class's units i,
-// i + 32, ... Classes without units (rows of fewer than 32 units) are the last ones: the walk ends there
-// (u >= n_units).
+// The units of a row in the order the outputs add them. The dp4a kernel's lanes form groups of S (lanes
+// S * gi .. S * gi + S - 1 hold a superblock's units in each round); group gi's sum is its superblocks' in round
+// order, and the outputs add the groups' sums left to right. So: groups gi = 0, 1, ..., 32 / S - 1; in each,
+// rounds j = 0, 1, ...; in each round the units 32j + S * gi .. 32j + S * gi + S - 1. Groups without units are
+// the last ones (rows of fewer than 32 units): the walk ends there (u >= n_units).
+template <int S>
 struct UnitWalk {
-    int i = 0, u = 0;                              // class i, unit u; class 0 is never empty
+    int gi = 0, u = 0;                             // group gi, unit u; group 0 is never empty
+    __device__ __forceinline__ bool block_ends() const { return (u + 1) % S == 0; }
+    // at a block's end: whether it is its group's last
+    __device__ __forceinline__ bool group_ends(int n_units) const { return u + 1 + 32 - S >= n_units; }
     __device__ __forceinline__ void next(int n_units) {
-        u += 32;
-        if (u >= n_units && i < 31) u = ++i;
+        ++u;
+        if (u % S == 0) {
+            u += 32 - S;
+            if (u >= n_units && gi < 32 / S - 1) u = S * ++gi;
+        }
     }
 };
 
@@ -63,19 +73,12 @@ struct Staged {
     static constexpr int XSTRIDE = T::NW + 4;
 };
 
-// One unit (su: the 32 rows' decoded unit; xw, xs: its staged activations and scales from the warp's first
-// token) times this warp's tokens, added into the class sums ch.
+// One unit (su: the 32 rows' decoded unit; xw: its staged activations from the warp's first token) times this
+// warp's tokens: the integer parts added into the superblock's sums ci (output o = 4 * (NB * mt + nb) + r).
 template <class T, int NB>
-__device__ __forceinline__ void unit_mma(const typename T::U* su, const u32* xw, const float* xs, int g, int t,
-                                         float* ch) {
+__device__ __forceinline__ void unit_mma(const typename T::U* su, const u32* xw, int g, int t, typename T::I* ci) {
     typedef typename T::U U;
     constexpr int XS = Staged<T>::XSTRIDE;
-    float xdv[NB][2];
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-        xdv[nb][0] = xs[8 * nb + 2 * t];
-        xdv[nb][1] = xs[8 * nb + 2 * t + 1];
-    }
     const u32* xb[NB];                             // B fragments: token g of each n tile
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) xb[nb] = xw + (8 * nb + g) * XS;
@@ -95,14 +98,14 @@ __device__ __forceinline__ void unit_mma(const typename T::U* su, const u32* xw,
         const U& rb = su[16 * mt + g + 8];
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
-            float* c = ch + 4 * (NB * mt + nb);
+            typename T::I* c = ci + 4 * (NB * mt + nb);
             if constexpr (T::MMA == MMA_ONE) {
                 u32 a[4];
                 i32 d[4];
                 a_frag(ra, rb, 0, t, ~0u, ~0u, a);
                 mma_s8(d, a[0], a[1], a[2], a[3], xb[nb][t], xb[nb][4 + t]);
 #pragma unroll
-                for (int r = 0; r < 4; ++r) c[r] = T::fin(r < 2 ? ra : rb, d[r], xdv[nb][r & 1], c[r]);
+                for (int r = 0; r < 4; ++r) c[r] += T::mma_int(r < 2 ? ra : rb, d[r]);
             } else if constexpr (T::MMA == MMA_K4) {
                 u32 a[4];
                 i32 d0[4], d1[4];
@@ -113,12 +116,9 @@ __device__ __forceinline__ void unit_mma(const typename T::U* su, const u32* xw,
 #pragma unroll
                 for (int r = 0; r < 4; ++r) {
                     const U& q = r < 2 ? ra : rb;
-                    const i32 isc = q.sc[0] * d0[r] + q.sc[1] * d1[r];
-                    const i32 imn = q.m[0] * sx[nb][0][r] + q.m[1] * sx[nb][1][r];
-                    c[r] = T::fin(q, isc, imn, xdv[nb][r & 1], c[r]);
+                    c[r] += I2{q.sc[0] * d0[r] + q.sc[1] * d1[r], q.m[0] * sx[nb][0][r] + q.m[1] * sx[nb][1][r]};
                 }
             } else {                               // MMA_Q6: chunk cc = words 2cc, 2cc + 1, scale sc[cc]
-                i32 s[4] = {0, 0, 0, 0};
                 const u32 b0 = xb[nb][t], b1 = xb[nb][4 + t];
 #pragma unroll
                 for (int cc = 0; cc < 4; ++cc) {
@@ -127,13 +127,30 @@ __device__ __forceinline__ void unit_mma(const typename T::U* su, const u32* xw,
                     a_frag(ra, rb, 0, t, (t >> 1) == cc ? ~0u : 0u, 2 + (t >> 1) == cc ? ~0u : 0u, a);
                     mma_s8(d, a[0], a[1], a[2], a[3], b0, b1);
 #pragma unroll
-                    for (int r = 0; r < 4; ++r) s[r] += (r < 2 ? ra : rb).sc[cc] * d[r];
+                    for (int r = 0; r < 4; ++r) c[r] += (r < 2 ? ra : rb).sc[cc] * d[r];
                 }
-#pragma unroll
-                for (int r = 0; r < 4; ++r) c[r] = T::fin(r < 2 ? ra : rb, s[r], xdv[nb][r & 1], c[r]);
             }
         }
     }
+}
+
+// A superblock's end: its integer parts ci scaled into the group sums ch (T::tail with the rows' scales from
+// su, the block's last unit, and the tokens' scales xs from the warp's first token), ci cleared.
+template <class T, int NB>
+__device__ __forceinline__ void block_tail(const typename T::U* su, const float* xs, int g, int t,
+                                           typename T::I* ci, float* ch) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int o = 4 * (NB * mt + nb) + r;
+                float a, b;
+                T::tail(su[16 * mt + g + 8 * (r >> 1)], ci[o], xs[8 * nb + 2 * t + (r & 1)], a, b);
+                ch[o] = __fmaf_rn(a, b, ch[o]);
+                ci[o] = typename T::I();
+            }
 }
 
 // Asynchronous global -> shared copies (cp.async, sm_80+): the staged activations take no registers and
@@ -160,7 +177,7 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_al
 template <class T, int TOK>
 __device__ __forceinline__ void decode_and_stage(const u8* wr, int u, const u32* tab, typename T::U* su,
                                                  const i8* __restrict__ xt, const float* __restrict__ xdt,
-                                                 int upx, int tok0, int n_tok, u32* xw, float* xs) {
+                                                 int tok0, int n_tok, u32* xw, float* xs) {
     const int lane = threadIdx.x;
     constexpr int CW = T::XCHUNK / 4, NCH = T::NW / CW, XS = Staged<T>::XSTRIDE;   // words per chunk, chunks per token
     static_assert(TOK % 32 == 0, "a copy instruction takes 32 tokens of one chunk");
@@ -172,7 +189,7 @@ __device__ __forceinline__ void decode_and_stage(const u8* wr, int u, const u32*
     }
 #pragma unroll
     for (int m = 0; m < TOK / 32; ++m)
-        cp_async<4>(xs + 32 * m + lane, xdt + (size_t)(u / upx) * n_tok + min(tok0 + 32 * m + lane, n_tok - 1));
+        cp_async<4>(xs + 32 * m + lane, xdt + (size_t)(u / (T::XB / T::UNIT)) * n_tok + min(tok0 + 32 * m + lane, n_tok - 1));
     typename T::U v;
     T::decode(wr, u, tab, v);
     su[lane] = v;
@@ -192,18 +209,22 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
     const int r0 = blockIdx.y * (GLU ? 16 : 32), tok0 = blockIdx.x * TOK, tw = warp * 8 * NB;
     const int my_row = GLU ? min(r0 + (lane & 15), half - 1) + (lane < 16 ? 0 : half) : min(r0 + lane, n_out - 1);
     const u8* wr = W + (size_t)my_row * row_bytes; // the row this lane decodes
-    const int n_units = k / T::UNIT, upx = T::XB / T::UNIT;
-    UnitWalk dec;                                  // the unit this warp decodes: step s's warp-th
+    const int n_units = k / T::UNIT;
+    UnitWalk<T::S> dec;                            // the unit this warp decodes: step s's warp-th
     for (int j = 0; j < warp; ++j) dec.next(n_units);
     if (warp < n_units)
-        decode_and_stage<T, TOK>(wr, dec.u, tab, su[0][warp], xt, xdt, upx, tok0, n_tok, xw + warp * XBUF,
+        decode_and_stage<T, TOK>(wr, dec.u, tab, su[0][warp], xt, xdt, tok0, n_tok, xw + warp * XBUF,
                                  xs + warp * TOK);
     cp_async_wait();
     __syncthreads();
-    float ch[NO], tot[NO];                         // the class being summed; the classes before it, added in order
+    typename T::I ci[NO];                          // the superblock being summed: integer parts
+    float ch[NO], tot[NO];                         // the group being summed; the groups before it, added in order
 #pragma unroll
-    for (int o = 0; o < NO; ++o) ch[o] = tot[o] = 0.0f;
-    UnitWalk sum;                                  // the unit being added; sum.i the class whose sums ch holds
+    for (int o = 0; o < NO; ++o) {
+        ci[o] = typename T::I();
+        ch[o] = tot[o] = 0.0f;
+    }
+    UnitWalk<T::S> sum;                            // the unit being added
     const int steps = (n_units + NW - 1) / NW;
     for (int s = 0; s < steps; ++s) {
         const int buf = s & 1;
@@ -212,21 +233,22 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 #pragma unroll
         for (int j = 0; j < NW; ++j) dec.next(n_units);
         if ((s + 1) * NW + warp < n_units)
-            decode_and_stage<T, TOK>(wr, dec.u, tab, su[buf ^ 1][warp], xt, xdt, upx, tok0, n_tok,
+            decode_and_stage<T, TOK>(wr, dec.u, tab, su[buf ^ 1][warp], xt, xdt, tok0, n_tok,
                                      xw + ((buf ^ 1) * NW + warp) * XBUF, xs + ((buf ^ 1) * NW + warp) * TOK);
         const int nu = min(NW, n_units - s * NW);
         for (int j = 0; j < nu; ++j) {
-            unit_mma<T, NB>(su[buf][j], xw + (buf * NW + j) * XBUF + tw * Staged<T>::XSTRIDE,
-                            xs + (buf * NW + j) * TOK + tw, g, t, ch);
-            sum.u += 32;
-            if (sum.u >= n_units) {                // the class ends: add it to the outputs' running sums
+            unit_mma<T, NB>(su[buf][j], xw + (buf * NW + j) * XBUF + tw * Staged<T>::XSTRIDE, g, t, ci);
+            if (sum.block_ends()) {
+                block_tail<T, NB>(su[buf][j], xs + (buf * NW + j) * TOK + tw, g, t, ci, ch);
+                if (sum.group_ends(n_units)) {     // the group ends: add it to the outputs' running sums
 #pragma unroll
-                for (int o = 0; o < NO; ++o) {
-                    tot[o] = __fadd_rn(tot[o], ch[o]);
-                    ch[o] = 0.0f;
+                    for (int o = 0; o < NO; ++o) {
+                        tot[o] = __fadd_rn(tot[o], ch[o]);
+                        ch[o] = 0.0f;
+                    }
                 }
-                sum.u = ++sum.i;
             }
+            sum.next(n_units);
         }
         cp_async_wait();
         __syncthreads();
@@ -253,7 +275,11 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 }
 
 // kernels mmq[glu]_<type>_w<NW>_n<NB>: NW warps per CTA, NB n8 token tiles per warp (qmatmul.py MMA_VARIANTS);
-// MINB: CTAs per SM the register allocation must allow (0: the compiler's choice)
+// MINB: CTAs per SM the register allocation must allow (0: the compiler's choice). For the types with
+// superblock sums (IQ3_XXS, Q6_K) 4 x 4 takes 3, the CTAs its shared memory allows: the compiler then keeps
+// more products in flight (IQ3_XXS 4096 x 14336 at 512 tokens 435 -> 381-384 us on an H200; Q4_K and Q8_0
+// measured 1.6-2.4% slower with it); IQ3_XXS's 2 x 4 takes 8 (128 registers instead of 149: 128 tokens
+// 175 -> 134 us, 64 tokens 89 -> 96; perf/kernel_notes.md)
 #define MMQ_KERNEL(NAME, T, NW, NB, GLU, PREFIX, MINB, SUFFIX)                                            \
     extern "C" __global__ void __launch_bounds__(32 * NW, MINB) PREFIX##_##NAME##_w##NW##_n##NB##SUFFIX( \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xt,             \
@@ -266,14 +292,14 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
         mmq<T, NW, NB, GLU>(W, row_bytes, n_out, k, xt, xdt, n_tok, OUT_ARGS, grid, su, staged,           \
                             (float*)(staged + 2 * NW * (NW * 8 * NB) * Staged<T>::XSTRIDE));              \
     }
-#define MMQ_VARIANT(NAME, T, NW, NB) MMQ_KERNEL(NAME, T, NW, NB, false, mmq, 0, ) \
-    MMQ_KERNEL(NAME, T, NW, NB, true, mmqglu, 0, )
+#define MMQ_VARIANT(NAME, T, NW, NB, MINB) MMQ_KERNEL(NAME, T, NW, NB, false, mmq, MINB, ) \
+    MMQ_KERNEL(NAME, T, NW, NB, true, mmqglu, MINB, )
 #ifdef MMQ_EXPLORE   // perf/bench_gpu.py --gemm-explore: candidates beside the default kernels
-#define MMQ_KERNELS(NAME, T) MMQ_VARIANT(NAME, T, 4, 1) MMQ_VARIANT(NAME, T, 2, 4) MMQ_VARIANT(NAME, T, 4, 4) \
+#define MMQ_KERNELS(NAME, T) MMQ_VARIANT(NAME, T, 4, 1, 0) MMQ_VARIANT(NAME, T, 2, 4, (T::GRID ? 8 : 0)) MMQ_VARIANT(NAME, T, 4, 4, (T::S > 1 ? 3 : 0)) \
     MMQ_KERNEL(NAME, T, 4, 2, false, mmq, 0, ) MMQ_KERNEL(NAME, T, 2, 2, false, mmq, 0, ) \
     MMQ_KERNEL(NAME, T, 8, 2, false, mmq, 0, )
 #else
-#define MMQ_KERNELS(NAME, T) MMQ_VARIANT(NAME, T, 4, 1) MMQ_VARIANT(NAME, T, 2, 4) MMQ_VARIANT(NAME, T, 4, 4)
+#define MMQ_KERNELS(NAME, T) MMQ_VARIANT(NAME, T, 4, 1, 0) MMQ_VARIANT(NAME, T, 2, 4, (T::GRID ? 8 : 0)) MMQ_VARIANT(NAME, T, 4, 4, (T::S > 1 ? 3 : 0))
 #endif
 
 MMQ_KERNELS(q8_0, TQ8_0)

@@ -133,23 +133,33 @@ __device__ __forceinline__ void lookup16(u32 q, const u32* t, u32& lo, u32& hi) 
 }
 
 // --------------------------------------------------------------------------------- weight types
-// Each type (over TBase: UNIT, XB, NW, offset, xload, xword): decode(row, u, tab, U&) -> the unit's weights as
-// packed int8 words in the order of its activations and its scales; terms(U, x words, token's xd, a, b) -> the
-// unit's contribution to a token's sum as the two operands of acc = fma(a, b, acc) (qmatmul.cu: unit_dot);
-// deq(U, row out + offset(u)) -> gguf's float values of the unit.
-// terms = integer dot products (exact, any order), then the operands fin(U, those integers, xd, acc) applies:
-// the float tail that every mat-mul kernel shares, so the dp4a kernels (qmatmul.cu) and the tensor-core ones
-// (qmatmul_mma.cu) round alike. MMA says how the tensor-core kernel gets the integers: MMA_ONE (one 32-weight dot),
-// MMA_K4 (two 32-weight dots and their activation sums), MMA_Q6 (four 8-weight dots, one per scale).
+// Each type (over TBase: UNIT, XB, NW, S, offset, xload, xword): decode(row, u, tab, U&) -> the unit's weights as
+// packed int8 words in the order of its activations and its scales; ints(U, x words) -> the integer part I of
+// the unit's dot with one token (exact); tail(U, I, xd, a, b) -> the two operands of acc = fma(a, b, acc) that
+// add a superblock's integer part to a token's running sum; deq(U, row out + offset(u)) -> gguf's float values.
+// A superblock is S units that share the row's scale d and the activations' scale xd: IQ3_XXS and Q6_K take
+// their 256-weight blocks' 8 units (S = XB / UNIT; ggml's own dot sums a block's sub-blocks as integers too),
+// the others S = 1 (the 32-weight types have nothing to share; Q4_K / Q5_K's two integer parts a block held
+// 64 more registers in the tensor-core kernel and measured slower). The kernels add a superblock's integer
+// parts, in any order (exact), and apply the float tail once. Every mat-mul kernel shares that tail,
+// so the dp4a kernels (qmatmul.cu) and the tensor-core ones (qmatmul_mma.cu) round alike. MMA says how the
+// tensor-core kernel gets the integers: MMA_ONE (one 32-weight dot, scaled by mma_int), MMA_K4 (two 32-weight
+// dots and their activation sums), MMA_Q6 (four 8-weight dots, one per scale).
 // `tab` is the CTA's shared copy of IQ3XXS_GRID (unused by the other types).
 
 // UNIT weights per unit, activations in blocks of XB, NW int8 words of activations per unit per token
 enum { MMA_ONE = 0, MMA_K4 = 1, MMA_Q6 = 2 };
 
+// Q4_K / Q5_K's integer parts: scales times dots, mins times activation sums
+struct I2 {
+    i32 sc, mn;
+    __device__ __forceinline__ I2& operator+=(const I2& o) { sc += o.sc; mn += o.mn; return *this; }
+};
 template <int UNIT_, int XB_, int NW_>
 struct TBase {
     static constexpr int MMA = MMA_ONE;
-    static constexpr int UNIT = UNIT_, XB = XB_, NW = NW_;
+    static constexpr int UNIT = UNIT_, XB = XB_, NW = NW_, S = XB_ / UNIT_;   // S: see above
+    typedef i32 I;
     static constexpr bool GRID = false;            // decode reads the IQ3_XXS grid (from shared memory)
     // offset of the unit's first weight in its row (= of its first activation in the token's row)
     static __device__ __forceinline__ int offset(int u) { return u * UNIT_; }
@@ -179,13 +189,12 @@ struct TQ8_0 : TBase<32, 32, 8> {
         load_a2<8>(b + 2, v.w);
         v.d = ldf16(b);
     }
+    static __device__ __forceinline__ i32 ints(const U& v, const i32* x) { return dot8w(v.w, x, 8); }
+    static __device__ __forceinline__ i32 mma_int(const U&, i32 s) { return s; }
     // (float)s: exact (|s| <= 32 * 128 * 127 < 2^24), one I2FP, which on sm_86+ issues on the integer pipe
-    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {
-        return __fmaf_rn(__fmul_rn(v.d, xd), (float)s, acc);
-    }
-    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
-        a = __fmul_rn(v.d, xd);          // fin's operands
-        b = (float)dot8w(v.w, x, 8);
+    static __device__ __forceinline__ void tail(const U& v, i32 s, float xd, float& a, float& b) {
+        a = __fmul_rn(v.d, xd);
+        b = (float)s;
     }
     static __device__ __forceinline__ void deq(const U& v, float* o) {
         for (int i = 0; i < 32; ++i) o[i] = __fmul_rn((float)(i8)(v.w[i >> 2] >> (8 * (i & 3))), v.d);
@@ -206,10 +215,9 @@ struct TQ4_0 : TBase<32, 32, 8> {
         }
         v.d = ldf16(b);
     }
-    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) { return TQ8_0::fin(v, s, xd, acc); }
-    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
-        TQ8_0::terms(v, x, xd, a, b);
-    }
+    static __device__ __forceinline__ i32 ints(const U& v, const i32* x) { return TQ8_0::ints(v, x); }
+    static __device__ __forceinline__ i32 mma_int(const U& v, i32 s) { return s; }
+    static __device__ __forceinline__ void tail(const U& v, i32 s, float xd, float& a, float& b) { TQ8_0::tail(v, s, xd, a, b); }
     static __device__ __forceinline__ void deq(const U& v, float* o) {
         for (int i = 0; i < 32; ++i) o[i] = __fmul_rn(v.d, (float)(i8)(v.w[i >> 2] >> (8 * (i & 3))));
     }
@@ -226,10 +234,9 @@ struct TIQ4_NL : TBase<32, 32, 8> {
         for (int i = 0; i < 4; ++i) lookup16(q[i], t, v.w[i], v.w[4 + i]);
         v.d = ldf16(b);
     }
-    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) { return TQ8_0::fin(v, s, xd, acc); }
-    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
-        TQ8_0::terms(v, x, xd, a, b);
-    }
+    static __device__ __forceinline__ i32 ints(const U& v, const i32* x) { return TQ8_0::ints(v, x); }
+    static __device__ __forceinline__ i32 mma_int(const U& v, i32 s) { return s; }
+    static __device__ __forceinline__ void tail(const U& v, i32 s, float xd, float& a, float& b) { TQ8_0::tail(v, s, xd, a, b); }
     static __device__ __forceinline__ void deq(const U& v, float* o) { TQ4_0::deq(v, o); }
 };
 
@@ -248,10 +255,9 @@ struct TQ5_0 : TBase<32, 32, 8> {
         }
         v.d = ldf16(b);
     }
-    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) { return TQ8_0::fin(v, s, xd, acc); }
-    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
-        TQ8_0::terms(v, x, xd, a, b);
-    }
+    static __device__ __forceinline__ i32 ints(const U& v, const i32* x) { return TQ8_0::ints(v, x); }
+    static __device__ __forceinline__ i32 mma_int(const U& v, i32 s) { return s; }
+    static __device__ __forceinline__ void tail(const U& v, i32 s, float xd, float& a, float& b) { TQ8_0::tail(v, s, xd, a, b); }
     static __device__ __forceinline__ void deq(const U& v, float* o) { TQ4_0::deq(v, o); }
 };
 
@@ -265,15 +271,14 @@ __device__ __forceinline__ void k4_head(const u8* b, int jj, KU& v) {   // d, dm
     const u32 s[3] = {h.y, h.z, h.w};
     k4_scale_min2(s, jj, v.sc, v.m);
 }
-// isc = sum over the two sub-blocks of scale * (q . x), imn = sum of min * (sum of x)
-__device__ __forceinline__ float k4_fin(const KU& v, i32 isc, i32 imn, float xd, float acc) {
-    return __fmaf_rn(xd, __fsub_rn(__fmul_rn(v.d, (float)isc), __fmul_rn(v.dmin, (float)imn)), acc);
+// sc = sum over the two sub-blocks of scale * (q . x), mn = sum of min * (sum of x)
+__device__ __forceinline__ I2 k4_ints(const KU& v, const i32* x) {
+    return I2{v.sc[0] * dot8w(v.w, x, 8) + v.sc[1] * dot8w(v.w + 8, x + 8, 8),
+              v.m[0] * sum_bytes(x, 8) + v.m[1] * sum_bytes(x + 8, 8)};
 }
-__device__ __forceinline__ void k4_terms(const KU& v, const i32* x, float xd, float& a, float& b) {
-    const i32 isc = v.sc[0] * dot8w(v.w, x, 8) + v.sc[1] * dot8w(v.w + 8, x + 8, 8);
-    const i32 imn = v.m[0] * sum_bytes(x, 8) + v.m[1] * sum_bytes(x + 8, 8);
-    a = xd;                              // k4_fin's operands
-    b = __fsub_rn(__fmul_rn(v.d, (float)isc), __fmul_rn(v.dmin, (float)imn));
+__device__ __forceinline__ void k4_tail(const KU& v, I2 s, float xd, float& a, float& b) {
+    a = xd;
+    b = __fsub_rn(__fmul_rn(v.d, (float)s.sc), __fmul_rn(v.dmin, (float)s.mn));
 }
 __device__ __forceinline__ void k4_deq(const KU& v, float* o) {
     for (int h = 0; h < 2; ++h) {
@@ -286,7 +291,7 @@ __device__ __forceinline__ void k4_deq(const KU& v, float* o) {
 }
 
 struct TQ4_K : TBase<64, 256, 16> {
-    static constexpr int MMA = MMA_K4;
+    static constexpr int MMA = MMA_K4, S = 1;
     typedef KU U;
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
         const int jj = u & 3;
@@ -300,13 +305,14 @@ struct TQ4_K : TBase<64, 256, 16> {
         }
         k4_head(b, jj, v);
     }
-    static __device__ __forceinline__ float fin(const U& v, i32 isc, i32 imn, float xd, float acc) { return k4_fin(v, isc, imn, xd, acc); }
-    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) { k4_terms(v, x, xd, a, b); }
+    typedef I2 I;
+    static __device__ __forceinline__ I2 ints(const U& v, const i32* x) { return k4_ints(v, x); }
+    static __device__ __forceinline__ void tail(const U& v, I2 s, float xd, float& a, float& b) { k4_tail(v, s, xd, a, b); }
     static __device__ __forceinline__ void deq(const U& v, float* o) { k4_deq(v, o); }
 };
 
 struct TQ5_K : TBase<64, 256, 16> {
-    static constexpr int MMA = MMA_K4;
+    static constexpr int MMA = MMA_K4, S = 1;
     typedef KU U;
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
         const int jj = u & 3;
@@ -321,8 +327,9 @@ struct TQ5_K : TBase<64, 256, 16> {
         }
         k4_head(b, jj, v);
     }
-    static __device__ __forceinline__ float fin(const U& v, i32 isc, i32 imn, float xd, float acc) { return k4_fin(v, isc, imn, xd, acc); }
-    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) { k4_terms(v, x, xd, a, b); }
+    typedef I2 I;
+    static __device__ __forceinline__ I2 ints(const U& v, const i32* x) { return k4_ints(v, x); }
+    static __device__ __forceinline__ void tail(const U& v, I2 s, float xd, float& a, float& b) { k4_tail(v, s, xd, a, b); }
     static __device__ __forceinline__ void deq(const U& v, float* o) { k4_deq(v, o); }
 };
 
@@ -370,15 +377,16 @@ struct TQ6_K : TBase<32, 256, 8> {
     }
     static constexpr int XCHUNK = 8;
     static __device__ __forceinline__ int xpos(int u, int q) { return offset(u) + 32 * q; }
-    // s = sum over the four 8-weight chunks of their 16-group scale * (q . x)
-    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {
-        return __fmaf_rn(__fmul_rn(v.d, xd), (float)s, acc);
-    }
-    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
+    // sum over the four 8-weight chunks of their 16-group scale * (q . x); a block's 8 units summed:
+    // |s| <= 256 * 32 * 128 * 127 < 2^28
+    static __device__ __forceinline__ i32 ints(const U& v, const i32* x) {
         i32 s = 0;
 #pragma unroll
         for (int c = 0; c < 4; ++c) s += v.sc[c] * dot8w(v.w + 2 * c, x + 2 * c, 2);
-        a = __fmul_rn(v.d, xd);          // fin's operands
+        return s;
+    }
+    static __device__ __forceinline__ void tail(const U& v, i32 s, float xd, float& a, float& b) {
+        a = __fmul_rn(v.d, xd);
         b = (float)s;
     }
     static __device__ __forceinline__ void deq(const U& v, float* o) {   // o: the row at offset(u)
@@ -393,7 +401,7 @@ struct TQ6_K : TBase<32, 256, 8> {
 // IQ3_XXS (98-byte blocks: d, 64 grid indices, 8 words of 4x7 sign bits + 4-bit scale): unit = sub-block.
 struct TIQ3_XXS : TBase<32, 256, 8> {
     static constexpr bool GRID = true;
-    struct U { u32 w[8]; float db; };
+    struct U { u32 w[8]; float d4; i32 ls; };      // d / 4 (exact), the sub-block's scale 2 * l + 1
     static __device__ __forceinline__ void decode(const u8* row, int u, const u32* grid, U& v) {
         const int ib = u & 7;
         const u8* b = row + (size_t)(u >> 3) * 98;
@@ -408,17 +416,20 @@ struct TIQ3_XXS : TBase<32, 256, 8> {
             v.w[2 * l] = neg_bytes(grid[qq & 0xffu], sg & 15u);
             v.w[2 * l + 1] = neg_bytes(grid[(qq >> 8) & 0xffu], sg >> 4);
         }
-        v.db = __fmul_rn(__fmul_rn(ldf16(b), __fadd_rn(0.5f, (float)(aux >> 28))), 0.5f);
+        v.d4 = __fmul_rn(ldf16(b), 0.25f);
+        v.ls = 2 * (i32)(aux >> 28) + 1;
     }
-    static __device__ __forceinline__ float fin(const U& v, i32 s, float xd, float acc) {   // |s| <= 32 * 62 * 127
-        return __fmaf_rn(__fmul_rn(v.db, xd), (float)s, acc);
-    }
-    static __device__ __forceinline__ void terms(const U& v, const i32* x, float xd, float& a, float& b) {
-        a = __fmul_rn(v.db, xd);         // fin's operands
-        b = (float)dot8w(v.w, x, 8);
+    // ggml's weight is d * (0.5 + l) / 2 * grid * sign = d / 4 * (2l + 1) * (grid * sign): the integer part of
+    // a unit is (2l + 1) * (q . x); a block's 8 units summed: |s| <= 256 * 31 * 62 * 127 < 2^26
+    static __device__ __forceinline__ i32 ints(const U& v, const i32* x) { return v.ls * dot8w(v.w, x, 8); }
+    static __device__ __forceinline__ i32 mma_int(const U& v, i32 s) { return v.ls * s; }
+    static __device__ __forceinline__ void tail(const U& v, i32 s, float xd, float& a, float& b) {
+        a = __fmul_rn(v.d4, xd);
+        b = (float)s;
     }
     static __device__ __forceinline__ void deq(const U& v, float* o) {   // db * grid, negated: exact as gguf's db*grid*sign
-        for (int i = 0; i < 32; ++i) o[i] = __fmul_rn(v.db, (float)(i8)(v.w[i >> 2] >> (8 * (i & 3))));
+        const float db = __fmul_rn(__fmul_rn(__fmul_rn(v.d4, 4.0f), __fadd_rn(0.5f, (float)(v.ls >> 1))), 0.5f);
+        for (int i = 0; i < 32; ++i) o[i] = __fmul_rn(db, (float)(i8)(v.w[i >> 2] >> (8 * (i & 3))));
     }
 };
 

@@ -2,9 +2,9 @@
 float64 numpy references, gguf.quants and the CPU backend's activation rounding.
 
 Mat-mul tolerance: the kernel rounds x exactly as tests/act_reference.py does (checked bit for bit below),
-dots int8 weights with int8 activations exactly (integers), and rounds only when scaling each unit's
-integer sum (a couple of float32 products per unit) and adding the units' partial sums (n_in/32 + 5
-additions). The float64 reference uses gguf's float32 weights, which round d*sc*q - dmin*m per weight in
+dots int8 weights with int8 activations exactly (integers), and rounds only when scaling each superblock's
+integer sum (a couple of float32 products per 32-weight unit, or per 256-weight block for IQ3_XXS and Q6_K)
+and adding the partial sums (at most n_in/32 + 5 additions). The float64 reference uses gguf's float32 weights, which round d*sc*q - dmin*m per weight in
 another order. Both errors are ~2**-24 relative per term and add up like a random walk, so
 |err| ~ sqrt(n_in) * 2**-24 * sum_k |x_k W_k| (~2e-6 of it at n_in = 1024); we allow 3e-5 of it (>10x
 that; any indexing, nibble or scale bug gives errors of order 1 of it). Float weights: n_in float32 fmas
