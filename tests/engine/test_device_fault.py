@@ -10,7 +10,7 @@ import pytest
 
 from strata_lite.config import EngineConfig
 from strata_lite.engine import Engine
-from strata_lite.engine_events import DoneEvent, ErrorEvent
+from strata_lite.engine_events import ErrorEvent
 from strata_lite.sequence import Request
 from strata_lite.sampling import SamplingParams
 from tiny_model import write_tiny_model

@@ -3,7 +3,6 @@
 (`strata-lite synth`, ChatML template) on a live waitress server; and `serve --backend cuda` on a machine
 that cannot run it exits non-zero with one line."""
 import concurrent.futures
-import json
 import subprocess
 import sys
 import urllib.request
