@@ -6,9 +6,10 @@ card, else by __dp4a (qmatmul.cu); see tensor_core_variant(). Both give the same
 Host/device placement: DeviceWeight.raw, x, xq, xd, ids and out are cupy arrays (device); sizes are Python
 ints read from shapes. Launchers allocate nothing and never sync, so they can be captured in a CUDA graph.
 
-Batch invariance: each output is computed in one fixed order (lane-strided units, then the 32 lane sums
-added left to right by lane_fold; the tensor-core kernel replays that order), whatever the number of tokens
-in the launch, the token tile size or the kernel chosen for it.
+Batch invariance: each output is computed in one fixed order (lane-strided units, a superblock's integer
+sums scaled once (IQ3_XXS and Q6_K: per 256-weight block), then the lane groups' sums added left to right;
+the tensor-core kernel replays that order), whatever the number of tokens in the launch, the token tile size
+or the kernel chosen for it.
 """
 from __future__ import annotations
 
