@@ -138,7 +138,7 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
 #pragma unroll
     for (int r = 0; r < RW; ++r) wr[r] = W + (size_t)min(rows[r], n_out - 1) * row_bytes;
     const int n_units = k / T::UNIT, n_xd = k / T::XB;
-    constexpr int S = T::S, UPX = T::XB / T::UNIT;
+    constexpr int S = T::S, UPX = T::UPX;
     if constexpr (S == 1) {
         float acc[RW][TILE];
 #pragma unroll
@@ -233,7 +233,7 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     const int lane = threadIdx.x, w = threadIdx.y, nw = blockDim.y, row = blockIdx.x;
     const u8* wr = W + (size_t)row * row_bytes;
     const int n_units = k / T::UNIT, n_xd = k / T::XB, rounds = (n_units + WARP - 1) / WARP;
-    constexpr int S = T::S, UPX = T::XB / T::UNIT;
+    constexpr int S = T::S, UPX = T::UPX;
     const int stride = rounds * WARP;                  // part entries per token
     for (int j = w; j < rounds; j += nw) {
         const bool has = j * WARP + lane < n_units;    // S > 1: lanes without a unit stay for the shuffles

@@ -189,7 +189,7 @@ __device__ __forceinline__ void decode_and_stage(const u8* wr, int u, const u32*
     }
 #pragma unroll
     for (int m = 0; m < TOK / 32; ++m)
-        cp_async<4>(xs + 32 * m + lane, xdt + (size_t)(u / (T::XB / T::UNIT)) * n_tok + min(tok0 + 32 * m + lane, n_tok - 1));
+        cp_async<4>(xs + 32 * m + lane, xdt + (size_t)(u / T::UPX) * n_tok + min(tok0 + 32 * m + lane, n_tok - 1));
     typename T::U v;
     T::decode(wr, u, tab, v);
     su[lane] = v;
@@ -294,12 +294,15 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
     }
 #define MMQ_VARIANT(NAME, T, NW, NB, MINB) MMQ_KERNEL(NAME, T, NW, NB, false, mmq, MINB, ) \
     MMQ_KERNEL(NAME, T, NW, NB, true, mmqglu, MINB, )
+// the variants the launcher takes (qmatmul.py MMA_VARIANTS), with their MINB
+#define MMQ_DEFAULT(NAME, T) MMQ_VARIANT(NAME, T, 4, 1, 0) MMQ_VARIANT(NAME, T, 2, 4, (T::GRID ? 8 : 0)) \
+    MMQ_VARIANT(NAME, T, 4, 4, (T::S > 1 ? 3 : 0))
 #ifdef MMQ_EXPLORE   // perf/bench_gpu.py --gemm-explore: candidates beside the default kernels
-#define MMQ_KERNELS(NAME, T) MMQ_VARIANT(NAME, T, 4, 1, 0) MMQ_VARIANT(NAME, T, 2, 4, (T::GRID ? 8 : 0)) MMQ_VARIANT(NAME, T, 4, 4, (T::S > 1 ? 3 : 0)) \
+#define MMQ_KERNELS(NAME, T) MMQ_DEFAULT(NAME, T) \
     MMQ_KERNEL(NAME, T, 4, 2, false, mmq, 0, ) MMQ_KERNEL(NAME, T, 2, 2, false, mmq, 0, ) \
     MMQ_KERNEL(NAME, T, 8, 2, false, mmq, 0, )
 #else
-#define MMQ_KERNELS(NAME, T) MMQ_VARIANT(NAME, T, 4, 1, 0) MMQ_VARIANT(NAME, T, 2, 4, (T::GRID ? 8 : 0)) MMQ_VARIANT(NAME, T, 4, 4, (T::S > 1 ? 3 : 0))
+#define MMQ_KERNELS(NAME, T) MMQ_DEFAULT(NAME, T)
 #endif
 
 MMQ_KERNELS(q8_0, TQ8_0)

@@ -158,7 +158,8 @@ struct I2 {
 template <int UNIT_, int XB_, int NW_>
 struct TBase {
     static constexpr int MMA = MMA_ONE;
-    static constexpr int UNIT = UNIT_, XB = XB_, NW = NW_, S = XB_ / UNIT_;   // S: see above
+    static constexpr int UNIT = UNIT_, XB = XB_, NW = NW_;
+    static constexpr int UPX = XB_ / UNIT_, S = UPX;   // units per activation scale; S: see above
     typedef i32 I;
     static constexpr bool GRID = false;            // decode reads the IQ3_XXS grid (from shared memory)
     // offset of the unit's first weight in its row (= of its first activation in the token's row)
