@@ -22,6 +22,7 @@ log-softmax, best first, ties lower id first. Sampled pads rows asking for fewer
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cache, cached_property
 
 import numpy as np
 
@@ -60,25 +61,54 @@ class SampleRows:
         """Width of Sampled.top_ids: the most alternatives any row asks for."""
         return max(0, int(self.n_logprobs.max())) if len(self) else 0
 
-    def plain_greedy(self) -> bool:
-        """Every row takes its top logit as it is: temperature 0, no penalty changes a logit, no logprobs."""
+    @cached_property
+    def _plain_greedy(self) -> bool:
         penalized = (self.count_rows >= 0) & ((self.presence != 0) | (self.frequency != 0))
         return bool(np.all(self.temperature == 0) and not penalized.any() and self.n_logprobs.max(initial=-1) < 0)
 
+    def plain_greedy(self) -> bool:
+        """Every row takes its top logit as it is: temperature 0, no penalty changes a logit, no logprobs."""
+        return self._plain_greedy
+
     @classmethod
     def greedy(cls, m: int) -> "SampleRows":
-        """m rows of plain argmax, no penalties, no logprobs."""
-        return cls.from_rows([{}] * m)
+        """m rows of plain argmax, no penalties, no logprobs (one shared read-only object per m)."""
+        return _greedy_rows(cls, m)
 
     @classmethod
     def from_rows(cls, rows) -> "SampleRows":
-        """From a list of dicts of per-row values; missing keys take the 'off' defaults."""
-        default = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "presence": 0.0,
-                   "frequency": 0.0, "uniform": 0.0, "count_rows": -1, "n_logprobs": -1}
-        unknown = {k for r in rows for k in r} - default.keys()
+        """From a list of dicts of per-row values; missing keys take the 'off' defaults. Rows that are all
+        plain greedy (_is_plain_greedy: what they sample is the argmax whatever their other fields say) give
+        greedy(len(rows)): a decode step builds no arrays."""
+        if all(_is_plain_greedy(r) for r in rows):
+            return cls.greedy(len(rows))
+        unknown = {k for r in rows for k in r} - _DEFAULTS.keys()
         if unknown:
             raise ValueError(f"unknown SampleRows fields {sorted(unknown)}")
-        return cls(**{k: np.array([r.get(k, d) for r in rows], dtype=_DTYPES[k]) for k, d in default.items()})
+        return cls(**{k: np.array([r.get(k, d) for r in rows], dtype=_DTYPES[k]) for k, d in _DEFAULTS.items()})
+
+
+_DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "presence": 0.0, "frequency": 0.0,
+             "uniform": 0.0, "count_rows": -1, "n_logprobs": -1}
+
+
+def _is_plain_greedy(row: dict) -> bool:
+    """A from_rows row that samples its argmax as it is: temperature 0 (top_k, top_p, min_p and the uniform
+    draw are then unused), no logprobs, and no penalty (no count row, or both penalties 0); only known
+    fields."""
+    if row.get("temperature", 0.0) != 0 or row.get("n_logprobs", -1) >= 0:
+        return False
+    if row.get("count_rows", -1) >= 0 and (row.get("presence", 0.0) != 0 or row.get("frequency", 0.0) != 0):
+        return False
+    return row.keys() <= _DEFAULTS.keys()
+
+
+@cache
+def _greedy_rows(cls, m: int) -> SampleRows:
+    rows = cls(**{k: np.full(m, d, dtype=_DTYPES[k]) for k, d in _DEFAULTS.items()})
+    for f in fields(rows):
+        getattr(rows, f.name).flags.writeable = False
+    return rows
 
 
 @dataclass

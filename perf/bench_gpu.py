@@ -279,6 +279,52 @@ def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_ste
     return rows
 
 
+def engine_rows(model_path, slots=(1, 4), n_tokens=256, rounds=2, backend="cuda"):
+    """(label, tok/s) of decoding through the whole engine (scheduler, sampling, token events, metrics:
+    what `serve` does per step), greedy, --spec off: `slots` concurrent requests of n_tokens each after a
+    64-token prompt, each read by its own thread as a server's would be; tok/s = the tokens that arrived
+    while every request was decoding (from the last first token to the first last token) / that time.
+    The difference from e2e_rows' decode is the engine's host work per step."""
+    import threading
+    from strata_lite.config import EngineConfig
+    from strata_lite.engine import Engine
+    from strata_lite.engine_events import TokenEvent
+    from strata_lite.sampling import SamplingParams
+    from strata_lite.sequence import Request
+
+    eng = Engine(EngineConfig(model=model_path, backend=backend, n_ctx=4096, parallel=max(slots), spec="off"))
+    eng.start()
+    if not eng.wait_ready(600):
+        raise RuntimeError(f"the engine did not start: {eng.load_error}")
+    rng = np.random.default_rng(3)
+    n_vocab = eng._runner.n_vocab
+    name = os.path.basename(model_path)
+
+    def one(rid, times):
+        prompt = tuple(int(t) for t in rng.integers(0, n_vocab, 64))
+        h = eng.submit(Request(rid, prompt, SamplingParams(temperature=0.0), max_tokens=n_tokens))
+        times.extend(time.perf_counter() for ev in h.events() if isinstance(ev, TokenEvent))
+
+    rows = []
+    try:
+        one("warm-up", [])
+        for r in range(rounds):
+            for n in slots:
+                times = [[] for _ in range(n)]
+                threads = [threading.Thread(target=one, args=(f"r{r}-{n}-{i}", times[i])) for i in range(n)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                t0, t1 = max(ts[0] for ts in times), min(ts[-1] for ts in times)
+                tag = f" round {r + 1}" if rounds > 1 else ""
+                rate = sum(t0 < t <= t1 for ts in times for t in ts) / (t1 - t0) if t1 > t0 else float("nan")
+                rows.append((f"{name} engine decode {n} slot{'s' if n > 1 else ''}{tag}", rate))
+    finally:
+        eng.stop()
+    return rows
+
+
 def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
     """What more tokens in a decode / verify step cost: (label, µs) rows of the split-K kernel against the
     dp4a kernel the launcher takes for more than SPLIT_K_AUTO_TOKENS tokens, on the 0.5B shape's down
@@ -468,6 +514,9 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", action="store_true",
                     help="only the synthetic models' decode at 4K (greedy ids from the step graph against a separate "
                          "argmax launch, alternating) and the step breakdown")
+    ap.add_argument("--engine", action="store_true",
+                    help="only the synthetic models' decode through the whole engine (scheduler, sampling, events) "
+                         "at 1 and 4 slots, beside the runner-level decode of the same file")
     ap.add_argument("--verify-cost", action="store_true",
                     help="only what 1-4 tokens of a step cost: split-K against dp4a on the 0.5B shape's down projection, "
                          "and its step graphs with split-K for several tokens or one")
@@ -506,6 +555,17 @@ def main(argv=None) -> int:
             print(f"{label:60s} {tps:9.0f}")
         print_breakdown(brows)
         write_json(args.json, be, e2e=erows, step_breakdown=brows)
+        return 0
+    if args.engine:
+        os.makedirs(args.models, exist_ok=True)
+        rows = []
+        for path in synth_models(args.models, args.quick):
+            rows += e2e_rows(path, contexts=(4096,), batches=(1, 4), n_pp=64)[1:]
+            rows += engine_rows(path)
+        print(f"\n{'decode, runner level (graph replay + greedy ids) and engine level':60s} {'tok/s':>9s}")
+        for label, tps in rows:
+            print(f"{label:60s} {tps:9.0f}")
+        write_json(args.json, be, engine=rows)
         return 0
     if args.verify_cost:
         os.makedirs(args.models, exist_ok=True)

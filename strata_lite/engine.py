@@ -71,6 +71,7 @@ class Engine(StepLoop):
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._slots: list[dict] = [idle_slot(i) for i in range(config.parallel)]
+        self._published = (None, 0.0)               # (who ran and waited, when): _publish
         self._avg_request_s: float | None = None
         self._runner = self._sched = None
         self._spec = SpecController(config.spec)

@@ -140,7 +140,7 @@ class TieredKV:
         disk_pages = dev[first_disk:first_disk + n_disk]
         self.kv.free(dev[first_disk + n_disk:])
         from_disk = n_disk * P - (self.lag if n_disk else 0)     # the re-read token is not reused
-        seq.node, seq.n_computed = anchor, usable + from_disk
+        seq.node, seq.n_computed, seq.n_shared_pages = anchor, usable + from_disk, anchor.end // P
         seq.pages = [p for n in anchor.path() for p in n.dev_pages] + ([dev[-1]] if usable > b else []) + disk_pages
         return Placement(cached, reused, restored, from_disk)
 
@@ -265,7 +265,7 @@ class TieredKV:
         else:
             assert len(seq.pages) == lo
         self.trie.unlock(seq.node)
-        seq.node, seq.pages = None, []
+        seq.node, seq.pages, seq.n_shared_pages = None, [], 0
 
     def _insert(self, seq, end: int, lock: bool) -> None:
         lo, hi = seq.node.end // self.P, -(-end // self.P)
@@ -276,7 +276,7 @@ class TieredKV:
         if lock:
             self.trie.lock(res.node)
             self.trie.unlock(seq.node)
-            seq.node = res.node
+            seq.node, seq.n_shared_pages = res.node, res.node.end // self.P
 
     # checks after a failure
     def audit(self, running=(), reserved=()) -> list[str]:

@@ -42,27 +42,29 @@ def build_plan(work: dict[Sequence, int], n_decode: int, drafts: dict | None = N
     drafts = drafts or {}
     seqs = list(work)
     n_tokens = [work[s] for s in seqs]
-    total = sum(n_tokens)
-    ids = np.empty(total, np.int32)
-    pos = np.empty(total, np.int32)
-    row_of = np.empty(total, np.int32)
     tables = np.zeros((len(seqs), max(len(s.pages) for s in seqs)), np.int32)
-    logit_rows, logit_seqs, at = [], [], 0
+    ids, pos, row_of, logit_rows, logit_seqs = [], [], [], [], []     # Python lists: a decode step's rows
+    at = 0                                                            # are a few, numpy calls cost more
     for row, (seq, n) in enumerate(zip(seqs, n_tokens)):
         start = seq.n_computed
         draft = drafts.get(seq)
-        ids[at:at + n] = seq.tokens[start:start + n] if draft is None else seq.tokens[start:] + list(draft)
-        pos[at:at + n] = np.arange(start, start + n, dtype=np.int32)
-        row_of[at:at + n] = row
-        tables[row, :len(seq.pages)] = seq.pages
+        if draft is None:
+            ids += seq.tokens[start:start + n]
+        else:
+            ids += seq.tokens[start:]
+            ids += draft
+        pos += range(start, start + n)
+        row_of += [row] * n
+        tables[row, :len(seq.pages)] = seq.page_row()
         if draft is not None:
-            logit_rows.extend(range(at, at + n))
-            logit_seqs.extend([seq] * n)
+            logit_rows += range(at, at + n)
+            logit_seqs += [seq] * n
         elif start + n == len(seq.tokens):
             logit_rows.append(at + n - 1)
             logit_seqs.append(seq)
         at += n
-    batch = Batch(ids, pos, row_of, tables, np.asarray(logit_rows, np.int64))
+    batch = Batch(np.array(ids, np.int32), np.array(pos, np.int32), np.array(row_of, np.int32), tables,
+                  np.array(logit_rows, np.int32))
     n_drafted = sum(len(d) for d in drafts.values())
-    return StepPlan(batch, seqs, n_tokens, logit_seqs, n_decode, total - n_decode - n_drafted, dict(drafts),
+    return StepPlan(batch, seqs, n_tokens, logit_seqs, n_decode, at - n_decode - n_drafted, dict(drafts),
                     n_drafted)

@@ -148,7 +148,7 @@ class StepGraphs:
             return False
         if batch.page_tables.shape[1] > self.max_pages or batch.max_pos > self.key_buckets[-1]:
             return False
-        return not self.logits or np.array_equal(batch.logit_rows, np.arange(n))
+        return not self.logits or batch.logit_rows.tolist() == list(range(n))     # a few rows: no numpy call
 
     def bucket(self, batch) -> tuple:
         """(tokens, keys) of the graph that replays a Batch that `accepts`."""
@@ -204,5 +204,5 @@ class StepGraphs:
         static.fill(self.cp, batch, inputs)
         graph.launch(self.cp.cuda.get_current_stream())
         if isinstance(outputs, tuple):
-            return tuple(o[:n] for o in outputs)
-        return outputs[:n]
+            return tuple(o if o.shape[0] == n else o[:n] for o in outputs)
+        return outputs if outputs.shape[0] == n else outputs[:n]

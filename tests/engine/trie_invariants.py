@@ -96,5 +96,7 @@ def check_contents(sched, hashes: bool = False) -> None:
 
 def check_scheduler(sched, contents: bool = True) -> None:
     check_ownership(sched)
+    for seq in sched.running:           # the converted page table the steps use (Sequence.page_row)
+        assert seq.page_row().tolist() == seq.pages, seq
     if contents:
         check_contents(sched)
