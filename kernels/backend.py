@@ -178,6 +178,8 @@ class Backend(ABC):
     # ----------------------------------------------------------------------------- optional services
     # A backend without them returns None and the engine uses its generic path.
     uses_scratch_page = False   # True: decode_graphs wants one KV page of its own for padded rows
+    queues_work = False         # True: a forward returns once its work is queued on the device (the engine
+                                # hands out the previous step's tokens while it runs)
 
     def kv_copier(self, dev_arrays, host_arrays):
         """A KVCopier (strata_lite/host_pool.py) between the device KV arrays (k_pages, k_scales, v_pages,

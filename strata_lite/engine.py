@@ -72,6 +72,7 @@ class Engine(StepLoop):
         self._thread: threading.Thread | None = None
         self._slots: list[dict] = [idle_slot(i) for i in range(config.parallel)]
         self._published = (None, 0.0)               # (who ran and waited, when): _publish
+        self._out: list[tuple] = []                  # the last step's tokens, not yet handed out (_hand_out)
         self._avg_request_s: float | None = None
         self._runner = self._sched = None
         self._spec = SpecController(config.spec)
@@ -244,6 +245,7 @@ class Engine(StepLoop):
                 self._step()
                 self._liveness.end()
             self._activity.tick()
+        self._hand_out()
 
     def _restart(self, error: Exception) -> None:
         """Fail every request in flight, take every sequence out of the scheduler, then check the page
@@ -252,6 +254,7 @@ class Engine(StepLoop):
         self.restarts += 1
         self._steps_at_restart = self._liveness.steps
         message = "the engine failed while serving this request (an internal error; the server log has the details)"
+        self._out = []
         for act in list(self._active.values()):
             act.handle._put(ErrorEvent(message))
             self._drop(act)

@@ -80,6 +80,7 @@ class StepLoop:
         except Exception as e:               # noqa: BLE001
             self._raise_if_device_fault(e)
             log.exception("planning a step failed")
+            self._hand_out()
             for seq in list(self._sched.running) + list(self._sched.waiting):
                 self._fail(self._active[seq.id], "the engine failed to schedule this request (an internal error; the server log has the details)")
             return
@@ -91,10 +92,17 @@ class StepLoop:
             with self._cond:
                 self._publish()
         if plan is None:
+            self._hand_out()
             self._unplaceable()
             return
         try:
             logits = self._runner.forward(plan.batch)
+        except Exception as e:               # noqa: BLE001
+            self._hand_out()
+            self._step_failed(e, plan)
+            return
+        self._hand_out()                     # the previous step's tokens, while the device computes this one
+        try:
             tokens, failed = self._sample_step(plan, logits)
             # a step that samples nothing (prompt chunks only) would otherwise return before the device ran
             # it, and its time would be charged to the next step (the scheduler's cost model and the
@@ -102,28 +110,51 @@ class StepLoop:
             self._runner.backend.synchronize()
             events = self._sched.complete_step(plan, tokens)
         except Exception as e:               # noqa: BLE001
-            self._raise_if_device_fault(e)
-            log.exception("a step failed")
-            self._abort_plan(plan, "the step failed (an internal error; the server log has the details)")
+            self._step_failed(e, plan)
             return
         slot_of = {seq.id: seq.slot for seq in plan.logit_seqs}   # complete_step frees the slots of finished ones
+        out = []
         for ev in events:
             act = self._active.get(ev.seq.id)
             if act is None or act.seq is not ev.seq:
                 continue                     # ended by an earlier token of this step (a stop string)
-            try:
-                if ev.seq.id in failed:
-                    raise RuntimeError(failed[ev.seq.id])
-                self._on_token(act, ev.token, ev.finish_reason, slot_of.get(ev.seq.id, ev.seq.slot), ev.row)
-            except Exception:           # noqa: BLE001
-                if ev.seq.id not in failed:
-                    log.exception("%s: handling its token failed", ev.seq.id)
-                self._fail(act, failed.get(ev.seq.id, "handling the token failed (an internal error; the server log has the details)"))
+            if ev.seq.id in failed:
+                self._fail(act, failed[ev.seq.id])
+                continue
+            act.used_uniform()
+            out.append((act, ev.token, ev.finish_reason, slot_of.get(ev.seq.id, ev.seq.slot),
+                        act.row_logprobs.get(ev.row, (None, None))))
+        self._out = out
         self._count_drafts()
         try:
             self._after_step(plan, time.perf_counter() - t0, self._runner.copier.restore_s - restore0)
         except Exception:                    # noqa: BLE001 - metrics and logs only: nobody's request ends
             log.exception("the bookkeeping after a step failed (metrics and /slots may lag)")
+        if not (self._sched.has_work and self._runner.backend.queues_work):
+            self._hand_out()                 # nothing to overlap (the CPU computes a forward in the call)
+
+    def _step_failed(self, e: Exception, plan) -> None:
+        self._raise_if_device_fault(e)
+        log.exception("a step failed")
+        self._abort_plan(plan, "the step failed (an internal error; the server log has the details)")
+
+    def _hand_out(self) -> None:
+        """The last completed step's tokens to their clients (token events, text, stop strings, metrics;
+        _on_token). On a backend that queues work (Backend.queues_work: CUDA) _step calls it right after
+        launching the next step's forward, so that this host work, and the wake-up of the threads that
+        stream the tokens, overlap the device's work instead of delaying the next launch; elsewhere at the
+        end of the step; and whenever no forward follows (idle, nothing placeable, a failure). A stop string
+        found here ends its request; the step already launched then computed one token more for it, which
+        is not handed out (its KV is kept with the sequence's other tokens)."""
+        out, self._out = self._out, []
+        for act, token, reason, slot, logprobs in out:
+            if self._active.get(act.handle.id) is not act:
+                continue                     # ended meanwhile (a stop string, a cancel, a failure)
+            try:
+                self._on_token(act, token, reason, slot, logprobs)
+            except Exception:           # noqa: BLE001
+                log.exception("%s: handling its token failed", act.handle.id)
+                self._fail(act, "handling the token failed (an internal error; the server log has the details)")
 
     def _after_step(self, plan, took: float, restore_s: float) -> None:
         self._activity.after_step(self._sched.running)
@@ -173,7 +204,8 @@ class StepLoop:
     def _sample(self, act: RequestState, sampled, i: int) -> int:
         return act.took(sampled, i)
 
-    def _on_token(self, act: RequestState, token: int, reason: str | None, slot: int, row: int = 0) -> None:
+    def _on_token(self, act: RequestState, token: int, reason: str | None, slot: int,
+                  logprobs: tuple = (None, None)) -> None:
         now, seq = self.clock(), act.seq
         if act.t_first is None:
             act.t_first = now
@@ -188,8 +220,8 @@ class StepLoop:
             if reason is None:
                 self._sched.finish(seq, "stop")
             reason = "stop"
-        logprob, top = act.row_logprobs.get(row, (None, None))
-        act.emitted()
+        logprob, top = logprobs
+        act.n_emitted += 1
         act.handle._put(TokenEvent(token, piece, logprob, top))
         if reason is not None:
             self._finish(act, reason)

@@ -290,9 +290,10 @@ class RequestState:
             self.row_logprobs[i] = (float(sampled.logprob[i]), top)
         return token
 
-    def emitted(self) -> None:
-        """One generated token went to the client: its uniform is used up."""
-        self.n_emitted += 1
+    def used_uniform(self) -> None:
+        """One generated token was kept (complete_step): its uniform is used up, so the next step's first row
+        takes the next draw (before the token's event goes out: the engine hands a step's tokens to the
+        client after it has launched the next step)."""
         if self._uniforms:
             self._uniforms.popleft()
 

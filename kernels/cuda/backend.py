@@ -28,6 +28,7 @@ ROPE_TABLE_MAX_BYTES = 64 << 20   # cos/sin tables (per freq_base, n_rot) above 
 class CudaBackend(Backend):
     name = "cuda"
     uses_scratch_page = True
+    queues_work = True
 
     def __init__(self, device: int = 0, vram_reserve_mib: int = 1024):
         cp = self.cp = cupy()

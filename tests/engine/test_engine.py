@@ -41,9 +41,13 @@ def _engine(model_path, **kw):
     return eng
 
 
-@pytest.fixture(scope="module")
-def engine(model_path):
+@pytest.fixture(scope="module", params=[False, True], ids=["hand-out-in-step", "hand-out-overlapped"])
+def engine(model_path, request):
+    """The engine as the CPU backend runs it (a step's tokens handed out at its end) and as a backend that
+    queues work runs it (handed out after the next step's forward is launched: Backend.queues_work, CUDA's
+    way), so every behaviour below is checked both ways on the CPU."""
     eng = _engine(model_path)
+    eng._runner.backend.queues_work = request.param
     yield eng
     eng.stop()
     assert eng.stopped.is_set()
@@ -111,6 +115,25 @@ def test_concurrent_submits_match_llm_generate(engine, llm):
         assert_same_greedy(llm, p, ids, want.token_ids)
         assert done.prompt_tokens == len(p) and done.finish_reason == want.finish_reason
     wait_idle(engine)
+
+
+def test_seeded_sampling_matches_llm_generate(engine, llm):
+    """Token k of a seeded request takes the k-th uniform of its generator whenever its event goes out
+    (RequestState.used_uniform): the same tokens as LLM.generate with the seed, two requests at once."""
+    prompts = [prompt_of(3, 12), prompt_of(4, 7)]
+    results = {}
+
+    def client(i):
+        results[i] = run(engine, prompts[i], max_tokens=16, temperature=0.9, top_k=40, seed=100 + i)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, p in enumerate(prompts):
+        want = llm.generate(p, max_tokens=16, temperature=0.9, top_k=40, seed=100 + i)
+        assert results[i][0] == want.token_ids
 
 
 def test_second_turn_reuses_the_first_turns_kv(engine, llm):
