@@ -158,10 +158,10 @@ class StepLoop:
 
     def _after_step(self, plan, took: float, restore_s: float) -> None:
         self._activity.after_step(self._sched.running)
-        td = self._sched.t_decode
-        if plan.n_decode and td and took > 1.5 * MAX_STEP_RATIO * td:
-            log.info("slow step: %.0f ms (%d decodes + %d prompt tokens; decode step %.0f ms, %.1f ms/prompt token)",
-                     took * 1e3, plan.n_decode, plan.n_read, td * 1e3, (self._sched.t_read_token or 0) * 1e3)
+        td, expected = self._sched.t_decode, self._sched.expected_step_s(plan)
+        if plan.n_decode and td and took > 1.5 * max(MAX_STEP_RATIO * td, expected):
+            log.info("slow step: %.0f ms (%d decodes + %d prompt tokens; decode step %.0f ms, expected %.0f ms)",
+                     took * 1e3, plan.n_decode, plan.n_read, td * 1e3, expected * 1e3)
         self._sched.observe_step(plan, took - restore_s)
         self._spec.observe_step(plan.n_tokens_total, plan.n_read, took - restore_s)
         self.metrics.step.observe(took)

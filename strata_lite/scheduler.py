@@ -22,6 +22,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
+import numpy as np
+
 from .kv_tiers import TieredKV
 from .prefix_trie import common_prefix
 from .sampling import InvalidRequest
@@ -61,7 +63,7 @@ class Scheduler:
         # no step takes more than max_step_ratio decode-only steps. Without decoders: step_tokens only.
         self.decode_share, self.max_step_ratio = decode_share, max_step_ratio
         self.t_decode: float | None = None       # EMA, seconds of a decode-only step
-        self.t_read_token: float | None = None   # EMA, extra seconds per prompt token in a step with decodes
+        self._reads: deque = deque(maxlen=self.READ_FIT)   # (prompt tokens, extra seconds) of mixed steps
         self.read_credit = 0.0                   # seconds of read time the decoders can still give
 
     # requests in and out
@@ -209,21 +211,62 @@ class Scheduler:
     # time budget
     PROBE_TOKENS = 4          # prompt tokens of the first mixed step, before their cost is known
     EMA = 0.2
+    READ_FIT = 8              # mixed steps the read-cost fit looks back on
 
     def _read_budget(self) -> int:
-        """Prompt tokens allowed next to the decodes: none until a decode-only step was timed, a probe
-        until a mixed one was, then what the read credit pays for, at most (max_step_ratio - 1) decode steps."""
+        """Prompt tokens allowed next to the decodes. None until a decode-only step was timed; then probes
+        (PROBE_TOKENS, then twice that once the decoders got the first probe's time back) until the
+        extra time of a mixed step is known as fixed + per-token cost (_read_cost); then the tokens the
+        read credit pays for, once it pays for at least `_read_chunk` of them (none before: a fixed
+        cost is best paid for many tokens at once)."""
         if self.t_decode is None:
             return 0
-        if self.t_read_token is None:
-            return self.PROBE_TOKENS
-        extra = min(self.read_credit, (self.max_step_ratio - 1) * self.t_decode)
-        if self.t_read_token <= 0:
-            return self.step_tokens
-        return max(0, int(extra / self.t_read_token))
+        cost = self._read_cost()
+        if cost is None:
+            if not self._reads:
+                return self.PROBE_TOKENS
+            return min(self.step_tokens, 2 * self._reads[-1][0]) if self.read_credit >= 0 else 0
+        fixed, per_token = cost
+        chunk = self._read_chunk(cost)
+        if self.read_credit < (fixed + per_token * chunk) * (1 - 1e-9):     # (the credit's cap is that cost)
+            return 0
+        return min(self.step_tokens, max(chunk, int((self.read_credit - fixed) / per_token)))
+
+    def _read_cost(self) -> tuple[float, float] | None:
+        """(fixed, per-token) seconds that a mixed step adds to a decode-only step: the least-squares line
+        through the last READ_FIT mixed steps' (prompt tokens, extra seconds), None until two of them
+        read different token counts. A CPU's cost is per token; a GPU's mixed step is an eager forward
+        (no captured graph) whose launches cost ~10 ms whatever the token count, against ~1 ms for a
+        decode step: priced per token, one token would cost more than any step may add, and the reader
+        would wait for the decoders to finish."""
+        if len({n for n, _ in self._reads}) < 2:
+            return None
+        n = np.array([r[0] for r in self._reads], np.float64)
+        t = np.array([r[1] for r in self._reads], np.float64)
+        per_token, fixed = np.polyfit(n, t, 1)
+        if fixed < 0:                      # no fixed part within the noise: all of it per token
+            fixed, per_token = 0.0, t.sum() / n.sum()
+        return float(fixed), max(float(per_token), 1e-9)
+
+    def _read_chunk(self, cost) -> int:
+        """The fewest prompt tokens worth a mixed step: enough that the per-token cost reaches the fixed one
+        (1 when there is none), at most what the readers still need and step_tokens."""
+        fixed, per_token = cost
+        pending = sum(s.n_pending for s in self.running if s.status is SeqStatus.READING)
+        return max(1, min(int(fixed / per_token), pending, self.step_tokens))
+
+    def expected_step_s(self, plan: StepPlan) -> float:
+        """What the time budget expects the step to take: a decode-only step plus its prompt tokens' cost
+        (_read_cost; 0 while unknown)."""
+        cost = self._read_cost() if plan.n_read else None
+        return (self.t_decode or 0.0) + (cost[0] + cost[1] * plan.n_read if cost else 0.0)
 
     def observe_step(self, plan: StepPlan, seconds: float) -> None:
-        """The engine's measure of one step (forward and sampling); feeds the time budget."""
+        """The engine's measure of one step (forward and sampling); feeds the time budget. The read credit
+        grows by decode_share's due each step with decoders and pays for the mixed steps' extra time; it
+        holds at most max_step_ratio - 1 decode steps, or a _read_chunk's cost where that is more (else
+        a fixed cost above the bound would never be paid: on a GPU a step reading a chunk then takes longer
+        than the bound, once every few dozen steps)."""
         if self.decode_share is None or not plan.n_decode:
             return
         ema = lambda old, x: x if old is None else old + self.EMA * (x - old)    # noqa: E731
@@ -234,10 +277,11 @@ class Scheduler:
             return
         else:
             extra = max(0.0, seconds - self.t_decode)
-            per = extra / plan.n_read          # a dearer token counts at once, a cheaper one slowly
-            self.t_read_token = per if self.t_read_token is None or per > self.t_read_token \
-                else ema(self.t_read_token, per)
+            self._reads.append((plan.n_read, extra))
         cap = (self.max_step_ratio - 1) * self.t_decode
+        cost = self._read_cost()
+        if cost is not None:
+            cap = max(cap, cost[0] + cost[1] * self._read_chunk(cost))
         self.read_credit = min(cap, self.read_credit + self.t_decode * (1 / self.decode_share - 1) - extra)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
