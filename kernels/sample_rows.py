@@ -94,13 +94,10 @@ _DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "presen
 
 def _is_plain_greedy(row: dict) -> bool:
     """A from_rows row that samples its argmax as it is: temperature 0 (top_k, top_p, min_p and the uniform
-    draw are then unused), no logprobs, and no penalty (no count row, or both penalties 0); only known
-    fields."""
-    if row.get("temperature", 0.0) != 0 or row.get("n_logprobs", -1) >= 0:
-        return False
-    if row.get("count_rows", -1) >= 0 and (row.get("presence", 0.0) != 0 or row.get("frequency", 0.0) != 0):
-        return False
-    return row.keys() <= _DEFAULTS.keys()
+    draw are then unused), no logprobs and no count row (a count row is kept, penalties or not: a backend
+    checks that it has the count table); only known fields."""
+    return (row.get("temperature", 0.0) == 0 and row.get("n_logprobs", -1) < 0 and row.get("count_rows", -1) < 0
+            and row.keys() <= _DEFAULTS.keys())
 
 
 @cache
