@@ -64,6 +64,7 @@ class Scheduler:
         self.decode_share, self.max_step_ratio = decode_share, max_step_ratio
         self.t_decode: float | None = None       # EMA, seconds of a decode-only step
         self._reads: deque = deque(maxlen=self.READ_FIT)   # (prompt tokens, extra seconds) of mixed steps
+        self._cost = None                        # (_read_cost's result,) for the reads above; None: not fitted
         self.read_credit = 0.0                   # seconds of read time the decoders can still give
 
     # requests in and out
@@ -119,7 +120,7 @@ class Scheduler:
         drafts = self._drafts(list(work)) if self.drafter is not None and work else {}
         for seq, draft in drafts.items():
             work[seq] = 1 + len(draft)
-        if n_decode and self.decode_share is not None:
+        if n_decode and self.decode_share is not None and any(s.status is SeqStatus.READING for s in self.running):
             budget = min(budget, self._read_budget())
         for seq in [s for s in self.running if s.status is SeqStatus.READING]:
             if budget <= 0:
@@ -239,6 +240,11 @@ class Scheduler:
         (no captured graph) whose launches cost ~10 ms whatever the token count, against ~1 ms for a
         decode step: priced per token, one token would cost more than any step may add, and the reader
         would wait for the decoders to finish."""
+        if self._cost is None:             # fitted again only after a step that read (observe_step)
+            self._cost = (self._fit_reads(),)
+        return self._cost[0]
+
+    def _fit_reads(self) -> tuple[float, float] | None:
         if len({n for n, _ in self._reads}) < 2:
             return None
         n = np.array([r[0] for r in self._reads], np.float64)
@@ -278,6 +284,7 @@ class Scheduler:
         else:
             extra = max(0.0, seconds - self.t_decode)
             self._reads.append((plan.n_read, extra))
+            self._cost = None
         cap = (self.max_step_ratio - 1) * self.t_decode
         cost = self._read_cost()
         if cost is not None:
