@@ -242,7 +242,7 @@ class MtpDrafter:
                     filled.append((seq, at + k - 1))
             elif k:
                 r = len(tables)
-                tables.append(seq.pages)
+                tables.append(seq.page_row())
                 rows.extend(range(at, at + k))
                 ids.extend(seq.tokens[start + 1:start + k + 1])
                 pos.extend(range(start, start + k))
@@ -353,7 +353,7 @@ class MtpDrafter:
             hidden = self._gather([state[s][1:] for s in live])
             idx = list(range(len(live)))
             out, logits = self._forward(hidden, idx, [drafts[s][0][-1] for s in live],
-                                        [s.n_computed + j - 1 for s in live], idx, [s.pages for s in live], idx)
+                                        [s.n_computed + j - 1 for s in live], idx, [s.page_row() for s in live], idx)
             for i, (s, (tok, p)) in enumerate(zip(live, self._argmax(logits))):
                 toks, conf = drafts[s]
                 toks.append(tok)
@@ -382,7 +382,7 @@ class MtpDrafter:
             rows = order[:sum(steps[s] >= j for s in order)]
             idx = list(range(len(rows)))
             ids = [drafts[s][0][-1] for s in rows] if j == 1 else [0] * len(rows)    # j > 1: from the device
-            batches.append(self._batch(ids, [s.n_computed + j - 1 for s in rows], idx, [s.pages for s in rows],
+            batches.append(self._batch(ids, [s.n_computed + j - 1 for s in rows], idx, [s.page_row() for s in rows],
                                        idx))
         if not all(self.chain_graphs.accepts(b) for b in batches):
             return False
