@@ -403,8 +403,34 @@ def _gather_int(k_pages, k_scales, page_tables, seq, g, kb, nk, Kq, Kst):
             Kst[gi, j] = 0.0
 
 
-def _make_kernel(prep, keys, qdtype):
-    """The attention kernel with one way to score keys (prep / keys above)."""
+_FLOAT_KEYS, _INT8_KEYS, _INT16_KEYS = range(3)     # how a kernel scores keys: the prep / keys pairs above
+
+
+@njit(inline="always")
+def _prep(kind, q, qscale, Qs, Qi, Qd, r):
+    if kind == _FLOAT_KEYS:
+        _prep_float(q, qscale, Qs, Qi, Qd, r)
+    elif kind == _INT8_KEYS:
+        _prep_int8(q, qscale, Qs, Qi, Qd, r)
+    else:
+        _prep_int16(q, qscale, Qs, Qi, Qd, r)
+
+
+@njit(inline="always")
+def _keys(kind, k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S):
+    if kind == _FLOAT_KEYS:
+        _keys_float(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S)
+    elif kind == _INT8_KEYS:
+        _keys_int8(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S)
+    else:
+        _keys_int16(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S)
+
+
+def _make_kernel(kind, qdtype):
+    """The attention kernel with one way to score keys (kind: _FLOAT_KEYS ..., the prep / keys pairs
+    above). The closure holds the kind as an int, not the functions: Numba's cache key hashes a closure's
+    pickled contents, and a jitted function pickles with an id new in every process, so the kernel was
+    compiled again by every process (~10 s before the first token, ~80 MiB of compiler state)."""
     @njit(cache=True, parallel=True, fastmath=_FM)
     def kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
                qscale, out, tstart, tend, n_split, items, counts,
@@ -453,7 +479,7 @@ def _make_kernel(prep, keys, qdtype):
                     for hh in range(G):
                         r = a * G + hh
                         rpos[r] = pos
-                        prep(q[t0 + a, g * G + hh], qscale, Qs, Qi, Qd, r)
+                        _prep(kind, q[t0 + a, g * G + hh], qscale, Qs, Qi, Qd, r)
                 for r in range(rows):
                     m_run[r] = _NEG
                     l_run[r] = 0.0
@@ -472,7 +498,7 @@ def _make_kernel(prep, keys, qdtype):
                     k_hi = min(kmax, k_lo + _CHUNK_KEYS)
                     for kb in range(k_lo, k_hi, _BK):
                         nk = min(_BK, k_hi - kb)
-                        keys(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S)
+                        _keys(kind, k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S)
                         _dequant_rows(v_pages, v_scales, page_tables, seq, g, kb, nk, Vb)
                         for r in range(rows):
                             nvalid = min(nk, rpos[r] + 1 - kb)
@@ -532,9 +558,9 @@ def _make_kernel(prep, keys, qdtype):
     return kernel
 
 
-_KERNELS = {"float": _make_kernel(_prep_float, _keys_float, np.int8),
-            "int8": _make_kernel(_prep_int8, _keys_int8, np.int8),
-            "int16": _make_kernel(_prep_int16, _keys_int16, np.int16)}
+_KERNELS = {"float": _make_kernel(_FLOAT_KEYS, np.int8),
+            "int8": _make_kernel(_INT8_KEYS, np.int8),
+            "int16": _make_kernel(_INT16_KEYS, np.int16)}
 
 
 @njit(cache=True)
