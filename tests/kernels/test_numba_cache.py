@@ -1,0 +1,33 @@
+"""Every CPU kernel a generation runs is loaded from Numba's on-disk cache by a later process, not compiled
+again: a kernel that misses costs every process its compile time before the first token and its compiler
+state in RSS (the CPU attention kernel did: its factory's closure held jitted functions, whose pickled
+form, part of Numba's cache key, changes per process)."""
+import os
+import subprocess
+import sys
+
+from tiny_model import write_tiny_model
+
+SCRIPT = """
+import sys
+from strata_lite import LLM
+llm = LLM(sys.argv[1], backend="cpu", n_ctx=256)
+llm.generate(list(range(3, 40)), max_tokens=4)
+llm.generate(list(range(3, 12)), max_tokens=3, temperature=0.8, top_k=20, seed=1)
+"""
+
+
+def _saved(model) -> list[str]:
+    env = dict(os.environ, NUMBA_DEBUG_CACHE="1")
+    env.pop("NUMBA_DISABLE_JIT", None)
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(model)], env=env, capture_output=True, text=True,
+                         timeout=1800)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [line for line in out.stdout.splitlines() + out.stderr.splitlines() if "data saved" in line]
+
+
+def test_a_second_process_compiles_nothing(tmp_path):
+    model = write_tiny_model(tmp_path / "tiny-cache.gguf", arch="qwen2", n_embd=64, n_ff=128, n_heads=4,
+                             n_kv_heads=2)
+    _saved(model)                        # the first process compiles what earlier tests did not
+    assert _saved(model) == []
