@@ -172,13 +172,18 @@ class StepLoop:
         """One backend sampling call for every logit row (a sequence verifying a draft has one per drafted
         token and one more), then each request takes its tokens (and logprobs); a request failing there
         gets token 0 (appended but never computed: the KV stays clean) and an error message in the
-        returned dict. The taken tokens are counted for the penalties (whose requests never draft)."""
-        acts = [self._active[seq.id] for seq in plan.logit_seqs]
+        returned dict. The taken tokens are counted for the penalties (whose requests never draft). A
+        sequence whose request ended while the step ran (a stop string found at _hand_out) takes its
+        greedy token, which complete_step keeps with the sequence and nobody hands out."""
+        acts = [self._active.get(seq.id) for seq in plan.logit_seqs]
         if not acts:
             return [], {}
         local: dict[int, int] = {}
         rows = []
         for act in acts:
+            if act is None:
+                rows.append({})
+                continue
             i = local.get(id(act), 0)
             local[id(act)] = i + 1
             if i == 0:
@@ -187,13 +192,16 @@ class StepLoop:
         sampled = self._runner.sample(logits, SampleRows.from_rows(rows))
         tokens, failed = [], {}
         for i, act in enumerate(acts):
+            if act is None:
+                tokens.append(int(sampled.ids[i]))
+                continue
             try:
                 tokens.append(self._sample(act, sampled, i))
             except Exception:           # noqa: BLE001
                 log.exception("%s: sampling failed", act.handle.id)
                 failed[act.handle.id] = "sampling failed (an internal error; the server log has the details)"
                 tokens.append(0)
-        self._runner.add_counts([-1 if a.handle.id in failed else a.count_row for a in acts], tokens)
+        self._runner.add_counts([-1 if a is None or a.handle.id in failed else a.count_row for a in acts], tokens)
         return tokens, failed
 
     def _count_drafts(self) -> None:
@@ -267,7 +275,11 @@ class StepLoop:
         restarts it. TODO: a Scheduler.abort_step(plan) instead of clearing its open plan here."""
         self._sched._open = None
         for seq in plan.seqs:
-            self._fail(self._active[seq.id], message)
+            act = self._active.get(seq.id)
+            if act is not None:
+                self._fail(act, message)
+            elif seq.status is not SeqStatus.FINISHED:     # its request ended while the step ran (_hand_out)
+                self._sched.finish(seq, seq.pending_finish or "error")
         problems = self._sched.tiers.audit(self._sched.running, self._reserved_pages())
         if problems:
             raise RuntimeError(f"the KV accounting is wrong after a failed step: {'; '.join(problems)}")

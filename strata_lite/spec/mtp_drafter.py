@@ -238,7 +238,7 @@ class MtpDrafter:
             end = min(seq.n_computed, len(seq.tokens) - 1)         # row i needs the token at i + 1
             k = max(0, min(end - start, n))
             if k and greedy is not None and np.array_equal(greedy[at:at + k], seq.tokens[start + 1:start + k + 1]):
-                if start + k == len(seq.tokens) - 1 and seq.spec is not None:
+                if start + k == len(seq.tokens) - 1 and _drafts_on(seq):
                     filled.append((seq, at + k - 1))
             elif k:
                 r = len(tables)
@@ -247,7 +247,7 @@ class MtpDrafter:
                 ids.extend(seq.tokens[start + 1:start + k + 1])
                 pos.extend(range(start, start + k))
                 seq_of.extend([r] * k)
-                if start + k == len(seq.tokens) - 1 and seq.spec is not None:    # the pending token is known
+                if start + k == len(seq.tokens) - 1 and _drafts_on(seq):    # the pending token is known
                     first_rows.append(len(ids) - 1)
                     first_seqs.append(seq)
             at += n
@@ -424,6 +424,12 @@ class MtpDrafter:
 
     def forget(self, seq) -> None:
         self.first.pop(seq, None)
+
+
+def _drafts_on(seq) -> bool:
+    """Whether seq may draft after this step: it drafts at all, and nothing ended it while the step ran (a
+    cancel, or a stop string found while the step was in flight: its first-draft entry would outlive it)."""
+    return seq.spec is not None and not seq.pending_finish
 
 
 class _First(NamedTuple):

@@ -195,8 +195,13 @@ def test_stop_string(engine, llm):
     stop = full.text[len(full.text) // 2:len(full.text) // 2 + 2]
     want = llm.generate(p, max_tokens=24, stop=[stop])
     assert want.finish_reason == "stop"
+    restarts = engine.restarts
     _, done = run(engine, p, max_tokens=24, stop=(stop,))
     assert done.finish_reason == "stop" and done.text == want.text and stop not in done.text
+    deadline = time.monotonic() + 30                 # the step in flight when the stop was found ends cleanly
+    while engine._sched.has_work and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.restarts == restarts and not engine._sched.running
 
 
 def test_max_tokens_and_n_ctx_limit(engine, llm):

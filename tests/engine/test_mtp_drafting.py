@@ -5,6 +5,7 @@ a sidecar block drafts like the embedded one, `--spec mtp` without a block fails
 rigged to propose the model's own continuation gets its drafts accepted and emitted."""
 import argparse
 import random
+import time
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from strata_lite.loader.gguf_file import GGUFFile
 from strata_lite.loader.mtp import write_mtp_file
 from strata_lite.models.mtp import MtpHead
 from strata_lite.runner import ModelRunner, load_model
+from strata_lite.sampling import SamplingParams
 from strata_lite.scheduler import Scheduler
 from strata_lite.sequence import Request
 from strata_lite.spec import SpecController
@@ -721,3 +723,28 @@ def test_mtp_layer_rows_follow_their_tokens_through_trie_parking_and_drafts(seed
     for r, seq in zip(reqs, seqs):
         n = min(r.max_tokens, sched.max_seq_len - len(r.prompt_ids))
         assert seq.generated == reference_generation(list(r.prompt_ids), n)
+
+
+def test_stop_string_found_at_hand_out_leaves_no_draft_state(files, off_engine):
+    """With the tokens handed out after the next step is launched (Backend.queues_work, CUDA's way), a stop
+    string ends the request while a step that drafts for it is in flight: the text is the same as without
+    drafting, and the drafter keeps nothing of the ended sequence."""
+    ref = _run_all(off_engine, [PROMPTS[1]], "stop-ref-", max_tokens=24)[0][2]
+    stop = ref[len(ref) // 2:len(ref) // 2 + 2]
+    assert stop, ref
+    on = _engine(files["embedded"], "mtp")
+    try:
+        on._runner.backend.queues_work = True
+        on._spec.width = 4
+        h = on.submit(Request("stop-mtp", tuple(PROMPTS[1]), SamplingParams(stop=(stop,)), max_tokens=24))
+        done = list(h.events(timeout=120))[-1]
+        assert isinstance(done, DoneEvent) and done.finish_reason == "stop"
+        assert done.text == ref[:ref.index(stop)]
+        deadline = time.monotonic() + 30
+        while on._sched.has_work and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not on._runner.mtp.first
+        assert on.restarts == 0 and not on._sched.running
+        assert on._sched.tiers.audit(on._sched.running, on._reserved_pages()) == []
+    finally:
+        on.stop()
