@@ -22,6 +22,7 @@ from .sequence import SeqStatus
 
 log = logging.getLogger("strata_lite")
 MAX_STEP_RATIO = 3.0     # with the time budget on, no step takes longer than this many decode-only steps
+                         # (or what the fixed cost of a step that reads takes, where that is more)
 PUBLISH_S = 0.05         # /slots and the gauges: refreshed when who runs or waits changes, else at most this often
 
 

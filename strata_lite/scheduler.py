@@ -60,7 +60,8 @@ class Scheduler:
                              decode_tokens=0, drafted_tokens=0, prompt_tokens_computed=0)
         # Time budget for reads while sequences decode (off when decode_share is None): the engine reports
         # every step's seconds (observe_step); decoders keep decode_share of their decode-only speed and
-        # no step takes more than max_step_ratio decode-only steps. Without decoders: step_tokens only.
+        # no step takes more than max_step_ratio decode-only steps, unless the fixed cost of a step that
+        # reads is more than that (a GPU's eager forward: _read_cost). Without decoders: step_tokens only.
         self.decode_share, self.max_step_ratio = decode_share, max_step_ratio
         self.t_decode: float | None = None       # EMA, seconds of a decode-only step
         self._reads: deque = deque(maxlen=self.READ_FIT)   # (prompt tokens, extra seconds) of mixed steps
