@@ -8,7 +8,7 @@ from ..backend import Backend
 from ..kv_layout import kv_shapes
 from .act_quant import activation_format
 from .attention import attention_nocheck, kv_store
-from .dequant import dequantize
+from .dequant import check_raw, dequantize, dequantize_into_serial
 from .isa import int8_enabled, kernel_family, log_kernel_family
 from .elementwise import add, rmsnorm, rope, silu_mul
 from .qmatmul import qmatmul_packed
@@ -22,6 +22,8 @@ from .sampling import add_counts, sample
 GLU_ROWS = 64
 # residual adds of up to this many rows (decode steps) go straight to numpy: single-threaded, ~1 us at one token
 DIRECT_ADD_ROWS = 8
+# token embeddings of up to this many rows (decode and verify steps) are dequantized on the calling thread
+EMBED_SERIAL_ROWS = 8
 
 
 class _Raw:
@@ -109,7 +111,16 @@ class CpuBackend(Backend):
         return act
 
     def embed(self, w, token_ids):
-        return dequantize(w.qtype, np.asarray(w.raw[token_ids]), w.n_in)
+        """Rows of the token embedding as float32. A decode step's few rows are dequantized on the calling
+        thread: waking the thread pool for one row cost ~140 µs a step on the default model, the row itself
+        a few µs."""
+        raw = np.asarray(w.raw[token_ids])
+        if len(raw) > EMBED_SERIAL_ROWS:
+            return dequantize(w.qtype, raw, w.n_in)
+        qtype, raw = check_raw(w.qtype, raw, w.n_in)
+        out = np.empty((raw.shape[0], w.n_in), np.float32)
+        dequantize_into_serial(qtype, raw, out)
+        return out
 
     def qmatmul(self, w, x, out=None):
         if type(w) is not PackedWeight or not w.final:
