@@ -6,6 +6,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+from gguf import GGMLQuantizationType as QT
+
 from tiny_model import write_tiny_model
 
 SCRIPT = """
@@ -26,8 +29,17 @@ def _saved(model) -> list[str]:
     return [line for line in out.stdout.splitlines() + out.stderr.splitlines() if "data saved" in line]
 
 
-def test_a_second_process_compiles_nothing(tmp_path):
-    model = write_tiny_model(tmp_path / "tiny-cache.gguf", arch="qwen2", n_embd=64, n_ff=128, n_heads=4,
-                             n_kv_heads=2)
+MODELS = {
+    "q8_0": dict(n_embd=64, n_ff=128),
+    # the int8 layouts of the K-quants and IQ3_XXS, the 4-row interleaved Q5_0 (256-weight rows at least)
+    "mix": dict(n_embd=256, n_ff=512, qtype=QT.Q4_K,
+                qtype_of={"attn_q": QT.Q5_0, "attn_v": QT.Q6_K, "ffn_down": QT.IQ3_XXS, "ffn_up": QT.Q5_K}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_second_process_compiles_nothing(tmp_path, name):
+    model = write_tiny_model(tmp_path / f"tiny-cache-{name}.gguf", arch="qwen2", n_heads=4, n_kv_heads=2,
+                             **MODELS[name])
     _saved(model)                        # the first process compiles what earlier tests did not
     assert _saved(model) == []
