@@ -7,7 +7,8 @@ is the kernel's time without Python launch overhead. Bytes moved = weight bytes 
 activations + outputs (matmuls), K/V bytes + scales (attention).
 End to end: decode steps are the captured graphs (one replay per step) plus greedy sampling, at batch 1 and 4
 with every sequence at context 4K or 32K (the KV pages hold whatever is there: the work does not depend on it);
-prompt = one eager forward of 512 tokens. Then where a batch-1 decode step's time goes (step_breakdown).
+prompt = one eager forward of 512 tokens; then the same decode through the whole engine, 1 and 4 requests
+(engine_rows). Then where a batch-1 decode step's time goes (step_breakdown).
 
 Prompt mat-muls: 512 tokens of rounded activations through the dp4a kernel and the tensor-core kernel
 (both give the same bits), TFLOP/s = 2 * rows * columns * tokens / time, beside llama.cpp's on the card.
@@ -590,6 +591,7 @@ def main(argv=None) -> int:
     for path in synth_models(args.models, args.quick):
         erows += e2e_rows(path)
         brows.append(step_breakdown(path))
+        erows += engine_rows(path, rounds=1)
     print(f"\n{be.describe()}; copy bandwidth {copy_bw / 1e9:,.0f} GB/s (read + write)")
     print(f"{'kernel':48s} {'us':>9s} {'GB/s':>8s} {'of copy bw':>10s}")
     for label, us, gbs, frac in krows:
