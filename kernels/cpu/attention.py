@@ -430,7 +430,7 @@ def _make_kernel(kind, qdtype):
     """The attention kernel with one way to score keys (kind: _FLOAT_KEYS ..., the prep / keys pairs
     above). The closure holds the kind as an int, not the functions: Numba's cache key hashes a closure's
     pickled contents, and a jitted function pickles with an id new in every process, so the kernel was
-    compiled again by every process (~10 s before the first token, ~80 MiB of compiler state)."""
+    compiled again by every process (~10 s before the first token, ~60 MiB of compiler state kept)."""
     @njit(cache=True, parallel=True, fastmath=_FM)
     def kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
                qscale, out, tstart, tend, n_split, items, counts,

@@ -8,7 +8,7 @@ from ..backend import Backend
 from ..kv_layout import kv_shapes
 from .act_quant import activation_format
 from .attention import attention_nocheck, kv_store
-from .dequant import check_raw, dequantize, dequantize_into_serial
+from .dequant import dequantize
 from .isa import int8_enabled, kernel_family, log_kernel_family
 from .elementwise import add, rmsnorm, rope, silu_mul
 from .qmatmul import qmatmul_packed
@@ -115,12 +115,7 @@ class CpuBackend(Backend):
         thread: waking the thread pool for one row cost ~140 µs a step on the default model, the row itself
         a few µs."""
         raw = np.asarray(w.raw[token_ids])
-        if len(raw) > EMBED_SERIAL_ROWS:
-            return dequantize(w.qtype, raw, w.n_in)
-        qtype, raw = check_raw(w.qtype, raw, w.n_in)
-        out = np.empty((raw.shape[0], w.n_in), np.float32)
-        dequantize_into_serial(qtype, raw, out)
-        return out
+        return dequantize(w.qtype, raw, w.n_in, serial=len(raw) <= EMBED_SERIAL_ROWS)
 
     def qmatmul(self, w, x, out=None):
         if type(w) is not PackedWeight or not w.final:

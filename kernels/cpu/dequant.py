@@ -328,9 +328,10 @@ def dequantize_into(qtype: QType, raw: np.ndarray, out: np.ndarray) -> None:
         raise AssertionError(qtype)
 
 
-def dequantize(qtype, raw: np.ndarray, n_cols: int) -> np.ndarray:
-    """Rows of GGML blocks (uint8 (n_rows, row_nbytes)) -> float32 (n_rows, n_cols), bit-exact vs gguf."""
+def dequantize(qtype, raw: np.ndarray, n_cols: int, serial: bool = False) -> np.ndarray:
+    """Rows of GGML blocks (uint8 (n_rows, row_nbytes)) -> float32 (n_rows, n_cols), bit-exact vs gguf;
+    serial: on the calling thread (dequantize_into_serial: the same values)."""
     qtype, raw = check_raw(qtype, raw, n_cols)
     out = np.empty((raw.shape[0], n_cols), dtype=np.float32)
-    dequantize_into(qtype, raw, out)
+    (dequantize_into_serial if serial else dequantize_into)(qtype, raw, out)
     return out
