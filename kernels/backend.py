@@ -187,11 +187,12 @@ class Backend(ABC):
         return None
 
     def decode_graphs(self, forward, max_pages: int, max_keys: int, scratch_page: int, logits: bool = True,
-                      row_inputs: tuple = ()):
+                      row_inputs: tuple = (), max_seqs: int = 1, max_tokens: int = 16):
         """Captured decode steps (kernels/cuda/graphs.py: accepts(batch), run(batch, *inputs) -> device
         logits) for forward(batch, *inputs) -> device logits (or a tuple of per-token arrays; logits=False: a
         forward of batches without logit rows; row_inputs: widths of per-token float32 inputs beside the
-        batch), or None where the backend does not capture."""
+        batch; max_seqs / max_tokens: the sequences and tokens a step of the caller may have, which bound the
+        token counts captured), or None where the backend does not capture."""
         return None
 
     def synchronize(self) -> None:

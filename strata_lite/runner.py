@@ -105,16 +105,18 @@ def step_forward(backend, model, kv):
     return forward
 
 
-def capture_step_graphs(backend, model, kv, mtp, n_ctx: int, scratch_page: int):
+def capture_step_graphs(backend, model, kv, mtp, n_ctx: int, scratch_page: int, max_seqs: int = 1,
+                        max_tokens: int = 16):
     """The backend's captured decode / verify steps (kernels/cuda/graphs.py) for model's forward over kv at
     positions < n_ctx: each returns (logits, step results (step_results.py: every row's greedy id), ...);
     with an MTP drafter (mtp) its step_forward (also the block's KV rows and first draft tokens, then the
     hidden states and block outputs), and the drafter's own block forwards (MtpDrafter.capture); None where
     the backend does not capture. Padded rows of a graph read and write only scratch_page, a page no
-    sequence ever gets."""
+    sequence ever gets. max_seqs / max_tokens: the sequences and tokens a step may have (the step graphs'
+    token counts follow them; the drafter's own graphs keep the backend's default)."""
     limits = dict(max_pages=math.ceil(n_ctx / kv.page_size), max_keys=n_ctx, scratch_page=scratch_page)
     forward = step_forward(backend, model, kv) if mtp is None else mtp.step_forward()
-    graphs = backend.decode_graphs(forward, **limits)
+    graphs = backend.decode_graphs(forward, **limits, max_seqs=max_seqs, max_tokens=max_tokens)
     if mtp is not None:
         mtp.capture(lambda forward, **kw: backend.decode_graphs(forward, **limits, **kw))
     return graphs
@@ -154,7 +156,8 @@ class ModelRunner:
         # decode and verify steps replayed as captured graphs where the backend captures them; padded rows
         # of a graph's token-count bucket read and write only the scratch page, which no sequence ever gets
         self.scratch_page = self.kv.alloc(1)[0] if scratch else -1
-        self.graphs = capture_step_graphs(self.backend, self.model, self.kv, self.mtp, n_ctx, self.scratch_page)
+        self.graphs = capture_step_graphs(self.backend, self.model, self.kv, self.mtp, n_ctx, self.scratch_page,
+                                          max_seqs, max_step_tokens)
         self.step_results = None      # StepResults of the last forward when a captured step ran it
         self.counts = self.backend.token_counts(count_rows, cfg.n_vocab) if count_rows else None
         self._free_count_rows = list(range(count_rows - 1, -1, -1))

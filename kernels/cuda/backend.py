@@ -251,11 +251,13 @@ class CudaBackend(Backend):
         from .kv_copy import CudaKVCopier
         return CudaKVCopier(dev_arrays, host_arrays)
 
-    def decode_graphs(self, forward, max_pages, max_keys, scratch_page, logits=True, row_inputs=()):
+    def decode_graphs(self, forward, max_pages, max_keys, scratch_page, logits=True, row_inputs=(), max_seqs=1,
+                      max_tokens=16):
         if os.environ.get("STRATA_LITE_CUDA_GRAPHS", "1") == "0":
             return None
-        from .graphs import StepGraphs
-        return StepGraphs(forward, max_pages, max_keys, scratch_page, logits=logits, row_inputs=row_inputs)
+        from .graphs import StepGraphs, step_buckets
+        return StepGraphs(forward, max_pages, max_keys, scratch_page, buckets=step_buckets(max_seqs, max_tokens),
+                          logits=logits, row_inputs=row_inputs)
 
     def is_fault(self, exc):
         """Every CUDA runtime / driver error: CuPy raises them for faults of earlier kernels too, and the

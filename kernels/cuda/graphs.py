@@ -73,6 +73,23 @@ class _StaticBatch:
 KEY_BUCKET_MIN = 4096      # the smallest key count a graph is captured for
 
 
+BASE_BUCKETS = (1, 2, 4, 8, 16)
+MAX_BUCKET = 64
+
+
+def step_buckets(max_seqs: int, max_tokens: int) -> tuple:
+    """Token-count buckets captured for an engine of max_seqs sequences whose steps take at most max_tokens
+    tokens (CudaBackend.decode_graphs): BASE_BUCKETS, then 32 and 64 where that many sequences decode together (a step of 17-64 tokens
+    otherwise runs eagerly: ~10 ms of launches on the 8B shape, and 2.8x slower than a 16-token graph on the
+    0.5B shape, perf/kernel_notes.md); none above max_tokens (the workspaces) or MAX_BUCKET (from there a step
+    is prompt-sized: the launches no longer dominate)."""
+    out, b = list(BASE_BUCKETS), BASE_BUCKETS[-1]
+    while b < min(int(max_seqs), MAX_BUCKET) and 2 * b <= int(max_tokens):
+        b *= 2
+        out.append(b)
+    return tuple(out)
+
+
 def key_buckets(max_keys: int) -> tuple:
     """Key counts graphs are captured for: KEY_BUCKET_MIN, 4x that, ... below max_keys, then max_keys."""
     out, k = [], KEY_BUCKET_MIN
@@ -92,7 +109,7 @@ class StepGraphs:
     (an MTP block's hidden states), passed to forward as static arrays of (bucket, width) and copied in by
     run(batch, *arrays)."""
 
-    def __init__(self, forward, max_pages: int, max_keys: int, scratch_page: int, buckets=(1, 2, 4, 8, 16),
+    def __init__(self, forward, max_pages: int, max_keys: int, scratch_page: int, buckets=BASE_BUCKETS,
                  programmatic: bool | None = None, logits: bool = True, row_inputs: tuple = ()):
         self.cp = cp = cupy()
         # programmatic dependent launches in the captures: None = where the device supports them

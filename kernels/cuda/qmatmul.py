@@ -65,6 +65,24 @@ SPLIT_K_AUTO_TOKENS = 4
 SPLIT_K_MAX_ROWS = 2048
 SPLIT_K_MIN_ROUNDS = 5
 SPLIT_K_SMEM = 48 * 1024
+# Small token counts on the tensor cores: kernels mmqs[glu]_<type>_w<NK> of qmatmul_mma.cu, built for SMALL_TYPES
+# (a CTA takes 32 rows by SMALL_TILE tokens; its NK warps split the rows' unit groups, so the weights are read
+# once per 16 tokens with several units in flight per warp). H200 (2026-12-04, kernel_notes.md), µs at 16
+# tokens, dp4a / mmq narrow / small 4 warps / 8 warps: Q4_K 4096x14336 85.2 / 110.2 / 92.1 / 51.7, 4096x4096
+# 22.6 / 32.0 / 24.9 / 18.2, gate+up 4096x2x14336 156.1 / 130.0 / 110.9 / 104.0; at 24 tokens (two tiles)
+# gate+up 230.8 / 123.4 / 152.5 / 168.5. The other types measured slower than dp4a there (IQ3_XXS gate+up
+# 114.3 dp4a / 128.8, Q6_K 14336x4096 104.1 / 184.8, Q8_0 82.4 / 119.6). So small_variant: SMALL_TYPES from
+# SMALL_MIN_TOKENS tokens, 8 warps up to 32 tokens, 4 beyond; and from NARROW_MIN_TOKENS tokens (every type)
+# mmq's narrow variant where its grid has at least NARROW_MIN_CTAS CTAs (the wide matrices: gate+up 4096 x 2 x
+# 14336 at 24 tokens 123.4 against dp4a 230.8, Q6_K 4096x32000 252.5 / 278.3, Q8_0 896x151936 167.8 / 237.6;
+# smaller grids lose: IQ3_XXS 4096x6144 (192 CTAs) 54.8 / 38.5, 14336x4096 (128) 171.5 / 85.1).
+SMALL_TILE = 16
+SMALL_TYPES = frozenset({QType.Q4_K, QType.Q5_K})
+SMALL_WARPS = (4, 8)
+SMALL_MIN_TOKENS = 9
+SMALL_WIDE_MAX_TOKENS = 32
+NARROW_MIN_TOKENS = 24
+NARROW_MIN_CTAS = 896
 
 # perf/bench_gpu.py --explore: a build of qmatmul.cu with more (tile, RW, G) candidates
 BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",)}
@@ -143,9 +161,9 @@ def act_format(qtype) -> str | None:
 
 
 def _keeps_tiles(max_tokens: int, tiles: bool | None) -> bool:
-    """Whether ActBuffers keep the tensor-core copy: as `tiles` says, else from MMA_MIN_TOKENS tokens (below
-    it no launch takes that kernel)."""
-    return int(max_tokens) >= MMA_MIN_TOKENS if tiles is None else bool(tiles)
+    """Whether ActBuffers keep the tensor-core copy: as `tiles` says, else from NARROW_MIN_TOKENS tokens (below
+    it no launch takes mmq; small_variant)."""
+    return int(max_tokens) >= NARROW_MIN_TOKENS if tiles is None else bool(tiles)
 
 
 def act_buffers_nbytes(max_tokens: int, max_n_in: int, tiles: bool | None = None) -> int:
@@ -305,15 +323,28 @@ def _out_args(w: DeviceWeight, n: int, out, bias, accumulate: bool, glu: bool) -
     return (*ys, np.int32(c1), np.int32(c2), np.uint64(0) if bias is None else bias, np.int32(bool(accumulate)))
 
 
+def small_variant(qtype, n_out: int, n_tok: int, glu: bool = False):
+    """Below MMA_MIN_TOKENS: ("small", NK) for the small-token tensor-core kernel, ("mma", MMA_NARROW) for
+    mmq's narrow variant, or None (the dp4a kernel), as measured (SMALL_TYPES' comment)."""
+    if not SMALL_MIN_TOKENS <= n_tok < MMA_MIN_TOKENS:
+        return None
+    if n_tok >= NARROW_MIN_TOKENS and cdiv(n_out // 2 if glu else n_out, mma_rows(glu)) >= NARROW_MIN_CTAS:
+        return "mma", MMA_NARROW
+    if QType(int(qtype)) in SMALL_TYPES:
+        return "small", SMALL_WARPS[1] if n_tok <= SMALL_WIDE_MAX_TOKENS else SMALL_WARPS[0]
+    return None
+
+
 def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=None, bias=None,
                         accumulate: bool = False, glu: bool = False, variant=None, build: str = "default",
-                        tiles: ActBuffers | None = None) -> None:
+                        tiles: ActBuffers | None = None, small: int | None = None) -> None:
     """out = x @ W.T from x already quantized to act_format(w.qtype): xq (n, w.n_in) int8 (16-byte
     aligned), xd (n, w.n_in / XBLOCK) float32. out: (n, w.n_out) float32, or a list of arrays splitting
     the rows (see _out_args); bias (n_out,) is added, accumulate adds to what out holds (residual); glu:
     W holds gate rows then up rows and out (n, n_out / 2) gets silu(gate) * up.
-    kernel: "auto" (tensor_core_variant decides), "dp4a" or "mma" (tests and benchmarks compare them: the
-    results are the same bits); mma: the tensor-core kernel's variant, one of MMA_VARIANTS (None: as
+    kernel: "auto" (tensor_core_variant decides), "dp4a", "mma" or "small" (tests and benchmarks compare them:
+    the results are the same bits); small: the small-token tensor-core kernel's warps (SMALL_WARPS; None: the
+    first); mma: the tensor-core kernel's variant, one of MMA_VARIANTS (None: as
     tensor_core_variant says, else MMA_NARROW); variant (benchmarks): the dp4a kernel's (tile, RW, G), from the kernels of
     `build` (BUILDS), or "sk" for the split-K kernel (up to SPLIT_K_MAX_TOKENS tokens; split_k says when
     "auto" takes it). tiles: the ActBuffers whose tiles() take the tensor-core kernel's chunk-major copy of
@@ -326,13 +357,27 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     _check("xq", xq, (n, w.n_in), np.int8, align=16)
     _check("xd", xd, (n, w.n_in // XBLOCK[fmt]), np.float32)
     outs = _out_args(w, n, out, bias, accumulate, glu)
-    if kernel not in ("auto", "dp4a", "mma") or (mma is not None and tuple(mma) not in MMA_VARIANTS):
-        raise ValueError(f"kernel must be auto, dp4a or mma and mma one of {MMA_VARIANTS}, got {kernel!r}, {mma!r}")
+    if kernel not in ("auto", "dp4a", "mma", "small") or (mma is not None and tuple(mma) not in MMA_VARIANTS):
+        raise ValueError(f"kernel must be auto, dp4a, mma or small and mma one of {MMA_VARIANTS}, got {kernel!r}, "
+                         f"{mma!r}")
+    if kernel == "small" and (QType(int(w.qtype)) not in SMALL_TYPES or (small or SMALL_WARPS[0]) not in SMALL_WARPS):
+        raise ValueError(f"the small-token kernel takes {sorted(t.name for t in SMALL_TYPES)} and small in "
+                         f"{SMALL_WARPS}, got {w.qtype.name} and {small!r}")
     if n == 0:
         return
     weight = (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in))
     args = (*weight, xq, xd, np.int32(n), *outs)
     chosen = tensor_core_variant(w.n_out, n, glu, w.qtype)
+    if kernel == "auto" and variant is None and chosen is None:
+        picked = small_variant(w.qtype, w.n_out, n, glu)
+        if picked is not None:
+            kernel, small, mma = picked[0], picked[1] if picked[0] == "small" else None, \
+                picked[1] if picked[0] == "mma" else None
+    if kernel == "small":
+        n_rows = w.n_out // 2 if glu else w.n_out
+        launch(CU_MMA, f"{'mmqsglu' if glu else 'mmqs'}_{_KNAME[w.qtype]}_w{small or SMALL_WARPS[0]}",
+               (cdiv(n, SMALL_TILE), cdiv(n_rows, mma_rows(glu))), (32, small or SMALL_WARPS[0]), args)
+        return
     name = _KNAME[w.qtype]
     if kernel == "mma" or (kernel == "auto" and chosen and variant is None):
         warps, nb = tuple(mma or chosen or MMA_NARROW)

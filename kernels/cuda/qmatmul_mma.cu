@@ -73,15 +73,34 @@ struct Staged {
     static constexpr int XSTRIDE = T::NW + 4;
 };
 
-// One unit (su: the 32 rows' decoded unit; xw: its staged activations from the warp's first token) times this
-// warp's tokens: the integer parts added into the superblock's sums ci (output o = 4 * (NB * mt + nb) + r).
-template <class T, int NB>
-__device__ __forceinline__ void unit_mma(const typename T::U* su, const u32* xw, int g, int t, typename T::I* ci) {
+// A unit's activations as the B fragments read them: word i (T::xword's order) of the warp's token c.
+// StagedX: staged in shared memory (mmq), from the warp's first token; RowX: straight from the row-major
+// activations (mmqs), token tok0 + c clamped to the last one (whose outputs are not stored).
+template <class T>
+struct StagedX {
+    const u32* xw;
+    __device__ __forceinline__ u32 word(int c, int i) const { return xw[c * Staged<T>::XSTRIDE + i]; }
+};
+template <class T>
+struct RowX {
+    const i8* xq;
+    int k, last, tok0, u;
+    __device__ __forceinline__ u32 word(int c, int i) const {
+        return T::xword(xq + (size_t)min(tok0 + c, last) * k, u, i);
+    }
+};
+
+// One unit (su: the 32 rows' decoded unit; x: its activations) times this warp's tokens: the integer parts
+// added into the superblock's sums ci (output o = 4 * (NB * mt + nb) + r).
+template <class T, int NB, class X>
+__device__ __forceinline__ void unit_mma(const typename T::U* su, const X& x, int g, int t, typename T::I* ci) {
     typedef typename T::U U;
-    constexpr int XS = Staged<T>::XSTRIDE;
-    const u32* xb[NB];                             // B fragments: token g of each n tile
+    constexpr int NX = T::MMA == MMA_K4 ? 4 : 2;   // B words per lane and n tile: words t, 4 + t, 8 + t, 12 + t
+    u32 xb[NB][NX];                                // of token g of each n tile
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) xb[nb] = xw + (8 * nb + g) * XS;
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int i = 0; i < NX; ++i) xb[nb][i] = x.word(8 * nb + g, 4 * i + t);
     // activation sums per sub-block (Q4_K/Q5_K mins): a product with all-ones weights
     i32 sx[NB][2][4];
     if constexpr (T::MMA == MMA_K4) {
@@ -89,8 +108,8 @@ __device__ __forceinline__ void unit_mma(const typename T::U* su, const u32* xw,
         for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                mma_s8(sx[nb][h], 0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u, xb[nb][8 * h + t],
-                       xb[nb][8 * h + 4 + t]);
+                mma_s8(sx[nb][h], 0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u, xb[nb][2 * h],
+                       xb[nb][2 * h + 1]);
     }
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
@@ -103,29 +122,28 @@ __device__ __forceinline__ void unit_mma(const typename T::U* su, const u32* xw,
                 u32 a[4];
                 i32 d[4];
                 a_frag(ra, rb, 0, t, ~0u, ~0u, a);
-                mma_s8(d, a[0], a[1], a[2], a[3], xb[nb][t], xb[nb][4 + t]);
+                mma_s8(d, a[0], a[1], a[2], a[3], xb[nb][0], xb[nb][1]);
 #pragma unroll
                 for (int r = 0; r < 4; ++r) c[r] += T::mma_int(r < 2 ? ra : rb, d[r]);
             } else if constexpr (T::MMA == MMA_K4) {
                 u32 a[4];
                 i32 d0[4], d1[4];
                 a_frag(ra, rb, 0, t, ~0u, ~0u, a);
-                mma_s8(d0, a[0], a[1], a[2], a[3], xb[nb][t], xb[nb][4 + t]);
+                mma_s8(d0, a[0], a[1], a[2], a[3], xb[nb][0], xb[nb][1]);
                 a_frag(ra, rb, 8, t, ~0u, ~0u, a);
-                mma_s8(d1, a[0], a[1], a[2], a[3], xb[nb][8 + t], xb[nb][12 + t]);
+                mma_s8(d1, a[0], a[1], a[2], a[3], xb[nb][2], xb[nb][3]);
 #pragma unroll
                 for (int r = 0; r < 4; ++r) {
                     const U& q = r < 2 ? ra : rb;
                     c[r] += I2{q.sc[0] * d0[r] + q.sc[1] * d1[r], q.m[0] * sx[nb][0][r] + q.m[1] * sx[nb][1][r]};
                 }
             } else {                               // MMA_Q6: chunk cc = words 2cc, 2cc + 1, scale sc[cc]
-                const u32 b0 = xb[nb][t], b1 = xb[nb][4 + t];
 #pragma unroll
                 for (int cc = 0; cc < 4; ++cc) {
                     u32 a[4];
                     i32 d[4];
                     a_frag(ra, rb, 0, t, (t >> 1) == cc ? ~0u : 0u, 2 + (t >> 1) == cc ? ~0u : 0u, a);
-                    mma_s8(d, a[0], a[1], a[2], a[3], b0, b1);
+                    mma_s8(d, a[0], a[1], a[2], a[3], xb[nb][0], xb[nb][1]);
 #pragma unroll
                     for (int r = 0; r < 4; ++r) c[r] += (r < 2 ? ra : rb).sc[cc] * d[r];
                 }
@@ -135,9 +153,9 @@ __device__ __forceinline__ void unit_mma(const typename T::U* su, const u32* xw,
 }
 
 // A superblock's end: its integer parts ci scaled into the group sums ch (T::tail with the rows' scales from
-// su, the block's last unit, and the tokens' scales xs from the warp's first token), ci cleared.
-template <class T, int NB>
-__device__ __forceinline__ void block_tail(const typename T::U* su, const float* xs, int g, int t,
+// su, the block's last unit, and xs(c), the scale of the warp's token c), ci cleared.
+template <class T, int NB, class XS>
+__device__ __forceinline__ void block_tail(const typename T::U* su, const XS& xs, int g, int t,
                                            typename T::I* ci, float* ch) {
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -147,7 +165,7 @@ __device__ __forceinline__ void block_tail(const typename T::U* su, const float*
             for (int r = 0; r < 4; ++r) {
                 const int o = 4 * (NB * mt + nb) + r;
                 float a, b;
-                T::tail(su[16 * mt + g + 8 * (r >> 1)], ci[o], xs[8 * nb + 2 * t + (r & 1)], a, b);
+                T::tail(su[16 * mt + g + 8 * (r >> 1)], ci[o], xs(8 * nb + 2 * t + (r & 1)), a, b);
                 ch[o] = __fmaf_rn(a, b, ch[o]);
                 ci[o] = typename T::I();
             }
@@ -195,6 +213,32 @@ __device__ __forceinline__ void decode_and_stage(const u8* wr, int u, const u32*
     su[lane] = v;
 }
 
+// The outputs a thread owns (rows r0 + 16 mt + g + 8 (r >> 1), tokens t0 + 8 nb + 2 t + (r & 1); GLU: gate
+// tile mt = 0, up tile mt = 1) from their finished sums tot[4 * (NB * mt + nb) + r] into o.
+template <int NB, bool GLU>
+__device__ __forceinline__ void store_outputs(const Out& o, const float* tot, int t0, int n_tok, int r0, int n_out,
+                                              int g, int t) {
+    const int half = n_out / 2;
+    if (t0 >= n_tok) return;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int tok = t0 + 8 * nb + 2 * t + (r & 1);
+            if (tok >= n_tok) continue;
+            if constexpr (GLU) {
+                const int i = r0 + g + 8 * (r >> 1);
+                if (i < half) o.glu(tok, i, half, tot[4 * nb + r], tot[4 * (NB + nb) + r]);
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    const int row = r0 + 16 * mt + g + 8 * (r >> 1);
+                    if (row < n_out) o.put(tok, row, n_out, tot[4 * (NB * mt + nb) + r]);
+                }
+            }
+        }
+}
+
 // W (n_out, row_bytes) u8; xt (k / 16, n_tok, 16) int8 and xdt (k / XB, n_tok) f32: the activations and scales
 // chunk-major (act_tiles); su: [2][NW][32] decoded units; xw
 // [2][NW][TOK][XSTRIDE] and xs [2][NW][TOK] staged activations and scales (dynamic shared memory: qmatmul.py
@@ -237,9 +281,10 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
                                      xw + ((buf ^ 1) * NW + warp) * XBUF, xs + ((buf ^ 1) * NW + warp) * TOK);
         const int nu = min(NW, n_units - s * NW);
         for (int j = 0; j < nu; ++j) {
-            unit_mma<T, NB>(su[buf][j], xw + (buf * NW + j) * XBUF + tw * Staged<T>::XSTRIDE, g, t, ci);
+            unit_mma<T, NB>(su[buf][j], StagedX<T>{xw + (buf * NW + j) * XBUF + tw * Staged<T>::XSTRIDE}, g, t, ci);
             if (sum.block_ends()) {
-                block_tail<T, NB>(su[buf][j], xs + (buf * NW + j) * TOK + tw, g, t, ci, ch);
+                const float* xsw = xs + (buf * NW + j) * TOK + tw;
+                block_tail<T, NB>(su[buf][j], [xsw](int c) { return xsw[c]; }, g, t, ci, ch);
                 if (sum.group_ends(n_units)) {     // the group ends: add it to the outputs' running sums
 #pragma unroll
                     for (int o = 0; o < NO; ++o) {
@@ -253,25 +298,78 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
         cp_async_wait();
         __syncthreads();
     }
-    const int t0 = tok0 + tw;
-    if (t0 >= n_tok) return;
+    store_outputs<NB, GLU>(o, tot, tok0 + tw, n_tok, r0, n_out, g, t);
+}
+
+// Small token counts (decode steps of 9-16 sequences, verify steps): mmq's CTAs share decoded units among token
+// tiles, so with one tile most of their warps multiply padding, and each warp keeps one unit's loads in flight.
+// Here a CTA takes 32 rows (GLU: 16 gate and their 16 up rows) by 16 tokens, and its NK warps split the row's
+// groups (UnitWalk) instead: in round rnd warp w walks group gi = rnd * NK + w, decoding G units at a time
+// into its own shared slots (lane r: row r) and multiplying them with the tokens' activations read straight
+// from the row-major xq (no staged copy, no barrier per unit). Each group's sum is left in part[w]; after a
+// round warp 0 adds the NK groups' sums to the outputs' running sums in group order, so every output gets
+// the bits of mmq and the dp4a kernels. xq (n_tok, k) int8, xd (n_tok, k / XB) f32; grid (cdiv(n_tok, 16),
+// cdiv(n_out, 32)) (GLU: cdiv(n_out / 2, 16)), block (32, NK).
+template <class T, int NK, int G, bool GLU>
+__device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, int n_out, int k,
+                                     const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
+                                     const Out& o, const u32* tab, typename T::U (*su)[G][32], float (*part)[16][32]) {
+    constexpr int NB = 2, NO = 2 * NB * 4, S = T::S, NG = 32 / S;
+    static_assert(NG % NK == 0, "whole rounds of groups");
+    const int lane = threadIdx.x, warp = threadIdx.y, g = lane >> 2, t = lane & 3, half = n_out / 2;
+    const int r0 = blockIdx.y * (GLU ? 16 : 32), tok0 = blockIdx.x * 8 * NB, last = n_tok - 1;
+    const int my_row = GLU ? min(r0 + (lane & 15), half - 1) + (lane < 16 ? 0 : half) : min(r0 + lane, n_out - 1);
+    const u8* wr = W + (size_t)my_row * row_bytes;
+    const int n_units = k / T::UNIT, n_xb = k / T::XB;
+    float tot[NO];
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
+    for (int i = 0; i < NO; ++i) tot[i] = 0.0f;
+    for (int rnd = 0; rnd < NG / NK; ++rnd) {
+        const int gi = rnd * NK + warp;
+        // the group's units in walk order: m -> unit 32 (m / S) + S gi + m % S, while below n_units
+        const int rest = n_units % 32 - S * gi;
+        const int m_end = (n_units / 32) * S + max(0, min(S, rest));
+        typename T::I ci[NO];
+        float ch[NO];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int tok = t0 + 8 * nb + 2 * t + (r & 1);
-            if (tok >= n_tok) continue;
-            if constexpr (GLU) {
-                const int i = r0 + g + 8 * (r >> 1);
-                if (i < half) o.glu(tok, i, half, tot[4 * nb + r], tot[4 * (NB + nb) + r]);
-            } else {
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
-                    const int row = r0 + 16 * mt + g + 8 * (r >> 1);
-                    if (row < n_out) o.put(tok, row, n_out, tot[4 * (NB * mt + nb) + r]);
-                }
-            }
+        for (int i = 0; i < NO; ++i) {
+            ci[i] = typename T::I();
+            ch[i] = 0.0f;
         }
+        for (int m0 = 0; m0 < m_end; m0 += G) {
+#pragma unroll
+            for (int j = 0; j < G; ++j)
+                if (m0 + j < m_end) {
+                    const int m = m0 + j;
+                    typename T::U v;
+                    T::decode(wr, 32 * (m / S) + S * gi + m % S, tab, v);
+                    su[warp][j][lane] = v;
+                }
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < G; ++j)
+                if (m0 + j < m_end) {
+                    const int m = m0 + j, u = 32 * (m / S) + S * gi + m % S;
+                    unit_mma<T, NB>(su[warp][j], RowX<T>{xq, k, last, tok0, u}, g, t, ci);
+                    if ((u + 1) % S == 0) {
+                        const float* xs = xd + u / T::UPX;
+                        block_tail<T, NB>(su[warp][j], [xs, n_xb, tok0, last](int c) {
+                            return __ldg(xs + (size_t)min(tok0 + c, last) * n_xb); }, g, t, ci, ch);
+                    }
+                }
+            __syncwarp();
+        }
+#pragma unroll
+        for (int i = 0; i < NO; ++i) part[warp][i][lane] = ch[i];
+        __syncthreads();
+        if (warp == 0)                             // the round's groups in order; empty ones (past the row) skipped
+            for (int w = 0; w < NK; ++w)
+                if (S * (rnd * NK + w) < n_units)
+#pragma unroll
+                    for (int i = 0; i < NO; ++i) tot[i] = __fadd_rn(tot[i], part[w][i][lane]);
+        __syncthreads();
+    }
+    if (warp == 0) store_outputs<NB, GLU>(o, tot, tok0, n_tok, r0, n_out, g, t);
 }
 
 // kernels mmq[glu]_<type>_w<NW>_n<NB>: NW warps per CTA, NB n8 token tiles per warp (qmatmul.py MMA_VARIANTS);
@@ -297,6 +395,29 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 // the variants the launcher takes (qmatmul.py MMA_VARIANTS), with their MINB
 #define MMQ_DEFAULT(NAME, T) MMQ_VARIANT(NAME, T, 4, 1, 0) MMQ_VARIANT(NAME, T, 2, 4, (T::GRID ? 8 : 0)) \
     MMQ_VARIANT(NAME, T, 4, 4, (T::S > 1 ? 3 : 0))
+// kernels mmqs[glu]_<type>_w<NK> (qmatmul.py small_variant): NK warps per CTA, each decoding G units at a
+// time, G as many as fit 24 KB of unit slots per CTA (at most 4). Built for Q4_K and Q5_K only: on an H200
+// the other types measured slower than their dp4a kernels at 9-16 tokens (perf/kernel_notes.md)
+template <class T, int NK>
+struct SmallG {
+    static constexpr int G = 24576 / (NK * 32 * (int)sizeof(typename T::U)) < 1 ? 1
+                           : 24576 / (NK * 32 * (int)sizeof(typename T::U)) > 4 ? 4
+                           : 24576 / (NK * 32 * (int)sizeof(typename T::U));
+};
+#define MMQS_KERNEL(NAME, T, NK, GLU, PREFIX)                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * NK) PREFIX##_##NAME##_w##NK(                          \
+        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,              \
+        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                             \
+        constexpr int G = SmallG<T, NK>::G;                                                                \
+        GRID_SMEM(T);                                                                                      \
+        __shared__ T::U su[NK][G][32];                                                                     \
+        __shared__ float part[NK][16][32];                                                                 \
+        load_grid<T>(grid);                                                                                \
+        grid_dependency_sync();                                                                            \
+        mmqs<T, NK, G, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, su, part);              \
+    }
+#define MMQS_KERNELS(NAME, T) MMQS_KERNEL(NAME, T, 4, false, mmqs) MMQS_KERNEL(NAME, T, 4, true, mmqsglu) \
+    MMQS_KERNEL(NAME, T, 8, false, mmqs) MMQS_KERNEL(NAME, T, 8, true, mmqsglu)
 #ifdef MMQ_EXPLORE   // perf/bench_gpu.py --gemm-explore: candidates beside the default kernels
 #define MMQ_KERNELS(NAME, T) MMQ_DEFAULT(NAME, T) \
     MMQ_KERNEL(NAME, T, 4, 2, false, mmq, 0, ) MMQ_KERNEL(NAME, T, 2, 2, false, mmq, 0, ) \
@@ -305,11 +426,14 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 #define MMQ_KERNELS(NAME, T) MMQ_DEFAULT(NAME, T)
 #endif
 
+
 MMQ_KERNELS(q8_0, TQ8_0)
 MMQ_KERNELS(q4_0, TQ4_0)
 MMQ_KERNELS(q5_0, TQ5_0)
 MMQ_KERNELS(iq4_nl, TIQ4_NL)
 MMQ_KERNELS(q4_k, TQ4_K)
+MMQS_KERNELS(q4_k, TQ4_K)
 MMQ_KERNELS(q5_k, TQ5_K)
+MMQS_KERNELS(q5_k, TQ5_K)
 MMQ_KERNELS(q6_k, TQ6_K)
 MMQ_KERNELS(iq3_xxs, TIQ3_XXS)

@@ -104,6 +104,34 @@ def test_prompt_chunks_and_decode_graphs_are_batch_invariant(synth_path):
     np.testing.assert_array_equal(three[2], whole[-1])
 
 
+def test_decode_steps_of_many_sequences_replay_bucket_32_with_the_bits_of_prompt_chunks(synth_path):
+    """20 sequences decoding together replay the 32-token graph (captured for an engine of 32 sequences:
+    graphs.step_buckets) beside 12 padded rows, through the small-token kernels (Q4_K / Q5_K) and mmq's
+    narrow variant on the wide matrices (qmatmul.small_variant); each token gets the bits of the last row of
+    its own prompt read as one chunk (20-58 tokens: the same kernels' other choices)."""
+    from strata_lite.batch import Batch
+    from strata_lite.runner import ModelRunner, load_model
+    loaded = load_model(synth_path, backend="cuda")
+    runner = ModelRunner(loaded, kv_tokens=64 * 48, page_size=64, host_bytes=0, n_ctx=128, max_step_tokens=64,
+                         max_seqs=32)
+    assert runner.graphs.buckets[-1] == 32
+    be, n_seq = runner.backend, 20
+    refs, tables, ids, pos = [], [], [], []
+    for i in range(n_seq):
+        toks = _prompt(loaded.config.n_vocab, n=20 + 2 * i, seed=10 + i)
+        pages = runner.kv.alloc(2)
+        refs.append(be.to_host(runner.forward(Batch.single(toks, 0, pages)))[-1])
+        tables.append(np.asarray(pages, np.int32))
+        ids.append(toks[-1])
+        pos.append(len(toks) - 1)
+    step = Batch(np.array(ids, np.int32), np.array(pos, np.int32), np.arange(n_seq, dtype=np.int32),
+                 np.stack(tables), np.arange(n_seq))
+    assert runner.graphs.accepts(step) and runner.graphs.bucket(step)[0] == 32
+    got = be.to_host(runner.forward(step))
+    for i in range(n_seq):
+        np.testing.assert_array_equal(got[i], refs[i], err_msg=f"sequence {i}")
+
+
 def test_verify_steps_replay_graphs_with_the_bits_of_prompt_chunks(synth_path):
     """A speculative verify step (a sequence's pending token and two drafts, beside another sequence's one
     token) is replayed from a graph, and each token's logits are the bits of its prompt-chunk row."""

@@ -46,6 +46,10 @@ class _Seq:
 
     def __init__(self, n_computed, pages, tokens=()):
         self.n_computed, self.pages, self.tokens, self.spec = n_computed, pages, list(tokens), object()
+        self.pending_finish = False
+
+    def page_row(self):
+        return np.asarray(self.pages, np.int32)
 
 
 def _runner(mtp_path):

@@ -1,16 +1,33 @@
-"""Which CUDA mat-mul kernel a launch takes (kernels/cuda/qmatmul.tensor_core_variant, split_k): pure host logic,
+"""Which CUDA mat-mul kernel a launch takes (kernels/cuda/qmatmul.tensor_core_variant, small_variant, split_k): pure
+host logic,
 so it is checked without a GPU. Every kernel gives the same bits (tests/kernels/cuda/test_qmatmul_cuda.py);
 the choice is about speed, from the H200 measurements in tensor_core_variant's docstring."""
 from gguf import GGMLQuantizationType as QType
 
 from strata_lite.kernels.cuda.qmatmul import (MMA_MIDDLE, MMA_MIN_TOKENS, MMA_NARROW, MMA_VARIANTS, MMA_WIDEST,
-                                              mma_smem, split_k, tensor_core_variant)
+                                              mma_smem, small_variant, split_k, tensor_core_variant)
 
 
-def test_decode_and_draft_checks_stay_on_dp4a():
+def test_the_prompt_kernel_choice_starts_at_mma_min_tokens():
     for n_tok in (1, 4, 16, 2 * 9, MMA_MIN_TOKENS - 1):
         for n_out in (151936, 32000, 14336, 4864):
             assert tensor_core_variant(n_out, n_tok) is None
+
+
+def test_decode_steps_of_many_sequences():
+    """9-63 tokens (decode steps of several sequences, verify steps): the small-token kernel for Q4_K / Q5_K
+    (8 warps up to 32 tokens), mmq's narrow variant from 24 tokens where its grid is wide, else dp4a; none of
+    them below 9 tokens or from MMA_MIN_TOKENS (tensor_core_variant's)."""
+    assert small_variant(QType.Q4_K, 14336, 16) == ("small", 8)
+    assert small_variant(QType.Q5_K, 4096, 9) == ("small", 8)
+    assert small_variant(QType.Q4_K, 14336, 48) == ("small", 4)          # narrow: 448 CTAs
+    assert small_variant(QType.Q4_K, 28672, 16, glu=True) == ("small", 8)
+    assert small_variant(QType.Q4_K, 28672, 24, glu=True) == ("mma", MMA_NARROW)   # 14336 gate rows: 896 CTAs
+    assert small_variant(QType.IQ3_XXS, 28672, 24, glu=True) == ("mma", MMA_NARROW)
+    assert small_variant(QType.Q6_K, 32000, 24) == ("mma", MMA_NARROW)
+    for qtype, n_out, n_tok in ((QType.IQ3_XXS, 28672, 16), (QType.Q6_K, 32000, 16), (QType.IQ3_XXS, 4096, 32),
+                                (QType.Q8_0, 14336, 12), (QType.Q4_K, 14336, 8), (QType.Q4_K, 14336, MMA_MIN_TOKENS)):
+        assert small_variant(qtype, n_out, n_tok) is None
 
 
 def test_prompt_chunks_take_the_tensor_cores_in_the_widest_tile_that_fills_the_card():
@@ -73,3 +90,13 @@ def test_attention_groups_and_split_stride():
     assert split_stride(2 * 64, 64, 132) == 64           # 0.5B shape at 32K
     assert split_stride(4 * 8 * 64, 64, 132) == 16       # 4 tokens at 32K: 2048 items -> 4 groups a CTA
     assert split_stride(1, 1, 132) == 1
+
+
+def test_step_graph_buckets_follow_the_engine_size():
+    """Decode steps of up to 64 sequences replay graphs (kernels/cuda/graphs.step_buckets): 32 and 64 are
+    captured only where that many sequences run, and never above the workspaces' step tokens."""
+    from strata_lite.kernels.cuda.graphs import step_buckets
+    assert step_buckets(1, 512) == step_buckets(16, 512) == (1, 2, 4, 8, 16)
+    assert step_buckets(17, 512) == step_buckets(32, 512) == (1, 2, 4, 8, 16, 32)
+    assert step_buckets(33, 512) == step_buckets(500, 512) == (1, 2, 4, 8, 16, 32, 64)
+    assert step_buckets(64, 48) == (1, 2, 4, 8, 16, 32)

@@ -141,6 +141,37 @@ def test_tensor_core_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, mma):
                 _check_vs_float64(qtype, raw, x, got["mma"])
 
 
+# (type, warps) of the small-token kernels compiled (qmatmul.SMALL_TYPES, SMALL_WARPS)
+SMALL_CASES = [(qt, nk) for qt in (QType.Q4_K, QType.Q5_K) for nk in (4, 8)]
+
+
+@pytest.mark.parametrize("qtype,nk", SMALL_CASES, ids=[f"{qt.name}-w{nk}" for qt, nk in SMALL_CASES])
+def test_small_token_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, nk):
+    """The small-token tensor-core kernel (warps splitting the unit groups, group sums folded in order)
+    gives the dp4a kernel's bits, plain and GLU: one token, a partial tile (9), three tiles with a partial
+    last one (37), rows that do not fill the CTA, several units per group and groups without units (the
+    shapes of the tensor-core test), a token 1e3 times larger than its neighbours."""
+    bs = gguf.GGML_QUANT_SIZES[qtype][0]
+    shapes = [(70, 4608), (46, 256)] if bs == 256 else [(70, 2400), (46, 896)]
+    for si, (n_out, n_in) in enumerate(shapes):
+        w, raw = _weight(qm, qtype, n_out, n_in, seed=50 + si)
+        x = _x(37, n_in, seed=51 + si)
+        x[3] *= 1e3
+        for n in (1, 9, 37):
+            xq, xd = _rounded(cp, qm, qtype, x[:n])
+            for glu in (False, True):
+                got = {}
+                for kernel in ("dp4a", "small"):
+                    out = cp.full((n, n_out // 2 if glu else n_out), np.nan, dtype=cp.float32)
+                    qm.matmul_prequantized(w, xq, xd, out, kernel=kernel, glu=glu,
+                                           small=nk if kernel == "small" else None)
+                    got[kernel] = out.get()
+                assert np.array_equal(got["small"].view(np.uint32), got["dp4a"].view(np.uint32)), \
+                    f"{n_out}x{n_in} n={n} glu={glu}: {np.count_nonzero(got['small'] != got['dp4a'])} outputs differ"
+                if not glu:
+                    _check_vs_float64(qtype, raw, x[:n], got["small"])
+
+
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_matmul_extreme_activations(cp, qm, qtype):
     """Large magnitudes, tiny ones, all-zero quantization blocks and an all-zero token."""
