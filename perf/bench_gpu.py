@@ -232,6 +232,12 @@ def kernel_rows(cp, copy_bw):
     return rows
 
 
+# --batched: sequences decoding together; llama.cpp's aggregate decode tok/s on the same card for the 8B-layer
+# shape's Q4_K_M mix (commit 0c1e570, CUDA graphs on, 2026-11-30: the reference figures README.md quotes)
+BATCHED = (1, 8, 16, 32, 64)
+BATCHED_REF = {1: 985, 8: 3503, 16: 7192, 64: 13878}
+
+
 def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_steps=64, paths=("graph",), rounds=1):
     """(label, tok/s) rows for one GGUF file on the CUDA backend. paths: how a decode step's greedy ids reach
     the host: "graph" (the engine's: the ids the step graph computed, runner.sample) and/or "launch" (a
@@ -303,7 +309,7 @@ def engine_rows(model_path, slots=(1, 4), n_tokens=256, rounds=2, backend="cuda"
 
     def one(rid, times):
         prompt = tuple(int(t) for t in rng.integers(0, n_vocab, 64))
-        h = eng.submit(Request(rid, prompt, SamplingParams(temperature=0.0), max_tokens=n_tokens))
+        h = eng.submit(Request(rid, prompt, SamplingParams(temperature=0.0, ignore_eos=True), max_tokens=n_tokens))
         times.extend(time.perf_counter() for ev in h.events() if isinstance(ev, TokenEvent))
 
     rows = []
@@ -518,6 +524,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", action="store_true",
                     help="only the synthetic models' decode through the whole engine (scheduler, sampling, events) "
                          "at 1 and 4 slots, beside the runner-level decode of the same file")
+    ap.add_argument("--batched", action="store_true",
+                    help="only decode of 1-64 sequences together (runner and engine), beside llama.cpp's figures")
     ap.add_argument("--verify-cost", action="store_true",
                     help="only what 1-4 tokens of a step cost: split-K against dp4a on the 0.5B shape's down projection, "
                          "and its step graphs with split-K for several tokens or one")
@@ -567,6 +575,19 @@ def main(argv=None) -> int:
         for label, tps in rows:
             print(f"{label:60s} {tps:9.0f}")
         write_json(args.json, be, engine=rows)
+        return 0
+    if args.batched:
+        os.makedirs(args.models, exist_ok=True)
+        rows = []
+        for path in synth_models(args.models, args.quick):
+            rows += e2e_rows(path, contexts=(4096,), batches=BATCHED, n_pp=64)[1:]
+            rows += engine_rows(path, slots=(16, 32), rounds=1)
+        print(f"\n{'decode of many sequences at 4K context (runner, then engine)':60s} {'tok/s':>9s} {'llama.cpp':>10s}")
+        for label, tps in rows:
+            ref = BATCHED_REF.get(int(label.split(" batch ")[1].split()[0])) if "8b-layers-q4_k_m" in label and \
+                " batch " in label else None
+            print(f"{label:60s} {tps:9.0f} " + (f"{ref:10,d}" if ref else ""))
+        write_json(args.json, be, batched=rows)
         return 0
     if args.verify_cost:
         os.makedirs(args.models, exist_ok=True)

@@ -78,6 +78,8 @@ _COMMON = {
         {"type": "string", "maxLength": schemas.MAX_STOP_CHARS},
         {"type": "array", "maxItems": schemas.MAX_STOP,
          "items": {"type": "string", "maxLength": schemas.MAX_STOP_CHARS}}]},
+    "ignore_eos": {"type": "boolean", "nullable": True,
+                   "description": "go on past end-of-generation tokens to max_tokens (as vLLM and llama.cpp's server)"},
     "n": _int(1, schemas.MAX_N),
     "stream": {"type": "boolean", "nullable": True},
     "stream_options": {"type": "object", "nullable": True, "properties": {

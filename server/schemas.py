@@ -198,6 +198,7 @@ def _common(body: dict, engine, default_temperature: float = 1.0) -> dict[str, A
             presence_penalty=get_number(body, "presence_penalty", 0.0),
             frequency_penalty=get_number(body, "frequency_penalty", 0.0),
             stop=get_stop(body),
+            ignore_eos=get_bool(body, "ignore_eos"),
         )
     except InvalidRequest as e:
         raise APIError(400, str(e), param=e.param) from None

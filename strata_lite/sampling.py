@@ -25,6 +25,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False     # go on past end-of-generation tokens, to max_tokens (benchmarks at fixed lengths)
 
     def __post_init__(self):
         checks = [

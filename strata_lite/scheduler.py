@@ -293,7 +293,7 @@ class Scheduler:
         self.read_credit = min(cap, self.read_credit + self.t_decode * (1 / self.decode_share - 1) - extra)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        if token in self.eog_ids:
+        if token in self.eog_ids and not seq.request.params.ignore_eos:
             return "stop"
         if seq.n_generated >= seq.request.max_tokens or len(seq.tokens) >= self.max_seq_len:
             return "length"

@@ -8,7 +8,7 @@ import pytest
 
 from fake_engine import make_kv, make_scheduler, reference_generation, run, step
 from strata_lite.host_pool import ArrayKVCopier, HostPool
-from strata_lite.sampling import InvalidRequest
+from strata_lite.sampling import InvalidRequest, SamplingParams
 from strata_lite.sequence import Request, SeqStatus
 from trie_invariants import check_contents
 
@@ -277,6 +277,9 @@ def test_stop_token_length_and_limits():
     a = sched.add(Request("a", p, max_tokens=100))
     run(sched, runner)
     assert a.finish_reason == "stop" and a.generated == reference_generation(p, 3)
+    a2 = sched.add(Request("a2", p, SamplingParams(ignore_eos=True), max_tokens=10))
+    run(sched, runner)
+    assert a2.finish_reason == "length" and a2.generated == reference_generation(p, 10)
     b = sched.add(Request("b", toks(rng, 30), max_tokens=100))
     run(sched, runner)
     assert b.finish_reason == "length" and len(b.tokens) == 45

@@ -106,15 +106,16 @@ def test_chat_message_shapes(client, engine):
 def test_sampling_params_reach_the_request(client, engine):
     r = client.simulate_post(CHAT, json=chat_body(
         temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=123, presence_penalty=0.5,
-        frequency_penalty=-0.5, stop=["a", "b"], max_tokens=17))
+        frequency_penalty=-0.5, stop=["a", "b"], max_tokens=17, ignore_eos=True))
     assert r.status_code == 200, r.text
     req = engine.submitted[-1]
     p = req.params
     assert (p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (0.7, 0.9, 40, 0.05, 123)
-    assert (p.presence_penalty, p.frequency_penalty, p.stop) == (0.5, -0.5, ("a", "b"))
+    assert (p.presence_penalty, p.frequency_penalty, p.stop, p.ignore_eos) == (0.5, -0.5, ("a", "b"), True)
     assert req.max_tokens == 17 and req.logprobs is None
     client.simulate_post(CHAT, json=chat_body(max_completion_tokens=5, stop="x"))
     assert engine.submitted[-1].max_tokens == 5 and engine.submitted[-1].params.stop == ("x",)
+    assert not engine.submitted[-1].params.ignore_eos
     client.simulate_post(CHAT, json=chat_body())      # default: the rest of the context
     req = engine.submitted[-1]
     assert req.max_tokens == engine.n_ctx - len(req.prompt_ids)
@@ -320,6 +321,7 @@ BAD_CHAT = [
     (dict(stop=5), "stop"),
     (dict(stop=["a", 1]), "stop"),
     (dict(stream="yes"), "stream"),
+    (dict(ignore_eos=1), "ignore_eos"),
     (dict(stream=True, stream_options={"include_usage": "y"}), "stream_options.include_usage"),
     (dict(logprobs="yes"), "logprobs"),
     (dict(logprobs=True, top_logprobs=21), "top_logprobs"),
