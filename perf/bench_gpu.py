@@ -286,12 +286,15 @@ def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_ste
     return rows
 
 
-def engine_rows(model_path, slots=(1, 4), n_tokens=256, rounds=2, backend="cuda"):
+def engine_rows(model_path, slots=(1, 4), n_tokens=None, rounds=2, backend="cuda"):
     """(label, tok/s) of decoding through the whole engine (scheduler, sampling, token events, metrics:
     what `serve` does per step), greedy, --spec off: `slots` concurrent requests of n_tokens each after a
     64-token prompt, each read by its own thread as a server's would be; tok/s = the tokens that arrived
     while every request was decoding (from the last first token to the first last token) / that time.
-    The difference from e2e_rows' decode is the engine's host work per step."""
+    The difference from e2e_rows' decode is the engine's host work per step. n_tokens: None = 256 + 16 per
+    slot: a burst's prompts are read beside the first requests' decode at the scheduler's decode_share, so the
+    last request's first token comes ~9 steps per request after the first one's (a simulated burst of 32 with
+    GPU-like step costs: step 279), and the window needs every request still decoding then."""
     import threading
     from strata_lite.config import EngineConfig
     from strata_lite.engine import Engine
@@ -307,9 +310,10 @@ def engine_rows(model_path, slots=(1, 4), n_tokens=256, rounds=2, backend="cuda"
     n_vocab = eng._runner.n_vocab
     name = os.path.basename(model_path)
 
-    def one(rid, times):
+    def one(rid, times, n_slots=1):
         prompt = tuple(int(t) for t in rng.integers(0, n_vocab, 64))
-        h = eng.submit(Request(rid, prompt, SamplingParams(temperature=0.0, ignore_eos=True), max_tokens=n_tokens))
+        h = eng.submit(Request(rid, prompt, SamplingParams(temperature=0.0, ignore_eos=True),
+                               max_tokens=n_tokens or 256 + 16 * n_slots))
         times.extend(time.perf_counter() for ev in h.events() if isinstance(ev, TokenEvent))
 
     rows = []
@@ -318,7 +322,7 @@ def engine_rows(model_path, slots=(1, 4), n_tokens=256, rounds=2, backend="cuda"
         for r in range(rounds):
             for n in slots:
                 times = [[] for _ in range(n)]
-                threads = [threading.Thread(target=one, args=(f"r{r}-{n}-{i}", times[i])) for i in range(n)]
+                threads = [threading.Thread(target=one, args=(f"r{r}-{n}-{i}", times[i], n)) for i in range(n)]
                 for t in threads:
                     t.start()
                 for t in threads:
