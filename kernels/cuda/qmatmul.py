@@ -65,17 +65,17 @@ SPLIT_K_AUTO_TOKENS = 4
 SPLIT_K_MAX_ROWS = 2048
 SPLIT_K_MIN_ROUNDS = 5
 SPLIT_K_SMEM = 48 * 1024
-# Small token counts on the tensor cores: kernels mmqs[glu]_<type>_w<NK> of qmatmul_mma.cu, built for SMALL_TYPES
-# (a CTA takes 32 rows by SMALL_TILE tokens; its NK warps split the rows' unit groups, so the weights are read
-# once per 16 tokens with several units in flight per warp). H200 (2026-12-04, kernel_notes.md), µs at 16
-# tokens, dp4a / mmq narrow / small 4 warps / 8 warps: Q4_K 4096x14336 85.2 / 110.2 / 92.1 / 51.7, 4096x4096
-# 22.6 / 32.0 / 24.9 / 18.2, gate+up 4096x2x14336 156.1 / 130.0 / 110.9 / 104.0; at 24 tokens (two tiles)
-# gate+up 230.8 / 123.4 / 152.5 / 168.5. The other types measured slower than dp4a there (IQ3_XXS gate+up
-# 114.3 dp4a / 128.8, Q6_K 14336x4096 104.1 / 184.8, Q8_0 82.4 / 119.6). So small_variant: SMALL_TYPES from
-# SMALL_MIN_TOKENS tokens, 8 warps up to 32 tokens, 4 beyond; and from NARROW_MIN_TOKENS tokens (every type)
-# mmq's narrow variant where its grid has at least NARROW_MIN_CTAS CTAs (the wide matrices: gate+up 4096 x 2 x
-# 14336 at 24 tokens 123.4 against dp4a 230.8, Q6_K 4096x32000 252.5 / 278.3, Q8_0 896x151936 167.8 / 237.6;
-# smaller grids lose: IQ3_XXS 4096x6144 (192 CTAs) 54.8 / 38.5, 14336x4096 (128) 171.5 / 85.1).
+# Small token counts on the tensor cores: kernels mmqs[glu]_<type>_w<NK> of qmatmul_mma.cu, built for SMALL_TYPES (a
+# CTA takes 32 rows by SMALL_TILE tokens; its NK warps split the rows' unit groups, so the weights are read once per
+# 16 tokens with several units in flight per warp). H200 (2026-12-04, kernel_notes.md), µs at 16 tokens, dp4a / mmq
+# narrow / small 4 warps / 8 warps (row length x rows): Q4_K 14336x4096 85.2 / 110.2 / 92.1 / 51.7, 4096x4096 22.6 /
+# 32.0 / 24.9 / 18.2, gate+up 4096x2x14336 156.1 / 130.0 / 110.9 / 104.0; at 24 tokens (two tiles) gate+up 230.8 /
+# 123.4 / 152.5 / 168.5. The other types measured slower than dp4a there (IQ3_XXS gate+up 114.3 dp4a / 128.8, Q6_K
+# 14336x4096 104.1 / 184.8, Q8_0 82.4 / 119.6). So small_variant: SMALL_TYPES from SMALL_MIN_TOKENS tokens, 8 warps up
+# to 32 tokens, 4 beyond; and from NARROW_MIN_TOKENS tokens (every type) mmq's narrow variant where its grid has at
+# least NARROW_MIN_CTAS CTAs (the wide matrices: gate+up 4096 x 2 x 14336 at 24 tokens 123.4 against dp4a 230.8, Q6_K
+# 4096x32000 252.5 / 278.3, Q8_0 896x151936 167.8 / 237.6; smaller grids lose: IQ3_XXS 4096x6144 (192 CTAs) 54.8 /
+# 38.5, 14336x4096 (128) 171.5 / 85.1).
 SMALL_TILE = 16
 SMALL_TYPES = frozenset({QType.Q4_K, QType.Q5_K})
 SMALL_WARPS = (4, 8)
