@@ -80,6 +80,10 @@ SMALL_TILE = 16
 SMALL_TYPES = frozenset({QType.Q4_K, QType.Q5_K})
 SMALL_WARPS = (4, 8)
 SMALL_MIN_TOKENS = 9
+# row tiles the small-token kernel needs: 128 (4096 rows) measured faster than dp4a; the 0.5B shape's Q4_K down
+# projection (896 rows: 28 CTAs of 8 warps, the only launch of that model it took at 16 tokens) made its
+# 16-sequence decode 3-5% slower (7,535-7,568 -> 7,185-7,339 tok/s), so such grids stay on dp4a
+SMALL_MIN_CTAS = 128
 SMALL_WIDE_MAX_TOKENS = 32
 NARROW_MIN_TOKENS = 24
 NARROW_MIN_CTAS = 896
@@ -325,12 +329,12 @@ def _out_args(w: DeviceWeight, n: int, out, bias, accumulate: bool, glu: bool) -
 
 def small_variant(qtype, n_out: int, n_tok: int, glu: bool = False):
     """Below MMA_MIN_TOKENS: ("small", NK) for the small-token tensor-core kernel, ("mma", MMA_NARROW) for
-    mmq's narrow variant, or None (the dp4a kernel), as measured (SMALL_TYPES' comment)."""
+    mmq's narrow variant, or None (the dp4a kernel), as measured (SMALL_TYPES' and SMALL_MIN_CTAS' comments)."""
     if not SMALL_MIN_TOKENS <= n_tok < MMA_MIN_TOKENS:
         return None
     if n_tok >= NARROW_MIN_TOKENS and cdiv(n_out // 2 if glu else n_out, mma_rows(glu)) >= NARROW_MIN_CTAS:
         return "mma", MMA_NARROW
-    if QType(int(qtype)) in SMALL_TYPES:
+    if QType(int(qtype)) in SMALL_TYPES and cdiv(n_out // 2 if glu else n_out, mma_rows(glu)) >= SMALL_MIN_CTAS:
         return "small", SMALL_WARPS[1] if n_tok <= SMALL_WIDE_MAX_TOKENS else SMALL_WARPS[0]
     return None
 
