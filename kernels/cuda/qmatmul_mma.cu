@@ -301,7 +301,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
     store_outputs<NB, GLU>(o, tot, tok0 + tw, n_tok, r0, n_out, g, t);
 }
 
-// Small token counts (decode steps of 9-16 sequences, verify steps): mmq's CTAs share decoded units among token
+// Small token counts (decode steps of 9-63 sequences, verify steps): mmq's CTAs share decoded units among token
 // tiles, so with one tile most of their warps multiply padding, and each warp keeps one unit's loads in flight.
 // Here a CTA takes 32 rows (GLU: 16 gate and their 16 up rows) by 16 tokens, and its NK warps split the row's
 // groups (UnitWalk) instead: in round rnd warp w walks group gi = rnd * NK + w, decoding G units at a time
