@@ -204,16 +204,21 @@ def variant_rows(cp, copy_bw):
     for label, qtype, n_out, n_in, n_tok in KERNELS + EXPLORE_KERNELS:
         if qtype in ("F16", "F32", "BF16"):
             continue
-        tile = qm._tile(n_tok)
-        for variant in [v for v in qm.EXPLORE_VARIANTS if v[0] == tile]:
+        tile = qm._tile(n_tok)            # and, past the largest tile the launcher takes, the explore build's wider ones
+        for variant in [v for v in qm.EXPLORE_VARIANTS if v[0] == tile or tile < v[0] <= n_tok]:
             t, moved = bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant, "explore")
             rows.append((f"{label} r{variant[1]} g{variant[2]}", t * 1e6, moved / t / 1e9, moved / t / copy_bw))
             print(f"{rows[-1][0]:48s} {rows[-1][1]:9.1f} {rows[-1][2]:8.0f} {rows[-1][3]:9.0%}", flush=True)
     return rows
 
 
-EXPLORE_KERNELS = [  # launch-bound shapes of the 0.5B model, for --explore
+EXPLORE_KERNELS = [  # launch-bound shapes of the 0.5B model, and decode steps of 16 sequences, for --explore
     ("Q5_0 896x4864 n=1", "Q5_0", 4864, 896, 1),
+    ("IQ3_XXS 4096x14336 n=16", "IQ3_XXS", 14336, 4096, 16),
+    ("IQ3_XXS 14336x4096 n=16", "IQ3_XXS", 4096, 14336, 16),
+    ("Q6_K 14336x4096 n=16", "Q6_K", 4096, 14336, 16),
+    ("Q6_K 4096x32000 n=16", "Q6_K", 32000, 4096, 16),
+    ("Q8_0 4096x14336 n=16", "Q8_0", 14336, 4096, 16),
     ("Q8_0 896x1152 n=1", "Q8_0", 1152, 896, 1),
     ("Q6_K 4864x896 n=1", "Q6_K", 896, 4864, 1),
     ("Q6_K 4096x14336 n=1", "Q6_K", 14336, 4096, 1),

@@ -347,14 +347,14 @@ def test_every_dp4a_variant_gives_the_same_bits(cp, qm, qtype):
     bs = gguf.GGML_QUANT_SIZES[qtype][0]
     n_out, n_in = (37, 4608) if bs == 256 else (37, 2400)   # odd rows; lane classes with 4-5 units
     w, _ = _weight(qm, qtype, n_out, n_in, seed=60)
-    xq, xd = _rounded(cp, qm, qtype, _x(8, n_in, seed=61))
-    ref = cp.full((8, n_out), np.nan, cp.float32)
+    xq, xd = _rounded(cp, qm, qtype, _x(16, n_in, seed=61))
+    ref = cp.full((16, n_out), np.nan, cp.float32)
     qm.matmul_prequantized(w, xq, xd, ref, kernel="dp4a")
     ref = ref.get()
     default = sorted({qm.dp4a_variant(t, tile) for t in QUANT_TYPES for tile in qm.TOKEN_TILES})
     for build, variants in (("default", default), ("explore", qm.EXPLORE_VARIANTS)):
         for tile, rw, g in variants:
-            for n in sorted({1, tile, 8}):
+            for n in sorted({1, tile, 8, 16}):
                 out = cp.full((n, n_out), np.nan, cp.float32)
                 qm.matmul_prequantized(w, xq[:n], xd[:n], out, variant=(tile, rw, g), build=build)
                 assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (build, tile, rw, g, n)
