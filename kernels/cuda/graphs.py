@@ -78,11 +78,11 @@ MAX_BUCKET = 64
 
 
 def step_buckets(max_seqs: int, max_tokens: int) -> tuple:
-    """Token-count buckets captured for an engine whose decode / verify steps have up to max_seqs rows (slots x
-    (1 + drafts): the runner's max_seqs) and whose steps take at most max_tokens tokens
-    (CudaBackend.decode_graphs): BASE_BUCKETS, then 32 and 64 where steps may have that many rows (without a graph, 32 sequences of the 0.5B shape decoded at 2,581-2,744 tok/s against 7,535-7,568 for 16
-    in one, perf/kernel_notes.md); none above max_tokens (the workspaces) or MAX_BUCKET (larger steps run
-    eagerly, as prompt chunks do)."""
+    """Token-count buckets captured for an engine whose decode / verify steps have up to max_seqs rows (slots x (1 +
+    drafts): the runner's max_seqs) and whose steps take at most max_tokens tokens (CudaBackend.decode_graphs):
+    BASE_BUCKETS, then 32 and 64 where steps may have that many rows (without a graph, 32 sequences of the 0.5B
+    shape decoded at 2,581-2,744 tok/s against 7,535-7,568 for 16 in one, perf/kernel_notes.md); none above
+    max_tokens (the workspaces) or MAX_BUCKET (larger steps run eagerly, as prompt chunks do)."""
     out, b = list(BASE_BUCKETS), BASE_BUCKETS[-1]
     while b < min(int(max_seqs), MAX_BUCKET) and 2 * b <= int(max_tokens):
         b *= 2
