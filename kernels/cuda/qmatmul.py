@@ -32,7 +32,7 @@ MMA_WIDEST, MMA_MIDDLE, MMA_NARROW = (4, 4), (2, 4), (4, 1)
 MMA_CHOICES = ((MMA_WIDEST, 256, 256), (MMA_MIDDLE, 192, 64), (MMA_NARROW, 192, 64))
 MMA_VARIANTS = tuple(v for v, _, _ in MMA_CHOICES)
 MMA_WIDEST_SLOWER = frozenset({QType.Q6_K})   # types that measured faster in MMA_MIDDLE at 512 tokens
-MMA_MIN_TOKENS = 64         # the tensor-core kernel from this many tokens (decode steps and draft checks stay on dp4a)
+MMA_MIN_TOKENS = 64         # tensor_core_variant from this many tokens (below: small_variant, else dp4a)
 WARPS_PER_CTA = 8           # warps per CTA of the dp4a mat-mul (8 measured a little faster than 4 on an H200)
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>...); a launch takes the smallest >= n
 ACT_WARPS = 8               # quantization blocks (warps) per CTA
