@@ -295,7 +295,8 @@ def engine_rows(model_path, slots=(1, 4), n_tokens=None, rounds=2, backend="cuda
     """(label, tok/s) of decoding through the whole engine (scheduler, sampling, token events, metrics:
     what `serve` does per step), greedy, --spec off: `slots` concurrent requests of n_tokens each after a
     64-token prompt, each read by its own thread as a server's would be; tok/s = the tokens that arrived
-    while every request was decoding (from the last first token to the first last token) / that time.
+    while every request was decoding (from the last first token to the first last token) / that time; with
+    several requests the label also gives when the last of them got its first token (the burst's reads).
     The difference from e2e_rows' decode is the engine's host work per step. n_tokens: None = 256 + 16 per
     slot: a burst's prompts are read beside the first requests' decode at the scheduler's decode_share, so the
     last request's first token comes ~9 steps per request after the first one's (a simulated burst of 32 with
@@ -328,6 +329,7 @@ def engine_rows(model_path, slots=(1, 4), n_tokens=None, rounds=2, backend="cuda
             for n in slots:
                 times = [[] for _ in range(n)]
                 threads = [threading.Thread(target=one, args=(f"r{r}-{n}-{i}", times[i], n)) for i in range(n)]
+                start = time.perf_counter()
                 for t in threads:
                     t.start()
                 for t in threads:
@@ -335,7 +337,8 @@ def engine_rows(model_path, slots=(1, 4), n_tokens=None, rounds=2, backend="cuda
                 t0, t1 = max(ts[0] for ts in times), min(ts[-1] for ts in times)
                 tag = f" round {r + 1}" if rounds > 1 else ""
                 rate = sum(t0 < t <= t1 for ts in times for t in ts) / (t1 - t0) if t1 > t0 else float("nan")
-                rows.append((f"{name} engine decode {n} slot{'s' if n > 1 else ''}{tag}", rate))
+                first = f", every first token by {t0 - start:.2f} s" if n > 1 else ""
+                rows.append((f"{name} engine decode {n} slot{'s' if n > 1 else ''}{tag}{first}", rate))
     finally:
         eng.stop()
     return rows
@@ -591,11 +594,11 @@ def main(argv=None) -> int:
         for path in synth_models(args.models, args.quick):
             rows += e2e_rows(path, contexts=(4096,), batches=BATCHED, n_pp=64)[1:]
             rows += engine_rows(path, slots=(16, 32), rounds=1)
-        print(f"\n{'decode of many sequences at 4K context (runner, then engine)':60s} {'tok/s':>9s} {'llama.cpp':>10s}")
+        print(f"\n{'decode of many sequences at 4K context (runner, then engine)':88s} {'tok/s':>9s} {'llama.cpp':>10s}")
         for label, tps in rows:
             ref = BATCHED_REF.get(int(label.split(" batch ")[1].split()[0])) if "8b-layers-q4_k_m" in label and \
                 " batch " in label else None
-            print(f"{label:60s} {tps:9.0f} " + (f"{ref:10,d}" if ref else ""))
+            print(f"{label:88s} {tps:9.0f} " + (f"{ref:10,d}" if ref else ""))
         write_json(args.json, be, batched=rows)
         return 0
     if args.verify_cost:
