@@ -365,7 +365,8 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     if kernel not in ("auto", "dp4a", "mma", "small") or (mma is not None and tuple(mma) not in MMA_VARIANTS):
         raise ValueError(f"kernel must be auto, dp4a, mma or small and mma one of {MMA_VARIANTS}, got {kernel!r}, "
                          f"{mma!r}")
-    if kernel == "small" and (QType(int(w.qtype)) not in SMALL_TYPES or (small or SMALL_WARPS[0]) not in SMALL_WARPS):
+    nk = small or SMALL_WARPS[0]
+    if kernel == "small" and (QType(int(w.qtype)) not in SMALL_TYPES or nk not in SMALL_WARPS):
         raise ValueError(f"the small-token kernel takes {sorted(t.name for t in SMALL_TYPES)} and small in "
                          f"{SMALL_WARPS}, got {w.qtype.name} and {small!r}")
     if n == 0:
@@ -376,12 +377,12 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     if kernel == "auto" and variant is None and chosen is None:
         picked = small_variant(w.qtype, w.n_out, n, glu)
         if picked is not None:
-            kernel, small, mma = picked[0], picked[1] if picked[0] == "small" else None, \
-                picked[1] if picked[0] == "mma" else None
+            kernel = picked[0]
+            nk, mma = (picked[1], None) if kernel == "small" else (nk, picked[1])
     if kernel == "small":
         n_rows = w.n_out // 2 if glu else w.n_out
-        launch(CU_MMA, f"{'mmqsglu' if glu else 'mmqs'}_{_KNAME[w.qtype]}_w{small or SMALL_WARPS[0]}",
-               (cdiv(n, SMALL_TILE), cdiv(n_rows, mma_rows(glu))), (32, small or SMALL_WARPS[0]), args)
+        launch(CU_MMA, f"{'mmqsglu' if glu else 'mmqs'}_{_KNAME[w.qtype]}_w{nk}",
+               (cdiv(n, SMALL_TILE), cdiv(n_rows, mma_rows(glu))), (32, nk), args)
         return
     name = _KNAME[w.qtype]
     if kernel == "mma" or (kernel == "auto" and chosen and variant is None):

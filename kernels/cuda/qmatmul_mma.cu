@@ -400,9 +400,8 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
 // the other types measured slower than their dp4a kernels at 9-16 tokens (perf/kernel_notes.md)
 template <class T, int NK>
 struct SmallG {
-    static constexpr int G = 24576 / (NK * 32 * (int)sizeof(typename T::U)) < 1 ? 1
-                           : 24576 / (NK * 32 * (int)sizeof(typename T::U)) > 4 ? 4
-                           : 24576 / (NK * 32 * (int)sizeof(typename T::U));
+    static constexpr int FIT = 24576 / (NK * 32 * (int)sizeof(typename T::U));
+    static constexpr int G = FIT < 1 ? 1 : FIT > 4 ? 4 : FIT;
 };
 #define MMQS_KERNEL(NAME, T, NK, GLU, PREFIX)                                                              \
     extern "C" __global__ void __launch_bounds__(32 * NK) PREFIX##_##NAME##_w##NK(                          \

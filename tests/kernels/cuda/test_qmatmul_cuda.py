@@ -113,6 +113,23 @@ def test_matmul_batch_invariant(cp, qm, qtype):
         assert np.array_equal(full[i:i + 3], _run(cp, qm, w, x[i:i + 3], act))
 
 
+def _assert_equals_dp4a(cp, qm, qtype, w, raw, x, launch):
+    """The launch (matmul_prequantized keywords naming a kernel) gives the dp4a kernel's bits on x, plain and
+    GLU; its plain outputs also pass the float64 check."""
+    xq, xd = _rounded(cp, qm, qtype, x)
+    n = x.shape[0]
+    for glu in (False, True):
+        got = {}
+        for name, kw in (("dp4a", dict(kernel="dp4a")), ("other", launch)):
+            out = cp.full((n, w.n_out // 2 if glu else w.n_out), np.nan, dtype=cp.float32)
+            qm.matmul_prequantized(w, xq, xd, out, glu=glu, **kw)
+            got[name] = out.get()
+        differ = np.count_nonzero(got["other"].view(np.uint32) != got["dp4a"].view(np.uint32))
+        assert differ == 0, f"{launch} {w.n_out}x{w.n_in} n={n} glu={glu}: {differ} outputs differ"
+        if not glu:
+            _check_vs_float64(qtype, raw, x, got["other"])
+
+
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("mma", [(4, 1), (2, 4), (4, 4)], ids=lambda v: f"w{v[0]}n{v[1]}")
 def test_tensor_core_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, mma):
@@ -128,17 +145,7 @@ def test_tensor_core_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, mma):
         w, raw = _weight(qm, qtype, n_out, n_in, seed=40 + si)
         x = _x(37, n_in, seed=41 + si)
         x[3] *= 1e3
-        xq, xd = _rounded(cp, qm, qtype, x)
-        for glu in (False, True):
-            got = {}
-            for kernel in ("dp4a", "mma"):
-                out = cp.full((37, n_out // 2 if glu else n_out), np.nan, dtype=cp.float32)
-                qm.matmul_prequantized(w, xq, xd, out, kernel=kernel, mma=mma if kernel == "mma" else None, glu=glu)
-                got[kernel] = out.get()
-            assert np.array_equal(got["mma"].view(np.uint32), got["dp4a"].view(np.uint32)), \
-                f"{n_out}x{n_in} glu={glu}: {np.count_nonzero(got['mma'] != got['dp4a'])} outputs differ"
-            if not glu:
-                _check_vs_float64(qtype, raw, x, got["mma"])
+        _assert_equals_dp4a(cp, qm, qtype, w, raw, x, dict(kernel="mma", mma=mma))
 
 
 # (type, warps) of the small-token kernels compiled (qmatmul.SMALL_TYPES, SMALL_WARPS)
@@ -158,18 +165,7 @@ def test_small_token_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, nk):
         x = _x(37, n_in, seed=51 + si)
         x[3] *= 1e3
         for n in (1, 9, 37):
-            xq, xd = _rounded(cp, qm, qtype, x[:n])
-            for glu in (False, True):
-                got = {}
-                for kernel in ("dp4a", "small"):
-                    out = cp.full((n, n_out // 2 if glu else n_out), np.nan, dtype=cp.float32)
-                    qm.matmul_prequantized(w, xq, xd, out, kernel=kernel, glu=glu,
-                                           small=nk if kernel == "small" else None)
-                    got[kernel] = out.get()
-                assert np.array_equal(got["small"].view(np.uint32), got["dp4a"].view(np.uint32)), \
-                    f"{n_out}x{n_in} n={n} glu={glu}: {np.count_nonzero(got['small'] != got['dp4a'])} outputs differ"
-                if not glu:
-                    _check_vs_float64(qtype, raw, x[:n], got["small"])
+            _assert_equals_dp4a(cp, qm, qtype, w, raw, x[:n], dict(kernel="small", small=nk))
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
