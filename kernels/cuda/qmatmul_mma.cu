@@ -313,8 +313,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 template <class T, int NK, int G, bool GLU>
 __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                      const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
-                                     const Out& o, const u32* tab, typename T::U (*su)[G][32],
-                                     float (*part)[16][32]) {
+                                     const Out& o, const u32* tab, typename T::U (*su)[G][32], float (*part)[16][32]) {
     constexpr int NB = 2, NO = 2 * NB * 4, S = T::S, NG = 32 / S;
     static_assert(NG % NK == 0, "whole rounds of groups");
     const int lane = threadIdx.x, warp = threadIdx.y, g = lane >> 2, t = lane & 3, half = n_out / 2;
@@ -322,10 +321,9 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
     const int my_row = GLU ? min(r0 + (lane & 15), half - 1) + (lane < 16 ? 0 : half) : min(r0 + lane, n_out - 1);
     const u8* wr = W + (size_t)my_row * row_bytes;
     const int n_units = k / T::UNIT, n_xb = k / T::XB;
-    float (&tot)[NO][32] = part[NK];               // warp 0's running sums of the outputs (shared: the other
-    if (warp == 0)                                 // warps would hold them in registers for nothing)
+    float tot[NO];
 #pragma unroll
-        for (int i = 0; i < NO; ++i) tot[i][lane] = 0.0f;
+    for (int i = 0; i < NO; ++i) tot[i] = 0.0f;
     for (int rnd = 0; rnd < NG / NK; ++rnd) {
         const int gi = rnd * NK + warp;
         // the group's units in walk order: m -> unit 32 (m / S) + S gi + m % S, while below n_units
@@ -368,15 +366,10 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
             for (int w = 0; w < NK; ++w)
                 if (S * (rnd * NK + w) < n_units)
 #pragma unroll
-                    for (int i = 0; i < NO; ++i) tot[i][lane] = __fadd_rn(tot[i][lane], part[w][i][lane]);
+                    for (int i = 0; i < NO; ++i) tot[i] = __fadd_rn(tot[i], part[w][i][lane]);
         __syncthreads();
     }
-    if (warp == 0) {
-        float sums[NO];
-#pragma unroll
-        for (int i = 0; i < NO; ++i) sums[i] = tot[i][lane];
-        store_outputs<NB, GLU>(o, sums, tok0, n_tok, r0, n_out, g, t);
-    }
+    if (warp == 0) store_outputs<NB, GLU>(o, tot, tok0, n_tok, r0, n_out, g, t);
 }
 
 // kernels mmq[glu]_<type>_w<NW>_n<NB>: NW warps per CTA, NB n8 token tiles per warp (qmatmul.py MMA_VARIANTS);
@@ -404,23 +397,20 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
     MMQ_VARIANT(NAME, T, 4, 4, (T::S > 1 ? 3 : 0))
 // kernels mmqs[glu]_<type>_w<NK> (qmatmul.py small_variant): NK warps per CTA, each decoding G units at a
 // time, G as many as fit 24 KB of unit slots per CTA (at most 4). Built for Q4_K and Q5_K only: on an H200
-// the other types measured slower than their dp4a kernels at 9-16 tokens (perf/kernel_notes.md). Register
-// bound: 3 CTAs of 8 warps (6 of 4) per SM, 80 registers; the compiler's own choice (97-103) allowed 2, and
-// ncu showed the kernel waiting on L1 loads with 3.7 warps per scheduler (small spills, 12-28 bytes, remain)
-#define MMQS_MIN_CTAS(NK) ((NK) == 8 ? 3 : 6)
+// the other types measured slower than their dp4a kernels at 9-16 tokens (perf/kernel_notes.md)
 template <class T, int NK>
 struct SmallG {
     static constexpr int FIT = 24576 / (NK * 32 * (int)sizeof(typename T::U));
     static constexpr int G = FIT < 1 ? 1 : FIT > 4 ? 4 : FIT;
 };
 #define MMQS_KERNEL(NAME, T, NK, GLU, PREFIX)                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * NK, MMQS_MIN_CTAS(NK)) PREFIX##_##NAME##_w##NK(      \
+    extern "C" __global__ void __launch_bounds__(32 * NK) PREFIX##_##NAME##_w##NK(                          \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,              \
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                             \
         constexpr int G = SmallG<T, NK>::G;                                                                \
         GRID_SMEM(T);                                                                                      \
         __shared__ T::U su[NK][G][32];                                                                     \
-        __shared__ float part[NK + 1][16][32];                                                                 \
+        __shared__ float part[NK][16][32];                                                                 \
         load_grid<T>(grid);                                                                                \
         grid_dependency_sync();                                                                            \
         mmqs<T, NK, G, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, su, part);              \
