@@ -166,9 +166,9 @@ def act_format(qtype) -> str | None:
 
 
 def _keeps_tiles(max_tokens: int, tiles: bool | None) -> bool:
-    """Whether ActBuffers keep the tensor-core copy: as `tiles` says, else from NARROW_MIN_TOKENS tokens (below
-    it no launch takes mmq; small_variant)."""
-    return int(max_tokens) >= NARROW_MIN_TOKENS if tiles is None else bool(tiles)
+    """Whether ActBuffers keep the tensor-core kernels' chunk-major copy: as `tiles` says, else from
+    SMALL_MIN_TOKENS tokens (below it no launch takes mmq or mmqs; small_variant)."""
+    return int(max_tokens) >= SMALL_MIN_TOKENS if tiles is None else bool(tiles)
 
 
 def act_buffers_nbytes(max_tokens: int, max_n_in: int, tiles: bool | None = None) -> int:
@@ -381,8 +381,9 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
             nk, mma = (picked[1], None) if kernel == "small" else (nk, picked[1])
     if kernel == "small":
         n_rows = w.n_out // 2 if glu else w.n_out
+        xt, xdt = chunk_major(fmt, xq, xd, tiles or ActBuffers(n, w.n_in, tiles=True))
         launch(CU_MMA, f"{'mmqsglu' if glu else 'mmqs'}_{_KNAME[w.qtype]}_w{nk}",
-               (cdiv(n, SMALL_TILE), cdiv(n_rows, mma_rows(glu))), (32, nk), args)
+               (cdiv(n, SMALL_TILE), cdiv(n_rows, mma_rows(glu))), (32, nk), (*weight, xt, xdt, np.int32(n), *outs))
         return
     name = _KNAME[w.qtype]
     if kernel == "mma" or (kernel == "auto" and chosen and variant is None):

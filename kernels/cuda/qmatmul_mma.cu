@@ -74,19 +74,24 @@ struct Staged {
 };
 
 // A unit's activations as the B fragments read them: word i (T::xword's order) of the warp's token c.
-// StagedX: staged in shared memory (mmq), from the warp's first token; RowX: straight from the row-major
-// activations (mmqs), token tok0 + c clamped to the last one (whose outputs are not stored).
+// StagedX: staged in shared memory (mmq), from the warp's first token; ChunkX: straight from the chunk-major
+// copy act_tiles makes (mmqs: xt (k / 16, n_tok, 16)), token tok0 + c clamped to the last one (whose outputs
+// are not stored). A B-fragment read (4 words of 8 consecutive tokens) is then 128 contiguous bytes, one L1
+// wavefront; from the row-major rows it touched 8 rows (ncu: the small-token kernel was bound by L1 wavefronts).
 template <class T>
 struct StagedX {
     const u32* xw;
     __device__ __forceinline__ u32 word(int c, int i) const { return xw[c * Staged<T>::XSTRIDE + i]; }
 };
 template <class T>
-struct RowX {
-    const i8* xq;
-    int k, last, tok0, u;
+struct ChunkX {
+    const i8* xt;
+    int n_tok, last, tok0, u;
     __device__ __forceinline__ u32 word(int c, int i) const {
-        return T::xword(xq + (size_t)min(tok0 + c, last) * k, u, i);
+        constexpr int CW = T::XCHUNK / 4;              // words per chunk
+        const int o = T::xpos(u, i / CW);              // the chunk's byte in the token's row
+        const i8* chunk = xt + ((size_t)(o >> 4) * n_tok + min(tok0 + c, last)) * 16 + (o & 15);
+        return __ldg((const u32*)chunk + i % CW);
     }
 };
 
@@ -306,13 +311,14 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 // Here a CTA takes 32 rows (GLU: 16 gate and their 16 up rows) by 16 tokens, and its NK warps split the row's
 // groups (UnitWalk) instead: in round rnd warp w walks group gi = rnd * NK + w, decoding G units at a time
 // into its own shared slots (lane r: row r) and multiplying them with the tokens' activations read straight
-// from the row-major xq (no staged copy, no barrier per unit). Each group's sum is left in part[w]; after a
-// round warp 0 adds the NK groups' sums to the outputs' running sums in group order, so every output gets
-// the bits of mmq and the dp4a kernels. xq (n_tok, k) int8, xd (n_tok, k / XB) f32; grid (cdiv(n_tok, 16),
-// cdiv(n_out, 32)) (GLU: cdiv(n_out / 2, 16)), block (32, NK).
+// from the chunk-major copy (ChunkX; no staging, no barrier per unit). Each group's sum is left in part[w];
+// after a round warp 0 adds the NK groups' sums to the outputs' running sums in group order, so every output
+// gets the bits of mmq and the dp4a kernels. xt (k / 16, n_tok, 16) int8 and xdt (k / XB, n_tok) f32: act_tiles'
+// copy of the activations and scales; grid (cdiv(n_tok, 16), cdiv(n_out, 32)) (GLU: cdiv(n_out / 2, 16)),
+// block (32, NK).
 template <class T, int NK, int G, bool GLU>
 __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, int n_out, int k,
-                                     const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
+                                     const i8* __restrict__ xt, const float* __restrict__ xdt, int n_tok,
                                      const Out& o, const u32* tab, typename T::U (*su)[G][32], float (*part)[16][32]) {
     constexpr int NB = 2, NO = 2 * NB * 4, S = T::S, NG = 32 / S;
     static_assert(NG % NK == 0, "whole rounds of groups");
@@ -320,7 +326,7 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
     const int r0 = blockIdx.y * (GLU ? 16 : 32), tok0 = blockIdx.x * 8 * NB, last = n_tok - 1;
     const int my_row = GLU ? min(r0 + (lane & 15), half - 1) + (lane < 16 ? 0 : half) : min(r0 + lane, n_out - 1);
     const u8* wr = W + (size_t)my_row * row_bytes;
-    const int n_units = k / T::UNIT, n_xb = k / T::XB;
+    const int n_units = k / T::UNIT;
     float tot[NO];
 #pragma unroll
     for (int i = 0; i < NO; ++i) tot[i] = 0.0f;
@@ -350,11 +356,11 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
             for (int j = 0; j < G; ++j)
                 if (m0 + j < m_end) {
                     const int m = m0 + j, u = 32 * (m / S) + S * gi + m % S;
-                    unit_mma<T, NB>(su[warp][j], RowX<T>{xq, k, last, tok0, u}, g, t, ci);
+                    unit_mma<T, NB>(su[warp][j], ChunkX<T>{xt, n_tok, last, tok0, u}, g, t, ci);
                     if ((u + 1) % S == 0) {
-                        const float* xs = xd + u / T::UPX;
-                        block_tail<T, NB>(su[warp][j], [xs, n_xb, tok0, last](int c) {
-                            return __ldg(xs + (size_t)min(tok0 + c, last) * n_xb); }, g, t, ci, ch);
+                        const float* xs = xdt + (size_t)(u / T::UPX) * n_tok;
+                        block_tail<T, NB>(su[warp][j], [xs, tok0, last](int c) { return __ldg(xs + min(tok0 + c, last)); },
+                                          g, t, ci, ch);
                     }
                 }
             __syncwarp();
@@ -405,15 +411,15 @@ struct SmallG {
 };
 #define MMQS_KERNEL(NAME, T, NK, GLU, PREFIX)                                                              \
     extern "C" __global__ void __launch_bounds__(32 * NK) PREFIX##_##NAME##_w##NK(                          \
-        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,              \
-        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                             \
+        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xt,              \
+        const float* __restrict__ xdt, int n_tok, OUT_PARAMS) {                                            \
         constexpr int G = SmallG<T, NK>::G;                                                                \
         GRID_SMEM(T);                                                                                      \
         __shared__ T::U su[NK][G][32];                                                                     \
         __shared__ float part[NK][16][32];                                                                 \
         load_grid<T>(grid);                                                                                \
         grid_dependency_sync();                                                                            \
-        mmqs<T, NK, G, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, su, part);              \
+        mmqs<T, NK, G, GLU>(W, row_bytes, n_out, k, xt, xdt, n_tok, OUT_ARGS, grid, su, part);              \
     }
 #define MMQS_KERNELS(NAME, T) MMQS_KERNEL(NAME, T, 4, false, mmqs) MMQS_KERNEL(NAME, T, 4, true, mmqsglu) \
     MMQS_KERNEL(NAME, T, 8, false, mmqs) MMQS_KERNEL(NAME, T, 8, true, mmqsglu)

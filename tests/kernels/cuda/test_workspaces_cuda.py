@@ -12,7 +12,7 @@ def test_act_buffers_nbytes_is_what_they_allocate(cp, max_tokens, max_n_in, tile
     bufs = qm.ActBuffers(max_tokens, max_n_in, tiles)
     arrays = [*bufs._xq.values(), *bufs._xd.values(), *(bufs._tiles or ())]
     assert sum(a.nbytes for a in arrays) == qm.act_buffers_nbytes(max_tokens, max_n_in, tiles)
-    assert (bufs._tiles is not None) == (max_tokens >= qm.NARROW_MIN_TOKENS if tiles is None else tiles)
+    assert (bufs._tiles is not None) == (max_tokens >= qm.SMALL_MIN_TOKENS if tiles is None else tiles)
     if bufs._tiles is not None:                     # the chunk-major views lie in them, from their start
         xt, xdt = bufs.tiles("q8_0", max_tokens, max_n_in)
         assert xt.shape == (max_n_in // 16, max_tokens, 16) and xdt.shape == (max_n_in // 32, max_tokens)
