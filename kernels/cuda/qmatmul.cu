@@ -19,16 +19,21 @@
 #include "act_quant.cuh"
 
 // --------------------------------------------------------------------------------------- mat-mul
-// Rows of warp w: RW consecutive rows from w * RW, or (GLU, RW = 2) w and w + n_out / 2. -> false when
-// the warp has none (whole warps leave: each warp folds its own lanes).
+// Rows of warp w: RW consecutive rows from w * RW, or (GLU) RW / 2 consecutive gate rows i = w * RW / 2 ..
+// and their up rows i + n_out / 2 ... -> false when the warp has none (whole warps leave: each warp folds its
+// own lanes). Gate rows past the last (n_out / 2 odd) read up rows; their outputs are not stored.
 template <int RW, bool GLU>
 __device__ __forceinline__ bool warp_rows(int n_out, int* rows) {
     const int w = blockIdx.x * blockDim.y + threadIdx.y;
     if constexpr (GLU) {
-        static_assert(RW == 2, "a GLU warp takes one gate row and one up row");
-        rows[0] = w;
-        rows[1] = w + n_out / 2;
-        return w < n_out / 2;
+        static_assert(RW % 2 == 0, "a GLU warp takes gate rows and their up rows");
+        constexpr int P = RW / 2;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            rows[p] = w * P + p;
+            rows[P + p] = w * P + p + n_out / 2;
+        }
+        return rows[0] < n_out / 2;
     } else {
 #pragma unroll
         for (int r = 0; r < RW; ++r) rows[r] = w * RW + r;
@@ -45,7 +50,9 @@ __device__ __forceinline__ void put_rows(const Out& o, const int* rows, int n_ou
     if (t >= nt) return;
     const float* s = res + t * RW;
     if constexpr (GLU) {
-        o.glu(t0 + t, rows[0], n_out / 2, s[0], s[1]);
+#pragma unroll
+        for (int p = 0; p < RW / 2; ++p)
+            if (rows[p] < n_out / 2) o.glu(t0 + t, rows[p], n_out / 2, s[p], s[RW / 2 + p]);
     } else {
 #pragma unroll
         for (int r = 0; r < RW; ++r)
@@ -287,28 +294,30 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         grid_dependency_sync();                                                                           \
         mm_q<T, TILE, RW, G, false>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);               \
     }
-#define MM_Q_GLU_KERNEL(NAME, T, TILE, G)                                                                 \
-    extern "C" __global__ void __launch_bounds__(256) mmglu_##NAME##_t##TILE##_g##G(                      \
+#define MM_Q_GLU_KERNEL(NAME, T, TILE, RW, G)                                                             \
+    extern "C" __global__ void __launch_bounds__(256) mmglu_##NAME##_t##TILE##_r##RW##_g##G(              \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
         GRID_SMEM(T);                                                                                     \
         load_grid<T>(grid);                                                                               \
         grid_dependency_sync();                                                                           \
-        mm_q<T, TILE, 2, G, true>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                 \
+        mm_q<T, TILE, RW, G, true>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                \
     }
 // The variants the launcher picks from (qmatmul.py dp4a_variant: (TILE, RW, G) by token tile and type).
 #define MM_Q_KERNELS(NAME, T)                                                                             \
     MM_Q_SK_KERNEL(NAME, T)                                                                               \
     MM_Q_KERNEL(NAME, T, 1, 1, 1) MM_Q_KERNEL(NAME, T, 1, 2, 1) MM_Q_KERNEL(NAME, T, 1, 2, 2)             \
     MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1) MM_Q_KERNEL(NAME, T, 8, 4, 1)             \
-    MM_Q_GLU_KERNEL(NAME, T, 1, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 1)          \
-    MM_Q_GLU_KERNEL(NAME, T, 8, 1)
+    MM_Q_GLU_KERNEL(NAME, T, 1, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 2, 1)    \
+    MM_Q_GLU_KERNEL(NAME, T, 8, 2, 1)
 #ifdef QMM_EXPLORE   // perf/bench_gpu.py --explore: the other candidates (qmatmul.py EXPLORE_VARIANTS) of 5 types
 #define MM_Q_MORE(NAME, T)                                                                                \
     MM_Q_KERNEL(NAME, T, 1, 1, 4) MM_Q_KERNEL(NAME, T, 1, 2, 4) MM_Q_KERNEL(NAME, T, 1, 4, 1)             \
     MM_Q_KERNEL(NAME, T, 2, 1, 1) MM_Q_KERNEL(NAME, T, 2, 2, 2) MM_Q_KERNEL(NAME, T, 4, 1, 1)             \
     MM_Q_KERNEL(NAME, T, 4, 4, 1) MM_Q_KERNEL(NAME, T, 8, 1, 1) MM_Q_KERNEL(NAME, T, 8, 2, 1)             \
-    MM_Q_KERNEL(NAME, T, 8, 2, 2) MM_Q_KERNEL(NAME, T, 16, 1, 1) MM_Q_KERNEL(NAME, T, 16, 2, 1)
+    MM_Q_KERNEL(NAME, T, 8, 2, 2) MM_Q_KERNEL(NAME, T, 16, 1, 1) MM_Q_KERNEL(NAME, T, 16, 2, 1)             \
+    MM_Q_GLU_KERNEL(NAME, T, 1, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 4, 1)    \
+    MM_Q_GLU_KERNEL(NAME, T, 8, 4, 1)
 #else
 #define MM_Q_MORE(NAME, T)
 #endif

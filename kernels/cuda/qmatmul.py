@@ -40,7 +40,7 @@ ACT_TILE_THREADS = 256      # threads (16-byte chunks) per CTA of act_tiles
 DQ_THREADS = 128            # units per CTA of dequant_rows
 MAX_GRID_Y = 65535
 # The dp4a kernel's work split per token tile: (rows per warp RW, units in flight per lane G); kernels
-# mm_<type>_t<tile>_r<RW>_g<G> (GLU kernels mmglu_<type>_t<tile>_g1, two rows per warp). From
+# mm_<type>_t<tile>_r<RW>_g<G> (GLU kernels mmglu_<type>_t<tile>_r<RW>_g1: DP4A_GLU_ROWS). From
 # perf/bench_gpu.py --explore on an H200 (2026-12-02, kernel_notes.md): at 1 token two rows per warp
 # (each activation load serves both) take 4096x14336 Q4_K from 15.7 to 11.3 us and IQ3_XXS from 19.9 to
 # 17.0, Q6_K also wants two units in flight; the 34/18/22-byte blocks (Q8_0, Q4_0, Q5_0, IQ4_NL) stay
@@ -48,6 +48,8 @@ MAX_GRID_Y = 65535
 DP4A_TILE1 = {QType.Q6_K: (2, 2), QType.Q8_0: (1, 1), QType.Q4_0: (1, 1), QType.Q5_0: (1, 1),
               QType.IQ4_NL: (1, 1)}
 DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
+# GLU kernels mmglu_<type>_t<tile>_r<RW>_g1: RW / 2 gate rows and their up rows per warp
+DP4A_GLU_ROWS = {1: 2, 2: 2, 4: 2, 8: 2}
 # One token over few, long rows: the split-K kernel mmsk_<type> (WARPS_PER_CTA warps per row, the same
 # bits as the dp4a kernel; qmatmul.cu mm_q_sk) where the matrix has at most SPLIT_K_MAX_ROWS rows and its
 # rows at least SPLIT_K_MIN_ROUNDS rounds of 32 units. H200 (2026-12-02, kernel_notes.md), 896x4864: Q6_K
@@ -93,6 +95,7 @@ BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",)}
 EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2),
                     (16, 1, 1), (16, 2, 1)]
+EXPLORE_GLU_VARIANTS = [(1, 4, 1), (2, 4, 1), (4, 4, 1), (8, 4, 1)]   # (tile, RW, G) of GLU kernels there
 _KNAME = {QType.Q8_0: "q8_0", QType.Q4_0: "q4_0", QType.Q5_0: "q5_0", QType.IQ4_NL: "iq4_nl",
           QType.Q4_K: "q4_k", QType.Q5_K: "q5_k", QType.Q6_K: "q6_k", QType.IQ3_XXS: "iq3_xxs",
           QType.F32: "f32", QType.F16: "f16", QType.BF16: "bf16"}
@@ -101,8 +104,10 @@ _UNIT = {QType.Q4_K: 64, QType.Q5_K: 64, QType.F32: 8, QType.F16: 8, QType.BF16:
 XBLOCK = {"q8_0": 32, "q8_k": 256}   # activations per scale
 
 
-def dp4a_variant(qtype, tile: int) -> tuple[int, int, int]:
-    """(tile, RW, G) of the dp4a kernel for a launch whose token tile is `tile`."""
+def dp4a_variant(qtype, tile: int, glu: bool = False) -> tuple[int, int, int]:
+    """(tile, RW, G) of the dp4a kernel for a launch whose token tile is `tile` (GLU: RW gate and up rows)."""
+    if glu:
+        return tile, DP4A_GLU_ROWS[tile], 1
     rw, g = DP4A_TILE1.get(QType(int(qtype)), DP4A_VARIANTS[1]) if tile == 1 else DP4A_VARIANTS[tile]
     return tile, rw, g
 
@@ -404,9 +409,9 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
                              f"{SPLIT_K_SMEM // 8} (token, unit) pairs")
         launch(CU, f"mmsk_{name}", (w.n_out,), (32, WARPS_PER_CTA), args, shared_mem=smem, options=BUILDS[build])
         return
-    tile, rw, g = variant if variant is not None else dp4a_variant(w.qtype, _tile(n))
-    kname = f"mmglu_{name}_t{tile}_g1" if glu else f"mm_{name}_t{tile}_r{rw}_g{g}"
-    warps = w.n_out // 2 if glu else cdiv(w.n_out, rw)
+    tile, rw, g = variant if variant is not None else dp4a_variant(w.qtype, _tile(n), glu)
+    kname = f"{'mmglu' if glu else 'mm'}_{name}_t{tile}_r{rw}_g{g}"
+    warps = cdiv(w.n_out // 2, rw // 2) if glu else cdiv(w.n_out, rw)
     launch(CU, kname, (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)), (32, WARPS_PER_CTA), args,
            options=BUILDS[build])
 

@@ -360,6 +360,26 @@ def test_every_dp4a_variant_gives_the_same_bits(cp, qm, qtype):
         assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), ("sk", n)
 
 
+@pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q6_K, QType.Q5_0], ids=lambda t: t.name)
+def test_every_glu_variant_gives_the_same_bits(cp, qm, qtype):
+    """GLU warps of one gate-up row pair (the default build) or two (the benchmark build) give the default
+    launch's bits, with an odd number of gate rows (the second pair of the last warp has no gate row)."""
+    bs = gguf.GGML_QUANT_SIZES[qtype][0]
+    n_out, n_in = (2 * 37, 4608) if bs == 256 else (2 * 37, 2400)
+    w, _ = _weight(qm, qtype, n_out, n_in, seed=66)
+    xq, xd = _rounded(cp, qm, qtype, _x(16, n_in, seed=67))
+    ref = cp.full((16, n_out // 2), np.nan, cp.float32)
+    qm.matmul_prequantized(w, xq, xd, ref, kernel="dp4a", glu=True)
+    ref = ref.get()
+    default = sorted({qm.dp4a_variant(qtype, tile, glu=True) for tile in qm.TOKEN_TILES})
+    for build, variants in (("default", default), ("explore", qm.EXPLORE_GLU_VARIANTS)):
+        for tile, rw, g in variants:
+            for n in sorted({1, tile, 8, 16}):
+                out = cp.full((n, n_out // 2), np.nan, cp.float32)
+                qm.matmul_prequantized(w, xq[:n], xd[:n], out, glu=True, variant=(tile, rw, g), build=build)
+                assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (build, tile, rw, g, n)
+
+
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_out,n_in", [(37, 2304), (10, 14336)])
 @pytest.mark.parametrize("n_tok", [1, 3, 4])
