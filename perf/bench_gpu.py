@@ -71,9 +71,9 @@ def copy_bandwidth(cp):
     return 2 * n / t
 
 
-def bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant=None, build="default"):
+def bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant=None, build="default", glu=False):
     """(seconds, bytes moved) of one mat-mul through the launcher (variant, build: the dp4a kernel's, on
-    activations rounded once outside the timing; see qmatmul.matmul_prequantized)."""
+    activations rounded once outside the timing; see qmatmul.matmul_prequantized; glu: n_out gate and up rows)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
     qt = QT[qtype]
@@ -86,16 +86,16 @@ def bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant=None, build="default
     w = SimpleNamespace(name="bench", qtype=qt, n_out=n_out, n_in=n_in, raw=host)
     ws = [qm.upload(w) for _ in range(copies)]
     x = cp.asarray(rng.standard_normal((n_tok, n_in), dtype=np.float32))
-    out = cp.empty((n_tok, n_out), cp.float32)
+    out = cp.empty((n_tok, n_out // 2 if glu else n_out), cp.float32)
     act = qm.ActBuffers(max(n_tok, 16), n_in)
     if variant is None:
-        t = timed_in_graph(cp, [lambda w=w: qm.matmul(w, x, out, act) for w in ws])
+        t = timed_in_graph(cp, [lambda w=w: qm.matmul(w, x, out, act, glu=glu) for w in ws])
     else:
         fmt = qm.act_format(qt)
         xq, xd = act.views(fmt, n_tok, n_in)
         qm.quantize_activations(fmt, x, xq, xd)
-        t = timed_in_graph(cp, [lambda w=w: qm.matmul_prequantized(w, xq, xd, out, variant=variant, build=build)
-                                for w in ws])
+        t = timed_in_graph(cp, [lambda w=w: qm.matmul_prequantized(w, xq, xd, out, variant=variant, build=build,
+                                                                   glu=glu) for w in ws])
     moved = nbytes + x.nbytes + out.nbytes
     del ws
     return t, moved
@@ -209,7 +209,20 @@ def variant_rows(cp, copy_bw):
             t, moved = bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant, "explore")
             rows.append((f"{label} r{variant[1]} g{variant[2]}", t * 1e6, moved / t / 1e9, moved / t / copy_bw))
             print(f"{rows[-1][0]:48s} {rows[-1][1]:9.1f} {rows[-1][2]:8.0f} {rows[-1][3]:9.0%}", flush=True)
+    for label, qtype, n_out, n_in, n_tok in GLU_EXPLORE_KERNELS:   # gate-up row pairs per warp (* the default)
+        tile = qm._tile(n_tok)
+        default = qm.dp4a_variant(qtype, tile, glu=True)
+        for variant, build in [(default, "default")] + [(v, "explore") for v in qm.EXPLORE_GLU_VARIANTS
+                                                         if v[0] == tile]:
+            t, moved = bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant, build, glu=True)
+            rows.append((f"{label} r{variant[1]}{' *' if build == 'default' else ''}", t * 1e6, moved / t / 1e9,
+                         moved / t / copy_bw))
+            print(f"{rows[-1][0]:48s} {rows[-1][1]:9.1f} {rows[-1][2]:8.0f} {rows[-1][3]:9.0%}", flush=True)
     return rows
+
+
+GLU_EXPLORE_KERNELS = [(f"{qtype} gate+up 4096x2x14336 n={n}", qtype, 2 * 14336, 4096, n)
+                       for qtype in ("IQ3_XXS", "Q4_K") for n in (1, 2, 4, 8, 16)]
 
 
 EXPLORE_KERNELS = [  # launch-bound shapes of the 0.5B model, and decode steps of 16 sequences, for --explore

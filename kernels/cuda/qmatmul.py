@@ -48,8 +48,11 @@ MAX_GRID_Y = 65535
 DP4A_TILE1 = {QType.Q6_K: (2, 2), QType.Q8_0: (1, 1), QType.Q4_0: (1, 1), QType.Q5_0: (1, 1),
               QType.IQ4_NL: (1, 1)}
 DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
-# GLU kernels mmglu_<type>_t<tile>_r<RW>_g1: RW / 2 gate rows and their up rows per warp
-DP4A_GLU_ROWS = {1: 2, 2: 2, 4: 2, 8: 2}
+# GLU kernels mmglu_<type>_t<tile>_r<RW>_g1: RW / 2 gate rows and their up rows per warp, so each activation load
+# serves RW rows. H200 (2026-12-04, kernel_notes.md), gate+up 4096x2x14336 at 1 / 2 / 4 / 8 tokens, one pair
+# against two: Q4_K 20.6 / 31.0 / 47.0 / 80.4 against 23.7 / 27.6 / 38.3 / 69.1 us, IQ3_XXS 34.3 / 37.5 / 43.9 /
+# 60.0 against 33.5 / 36.7 / 41.5 / 57.8 (16 tokens 115.2 -> 108.2)
+DP4A_GLU_ROWS = {1: 2, 2: 4, 4: 4, 8: 4}
 # One token over few, long rows: the split-K kernel mmsk_<type> (WARPS_PER_CTA warps per row, the same
 # bits as the dp4a kernel; qmatmul.cu mm_q_sk) where the matrix has at most SPLIT_K_MAX_ROWS rows and its
 # rows at least SPLIT_K_MIN_ROUNDS rounds of 32 units. H200 (2026-12-02, kernel_notes.md), 896x4864: Q6_K
@@ -95,7 +98,7 @@ BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",)}
 EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2),
                     (16, 1, 1), (16, 2, 1)]
-EXPLORE_GLU_VARIANTS = [(1, 4, 1), (2, 4, 1), (4, 4, 1), (8, 4, 1)]   # (tile, RW, G) of GLU kernels there
+EXPLORE_GLU_VARIANTS = [(1, 4, 1), (2, 2, 1), (4, 2, 1), (8, 2, 1)]   # (tile, RW, G) of GLU kernels there
 _KNAME = {QType.Q8_0: "q8_0", QType.Q4_0: "q4_0", QType.Q5_0: "q5_0", QType.IQ4_NL: "iq4_nl",
           QType.Q4_K: "q4_k", QType.Q5_K: "q5_k", QType.Q6_K: "q6_k", QType.IQ3_XXS: "iq3_xxs",
           QType.F32: "f32", QType.F16: "f16", QType.BF16: "bf16"}
