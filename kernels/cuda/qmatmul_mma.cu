@@ -66,14 +66,14 @@ struct UnitWalk {
     }
 };
 
-// Staged activations of one unit: word i (T::xword's order) of the CTA's token c at xw[c * XSTRIDE + i],
+// Staged activations of one unit: word i (T::xload's order) of the CTA's token c at xw[c * XSTRIDE + i],
 // the padding making a warp's B-fragment reads (8 tokens x 4 words) hit 32 different banks.
 template <class T>
 struct Staged {
     static constexpr int XSTRIDE = T::NW + 4;
 };
 
-// A unit's activations as the B fragments read them: word i (T::xword's order) of the warp's token c.
+// A unit's activations as the B fragments read them: word i (T::xload's order) of the warp's token c.
 // StagedX: staged in shared memory (mmq), from the warp's first token; ChunkX: straight from the chunk-major
 // copy act_tiles makes (mmqs: xt (k / 16, n_tok, 16)), token tok0 + c clamped to the last one (whose outputs
 // are not stored). A B-fragment read (4 words of 8 consecutive tokens) is then 128 contiguous bytes, one L1

@@ -133,7 +133,7 @@ __device__ __forceinline__ void lookup16(u32 q, const u32* t, u32& lo, u32& hi) 
 }
 
 // --------------------------------------------------------------------------------- weight types
-// Each type (over TBase: UNIT, XB, NW, S, offset, xload, xword): decode(row, u, tab, U&) -> the unit's weights as
+// Each type (over TBase: UNIT, XB, NW, S, offset, xload, xpos): decode(row, u, tab, U&) -> the unit's weights as
 // packed int8 words in the order of its activations and its scales; ints(U, x words) -> the integer part I of
 // the unit's dot with one token (exact); tail(U, I, xd, a, b) -> the two operands of acc = fma(a, b, acc) that
 // add a superblock's integer part to a token's running sum; deq(U, row out + offset(u)) -> gguf's float values.
@@ -173,12 +173,8 @@ struct TBase {
             x[4 * i] = v.x; x[4 * i + 1] = v.y; x[4 * i + 2] = v.z; x[4 * i + 3] = v.w;
         }
     }
-    // word i (< NW) of the unit's activations of one token row, as xload orders them
-    static __device__ __forceinline__ u32 xword(const i8* xr, int u, int i) {
-        return __ldg((const unsigned int*)(xr + offset(u)) + i);
-    }
-    // the same words as XCHUNK-byte pieces: piece q = words q * XCHUNK / 4 .., at byte xpos(u, q) of the token's
-    // row (the tensor-core kernel's copies)
+    // the unit's activation words (xload's order) as XCHUNK-byte pieces: piece q = words q * XCHUNK / 4 .., at
+    // byte xpos(u, q) of the token's row (the tensor-core kernels' reads of act_tiles' copy)
     static constexpr int XCHUNK = 16;
     static __device__ __forceinline__ int xpos(int u, int q) { return u * UNIT_ + 16 * q; }
 };
@@ -372,9 +368,6 @@ struct TQ6_K : TBase<32, 256, 8> {
             x[2 * c] = r.x;
             x[2 * c + 1] = r.y;
         }
-    }
-    static __device__ __forceinline__ u32 xword(const i8* xr, int u, int i) {
-        return __ldg((const unsigned int*)(xr + offset(u) + 32 * (i >> 1)) + (i & 1));
     }
     static constexpr int XCHUNK = 8;
     static __device__ __forceinline__ int xpos(int u, int q) { return offset(u) + 32 * q; }
