@@ -223,6 +223,38 @@ def variant_rows(cp, copy_bw):
 
 GLU_EXPLORE_KERNELS = [(f"{qtype} gate+up 4096x2x14336 n={n}", qtype, 2 * 14336, 4096, n)
                        for qtype in ("IQ3_XXS", "Q4_K") for n in (1, 2, 4, 8, 16)]
+# (type, rows, row length, GLU, tokens): decode steps of 16 sequences on the types `auto` leaves on dp4a there
+SMALL_EXPLORE = [("Q6_K", 4096, 14336, False, 16), ("Q6_K", 32000, 4096, False, 16),
+                 ("IQ3_XXS", 4096, 14336, False, 16), ("IQ3_XXS", 2 * 14336, 4096, True, 16),
+                 ("Q8_0", 14336, 4096, False, 16)]
+
+
+def small_explore_rows(cp, copy_bw):
+    """--explore: the small-token kernel of the explore build (qmatmul.SMALL_EXPLORE_WARPS) against what `auto`
+    takes, each checked bit for bit against the dp4a kernel on the same inputs (chunk-major copy timed with it)."""
+    from strata_lite.kernels.cuda import qmatmul as qm
+    rows = []
+    for qtype, n_out, n_in, glu, n_tok in SMALL_EXPLORE:
+        ws, xq, xd = gemm_inputs(cp, qm, qtype, n_out, n_in, n_tok)
+        tiles = qm.ActBuffers(n_tok, n_in, tiles=True)
+        out = cp.empty((n_tok, n_out // 2 if glu else n_out), cp.float32)
+        ref = cp.empty_like(out)
+        qm.matmul_prequantized(ws[0], xq, xd, ref, kernel="dp4a", glu=glu)
+        launches = [("auto *", {})] + [(f"small w{nk}", dict(kernel="small", small=nk, build="explore"))
+                                       for nk in qm.SMALL_EXPLORE_WARPS[ws[0].qtype]]
+        for name, kw in launches:
+            def call(w, kw=kw):
+                qm.matmul_prequantized(w, xq, xd, out, glu=glu, tiles=tiles, **kw)
+            call(ws[0])
+            same = bool(cp.array_equal(out.view(cp.uint32), ref.view(cp.uint32)))
+            t = timed_in_graph(cp, [lambda w=w: call(w) for w in ws] * 2)
+            moved = ws[0].raw.nbytes + xq.nbytes + out.nbytes
+            label = f"{qtype} {n_in}x{n_out}{' GLU' if glu else ''} n={n_tok} {name}"
+            label += "" if same else " DIFFERENT BITS"
+            rows.append((label, t * 1e6, moved / t / 1e9, moved / t / copy_bw))
+            print(f"{rows[-1][0]:48s} {rows[-1][1]:9.1f} {rows[-1][2]:8.0f} {rows[-1][3]:9.0%}", flush=True)
+        del ws
+    return rows
 
 
 EXPLORE_KERNELS = [  # launch-bound shapes of the 0.5B model, and decode steps of 16 sequences, for --explore
@@ -511,7 +543,7 @@ def gemm_explore_rows(cp):
                 args = (w.raw, np.int32(w.raw.shape[1]), np.int32(n_out), np.int32(n_in), xt, xdt, np.int32(n_tok),
                         *qm._out_args(w, n_tok, out, None, False, False))
                 launch(qm.CU_MMA, f"mmq_{qm._KNAME[qt]}_{suffix}", (cdiv(n_tok, 8 * nb * warps), cdiv(n_out, 32)),
-                       (32, warps), args, shared_mem=qm.mma_smem(qt, warps, nb), options=("-DMMQ_EXPLORE",))
+                       (32, warps), args, shared_mem=qm.mma_smem(qt, warps, nb), options=qm.MMA_BUILDS["explore"])
             call(ws[0])
             same = bool(cp.array_equal(out.view(cp.uint32), ref.view(cp.uint32)))
             t = timed_in_graph(cp, [lambda w=w: call(w) for w in ws] * 2)
@@ -539,7 +571,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="/dev/shm/strata-synth", help="folder for the synthetic GGUF files")
     ap.add_argument("--quick", action="store_true", help="one model, fewer kernels")
     ap.add_argument("--json", default=None, help="also write every figure to this file")
-    ap.add_argument("--explore", action="store_true", help="only the dp4a kernel variants (kernel_notes.md)")
+    ap.add_argument("--explore", action="store_true",
+                    help="only the dp4a kernel variants and the explore build's small-token kernels (kernel_notes.md)")
     ap.add_argument("--gemm", action="store_true", help="only the prompt mat-mul table (* marks the kernel auto takes)")
     ap.add_argument("--gemm-explore", action="store_true", help="only the tensor-core kernel's candidate variants")
     ap.add_argument("--prompt", action="store_true", help="only the synthetic models' 512-token prompt forwards")
@@ -565,6 +598,7 @@ def main(argv=None) -> int:
     if args.explore:
         print(f"\n{be.describe()}; copy bandwidth {copy_bw / 1e9:,.0f} GB/s (read + write)")
         variant_rows(cp, copy_bw)
+        small_explore_rows(cp, copy_bw)
         return 0
     if args.gemm or args.prompt or args.gemm_explore:
         print(f"\n{be.describe()}")

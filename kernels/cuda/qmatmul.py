@@ -90,11 +90,15 @@ SMALL_MIN_TOKENS = 9
 # 16-sequence decode 3-5% slower (7,535-7,568 -> 7,185-7,339 tok/s), so such grids stay on dp4a
 SMALL_MIN_CTAS = 128
 SMALL_WIDE_MAX_TOKENS = 32
+# the small-token kernel's other types, built only with -DMMQ_EXPLORE (MMA_BUILDS["explore"]) for bench_gpu.py
+# --explore: warps each may take (the 256-weight superblock types have 4 unit groups)
+SMALL_EXPLORE_WARPS = {QType.Q6_K: (4,), QType.IQ3_XXS: (4,), QType.Q8_0: (4, 8)}
 NARROW_MIN_TOKENS = 24
 NARROW_MIN_CTAS = 896
 
 # perf/bench_gpu.py --explore: a build of qmatmul.cu with more (tile, RW, G) candidates
 BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",)}
+MMA_BUILDS = {"default": (), "explore": ("-DMMQ_EXPLORE",)}   # the same for qmatmul_mma.cu
 EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2),
                     (16, 1, 1), (16, 2, 1)]
@@ -359,7 +363,8 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     the results are the same bits); small: the small-token tensor-core kernel's warps (SMALL_WARPS; None: the
     first); mma: the tensor-core kernel's variant, one of MMA_VARIANTS (None: as
     tensor_core_variant says, else MMA_NARROW); variant (benchmarks): the dp4a kernel's (tile, RW, G), from the kernels of
-    `build` (BUILDS), or "sk" for the split-K kernel (up to SPLIT_K_MAX_TOKENS tokens; split_k says when
+    `build` (BUILDS; the small-token kernel's from MMA_BUILDS[build], whose "explore" build adds the types of
+    SMALL_EXPLORE_WARPS), or "sk" for the split-K kernel (up to SPLIT_K_MAX_TOKENS tokens; split_k says when
     "auto" takes it). tiles: the ActBuffers whose tiles() take the tensor-core kernel's chunk-major copy of
     xq and xd (None: a new one, allocated here; the engine passes its workspace)."""
     fmt = act_format(w.qtype)
@@ -374,9 +379,12 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
         raise ValueError(f"kernel must be auto, dp4a, mma or small and mma one of {MMA_VARIANTS}, got {kernel!r}, "
                          f"{mma!r}")
     nk = small or SMALL_WARPS[0]
-    if kernel == "small" and (QType(int(w.qtype)) not in SMALL_TYPES or nk not in SMALL_WARPS):
+    qtype = QType(int(w.qtype))
+    if kernel == "small" and not ((qtype in SMALL_TYPES and nk in SMALL_WARPS)
+                                  or (build == "explore" and nk in SMALL_EXPLORE_WARPS.get(qtype, ()))):
         raise ValueError(f"the small-token kernel takes {sorted(t.name for t in SMALL_TYPES)} and small in "
-                         f"{SMALL_WARPS}, got {w.qtype.name} and {small!r}")
+                         f"{SMALL_WARPS} (build='explore' also {sorted(t.name for t in SMALL_EXPLORE_WARPS)}), "
+                         f"got {w.qtype.name}, {small!r} and build={build!r}")
     if n == 0:
         return
     weight = (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in))
@@ -391,7 +399,8 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
         n_rows = w.n_out // 2 if glu else w.n_out
         xt, xdt = chunk_major(fmt, xq, xd, tiles or ActBuffers(n, w.n_in, tiles=True))
         launch(CU_MMA, f"{'mmqsglu' if glu else 'mmqs'}_{_KNAME[w.qtype]}_w{nk}",
-               (cdiv(n, SMALL_TILE), cdiv(n_rows, mma_rows(glu))), (32, nk), (*weight, xt, xdt, np.int32(n), *outs))
+               (cdiv(n, SMALL_TILE), cdiv(n_rows, mma_rows(glu))), (32, nk), (*weight, xt, xdt, np.int32(n), *outs),
+               options=MMA_BUILDS[build])
         return
     name = _KNAME[w.qtype]
     if kernel == "mma" or (kernel == "auto" and chosen and variant is None):

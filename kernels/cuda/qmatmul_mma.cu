@@ -442,3 +442,9 @@ MMQ_KERNELS(q5_k, TQ5_K)
 MMQS_KERNELS(q5_k, TQ5_K)
 MMQ_KERNELS(q6_k, TQ6_K)
 MMQ_KERNELS(iq3_xxs, TIQ3_XXS)
+#ifdef MMQ_EXPLORE   // the small-token kernel for types the launcher leaves on dp4a at 9-63 tokens (bench_gpu.py
+                     // --explore; qmatmul.py SMALL_EXPLORE_WARPS): 4 warps for the 4-group superblock types
+MMQS_KERNEL(q6_k, TQ6_K, 4, false, mmqs) MMQS_KERNEL(q6_k, TQ6_K, 4, true, mmqsglu)
+MMQS_KERNEL(iq3_xxs, TIQ3_XXS, 4, false, mmqs) MMQS_KERNEL(iq3_xxs, TIQ3_XXS, 4, true, mmqsglu)
+MMQS_KERNELS(q8_0, TQ8_0)
+#endif

@@ -5,7 +5,8 @@ the choice is about speed, from the H200 measurements in tensor_core_variant's d
 from gguf import GGMLQuantizationType as QType
 
 from strata_lite.kernels.cuda.qmatmul import (MMA_MIDDLE, MMA_MIN_TOKENS, MMA_NARROW, MMA_VARIANTS, MMA_WIDEST,
-                                              mma_smem, small_variant, split_k, tensor_core_variant)
+                                              TOKEN_TILES, dp4a_variant, mma_smem, small_variant, split_k,
+                                              tensor_core_variant)
 
 
 def test_the_prompt_kernel_choice_starts_at_mma_min_tokens():
@@ -101,3 +102,11 @@ def test_step_graph_buckets_follow_the_engine_size():
     assert step_buckets(17, 512) == step_buckets(32, 512) == (1, 2, 4, 8, 16, 32)
     assert step_buckets(33, 512) == step_buckets(500, 512) == (1, 2, 4, 8, 16, 32, 64)
     assert step_buckets(64, 48) == (1, 2, 4, 8, 16, 32)
+
+
+def test_glu_warps_take_two_gate_up_pairs_from_two_tokens():
+    """The dp4a GLU kernels: one gate row and its up row per warp at one token, two pairs from 2 tokens (each
+    activation load then serves four rows; measured faster there, slower at one token for Q4_K)."""
+    for qtype in (QType.Q4_K, QType.IQ3_XXS, QType.Q5_0):
+        assert [dp4a_variant(qtype, tile, glu=True) for tile in TOKEN_TILES] == \
+            [(1, 2, 1), (2, 4, 1), (4, 4, 1), (8, 4, 1)]

@@ -148,12 +148,14 @@ def test_tensor_core_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, mma):
         _assert_equals_dp4a(cp, qm, qtype, w, raw, x, dict(kernel="mma", mma=mma))
 
 
-# (type, warps) of the small-token kernels compiled (qmatmul.SMALL_TYPES, SMALL_WARPS)
-SMALL_CASES = [(qt, nk) for qt in (QType.Q4_K, QType.Q5_K) for nk in (4, 8)]
+# (type, warps, build) of the small-token kernels compiled (qmatmul.SMALL_TYPES, SMALL_WARPS; the explore build's
+# SMALL_EXPLORE_WARPS)
+SMALL_CASES = [(qt, nk, "default") for qt in (QType.Q4_K, QType.Q5_K) for nk in (4, 8)] + \
+    [(QType.Q6_K, 4, "explore"), (QType.IQ3_XXS, 4, "explore"), (QType.Q8_0, 4, "explore"), (QType.Q8_0, 8, "explore")]
 
 
-@pytest.mark.parametrize("qtype,nk", SMALL_CASES, ids=[f"{qt.name}-w{nk}" for qt, nk in SMALL_CASES])
-def test_small_token_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, nk):
+@pytest.mark.parametrize("qtype,nk,build", SMALL_CASES, ids=[f"{qt.name}-w{nk}-{b}" for qt, nk, b in SMALL_CASES])
+def test_small_token_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, nk, build):
     """The small-token tensor-core kernel (warps splitting the unit groups, group sums folded in order)
     gives the dp4a kernel's bits, plain and GLU: one token, a partial tile (9), three tiles with a partial
     last one (37), rows that do not fill the CTA, several units per group and groups without units (the
@@ -165,7 +167,7 @@ def test_small_token_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, nk):
         x = _x(37, n_in, seed=51 + si)
         x[3] *= 1e3
         for n in (1, 9, 37):
-            _assert_equals_dp4a(cp, qm, qtype, w, raw, x[:n], dict(kernel="small", small=nk))
+            _assert_equals_dp4a(cp, qm, qtype, w, raw, x[:n], dict(kernel="small", small=nk, build=build))
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
