@@ -583,7 +583,7 @@ def main(argv=None) -> int:
                     help="only the synthetic models' decode through the whole engine (scheduler, sampling, events) "
                          "at 1 and 4 slots, beside the runner-level decode of the same file")
     ap.add_argument("--batched", action="store_true",
-                    help="only decode of 1-64 sequences together (runner and engine), beside llama.cpp's figures")
+                    help="only decode of 1-64 sequences together (runner: three rounds each; engine), beside llama.cpp's figures")
     ap.add_argument("--verify-cost", action="store_true",
                     help="only what 1-4 tokens of a step cost: split-K against dp4a on the 0.5B shape's down projection, "
                          "and its step graphs with split-K for several tokens or one")
@@ -639,7 +639,7 @@ def main(argv=None) -> int:
         os.makedirs(args.models, exist_ok=True)
         rows = []
         for path in synth_models(args.models, args.quick):
-            rows += e2e_rows(path, contexts=(4096,), batches=BATCHED, n_pp=64)[1:]
+            rows += e2e_rows(path, contexts=(4096,), batches=BATCHED, n_pp=64, rounds=3)[1:]   # 3: the spread
             rows += engine_rows(path, slots=(16, 32), rounds=1)
         print(f"\n{'decode of many sequences at 4K context (runner, then engine)':88s} {'tok/s':>9s} {'llama.cpp':>10s}")
         for label, tps in rows:
