@@ -583,7 +583,8 @@ def main(argv=None) -> int:
                     help="only the synthetic models' decode through the whole engine (scheduler, sampling, events) "
                          "at 1 and 4 slots, beside the runner-level decode of the same file")
     ap.add_argument("--batched", action="store_true",
-                    help="only decode of 1-64 sequences together (runner: three rounds each; engine), beside llama.cpp's figures")
+                    help="only decode of 1-64 sequences together (runner: three rounds each; engine), beside "
+                         "llama.cpp's figures")
     ap.add_argument("--verify-cost", action="store_true",
                     help="only what 1-4 tokens of a step cost: split-K against dp4a on the 0.5B shape's down projection, "
                          "and its step graphs with split-K for several tokens or one")
