@@ -129,26 +129,31 @@ def bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, kernels):
         for kernel, mma in kernels}
 
 
-def bench_attention(cp, n_keys, n_heads=32, n_kv=8, hd=128, page_size=64):
+def attention_call(cp, n_keys, n_seq=1, n_heads=32, n_kv=8, hd=128, page_size=64, seed=1):
+    """(call, cache bytes): one attention launch of n_seq sequences (one token each, at position n_keys - 1)
+    over random int8 pages of n_keys keys each."""
     from strata_lite.kernels.cuda import attention as ak
     from strata_lite.kernels.kv_layout import kv_shapes
-    n_pages = n_keys // page_size
-    pages, scales = kv_shapes(1, n_pages, page_size, n_kv, hd)
-    rng = np.random.default_rng(1)
+    per_seq = n_keys // page_size
+    pages, scales = kv_shapes(1, per_seq * n_seq, page_size, n_kv, hd)
+    rng = np.random.default_rng(seed)
     kp = cp.asarray(rng.integers(-127, 128, size=pages[1:], dtype=np.int8))
     vp = cp.asarray(rng.integers(-127, 128, size=pages[1:], dtype=np.int8))
     ks = cp.asarray(rng.random(scales[1:], dtype=np.float32) * 0.01)
     vs = cp.asarray(rng.random(scales[1:], dtype=np.float32) * 0.01)
-    q = cp.asarray(rng.standard_normal((1, n_heads, hd), dtype=np.float32))
+    q = cp.asarray(rng.standard_normal((n_seq, n_heads, hd), dtype=np.float32))
     out = cp.empty_like(q)
-    seq = cp.zeros(1, cp.int32)
-    pos = cp.full(1, n_keys - 1, cp.int32)
-    tables = cp.arange(n_pages, dtype=cp.int32)[None, :]
-    ws = ak.attention_workspace(1, n_heads, hd, n_keys)
+    seq = cp.arange(n_seq, dtype=cp.int32)
+    pos = cp.full(n_seq, n_keys - 1, cp.int32)
+    tables = cp.arange(per_seq * n_seq, dtype=cp.int32).reshape(n_seq, per_seq)
+    ws = ak.attention_workspace(n_seq, n_heads, hd, n_keys)
     call = lambda: ak.attention(q, seq, pos, tables, kp, ks, vp, vs, 1 / math.sqrt(hd), out, ws, n_keys)  # noqa: E731
-    t = timed_in_graph(cp, [call] * 16)
-    moved = kp.nbytes + vp.nbytes + ks.nbytes + vs.nbytes
-    return t, moved
+    return call, kp.nbytes + vp.nbytes + ks.nbytes + vs.nbytes
+
+
+def bench_attention(cp, n_keys):
+    call, moved = attention_call(cp, n_keys)
+    return timed_in_graph(cp, [call] * 16), moved
 
 
 KERNELS = [  # (label, qtype, n_out, n_in, n_tok) -- the shapes of the llama.cpp reference table
@@ -197,6 +202,13 @@ def gemm_rows(cp):
     return rows
 
 
+def add_row(rows, label, t, moved, copy_bw) -> None:
+    """Append (label, µs, GB/s, fraction of copy bandwidth) of a kernel that took t seconds and moved `moved`
+    bytes, and print it at once (the --explore tables are long)."""
+    rows.append((label, t * 1e6, moved / t / 1e9, moved / t / copy_bw))
+    print(f"{label:48s} {t * 1e6:9.1f} {moved / t / 1e9:8.0f} {moved / t / copy_bw:9.0%}", flush=True)
+
+
 def variant_rows(cp, copy_bw):
     """--explore: every dp4a variant (tile, rows per warp, units in flight) of the token count's tile."""
     from strata_lite.kernels.cuda import qmatmul as qm
@@ -207,17 +219,14 @@ def variant_rows(cp, copy_bw):
         tile = qm._tile(n_tok)            # and, past the largest tile the launcher takes, the explore build's wider ones
         for variant in [v for v in qm.EXPLORE_VARIANTS if v[0] == tile or tile < v[0] <= n_tok]:
             t, moved = bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant, "explore")
-            rows.append((f"{label} r{variant[1]} g{variant[2]}", t * 1e6, moved / t / 1e9, moved / t / copy_bw))
-            print(f"{rows[-1][0]:48s} {rows[-1][1]:9.1f} {rows[-1][2]:8.0f} {rows[-1][3]:9.0%}", flush=True)
+            add_row(rows, f"{label} r{variant[1]} g{variant[2]}", t, moved, copy_bw)
     for label, qtype, n_out, n_in, n_tok in GLU_EXPLORE_KERNELS:   # gate-up row pairs per warp (* the default)
         tile = qm._tile(n_tok)
         default = qm.dp4a_variant(qtype, tile, glu=True)
         for variant, build in [(default, "default")] + [(v, "explore") for v in qm.EXPLORE_GLU_VARIANTS
                                                          if v[0] == tile]:
             t, moved = bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant, build, glu=True)
-            rows.append((f"{label} r{variant[1]}{' *' if build == 'default' else ''}", t * 1e6, moved / t / 1e9,
-                         moved / t / copy_bw))
-            print(f"{rows[-1][0]:48s} {rows[-1][1]:9.1f} {rows[-1][2]:8.0f} {rows[-1][3]:9.0%}", flush=True)
+            add_row(rows, f"{label} r{variant[1]}{' *' if build == 'default' else ''}", t, moved, copy_bw)
     return rows
 
 
@@ -251,8 +260,7 @@ def small_explore_rows(cp, copy_bw):
             moved = ws[0].raw.nbytes + xq.nbytes + out.nbytes
             label = f"{qtype} {n_in}x{n_out}{' GLU' if glu else ''} n={n_tok} {name}"
             label += "" if same else " DIFFERENT BITS"
-            rows.append((label, t * 1e6, moved / t / 1e9, moved / t / copy_bw))
-            print(f"{rows[-1][0]:48s} {rows[-1][1]:9.1f} {rows[-1][2]:8.0f} {rows[-1][3]:9.0%}", flush=True)
+            add_row(rows, label, t, moved, copy_bw)
         del ws
     return rows
 

@@ -345,9 +345,10 @@ def small_variant(qtype, n_out: int, n_tok: int, glu: bool = False):
     mmq's narrow variant, or None (the dp4a kernel), as measured (SMALL_TYPES' and SMALL_MIN_CTAS' comments)."""
     if not SMALL_MIN_TOKENS <= n_tok < MMA_MIN_TOKENS:
         return None
-    if n_tok >= NARROW_MIN_TOKENS and cdiv(n_out // 2 if glu else n_out, mma_rows(glu)) >= NARROW_MIN_CTAS:
+    row_tiles = cdiv(n_out // 2 if glu else n_out, mma_rows(glu))
+    if n_tok >= NARROW_MIN_TOKENS and row_tiles >= NARROW_MIN_CTAS:
         return "mma", MMA_NARROW
-    if QType(int(qtype)) in SMALL_TYPES and cdiv(n_out // 2 if glu else n_out, mma_rows(glu)) >= SMALL_MIN_CTAS:
+    if QType(int(qtype)) in SMALL_TYPES and row_tiles >= SMALL_MIN_CTAS:
         return "small", SMALL_WARPS[1] if n_tok <= SMALL_WIDE_MAX_TOKENS else SMALL_WARPS[0]
     return None
 

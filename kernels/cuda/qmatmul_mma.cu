@@ -342,20 +342,20 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
             ci[i] = typename T::I();
             ch[i] = 0.0f;
         }
+        auto unit = [gi](int m) { return 32 * (m / S) + S * gi + m % S; };
         for (int m0 = 0; m0 < m_end; m0 += G) {
 #pragma unroll
             for (int j = 0; j < G; ++j)
                 if (m0 + j < m_end) {
-                    const int m = m0 + j;
                     typename T::U v;
-                    T::decode(wr, 32 * (m / S) + S * gi + m % S, tab, v);
+                    T::decode(wr, unit(m0 + j), tab, v);
                     su[warp][j][lane] = v;
                 }
             __syncwarp();
 #pragma unroll
             for (int j = 0; j < G; ++j)
                 if (m0 + j < m_end) {
-                    const int m = m0 + j, u = 32 * (m / S) + S * gi + m % S;
+                    const int u = unit(m0 + j);
                     unit_mma<T, NB>(su[warp][j], ChunkX<T>{xt, n_tok, last, tok0, u}, g, t, ci);
                     if ((u + 1) % S == 0) {
                         const float* xs = xdt + (size_t)(u / T::UPX) * n_tok;

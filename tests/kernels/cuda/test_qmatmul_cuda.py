@@ -130,6 +130,19 @@ def _assert_equals_dp4a(cp, qm, qtype, w, raw, x, launch):
             _check_vs_float64(qtype, raw, x, got["other"])
 
 
+def _tile_edge_cases(qm, qtype, seed):
+    """(w, raw, x) on two shapes that do not fill the tensor-core kernels' tiles: rows that do not fill a CTA,
+    several units per lane class (n_in / unit > 32) and fewer; 37 tokens, token 3 1e3 times larger than its
+    neighbours. Weights seeded seed + i, activations seed + 1 + i for shape i."""
+    bs = gguf.GGML_QUANT_SIZES[qtype][0]
+    shapes = [(70, 4608), (46, 256)] if bs == 256 else [(70, 2400), (46, 896)]
+    for si, (n_out, n_in) in enumerate(shapes):
+        w, raw = _weight(qm, qtype, n_out, n_in, seed=seed + si)
+        x = _x(37, n_in, seed=seed + 1 + si)
+        x[3] *= 1e3
+        yield w, raw, x
+
+
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("mma", [(4, 1), (2, 4), (4, 4)], ids=lambda v: f"w{v[0]}n{v[1]}")
 def test_tensor_core_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, mma):
@@ -139,19 +152,14 @@ def test_tensor_core_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, mma):
     used; 4 of 32 for the 256-weight types: steps with fewer units than warps), a token 1e3 times larger
     than its neighbours."""
     assert mma in qm.MMA_VARIANTS
-    bs = gguf.GGML_QUANT_SIZES[qtype][0]
-    shapes = [(70, 4608), (46, 256)] if bs == 256 else [(70, 2400), (46, 896)]
-    for si, (n_out, n_in) in enumerate(shapes):
-        w, raw = _weight(qm, qtype, n_out, n_in, seed=40 + si)
-        x = _x(37, n_in, seed=41 + si)
-        x[3] *= 1e3
+    for w, raw, x in _tile_edge_cases(qm, qtype, seed=40):
         _assert_equals_dp4a(cp, qm, qtype, w, raw, x, dict(kernel="mma", mma=mma))
 
 
 # (type, warps, build) of the small-token kernels compiled (qmatmul.SMALL_TYPES, SMALL_WARPS; the explore build's
 # SMALL_EXPLORE_WARPS)
 SMALL_CASES = [(qt, nk, "default") for qt in (QType.Q4_K, QType.Q5_K) for nk in (4, 8)] + \
-    [(QType.Q6_K, 4, "explore"), (QType.IQ3_XXS, 4, "explore"), (QType.Q8_0, 4, "explore"), (QType.Q8_0, 8, "explore")]
+    [(qt, nk, "explore") for qt, nk in ((QType.Q6_K, 4), (QType.IQ3_XXS, 4), (QType.Q8_0, 4), (QType.Q8_0, 8))]
 
 
 @pytest.mark.parametrize("qtype,nk,build", SMALL_CASES, ids=[f"{qt.name}-w{nk}-{b}" for qt, nk, b in SMALL_CASES])
@@ -160,12 +168,7 @@ def test_small_token_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, nk, build):
     gives the dp4a kernel's bits, plain and GLU: one token, a partial tile (9), three tiles with a partial
     last one (37), rows that do not fill the CTA, several units per group and groups without units (the
     shapes of the tensor-core test), a token 1e3 times larger than its neighbours."""
-    bs = gguf.GGML_QUANT_SIZES[qtype][0]
-    shapes = [(70, 4608), (46, 256)] if bs == 256 else [(70, 2400), (46, 896)]
-    for si, (n_out, n_in) in enumerate(shapes):
-        w, raw = _weight(qm, qtype, n_out, n_in, seed=50 + si)
-        x = _x(37, n_in, seed=51 + si)
-        x[3] *= 1e3
+    for w, raw, x in _tile_edge_cases(qm, qtype, seed=50):
         for n in (1, 9, 37):
             _assert_equals_dp4a(cp, qm, qtype, w, raw, x[:n], dict(kernel="small", small=nk, build=build))
 
