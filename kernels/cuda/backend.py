@@ -19,6 +19,7 @@ from . import elementwise as ew
 from . import qmatmul as qm
 from . import sampling as smp
 from .kv_store import kv_store, rope_kv_store
+from .layouts import device_row_bytes
 from .memory import VramPlan
 from .runtime import cupy
 
@@ -63,9 +64,9 @@ class CudaBackend(Backend):
         return self.cp.asarray(np.ascontiguousarray(arr))
 
     def upload_weight(self, w, vocab_rows: bool = False):
-        """A QuantTensor's raw blocks copied to the device as they are in the file (no repack; a row's bits
-        never depend on the matrix, vocab_rows or not)."""
-        self.plan.check_fits(w.raw.nbytes, f"weight {w.name}")
+        """A QuantTensor's raw blocks copied to the device in the type's device layout (layouts.py: the file's
+        blocks, or Q6_K's aligned planes; a row's bits never depend on the matrix, vocab_rows or not)."""
+        self.plan.check_fits(w.n_out * device_row_bytes(w.qtype, w.n_in), f"weight {w.name}")
         return qm.upload(w)
 
     def fuse_rows(self, weights):

@@ -158,7 +158,7 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
             for (int g = 0; g < G; ++g)            // all weight loads first
 #pragma unroll
                 for (int r = 0; r < RW; ++r)
-                    if (ub + WARP * g < n_units) T::decode(wr[r], ub + WARP * g, tab, v[g][r]);
+                    if (ub + WARP * g < n_units) T::decode(wr[r], k, ub + WARP * g, tab, v[g][r]);
 #pragma unroll
             for (int g = 0; g < G; ++g) {
                 const int u = ub + WARP * g;
@@ -192,7 +192,7 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
             for (int g = 0; g < G; ++g)            // all weight loads first
 #pragma unroll
                 for (int r = 0; r < RW; ++r)
-                    if (ub + WARP * g + lane < n_units) T::decode(wr[r], ub + WARP * g + lane, tab, v[g][r]);
+                    if (ub + WARP * g + lane < n_units) T::decode(wr[r], k, ub + WARP * g + lane, tab, v[g][r]);
 #pragma unroll
             for (int g = 0; g < G; ++g) {
                 if (ub + WARP * g >= n_units) break;   // the same for every lane
@@ -249,7 +249,7 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         }
         const int u = min(j * WARP + lane, n_units - 1);
         typename T::U v;
-        if (has) T::decode(wr, u, tab, v);
+        if (has) T::decode(wr, k, u, tab, v);
         for (int t = 0; t < n_tok; ++t) {
             i32 x[T::NW];
             T::xload(xq + (size_t)t * k, u, x);
@@ -466,7 +466,7 @@ __device__ __forceinline__ void dq_rows(const u8* __restrict__ W, int row_bytes,
         return;
     }
     typename T::U v;
-    T::decode(W + (size_t)id * row_bytes, u, tab, v);
+    T::decode(W + (size_t)id * row_bytes, k, u, tab, v);
     T::deq(v, o + T::offset(u));
 }
 

@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType as QType
 
 from ..cpu.act_quant import Q8_0_ACT, Q8_K_ACT
 from ..qtypes import check_supported, row_nbytes
+from .layouts import device_row_bytes, to_device
 from .runtime import cdiv, cupy, launch
 
 CU = "qmatmul.cu"
@@ -43,9 +44,10 @@ MAX_GRID_Y = 65535
 # mm_<type>_t<tile>_r<RW>_g<G> (GLU kernels mmglu_<type>_t<tile>_r<RW>_g1: DP4A_GLU_ROWS). From
 # perf/bench_gpu.py --explore on an H200 (2026-12-02, kernel_notes.md): at 1 token two rows per warp
 # (each activation load serves both) take 4096x14336 Q4_K from 15.7 to 11.3 us and IQ3_XXS from 19.9 to
-# 17.0, Q6_K also wants two units in flight; the 34/18/22-byte blocks (Q8_0, Q4_0, Q5_0, IQ4_NL) stay
-# fastest at one row (Q8_0 17.9 vs 18.9-20.9); 8 tokens take four rows (IQ3_XXS 53.6 -> 37.6 us).
-DP4A_TILE1 = {QType.Q6_K: (2, 2), QType.Q8_0: (1, 1), QType.Q4_0: (1, 1), QType.Q5_0: (1, 1),
+# 17.0; the 34/18/22-byte blocks (Q8_0, Q4_0, Q5_0, IQ4_NL) stay fastest at one row (Q8_0 17.9 vs
+# 18.9-20.9), and so does Q6_K in its device layout (2026-12-04: 16.6 vs 17.4 / 18.7 us with two rows, one
+# or two units in flight); 8 tokens take four rows (IQ3_XXS 53.6 -> 37.6 us).
+DP4A_TILE1 = {QType.Q6_K: (1, 1), QType.Q8_0: (1, 1), QType.Q4_0: (1, 1), QType.Q5_0: (1, 1),
               QType.IQ4_NL: (1, 1)}
 DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
 # GLU kernels mmglu_<type>_t<tile>_r<RW>_g1: RW / 2 gate rows and their up rows per warp, so each activation load
@@ -134,7 +136,8 @@ def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class DeviceWeight:
-    """A weight matrix on the device: raw (n_out, row_bytes) cupy uint8, the GGUF file's own block rows."""
+    """A weight matrix on the device: raw (n_out, device_row_bytes) cupy uint8: the GGUF file's own block rows, or
+    for Q6_K the same bytes in the device layout of layouts.py."""
     name: str
     qtype: QType
     n_out: int
@@ -143,6 +146,7 @@ class DeviceWeight:
 
 
 def _check_geometry(qtype, n_out: int, n_in: int) -> int:
+    """The file's bytes per row (raises for a shape the kernels do not take)."""
     qtype = check_supported(qtype)
     nbytes = row_nbytes(qtype, n_in)           # raises for n_in not a whole number of blocks
     if n_out < 1 or n_in < 1 or (qtype in _FLOAT and n_in % 8):
@@ -159,7 +163,7 @@ def upload(w) -> DeviceWeight:
     raw = np.asarray(w.raw)
     if raw.dtype != np.uint8 or raw.shape != (n_out, nbytes):
         raise ValueError(f"{w.name}: raw must be uint8 ({n_out}, {nbytes}), got {raw.dtype} {raw.shape}")
-    return DeviceWeight(str(w.name), qtype, n_out, n_in, cupy().asarray(np.ascontiguousarray(raw)))
+    return DeviceWeight(str(w.name), qtype, n_out, n_in, to_device(qtype, raw, cupy()))
 
 
 def concat_rows(ws) -> DeviceWeight | None:
@@ -276,9 +280,11 @@ def _tile(n: int) -> int:
 
 
 def _check_weight(w: DeviceWeight) -> int:
-    nbytes = _check_geometry(w.qtype, w.n_out, w.n_in)
-    _check("w.raw", w.raw, (w.n_out, nbytes), np.uint8, align=16)
-    return nbytes
+    """The weight's row pitch on the device (layouts.device_row_bytes), after checking its array."""
+    _check_geometry(w.qtype, w.n_out, w.n_in)
+    pitch = device_row_bytes(w.qtype, w.n_in)
+    _check("w.raw", w.raw, (w.n_out, pitch), np.uint8, align=16)
+    return pitch
 
 
 def mma_rows(glu: bool) -> int:

@@ -34,16 +34,20 @@ __device__ __forceinline__ void mma_s8(i32* d, u32 a0, u32 a1, u32 a2, u32 a3, u
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
+// The same with k = 16 (m16n8k16): a0 = A[g][4t..4t+3], a1 = A[g+8][4t..4t+3]; b0 = B[4t..4t+3][g].
+__device__ __forceinline__ void mma_s8_k16(i32* d, u32 a0, u32 a1, u32 b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
 
-// A fragment of words w0..w0+7 of rows ra (g) and rb (g + 8); keep(word index) zeroes the others
-// (Q6_K takes its four 8-weight chunks in separate products).
+// A fragment of words w0..w0+7 of rows ra (g) and rb (g + 8).
 template <class U>
-__device__ __forceinline__ void a_frag(const U& ra, const U& rb, int w0, int t, u32 keep_lo, u32 keep_hi,
-                                       u32* a) {
-    a[0] = ra.w[w0 + t] & keep_lo;
-    a[1] = rb.w[w0 + t] & keep_lo;
-    a[2] = ra.w[w0 + 4 + t] & keep_hi;
-    a[3] = rb.w[w0 + 4 + t] & keep_hi;
+__device__ __forceinline__ void a_frag(const U& ra, const U& rb, int w0, int t, u32* a) {
+    a[0] = ra.w[w0 + t];
+    a[1] = rb.w[w0 + t];
+    a[2] = ra.w[w0 + 4 + t];
+    a[3] = rb.w[w0 + 4 + t];
 }
 
 // The units of a row in the order the outputs add them. The dp4a kernel's lanes form groups of S (lanes
@@ -126,31 +130,29 @@ __device__ __forceinline__ void unit_mma(const typename T::U* su, const X& x, in
             if constexpr (T::MMA == MMA_ONE) {
                 u32 a[4];
                 i32 d[4];
-                a_frag(ra, rb, 0, t, ~0u, ~0u, a);
+                a_frag(ra, rb, 0, t, a);
                 mma_s8(d, a[0], a[1], a[2], a[3], xb[nb][0], xb[nb][1]);
 #pragma unroll
                 for (int r = 0; r < 4; ++r) c[r] += T::mma_int(r < 2 ? ra : rb, d[r]);
             } else if constexpr (T::MMA == MMA_K4) {
                 u32 a[4];
                 i32 d0[4], d1[4];
-                a_frag(ra, rb, 0, t, ~0u, ~0u, a);
+                a_frag(ra, rb, 0, t, a);
                 mma_s8(d0, a[0], a[1], a[2], a[3], xb[nb][0], xb[nb][1]);
-                a_frag(ra, rb, 8, t, ~0u, ~0u, a);
+                a_frag(ra, rb, 8, t, a);
                 mma_s8(d1, a[0], a[1], a[2], a[3], xb[nb][2], xb[nb][3]);
 #pragma unroll
                 for (int r = 0; r < 4; ++r) {
                     const U& q = r < 2 ? ra : rb;
                     c[r] += I2{q.sc[0] * d0[r] + q.sc[1] * d1[r], q.m[0] * sx[nb][0][r] + q.m[1] * sx[nb][1][r]};
                 }
-            } else {                               // MMA_Q6: chunk cc = words 2cc, 2cc + 1, scale sc[cc]
+            } else {                               // MMA_Q6: words 0-3 take scale sc[0], words 4-7 sc[1]
 #pragma unroll
-                for (int cc = 0; cc < 4; ++cc) {
-                    u32 a[4];
+                for (int h = 0; h < 2; ++h) {
                     i32 d[4];
-                    a_frag(ra, rb, 0, t, (t >> 1) == cc ? ~0u : 0u, 2 + (t >> 1) == cc ? ~0u : 0u, a);
-                    mma_s8(d, a[0], a[1], a[2], a[3], xb[nb][0], xb[nb][1]);
+                    mma_s8_k16(d, ra.w[4 * h + t], rb.w[4 * h + t], xb[nb][h]);
 #pragma unroll
-                    for (int r = 0; r < 4; ++r) c[r] += (r < 2 ? ra : rb).sc[cc] * d[r];
+                    for (int r = 0; r < 4; ++r) c[r] += (r < 2 ? ra : rb).sc[h] * d[r];
                 }
             }
         }
@@ -198,7 +200,7 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_al
 // row-major gather of 16 rows took 5x the L1 wavefronts) and writes 32 rows of xw, XSTRIDE words apart, in
 // distinct banks. The copies are issued first, then the decode's loads.
 template <class T, int TOK>
-__device__ __forceinline__ void decode_and_stage(const u8* wr, int u, const u32* tab, typename T::U* su,
+__device__ __forceinline__ void decode_and_stage(const u8* wr, int k, int u, const u32* tab, typename T::U* su,
                                                  const i8* __restrict__ xt, const float* __restrict__ xdt,
                                                  int tok0, int n_tok, u32* xw, float* xs) {
     const int lane = threadIdx.x;
@@ -214,7 +216,7 @@ __device__ __forceinline__ void decode_and_stage(const u8* wr, int u, const u32*
     for (int m = 0; m < TOK / 32; ++m)
         cp_async<4>(xs + 32 * m + lane, xdt + (size_t)(u / T::UPX) * n_tok + min(tok0 + 32 * m + lane, n_tok - 1));
     typename T::U v;
-    T::decode(wr, u, tab, v);
+    T::decode(wr, k, u, tab, v);
     su[lane] = v;
 }
 
@@ -262,7 +264,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
     UnitWalk<T::S> dec;                            // the unit this warp decodes: step s's warp-th
     for (int j = 0; j < warp; ++j) dec.next(n_units);
     if (warp < n_units)
-        decode_and_stage<T, TOK>(wr, dec.u, tab, su[0][warp], xt, xdt, tok0, n_tok, xw + warp * XBUF,
+        decode_and_stage<T, TOK>(wr, k, dec.u, tab, su[0][warp], xt, xdt, tok0, n_tok, xw + warp * XBUF,
                                  xs + warp * TOK);
     cp_async_wait();
     __syncthreads();
@@ -282,7 +284,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 #pragma unroll
         for (int j = 0; j < NW; ++j) dec.next(n_units);
         if ((s + 1) * NW + warp < n_units)
-            decode_and_stage<T, TOK>(wr, dec.u, tab, su[buf ^ 1][warp], xt, xdt, tok0, n_tok,
+            decode_and_stage<T, TOK>(wr, k, dec.u, tab, su[buf ^ 1][warp], xt, xdt, tok0, n_tok,
                                      xw + ((buf ^ 1) * NW + warp) * XBUF, xs + ((buf ^ 1) * NW + warp) * TOK);
         const int nu = min(NW, n_units - s * NW);
         for (int j = 0; j < nu; ++j) {
@@ -348,7 +350,7 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
             for (int j = 0; j < G; ++j)
                 if (m0 + j < m_end) {
                     typename T::U v;
-                    T::decode(wr, unit(m0 + j), tab, v);
+                    T::decode(wr, k, unit(m0 + j), tab, v);
                     su[warp][j][lane] = v;
                 }
             __syncwarp();

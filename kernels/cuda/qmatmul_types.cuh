@@ -144,7 +144,7 @@ __device__ __forceinline__ void lookup16(u32 q, const u32* t, u32& lo, u32& hi) 
 // parts, in any order (exact), and apply the float tail once. Every mat-mul kernel shares that tail,
 // so the dp4a kernels (qmatmul.cu) and the tensor-core ones (qmatmul_mma.cu) round alike. MMA says how the
 // tensor-core kernel gets the integers: MMA_ONE (one 32-weight dot, scaled by mma_int), MMA_K4 (two 32-weight
-// dots and their activation sums), MMA_Q6 (four 8-weight dots, one per scale).
+// dots and their activation sums), MMA_Q6 (two 16-weight dots, one per scale).
 // `tab` is the CTA's shared copy of IQ3XXS_GRID (unused by the other types).
 
 // UNIT weights per unit, activations in blocks of XB, NW int8 words of activations per unit per token
@@ -164,7 +164,7 @@ struct TBase {
     static constexpr bool GRID = false;            // decode reads the IQ3_XXS grid (from shared memory)
     // offset of the unit's first weight in its row (= of its first activation in the token's row)
     static __device__ __forceinline__ int offset(int u) { return u * UNIT_; }
-    // the unit's activations of one token row xr, in decode's weight order (contiguous for all but Q6_K)
+    // the unit's activations of one token row xr, in decode's weight order
     static __device__ __forceinline__ void xload(const i8* xr, int u, i32* x) {
         const uint4* q = (const uint4*)(xr + offset(u));   // activations: cached (every row reads them)
 #pragma unroll
@@ -181,7 +181,7 @@ struct TBase {
 
 struct TQ8_0 : TBase<32, 32, 8> {
     struct U { u32 w[8]; float d; };
-    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
+    static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32*, U& v) {
         const u8* b = row + (size_t)u * 34;
         load_a2<8>(b + 2, v.w);
         v.d = ldf16(b);
@@ -201,7 +201,7 @@ struct TQ8_0 : TBase<32, 32, 8> {
 // Q4_0, IQ4_NL, Q5_0: weight j and j+16 of a block share byte j (low / high nibble)
 struct TQ4_0 : TBase<32, 32, 8> {
     typedef TQ8_0::U U;
-    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
+    static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32*, U& v) {
         const u8* b = row + (size_t)u * 18;
         u32 q[4];
         load_a2<4>(b + 2, q);
@@ -222,7 +222,7 @@ struct TQ4_0 : TBase<32, 32, 8> {
 
 struct TIQ4_NL : TBase<32, 32, 8> {
     typedef TQ4_0::U U;
-    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
+    static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32*, U& v) {
         const u8* b = row + (size_t)u * 18;
         u32 q[4];
         load_a2<4>(b + 2, q);
@@ -239,7 +239,7 @@ struct TIQ4_NL : TBase<32, 32, 8> {
 
 struct TQ5_0 : TBase<32, 32, 8> {
     typedef TQ4_0::U U;
-    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
+    static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32*, U& v) {
         const u8* b = row + (size_t)u * 22;
         u32 q[5];                       // qh (bit j: 5th bit of weight j), then the 16 nibble bytes
         load_a2<5>(b + 2, q);
@@ -290,7 +290,7 @@ __device__ __forceinline__ void k4_deq(const KU& v, float* o) {
 struct TQ4_K : TBase<64, 256, 16> {
     static constexpr int MMA = MMA_K4, S = 1;
     typedef KU U;
-    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
+    static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32*, U& v) {
         const int jj = u & 3;
         const u8* b = row + (size_t)(u >> 2) * 144;
         u32 q[8];
@@ -311,7 +311,7 @@ struct TQ4_K : TBase<64, 256, 16> {
 struct TQ5_K : TBase<64, 256, 16> {
     static constexpr int MMA = MMA_K4, S = 1;
     typedef KU U;
-    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
+    static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32*, U& v) {
         const int jj = u & 3;
         const u8* b = row + (size_t)(u >> 2) * 176;
         u32 q[8], h[8];                 // qs bytes of the pair; qh (bit j of byte k: 5th bit of weight k of sub-block j)
@@ -330,64 +330,42 @@ struct TQ5_K : TBase<64, 256, 16> {
     static __device__ __forceinline__ void deq(const U& v, float* o) { k4_deq(v, o); }
 };
 
-// Q6_K (210-byte blocks: ql[128] qh[64] int8 scales[16] d): unit (n, q) = u & 7 of block u >> 3 takes
-// positions 8q..8q+7 of the four 32-weight chunks c = 4n+0..3, i.e. block offsets 128n + 32c + 8q + 0..7,
-// so that its 24 bytes (8 of ql at 64n+8q, 8 at 64n+32+8q, 8 of qh at 128+32n+8q) are read by no other
-// unit. w[2c], w[2c+1]: chunk c's 8 weights (q - 32), sc[c] its 16-group scale 8n + 2c + (q >> 1).
+// Q6_K in its device layout (kernels/cuda/layouts.py: per row, planes lo | hi | scales | d, 16-byte aligned):
+// unit u = the row's weights 32u .. 32u + 31, two 16-weight scale groups. Its 16 lo bytes carry the low nibbles
+// of weights i (bits 0-3) and 16 + i (bits 4-7); hi word h byte b the top 2 bits of weight 16h + 4w + b at bits
+// 2w: so word w of the unit (weights 4w .. 4w + 3) is one mask of a lo word and one shift and mask of a hi word.
 struct TQ6_K : TBase<32, 256, 8> {
     static constexpr int MMA = MMA_Q6;
-    struct U { u32 w[8]; float d; int sc[4]; };
-    static __device__ __forceinline__ void decode(const u8* row, int u, const u32*, U& v) {
-        const int n = (u >> 2) & 1, q = u & 3;
-        const u8* b = row + (size_t)(u >> 3) * 210;
-        u32 la[2], lb[2], h[2], s[2];
-        load_a2<2>(b + 64 * n + 8 * q, la);
-        load_a2<2>(b + 64 * n + 32 + 8 * q, lb);
-        load_a2<2>(b + 128 + 32 * n + 8 * q, h);
-        load_a2<2>(b + 192 + 8 * n, s);
+    struct U { u32 w[8]; float d; int sc[2]; };
+    static __device__ __forceinline__ void decode(const u8* row, int k, int u, const u32*, U& v) {
+        const int nb = k >> 8;                                // blocks per row
+        const uint4 l = ldw4((const uint4*)(row + 16 * u));
+        const uint2 h = __ldg((const uint2*)(row + 128 * nb + 8 * u));
+        const u32 s = ld16(row + 192 * nb + 2 * u);
+        const u32 lw[4] = {l.x, l.y, l.z, l.w};
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const u32 l = c & 1 ? lb[i] : la[i];
-                const u32 ql = (c >> 1 ? l >> 4 : l) & 0x0f0f0f0fu;
-                const u32 qh = ((h[i] >> (2 * c)) & 0x03030303u) << 4;
-                v.w[2 * c + i] = recentre<32>(ql | qh);
-            }
-            const int sb = 2 * c + (q >> 1);                 // byte of the 8 scale bytes of this n
-            v.sc[c] = (int)(i8)((s[sb >> 2] >> (8 * (sb & 3))) & 0xffu);
+        for (int w = 0; w < 8; ++w) {
+            const u32 lo = (w < 4 ? lw[w] : lw[w - 4] >> 4) & 0x0f0f0f0fu;
+            const u32 hb = (((w < 4 ? h.x : h.y) >> (2 * (w & 3))) & 0x03030303u) << 4;
+            v.w[w] = recentre<32>(lo | hb);
         }
-        v.d = ldf16(b + 208);
+        v.sc[0] = (int)(i8)(s & 0xffu);
+        v.sc[1] = (int)(i8)(s >> 8);
+        v.d = ldf16(row + 208 * nb + 2 * (u >> 3));
     }
-    static __device__ __forceinline__ int offset(int u) { return (u >> 3) * 256 + 128 * ((u >> 2) & 1) + 8 * (u & 3); }
-    static __device__ __forceinline__ void xload(const i8* xr, int u, i32* x) {   // 4 runs of 8, in c order
-        const i8* p = xr + offset(u);
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const int2 r = *(const int2*)(p + 32 * c);
-            x[2 * c] = r.x;
-            x[2 * c + 1] = r.y;
-        }
-    }
-    static constexpr int XCHUNK = 8;
-    static __device__ __forceinline__ int xpos(int u, int q) { return offset(u) + 32 * q; }
-    // sum over the four 8-weight chunks of their 16-group scale * (q . x); a block's 8 units summed:
-    // |s| <= 256 * 32 * 128 * 127 < 2^28
+    // the two 16-weight groups' scale * (q . x); a block's 8 units summed: |s| <= 256 * 32 * 128 * 127 < 2^28
     static __device__ __forceinline__ i32 ints(const U& v, const i32* x) {
-        i32 s = 0;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) s += v.sc[c] * dot8w(v.w + 2 * c, x + 2 * c, 2);
-        return s;
+        return v.sc[0] * dot8w(v.w, x, 4) + v.sc[1] * dot8w(v.w + 4, x + 4, 4);
     }
     static __device__ __forceinline__ void tail(const U& v, i32 s, float xd, float& a, float& b) {
         a = __fmul_rn(v.d, xd);
         b = (float)s;
     }
     static __device__ __forceinline__ void deq(const U& v, float* o) {   // o: the row at offset(u)
-        for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < 2; ++c) {
             const float ds = __fmul_rn(v.d, (float)v.sc[c]);
-            for (int i = 0; i < 8; ++i)
-                o[32 * c + i] = __fmul_rn(ds, (float)(i8)(v.w[2 * c + (i >> 2)] >> (8 * (i & 3))));
+            for (int i = 0; i < 16; ++i)
+                o[16 * c + i] = __fmul_rn(ds, (float)(i8)(v.w[4 * c + (i >> 2)] >> (8 * (i & 3))));
         }
     }
 };
@@ -396,7 +374,7 @@ struct TQ6_K : TBase<32, 256, 8> {
 struct TIQ3_XXS : TBase<32, 256, 8> {
     static constexpr bool GRID = true;
     struct U { u32 w[8]; float d4; i32 ls; };      // d / 4 (exact), the sub-block's scale 2 * l + 1
-    static __device__ __forceinline__ void decode(const u8* row, int u, const u32* grid, U& v) {
+    static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32* grid, U& v) {
         const int ib = u & 7;
         const u8* b = row + (size_t)(u >> 3) * 98;
         u32 q[2], aux;

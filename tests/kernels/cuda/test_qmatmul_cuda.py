@@ -271,6 +271,18 @@ def test_concat_rows(cp, qm):
     assert qm.concat_rows([a, c]) is None and qm.concat_rows([a, d]) is None and qm.concat_rows([]) is None
 
 
+def test_q6_k_uploads_in_its_device_layout(cp, qm, monkeypatch):
+    """upload converts Q6_K rows on the device in chunks (layouts.to_device with cupy) to the bytes the numpy
+    conversion gives (tests/kernels/test_cuda_layouts.py checks those against gguf), rows padded to 16 bytes."""
+    from strata_lite.kernels.cuda import layouts
+    raw = random_rows(QType.Q6_K, 29, 256 * 19, seed=8)
+    monkeypatch.setattr(layouts, "CHUNK_BYTES", 4 * raw.shape[1])     # 8 chunks, the last one short
+    w = qm.upload(SimpleNamespace(name="w", qtype=QType.Q6_K, n_out=29, n_in=256 * 19, raw=raw))
+    assert w.raw.shape == (29, 4000)
+    assert np.array_equal(w.raw.get(), layouts.to_device(QType.Q6_K, raw))
+    assert np.array_equal(layouts.from_device(QType.Q6_K, w.raw, 256 * 19, cp).get(), raw)
+
+
 def test_act_format(qm):
     assert [qm.act_format(t) for t in (QType.Q8_0, QType.IQ4_NL, QType.Q6_K, QType.IQ3_XXS, QType.F16)] == \
         ["q8_0", "q8_0", "q8_k", "q8_k", None]

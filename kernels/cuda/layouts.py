@@ -1,0 +1,107 @@
+"""Device layouts of the weight types: how a GGUF row is laid out on the GPU, and the lossless conversions.
+
+Every type but Q6_K keeps the file's own blocks. Q6_K's block (ql 128 bytes, qh 64, scales 16, d 2: 210 bytes,
+2-byte aligned in a row) puts a 32-weight unit's low nibbles in two 32-byte runs and its top bits in 2-bit
+fields shared with three other units, so a kernel reading one unit gathers 8-byte pieces from four places
+(and the matching activations from four places too). On the device a Q6_K row is four planes instead, each
+naturally aligned, and unit u covers the row's weights 32u .. 32u + 31 (nb = blocks per row):
+
+    lo  nb * 128 bytes: unit u's 16 bytes at 16u; byte i = low nibble of weight 32u + i (bits 0-3) and of
+        weight 32u + 16 + i (bits 4-7)
+    hi  nb * 64 bytes: unit u's 8 bytes at 8u; byte 4h + b holds the top 2 bits of weight 32u + 16h + 4w + b
+        at bits 2w, 2w + 1 (w = 0..3), so (word h >> 2w) & 0x03030303 are the top bits of 4 consecutive weights
+    sc  nb * 16 int8: the scale of weights 16s .. 16s + 15 at s (the file's order)
+    d   nb * 2 bytes: each block's f16 d (the file's order)
+
+then zeros up to a multiple of 16 bytes (`device_row_bytes`), so every row and plane starts 16-byte aligned.
+The same bytes as the file's (plus at most 14 of padding a row); qmatmul_types.cuh TQ6_K decodes it.
+"""
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as QType
+
+from ..qtypes import row_nbytes
+
+Q6_K_BLOCK = 210            # bytes per 256 weights in the file
+_ROW_ALIGN = 16
+
+
+def repacked(qtype) -> bool:
+    """Whether the device holds this type in a layout of its own (not the file's blocks)."""
+    return QType(int(qtype)) == QType.Q6_K
+
+
+def device_row_bytes(qtype, n_in: int) -> int:
+    """Bytes of one row on the device (the row pitch every kernel is given)."""
+    nbytes = row_nbytes(qtype, n_in)
+    return -(-nbytes // _ROW_ALIGN) * _ROW_ALIGN if repacked(qtype) else nbytes
+
+
+def _q6_k_codes(raw, xp):
+    """(n_out, nb * 210) file bytes -> (n_out, nb, 256) uint8 codes 0..63 (weight = d * scale * (code - 32)),
+    in row order: weight 128n + 32c + l has low nibble ql[64n + 32(c & 1) + l] >> 4(c >> 1), top bits
+    qh[32n + l] >> 2c (ggml's dequantize_row_q6_K)."""
+    n_out = raw.shape[0]
+    b = raw.reshape(n_out, -1, Q6_K_BLOCK)
+    ql = b[..., :128].reshape(n_out, -1, 2, 2, 32)              # [n][c & 1][l]
+    qh = b[..., 128:192].reshape(n_out, -1, 2, 1, 32)           # [n][.][l]
+    lo = xp.concatenate([ql & 15, ql >> 4], axis=3)             # [n][c][l], c = 2 (c >> 1) + (c & 1)
+    hi = (qh >> (2 * xp.arange(4, dtype=xp.uint8)).reshape(1, 1, 1, 4, 1)) & 3
+    return (lo | (hi << 4)).reshape(n_out, -1, 256)
+
+
+def _q6_k_to_device(raw, xp):
+    n_out, nbytes = raw.shape
+    nb = nbytes // Q6_K_BLOCK
+    q = _q6_k_codes(raw, xp).reshape(n_out, nb * 8, 32)        # [unit][weight]
+    lo = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)         # (n_out, units, 16)
+    top = (q >> 4).reshape(n_out, nb * 8, 2, 4, 4)              # [unit][h][w][b]
+    hi = xp.zeros((n_out, nb * 8, 2, 4), dtype=xp.uint8)
+    for w in range(4):
+        hi |= top[:, :, :, w, :] << (2 * w)
+    b = raw.reshape(n_out, nb, Q6_K_BLOCK)
+    pad = device_row_bytes(QType.Q6_K, nb * 256) - nbytes
+    return xp.ascontiguousarray(xp.concatenate(
+        [lo.reshape(n_out, -1), hi.reshape(n_out, -1), b[..., 192:208].reshape(n_out, -1),
+         b[..., 208:210].reshape(n_out, -1), xp.zeros((n_out, pad), dtype=xp.uint8)], axis=1))
+
+
+def _q6_k_from_device(dev, n_in: int, xp):
+    n_out = dev.shape[0]
+    nb = n_in // 256
+    lo = dev[:, :128 * nb].reshape(n_out, nb * 8, 16)
+    hi = dev[:, 128 * nb:192 * nb].reshape(n_out, nb * 8, 2, 1, 4)
+    top = (hi >> (2 * xp.arange(4, dtype=xp.uint8)).reshape(1, 1, 1, 4, 1)) & 3   # [unit][h][w][b]
+    q = xp.concatenate([lo & 15, lo >> 4], axis=2) | (top.reshape(n_out, nb * 8, 32) << 4)
+    q = q.reshape(n_out, nb, 2, 4, 32)                          # [n][c][l]
+    ql = (q[:, :, :, :2, :] & 15) | ((q[:, :, :, 2:, :] & 15) << 4)            # [n][c & 1][l]
+    qh = xp.zeros((n_out, nb, 2, 32), dtype=xp.uint8)
+    for c in range(4):
+        qh |= (q[:, :, :, c, :] >> 4) << (2 * c)
+    return xp.ascontiguousarray(xp.concatenate(
+        [ql.reshape(n_out, nb, 128), qh.reshape(n_out, nb, 64),
+         dev[:, 192 * nb:208 * nb].reshape(n_out, nb, 16), dev[:, 208 * nb:210 * nb].reshape(n_out, nb, 2)],
+        axis=2).reshape(n_out, nb * Q6_K_BLOCK))
+
+
+CHUNK_BYTES = 8 << 20       # file bytes converted at a time (bounds the conversion's temporaries: ~10x that)
+
+
+def to_device(qtype, raw, xp=np):
+    """The file's rows (n_out, row_nbytes) uint8, a numpy array (a memmap is fine) -> the device layout
+    (n_out, device_row_bytes) as an xp array (numpy, or cupy: rows are copied and converted a chunk of
+    CHUNK_BYTES at a time, so the device holds little more than the result)."""
+    if not repacked(qtype):
+        return xp.asarray(np.ascontiguousarray(raw))
+    n_out, nbytes = raw.shape
+    out = xp.empty((n_out, device_row_bytes(qtype, nbytes // Q6_K_BLOCK * 256)), dtype=xp.uint8)
+    step = max(1, CHUNK_BYTES // max(nbytes, 1))
+    for r0 in range(0, n_out, step):
+        out[r0:r0 + step] = _q6_k_to_device(xp.asarray(np.ascontiguousarray(raw[r0:r0 + step])), xp)
+    return out
+
+
+def from_device(qtype, dev, n_in: int, xp=np):
+    """The inverse of to_device: the file's rows."""
+    return _q6_k_from_device(dev, n_in, xp) if repacked(qtype) else dev
