@@ -26,14 +26,6 @@ __device__ __forceinline__ u16 f32_to_f16_rn(float f) {
 }
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
-// Unaligned-safe loads: GGUF blocks are 2-byte aligned at best (Q6_K 210 B, IQ3_XXS 98 B, Q8_0 34 B)
-__device__ __forceinline__ u16 load_u16(const u8* p) { return (u16)p[0] | ((u16)p[1] << 8); }
-__device__ __forceinline__ u32 load_u32_a2(const u8* p) {   // p 2-byte aligned
-    const u16* q = (const u16*)p;
-    return (u32)q[0] | ((u32)q[1] << 16);
-}
-__device__ __forceinline__ u32 load_u32_a4(const u8* p) { return *(const u32*)p; }
-
 // Sum over a warp by a fixed xor-shuffle tree: the same order whatever else is in flight, so a
 // result never depends on how many tokens or rows share a launch (batch invariance).
 __device__ __forceinline__ float warp_sum(float v) {

@@ -1,10 +1,19 @@
 """Device layouts of the weight types: how a GGUF row is laid out on the GPU, and the lossless conversions.
 
-Every type but Q6_K keeps the file's own blocks. Q6_K's block (ql 128 bytes, qh 64, scales 16, d 2: 210 bytes,
-2-byte aligned in a row) puts a 32-weight unit's low nibbles in two 32-byte runs and its top bits in 2-bit
-fields shared with three other units, so a kernel reading one unit gathers 8-byte pieces from four places
-(and the matching activations from four places too). On the device a Q6_K row is four planes instead, each
-naturally aligned, and unit u covers the row's weights 32u .. 32u + 31 (nb = blocks per row):
+A GGUF block puts its fields at 2-byte offsets (Q8_0 34 bytes: d, 32 quants; Q4_0 and IQ4_NL 18: d, 16 nibble
+bytes; Q5_0 22: d, 4 bytes of fifth bits, 16 nibble bytes; Q6_K 210), so in a row of them the kernels read each
+field as 4-byte words stitched by funnel shifts. On the device these types' rows are planes instead, one per
+field, each naturally aligned (nb = blocks per row), then zeros up to a multiple of 16 bytes
+(`device_row_bytes`), so every row and plane starts 16-byte aligned:
+
+    Q8_0     qs nb * 32 | d nb * 2                          (block u's field at u * its size in its plane)
+    Q4_0     qs nb * 16 | d nb * 2
+    IQ4_NL   qs nb * 16 | d nb * 2
+    Q5_0     qs nb * 16 | qh nb * 4 | d nb * 2
+
+Q6_K (ql 128 bytes, qh 64, scales 16, d 2) also puts a 32-weight unit's low nibbles in two 32-byte runs and its
+top bits in 2-bit fields shared with three other units, so a unit's weights match activations from four
+places. Its planes are reordered so that unit u covers the row's weights 32u .. 32u + 31:
 
     lo  nb * 128 bytes: unit u's 16 bytes at 16u; byte i = low nibble of weight 32u + i (bits 0-3) and of
         weight 32u + 16 + i (bits 4-7)
@@ -13,8 +22,9 @@ naturally aligned, and unit u covers the row's weights 32u .. 32u + 31 (nb = blo
     sc  nb * 16 int8: the scale of weights 16s .. 16s + 15 at s (the file's order)
     d   nb * 2 bytes: each block's f16 d (the file's order)
 
-then zeros up to a multiple of 16 bytes (`device_row_bytes`), so every row and plane starts 16-byte aligned.
-The same bytes as the file's (plus at most 14 of padding a row); qmatmul_types.cuh TQ6_K decodes it.
+Every other type keeps the file's blocks (Q4_K and Q5_K blocks are 16-byte multiples; IQ3_XXS's 98-byte blocks
+measured no faster aligned: perf/kernel_notes.md). The same bytes as the file's, plus at most 14 a row;
+qmatmul_types.cuh decodes them.
 """
 from __future__ import annotations
 
@@ -25,17 +35,44 @@ from ..qtypes import row_nbytes
 
 Q6_K_BLOCK = 210            # bytes per 256 weights in the file
 _ROW_ALIGN = 16
+# the 32-weight block types' fields as (offset, bytes) in a file block, in their plane order on the device
+PLANES = {QType.Q8_0: ((2, 32), (0, 2)), QType.Q4_0: ((2, 16), (0, 2)), QType.IQ4_NL: ((2, 16), (0, 2)),
+          QType.Q5_0: ((6, 16), (2, 4), (0, 2))}
 
 
 def repacked(qtype) -> bool:
     """Whether the device holds this type in a layout of its own (not the file's blocks)."""
-    return QType(int(qtype)) == QType.Q6_K
+    qtype = QType(int(qtype))
+    return qtype == QType.Q6_K or qtype in PLANES
 
 
 def device_row_bytes(qtype, n_in: int) -> int:
     """Bytes of one row on the device (the row pitch every kernel is given)."""
     nbytes = row_nbytes(qtype, n_in)
     return -(-nbytes // _ROW_ALIGN) * _ROW_ALIGN if repacked(qtype) else nbytes
+
+
+def _planes_to_device(qtype, raw, xp):
+    n_out = raw.shape[0]
+    fields = PLANES[qtype]
+    block = sum(size for _, size in fields)
+    b = raw.reshape(n_out, -1, block)
+    pad = -(b.shape[1] * block) % _ROW_ALIGN
+    return xp.ascontiguousarray(xp.concatenate(
+        [b[..., off:off + size].reshape(n_out, -1) for off, size in fields]
+        + [xp.zeros((n_out, pad), dtype=xp.uint8)], axis=1))
+
+
+def _planes_from_device(qtype, dev, n_in: int, xp):
+    n_out, nb = dev.shape[0], n_in // 32
+    fields = PLANES[qtype]
+    block = sum(size for _, size in fields)
+    out = xp.empty((n_out, nb, block), dtype=xp.uint8)
+    start = 0
+    for off, size in fields:
+        out[..., off:off + size] = dev[:, start:start + nb * size].reshape(n_out, nb, size)
+        start += nb * size
+    return out.reshape(n_out, nb * block)
 
 
 def _q6_k_codes(raw, xp):
@@ -92,16 +129,22 @@ def to_device(qtype, raw, xp=np):
     """The file's rows (n_out, row_nbytes) uint8, a numpy array (a memmap is fine) -> the device layout
     (n_out, device_row_bytes) as an xp array (numpy, or cupy: rows are copied and converted a chunk of
     CHUNK_BYTES at a time, so the device holds little more than the result)."""
+    qtype = QType(int(qtype))
     if not repacked(qtype):
         return xp.asarray(np.ascontiguousarray(raw))
     n_out, nbytes = raw.shape
-    out = xp.empty((n_out, device_row_bytes(qtype, nbytes // Q6_K_BLOCK * 256)), dtype=xp.uint8)
+    pitch = -(-nbytes // _ROW_ALIGN) * _ROW_ALIGN
+    out = xp.empty((n_out, pitch), dtype=xp.uint8)
     step = max(1, CHUNK_BYTES // max(nbytes, 1))
     for r0 in range(0, n_out, step):
-        out[r0:r0 + step] = _q6_k_to_device(xp.asarray(np.ascontiguousarray(raw[r0:r0 + step])), xp)
+        rows = xp.asarray(np.ascontiguousarray(raw[r0:r0 + step]))
+        out[r0:r0 + step] = _q6_k_to_device(rows, xp) if qtype == QType.Q6_K else _planes_to_device(qtype, rows, xp)
     return out
 
 
 def from_device(qtype, dev, n_in: int, xp=np):
     """The inverse of to_device: the file's rows."""
-    return _q6_k_from_device(dev, n_in, xp) if repacked(qtype) else dev
+    qtype = QType(int(qtype))
+    if not repacked(qtype):
+        return dev
+    return _q6_k_from_device(dev, n_in, xp) if qtype == QType.Q6_K else _planes_from_device(qtype, dev, n_in, xp)

@@ -179,12 +179,13 @@ struct TBase {
     static __device__ __forceinline__ int xpos(int u, int q) { return u * UNIT_ + 16 * q; }
 };
 
+// The 32-weight block types in their device layout (kernels/cuda/layouts.py): per row, a plane of each field
+// (block u's quants at u * their size, then the f16 d's; Q5_0's fifth bits between), 16-byte aligned rows.
 struct TQ8_0 : TBase<32, 32, 8> {
     struct U { u32 w[8]; float d; };
-    static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32*, U& v) {
-        const u8* b = row + (size_t)u * 34;
-        load_a2<8>(b + 2, v.w);
-        v.d = ldf16(b);
+    static __device__ __forceinline__ void decode(const u8* row, int k, int u, const u32*, U& v) {
+        load_a16<8>(row + 32 * u, v.w);
+        v.d = ldf16(row + 32 * (k >> 5) + 2 * u);
     }
     static __device__ __forceinline__ i32 ints(const U& v, const i32* x) { return dot8w(v.w, x, 8); }
     static __device__ __forceinline__ i32 mma_int(const U&, i32 s) { return s; }
@@ -201,16 +202,15 @@ struct TQ8_0 : TBase<32, 32, 8> {
 // Q4_0, IQ4_NL, Q5_0: weight j and j+16 of a block share byte j (low / high nibble)
 struct TQ4_0 : TBase<32, 32, 8> {
     typedef TQ8_0::U U;
-    static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32*, U& v) {
-        const u8* b = row + (size_t)u * 18;
+    static __device__ __forceinline__ void decode(const u8* row, int k, int u, const u32*, U& v) {
         u32 q[4];
-        load_a2<4>(b + 2, q);
+        load_a16<4>(row + 16 * u, q);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             v.w[i] = recentre<8>(q[i] & 0x0f0f0f0fu);
             v.w[4 + i] = recentre<8>((q[i] >> 4) & 0x0f0f0f0fu);
         }
-        v.d = ldf16(b);
+        v.d = ldf16(row + 16 * (k >> 5) + 2 * u);
     }
     static __device__ __forceinline__ i32 ints(const U& v, const i32* x) { return TQ8_0::ints(v, x); }
     static __device__ __forceinline__ i32 mma_int(const U& v, i32 s) { return s; }
@@ -222,14 +222,13 @@ struct TQ4_0 : TBase<32, 32, 8> {
 
 struct TIQ4_NL : TBase<32, 32, 8> {
     typedef TQ4_0::U U;
-    static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32*, U& v) {
-        const u8* b = row + (size_t)u * 18;
+    static __device__ __forceinline__ void decode(const u8* row, int k, int u, const u32*, U& v) {
         u32 q[4];
-        load_a2<4>(b + 2, q);
+        load_a16<4>(row + 16 * u, q);
         const u32 t[4] = {IQ4NL_VALUES[0], IQ4NL_VALUES[1], IQ4NL_VALUES[2], IQ4NL_VALUES[3]};
 #pragma unroll
         for (int i = 0; i < 4; ++i) lookup16(q[i], t, v.w[i], v.w[4 + i]);
-        v.d = ldf16(b);
+        v.d = ldf16(row + 16 * (k >> 5) + 2 * u);
     }
     static __device__ __forceinline__ i32 ints(const U& v, const i32* x) { return TQ8_0::ints(v, x); }
     static __device__ __forceinline__ i32 mma_int(const U& v, i32 s) { return s; }
@@ -239,18 +238,19 @@ struct TIQ4_NL : TBase<32, 32, 8> {
 
 struct TQ5_0 : TBase<32, 32, 8> {
     typedef TQ4_0::U U;
-    static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32*, U& v) {
-        const u8* b = row + (size_t)u * 22;
-        u32 q[5];                       // qh (bit j: 5th bit of weight j), then the 16 nibble bytes
-        load_a2<5>(b + 2, q);
+    static __device__ __forceinline__ void decode(const u8* row, int k, int u, const u32*, U& v) {
+        const int nb = k >> 5;
+        u32 q[4];                       // the 16 nibble bytes; qh: bit j = 5th bit of weight j
+        load_a16<4>(row + 16 * u, q);
+        const u32 qh = ldw((const unsigned int*)(row + 16 * nb + 4 * u));
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const u32 lo = (q[1 + i] & 0x0f0f0f0fu) | (spread4((q[0] >> (4 * i)) & 15u) << 4);
-            const u32 hi = ((q[1 + i] >> 4) & 0x0f0f0f0fu) | (spread4((q[0] >> (16 + 4 * i)) & 15u) << 4);
+            const u32 lo = (q[i] & 0x0f0f0f0fu) | (spread4((qh >> (4 * i)) & 15u) << 4);
+            const u32 hi = ((q[i] >> 4) & 0x0f0f0f0fu) | (spread4((qh >> (16 + 4 * i)) & 15u) << 4);
             v.w[i] = recentre<16>(lo);
             v.w[4 + i] = recentre<16>(hi);
         }
-        v.d = ldf16(b);
+        v.d = ldf16(row + 20 * nb + 2 * u);
     }
     static __device__ __forceinline__ i32 ints(const U& v, const i32* x) { return TQ8_0::ints(v, x); }
     static __device__ __forceinline__ i32 mma_int(const U& v, i32 s) { return s; }
