@@ -234,8 +234,7 @@ GLU_EXPLORE_KERNELS = [(f"{qtype} gate+up 4096x2x14336 n={n}", qtype, 2 * 14336,
                        for qtype in ("IQ3_XXS", "Q4_K") for n in (1, 2, 4, 8, 16)]
 # (type, rows, row length, GLU, tokens): decode steps of 16 sequences on the types `auto` leaves on dp4a there
 SMALL_EXPLORE = [("Q6_K", 4096, 14336, False, 16), ("Q6_K", 32000, 4096, False, 16),
-                 ("IQ3_XXS", 4096, 14336, False, 16), ("IQ3_XXS", 2 * 14336, 4096, True, 16),
-                 ("Q8_0", 14336, 4096, False, 16)]
+                 ("IQ3_XXS", 4096, 14336, False, 16), ("IQ3_XXS", 2 * 14336, 4096, True, 16)]
 
 
 def small_explore_rows(cp, copy_bw):

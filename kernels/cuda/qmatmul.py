@@ -84,7 +84,9 @@ SPLIT_K_SMEM = 48 * 1024
 # 4096x32000 252.5 / 278.3, Q8_0 896x151936 167.8 / 237.6; smaller grids lose: IQ3_XXS 4096x6144 (192 CTAs) 54.8 /
 # 38.5, 14336x4096 (128) 171.5 / 85.1).
 SMALL_TILE = 16
-SMALL_TYPES = frozenset({QType.Q4_K, QType.Q5_K})
+# Q8_0 joined with its aligned device layout (layouts.py; H200 2026-12-04, 4096x14336 at 16 tokens: 8 warps 53.2
+# / 4 warps 59.6 against dp4a's 94.3 us, where the file's 34-byte blocks had measured 112.5 / 120.3 against 82.1)
+SMALL_TYPES = frozenset({QType.Q4_K, QType.Q5_K, QType.Q8_0})
 SMALL_WARPS = (4, 8)
 SMALL_MIN_TOKENS = 9
 # row tiles the small-token kernel needs: 128 (4096 rows) measured faster than dp4a; the 0.5B shape's Q4_K down
@@ -94,7 +96,7 @@ SMALL_MIN_CTAS = 128
 SMALL_WIDE_MAX_TOKENS = 32
 # the small-token kernel's other types, built only with -DMMQ_EXPLORE (MMA_BUILDS["explore"]) for bench_gpu.py
 # --explore: warps each may take (the 256-weight superblock types have 4 unit groups)
-SMALL_EXPLORE_WARPS = {QType.Q6_K: (4,), QType.IQ3_XXS: (4,), QType.Q8_0: (4, 8)}
+SMALL_EXPLORE_WARPS = {QType.Q6_K: (4,), QType.IQ3_XXS: (4,)}
 NARROW_MIN_TOKENS = 24
 NARROW_MIN_CTAS = 896
 

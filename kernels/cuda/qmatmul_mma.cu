@@ -404,7 +404,7 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
 #define MMQ_DEFAULT(NAME, T) MMQ_VARIANT(NAME, T, 4, 1, 0) MMQ_VARIANT(NAME, T, 2, 4, (T::GRID ? 8 : 0)) \
     MMQ_VARIANT(NAME, T, 4, 4, (T::S > 1 ? 3 : 0))
 // kernels mmqs[glu]_<type>_w<NK> (qmatmul.py small_variant): NK warps per CTA, each decoding G units at a
-// time, G as many as fit 24 KB of unit slots per CTA (at most 4). Built for Q4_K and Q5_K only: on an H200
+// time, G as many as fit 24 KB of unit slots per CTA (at most 4). Built for Q4_K, Q5_K and Q8_0: on an H200
 // the other types measured slower than their dp4a kernels at 9-16 tokens (perf/kernel_notes.md)
 template <class T, int NK>
 struct SmallG {
@@ -435,6 +435,7 @@ struct SmallG {
 
 
 MMQ_KERNELS(q8_0, TQ8_0)
+MMQS_KERNELS(q8_0, TQ8_0)
 MMQ_KERNELS(q4_0, TQ4_0)
 MMQ_KERNELS(q5_0, TQ5_0)
 MMQ_KERNELS(iq4_nl, TIQ4_NL)
@@ -448,5 +449,4 @@ MMQ_KERNELS(iq3_xxs, TIQ3_XXS)
                      // --explore; qmatmul.py SMALL_EXPLORE_WARPS): 4 warps for the 4-group superblock types
 MMQS_KERNEL(q6_k, TQ6_K, 4, false, mmqs) MMQS_KERNEL(q6_k, TQ6_K, 4, true, mmqsglu)
 MMQS_KERNEL(iq3_xxs, TIQ3_XXS, 4, false, mmqs) MMQS_KERNEL(iq3_xxs, TIQ3_XXS, 4, true, mmqsglu)
-MMQS_KERNELS(q8_0, TQ8_0)
 #endif

@@ -16,18 +16,19 @@ def test_the_prompt_kernel_choice_starts_at_mma_min_tokens():
 
 
 def test_decode_steps_of_many_sequences():
-    """9-63 tokens (decode steps of several sequences, verify steps): the small-token kernel for Q4_K / Q5_K
+    """9-63 tokens (decode steps of several sequences, verify steps): the small-token kernel for Q4_K / Q5_K / Q8_0
     matrices of at least 128 row tiles (8 warps up to 32 tokens), mmq's narrow variant from 24 tokens where its
     grid is wide, else dp4a; none of them below 9 tokens or from MMA_MIN_TOKENS (tensor_core_variant's)."""
     assert small_variant(QType.Q4_K, 14336, 16) == ("small", 8)
     assert small_variant(QType.Q5_K, 4096, 9) == ("small", 8)
+    assert small_variant(QType.Q8_0, 14336, 12) == ("small", 8)
     assert small_variant(QType.Q4_K, 14336, 48) == ("small", 4)          # narrow: 448 CTAs
     assert small_variant(QType.Q4_K, 28672, 16, glu=True) == ("small", 8)
     assert small_variant(QType.Q4_K, 28672, 24, glu=True) == ("mma", MMA_NARROW)   # 14336 gate rows: 896 CTAs
     assert small_variant(QType.IQ3_XXS, 28672, 24, glu=True) == ("mma", MMA_NARROW)
     assert small_variant(QType.Q6_K, 32000, 24) == ("mma", MMA_NARROW)
     for qtype, n_out, n_tok in ((QType.IQ3_XXS, 28672, 16), (QType.Q6_K, 32000, 16), (QType.IQ3_XXS, 4096, 32),
-                                (QType.Q8_0, 14336, 12), (QType.Q4_K, 14336, 8), (QType.Q4_K, 14336, MMA_MIN_TOKENS),
+                                (QType.Q8_0, 896, 12), (QType.Q4_K, 14336, 8), (QType.Q4_K, 14336, MMA_MIN_TOKENS),
                                 (QType.Q4_K, 896, 16)):          # 28 CTAs: slower than dp4a in the 0.5B decode
         assert small_variant(qtype, n_out, n_tok) is None
 
