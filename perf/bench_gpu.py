@@ -194,7 +194,7 @@ def gemm_rows(cp):
     rows = []
     for qtype, n_out, n_in, n_tok, ref in GEMMS:
         times = bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, GEMM_KERNELS)
-        auto = qm.tensor_core_variant(n_out, n_tok, qtype=qm.QType[qtype])
+        auto = qm.tensor_core_variant(n_out, n_tok)
         for (kernel, mma), t in times.items():
             label = f"{qtype} {n_in}x{n_out} n={n_tok} {kernel}" + (f" w{mma[0]} nb={mma[1]}" if mma else "")
             label += " *" if (mma == auto if kernel == "mma" else auto is None) else ""

@@ -32,7 +32,6 @@ CU_MMA = "qmatmul_mma.cu"
 MMA_WIDEST, MMA_MIDDLE, MMA_NARROW = (4, 4), (2, 4), (4, 1)
 MMA_CHOICES = ((MMA_WIDEST, 256, 256), (MMA_MIDDLE, 192, 64), (MMA_NARROW, 192, 64))
 MMA_VARIANTS = tuple(v for v, _, _ in MMA_CHOICES)
-MMA_WIDEST_SLOWER = frozenset({QType.Q6_K})   # types that measured faster in MMA_MIDDLE at 512 tokens
 MMA_MIN_TOKENS = 64         # tensor_core_variant from this many tokens (below: small_variant, else dp4a)
 WARPS_PER_CTA = 8           # warps per CTA of the dp4a mat-mul (8 measured a little faster than 4 on an H200)
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>...); a launch takes the smallest >= n
@@ -302,11 +301,12 @@ def mma_smem(qtype, warps: int, nb: int) -> int:
     return 2 * warps * tok * (words + 1) * 4
 
 
-def tensor_core_variant(n_out: int, n_tok: int, glu: bool = False, qtype=None):
+def tensor_core_variant(n_out: int, n_tok: int, glu: bool = False):
     """(warps per CTA, n8 token tiles per warp) of the tensor-core kernel for this launch, or None where the
     dp4a kernel is faster. Measured on an H200 (perf/bench_gpu.py --gemm, 2026-12-03, kernel_notes.md), µs,
     MMA_WIDEST / MMA_MIDDLE / MMA_NARROW / dp4a: 4096x14336 at 512 tokens IQ3_XXS 631 / 679 / 1,333 / 1,654,
-    Q4_K 571 / 608 / 902 / 1,862, Q8_0 875 / 1,100 / 2,010 / 1,892, Q6_K 1,191 / 1,075 / 2,292 / 2,870; at 128
+    Q4_K 571 / 608 / 902 / 1,862 (2026-12-04: 492 / 508 / 761 / 1,880), and in their device layouts (layouts.py,
+    2026-12-04) Q8_0 412 / 476 / 995 / 2,349, Q6_K 421 / 515 / 1,090 / 1,274; at 128
     tokens IQ3_XXS 199 / 189 / 358 / 425 (half of MMA_WIDEST's tokens padding); at 64 tokens IQ3_XXS 200 / 116
     / 192 / 221, Q4_K 172 / 116 / 126 / 244; 896x4864 Q5_0 at 64 tokens 25.8 / 19.2 (152 CTAs) / 16.2 (304) /
     25.3; 896x896 Q5_0 at 512 tokens 20.0 (112 CTAs) / 19.2 (224) / 20.8 / 35.6, at 64 tokens 19.6 / 18.3 / 9.6
@@ -314,10 +314,7 @@ def tensor_core_variant(n_out: int, n_tok: int, glu: bool = False, qtype=None):
     if n_tok < MMA_MIN_TOKENS:
         return None
     row_tiles = cdiv(n_out // 2 if glu else n_out, mma_rows(glu))
-    slower = qtype is not None and QType(int(qtype)) in MMA_WIDEST_SLOWER
     for (warps, nb), least_ctas, least_tokens in MMA_CHOICES:
-        if slower and (warps, nb) == MMA_WIDEST:
-            continue
         if n_tok >= least_tokens and cdiv(n_tok, 8 * nb * warps) * row_tiles >= least_ctas:
             return warps, nb
     return None
@@ -398,7 +395,7 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
         return
     weight = (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in))
     args = (*weight, xq, xd, np.int32(n), *outs)
-    chosen = tensor_core_variant(w.n_out, n, glu, w.qtype)
+    chosen = tensor_core_variant(w.n_out, n, glu)
     if kernel == "auto" and variant is None and chosen is None:
         picked = small_variant(w.qtype, w.n_out, n, glu)
         if picked is not None:

@@ -35,8 +35,6 @@ def test_decode_steps_of_many_sequences():
 
 def test_prompt_chunks_take_the_tensor_cores_in_the_widest_tile_that_fills_the_card():
     assert tensor_core_variant(14336, 512) == MMA_WIDEST      # 4 x 448 CTAs
-    assert tensor_core_variant(14336, 512, qtype=QType.IQ3_XXS) == MMA_WIDEST
-    assert tensor_core_variant(14336, 512, qtype=QType.Q6_K) == MMA_MIDDLE   # measured faster there
     assert tensor_core_variant(14336, 128) == MMA_MIDDLE      # the widest would pad half of its 128 tokens
     assert tensor_core_variant(14336, 64) == MMA_MIDDLE       # 448
     assert tensor_core_variant(4864, 512) == MMA_WIDEST       # 4 x 152
