@@ -1,8 +1,7 @@
 """Device layouts of the weight types: how a GGUF row is laid out on the GPU, and the lossless conversions.
 
 A GGUF block puts its fields at 2-byte offsets (Q8_0 34 bytes: d, 32 quants; Q4_0 and IQ4_NL 18: d, 16 nibble
-bytes; Q5_0 22: d, 4 bytes of fifth bits, 16 nibble bytes; IQ3_XXS 98: d, 64 grid indices, 32 bytes of signs and
-scales; Q6_K 210), so in a row of them the kernels read each
+bytes; Q5_0 22: d, 4 bytes of fifth bits, 16 nibble bytes; Q6_K 210), so in a row of them the kernels read each
 field as 4-byte words stitched by funnel shifts. On the device these types' rows are planes instead, one per
 field, each naturally aligned (nb = blocks per row), then zeros up to a multiple of 16 bytes
 (`device_row_bytes`), so every row and plane starts 16-byte aligned:
@@ -11,7 +10,6 @@ field, each naturally aligned (nb = blocks per row), then zeros up to a multiple
     Q4_0     qs nb * 16 | d nb * 2
     IQ4_NL   qs nb * 16 | d nb * 2
     Q5_0     qs nb * 16 | qh nb * 4 | d nb * 2
-    IQ3_XXS  qs nb * 64 | signs and scales nb * 32 | d nb * 2   (256-weight blocks: sub-block u's at 8u, 4u)
 
 Q6_K (ql 128 bytes, qh 64, scales 16, d 2) also puts a 32-weight unit's low nibbles in two 32-byte runs and its
 top bits in 2-bit fields shared with three other units, so a unit's weights match activations from four
@@ -24,22 +22,22 @@ places. Its planes are reordered so that unit u covers the row's weights 32u .. 
     sc  nb * 16 int8: the scale of weights 16s .. 16s + 15 at s (the file's order)
     d   nb * 2 bytes: each block's f16 d (the file's order)
 
-Every other type keeps the file's blocks (Q4_K and Q5_K blocks are 16-byte multiples). The same bytes as the file's, plus at most 14 a row;
+Every other type keeps the file's blocks (Q4_K and Q5_K blocks are 16-byte multiples; IQ3_XXS's 98-byte blocks
+measured no faster aligned: perf/kernel_notes.md). The same bytes as the file's, plus at most 14 a row;
 qmatmul_types.cuh decodes them.
 """
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
 from ..qtypes import row_nbytes
 
 Q6_K_BLOCK = 210            # bytes per 256 weights in the file
 _ROW_ALIGN = 16
-# fields as (offset, bytes) in a file block, in their plane order on the device
+# the 32-weight block types' fields as (offset, bytes) in a file block, in their plane order on the device
 PLANES = {QType.Q8_0: ((2, 32), (0, 2)), QType.Q4_0: ((2, 16), (0, 2)), QType.IQ4_NL: ((2, 16), (0, 2)),
-          QType.Q5_0: ((6, 16), (2, 4), (0, 2)), QType.IQ3_XXS: ((2, 64), (66, 32), (0, 2))}
+          QType.Q5_0: ((6, 16), (2, 4), (0, 2))}
 
 
 def repacked(qtype) -> bool:
@@ -66,7 +64,7 @@ def _planes_to_device(qtype, raw, xp):
 
 
 def _planes_from_device(qtype, dev, n_in: int, xp):
-    n_out, nb = dev.shape[0], n_in // GGML_QUANT_SIZES[qtype][0]
+    n_out, nb = dev.shape[0], n_in // 32
     fields = PLANES[qtype]
     block = sum(size for _, size in fields)
     out = xp.empty((n_out, nb, block), dtype=xp.uint8)

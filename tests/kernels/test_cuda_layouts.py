@@ -3,7 +3,6 @@
 TQ6_K in qmatmul_types.cuh) reads them give gguf's dequantization bit for bit."""
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 from gguf.quants import dequantize
 
@@ -49,13 +48,12 @@ def test_q6_k_conversion_in_chunks_equals_whole(monkeypatch):
     assert np.array_equal(layouts.to_device(QType.Q6_K, raw), whole)
 
 
-@pytest.mark.parametrize("qtype", [QType.Q8_0, QType.Q4_0, QType.IQ4_NL, QType.Q5_0, QType.IQ3_XXS],
-                         ids=lambda t: t.name)
-@pytest.mark.parametrize("n_blocks", [1, 19, 28, 128, 152])
+@pytest.mark.parametrize("qtype", [QType.Q8_0, QType.Q4_0, QType.IQ4_NL, QType.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_blocks", [1, 28, 128, 152])
 def test_block_fields_become_aligned_planes(qtype, n_blocks):
     """Each field of the file's blocks in its own plane, block u's at u * its size, planes in PLANES order,
     the row padded to 16 bytes; lossless."""
-    n_in = GGML_QUANT_SIZES[qtype][0] * n_blocks
+    n_in = 32 * n_blocks
     raw = random_rows(qtype, 5, n_in, seed=n_blocks)
     dev = layouts.to_device(qtype, raw)
     pitch = layouts.device_row_bytes(qtype, n_in)
@@ -70,7 +68,7 @@ def test_block_fields_become_aligned_planes(qtype, n_blocks):
     assert np.array_equal(layouts.from_device(qtype, dev, n_in), raw)
 
 
-@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q5_K, QType.F16])
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q5_K, QType.IQ3_XXS, QType.F16])
 def test_other_types_keep_the_file_layout(qtype):
     raw = random_rows(qtype, 3, 512, seed=1)
     assert not layouts.repacked(qtype)
