@@ -22,9 +22,9 @@ places. Its planes are reordered so that unit u covers the row's weights 32u .. 
     sc  nb * 16 int8: the scale of weights 16s .. 16s + 15 at s (the file's order)
     d   nb * 2 bytes: each block's f16 d (the file's order)
 
-Every other type keeps the file's blocks (Q4_K and Q5_K blocks are 16-byte multiples; IQ3_XXS's 98-byte blocks
-measured no faster aligned: perf/kernel_notes.md). The same bytes as the file's, plus at most 14 a row;
-qmatmul_types.cuh decodes them.
+Every other type keeps the file's blocks: Q4_K and Q5_K blocks are 16-byte multiples, and IQ3_XXS in planes made
+its decode kernels 10-15% faster but the prompt kernel's 64-token steps slower (perf/kernel_notes.md, "Device
+layouts"). The same bytes as the file's, plus at most 14 a row; qmatmul_types.cuh decodes them.
 """
 from __future__ import annotations
 

@@ -133,8 +133,9 @@ __device__ __forceinline__ void lookup16(u32 q, const u32* t, u32& lo, u32& hi) 
 }
 
 // --------------------------------------------------------------------------------- weight types
-// Each type (over TBase: UNIT, XB, NW, S, offset, xload, xpos): decode(row, u, tab, U&) -> the unit's weights as
-// packed int8 words in the order of its activations and its scales; ints(U, x words) -> the integer part I of
+// Each type (over TBase: UNIT, XB, NW, S, offset, xload, xpos): decode(row, k, u, tab, U&) (row: the row in
+// its device layout, kernels/cuda/layouts.py; k: weights per row) -> the unit's weights as packed int8 words
+// in the order of its activations and its scales; ints(U, x words) -> the integer part I of
 // the unit's dot with one token (exact); tail(U, I, xd, a, b) -> the two operands of acc = fma(a, b, acc) that
 // add a superblock's integer part to a token's running sum; deq(U, row out + offset(u)) -> gguf's float values.
 // A superblock is S units that share the row's scale d and the activations' scale xd: IQ3_XXS and Q6_K take
