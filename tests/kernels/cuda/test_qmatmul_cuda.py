@@ -271,16 +271,20 @@ def test_concat_rows(cp, qm):
     assert qm.concat_rows([a, c]) is None and qm.concat_rows([a, d]) is None and qm.concat_rows([]) is None
 
 
-def test_q6_k_uploads_in_its_device_layout(cp, qm, monkeypatch):
-    """upload converts Q6_K rows on the device in chunks (layouts.to_device with cupy) to the bytes the numpy
-    conversion gives (tests/kernels/test_cuda_layouts.py checks those against gguf), rows padded to 16 bytes."""
+@pytest.mark.parametrize("qtype", [QType.Q6_K, QType.Q8_0, QType.Q5_0, QType.Q4_0, QType.IQ4_NL],
+                         ids=lambda t: t.name)
+def test_repacked_types_upload_in_their_device_layout(cp, qm, monkeypatch, qtype):
+    """upload converts the rows on the device in chunks (layouts.to_device with cupy) to the bytes the numpy
+    conversion gives (tests/kernels/test_cuda_layouts.py checks those against gguf), rows padded to 16 bytes,
+    and from_device on the device gives the file's rows back."""
     from strata_lite.kernels.cuda import layouts
-    raw = random_rows(QType.Q6_K, 29, 256 * 19, seed=8)
+    n_in = 4864                                                    # 19 Q6_K blocks, 152 of the 32-weight types
+    raw = random_rows(qtype, 29, n_in, seed=8)
     monkeypatch.setattr(layouts, "CHUNK_BYTES", 4 * raw.shape[1])     # 8 chunks, the last one short
-    w = qm.upload(SimpleNamespace(name="w", qtype=QType.Q6_K, n_out=29, n_in=256 * 19, raw=raw))
-    assert w.raw.shape == (29, 4000)
-    assert np.array_equal(w.raw.get(), layouts.to_device(QType.Q6_K, raw))
-    assert np.array_equal(layouts.from_device(QType.Q6_K, w.raw, 256 * 19, cp).get(), raw)
+    w = qm.upload(SimpleNamespace(name="w", qtype=qtype, n_out=29, n_in=n_in, raw=raw))
+    assert w.raw.shape == (29, layouts.device_row_bytes(qtype, n_in)) and w.raw.shape[1] % 16 == 0
+    assert np.array_equal(w.raw.get(), layouts.to_device(qtype, raw))
+    assert np.array_equal(layouts.from_device(qtype, w.raw, n_in, cp).get(), raw)
 
 
 def test_act_format(qm):
