@@ -1,7 +1,7 @@
 """F16 / BF16 weights against float32 activations for decode-sized calls (up to MATVEC_MAX_TOK tokens): each
 output is one row's dot product with one token, 16 weights at a time converted to float32 in registers
 (F16: the hardware conversion, `vcvtph2ps` under F16C / AVX-512; BF16: a shift into the float's high half),
-fused multiply-adds into four chains of 16 lanes, then the chains' and the lanes' fixed sums. Weights are read once per call from
+fused multiply-adds into 16 lanes, then the lanes' fixed halving sum. Weights are read once per call from
 their file layout (2 bytes each, no float32 copy): the decode of an F16 model is then bound by the bytes it
 reads, where the tile path (dequantize to float32, then BLAS) spent ~1 ns a weight converting.
 
@@ -23,17 +23,11 @@ _V16H = ir.VectorType(ir.HalfType(), LANES)
 _V16I = ir.VectorType(L.I32, LANES)
 
 
-CHAINS = 4                       # independent accumulators (step i feeds chain i % CHAINS)
-
-
 def _make_dot(bf16: bool):
     @intrinsic
     def dot(typingctx, w, r, x, t):
         """sum over k of float32(w[r, k]) * x[t, k]: w uint16 (n_out, k) F16 or BF16 bits, x float32 (n_tok, k),
-        C-contiguous, k a multiple of LANES. Step i (weights 16i .. 16i + 15) goes to chain i % CHAINS (the
-        steps past the last whole round of CHAINS to chain 0), the chains are added pairwise ((0 + 1) + (2 + 3))
-        and their 16 lanes by hsum's fixed halving: one FMA chain waited on its 4-cycle latency each step
-        (a 2-core EPYC VM, 2 threads, 151936x896 F16: 30.1 -> 32.6 GB/s, 896x4864: 24.1 -> 27.1)."""
+        C-contiguous, k a multiple of LANES."""
         if not (L.c_arrays((w, types.uint16, 2), (x, types.float32, 2))
                 and isinstance(r, types.Integer) and isinstance(t, types.Integer)):
             return None
@@ -44,27 +38,15 @@ def _make_dot(bf16: bool):
                                                  for k in (0, 2))
             wrow = builder.gep(pw, [builder.mul(args[1], wstr[0])])
             xrow = builder.gep(px, [builder.mul(args[3], xstr[0])])
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(_V16F, [0.0] * LANES)) for _ in range(CHAINS)]
+            acc = cgutils.alloca_once_value(builder, ir.Constant(_V16F, [0.0] * LANES))
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F] * 3),
                                                  "llvm.fma.v16f32")
-
-            def step(i, acc):
+            with cgutils.for_range(builder, builder.sdiv(wshape[1], L.const(LANES))) as loop:
+                i = loop.index
                 wf = _widen(builder, L.load(builder, wrow, builder.mul(i, L.const(2 * LANES)), L.V16W), bf16)
                 xv = L.load(builder, xrow, builder.mul(i, L.const(4 * LANES)), _V16F)
                 builder.store(builder.call(fma, [wf, xv, builder.load(acc)]), acc)
-
-            steps = builder.sdiv(wshape[1], L.const(LANES))
-            rounds = builder.sdiv(steps, L.const(CHAINS))
-            with cgutils.for_range(builder, rounds) as loop:
-                for c in range(CHAINS):
-                    step(builder.add(builder.mul(loop.index, L.const(CHAINS)), L.const(c)), accs[c])
-            done = builder.mul(rounds, L.const(CHAINS))
-            with cgutils.for_range(builder, builder.sub(steps, done)) as loop:
-                step(builder.add(done, loop.index), accs[0])
-            sums = [builder.load(a) for a in accs]
-            while len(sums) > 1:
-                sums = [builder.fadd(sums[j], sums[j + 1]) for j in range(0, len(sums), 2)]
-            return L.hsum(builder, sums[0])
+            return L.hsum(builder, builder.load(acc))
 
         return sig, codegen
     return dot

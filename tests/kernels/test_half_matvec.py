@@ -26,7 +26,7 @@ def _weights(rng, qtype, n_out, n_in):
 
 
 @pytest.mark.parametrize("qtype", [QT.F16, QT.BF16])
-@pytest.mark.parametrize("n_out,n_in", [(37, 896), (300, 4864), (5, 16), (9, 112)])   # 112: a round of 4 chains + 3 steps
+@pytest.mark.parametrize("n_out,n_in", [(37, 896), (300, 4864), (5, 16)])
 def test_against_float64_and_batch_invariant(qtype, n_out, n_in):
     rng = np.random.default_rng(n_out)
     raw, ref_w = _weights(rng, qtype, n_out, n_in)
