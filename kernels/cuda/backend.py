@@ -65,7 +65,8 @@ class CudaBackend(Backend):
 
     def upload_weight(self, w, vocab_rows: bool = False):
         """A QuantTensor's raw blocks copied to the device in the type's device layout (layouts.py: the file's
-        blocks, or Q6_K's aligned planes; a row's bits never depend on the matrix, vocab_rows or not)."""
+        blocks, or the same bytes as aligned field planes; a row's bits never depend on the matrix, vocab_rows
+        or not)."""
         self.plan.check_fits(w.n_out * device_row_bytes(w.qtype, w.n_in), f"weight {w.name}")
         return qm.upload(w)
 

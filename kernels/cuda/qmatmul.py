@@ -137,8 +137,8 @@ def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class DeviceWeight:
-    """A weight matrix on the device: raw (n_out, device_row_bytes) cupy uint8: the GGUF file's own block rows, or
-    for Q6_K the same bytes in the device layout of layouts.py."""
+    """A weight matrix on the device: raw (n_out, device_row_bytes) cupy uint8, the file's rows in the type's
+    device layout (layouts.py: the GGUF blocks, or the same bytes as aligned field planes)."""
     name: str
     qtype: QType
     n_out: int
@@ -376,7 +376,7 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     fmt = act_format(w.qtype)
     if fmt is None:
         raise ValueError(f"{w.qtype.name} weights take float activations: use matmul")
-    nbytes = _check_weight(w)
+    pitch = _check_weight(w)
     n, _ = _x_shape(xq)
     _check("xq", xq, (n, w.n_in), np.int8, align=16)
     _check("xd", xd, (n, w.n_in // XBLOCK[fmt]), np.float32)
@@ -393,7 +393,7 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
                          f"got {w.qtype.name}, {small!r} and build={build!r}")
     if n == 0:
         return
-    weight = (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in))
+    weight = (w.raw, np.int32(pitch), np.int32(w.n_out), np.int32(w.n_in))
     args = (*weight, xq, xd, np.int32(n), *outs)
     chosen = tensor_core_variant(w.n_out, n, glu)
     if kernel == "auto" and variant is None and chosen is None:
@@ -445,7 +445,7 @@ def matmul(w: DeviceWeight, x, out, act: ActBuffers, bias=None, accumulate: bool
         quantize_activations(fmt, x, xq, xd)
         matmul_prequantized(w, xq, xd, out, bias=bias, accumulate=accumulate, glu=glu, tiles=act)
         return
-    nbytes = _check_weight(w)
+    pitch = _check_weight(w)
     _check("x", x, (n, w.n_in), np.float32, align=16)
     outs = _out_args(w, n, out, bias, accumulate, glu)
     if n == 0:
@@ -453,13 +453,13 @@ def matmul(w: DeviceWeight, x, out, act: ActBuffers, bias=None, accumulate: bool
     tile = _tile(n)
     warps = w.n_out // 2 if glu else w.n_out
     launch(CU, f"{'mmglu' if glu else 'mm'}_{_KNAME[w.qtype]}_t{tile}", (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)),
-           (32, WARPS_PER_CTA), (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), x, np.int32(n), *outs))
+           (32, WARPS_PER_CTA), (w.raw, np.int32(pitch), np.int32(w.n_out), np.int32(w.n_in), x, np.int32(n), *outs))
 
 
 def dequant_rows(w: DeviceWeight, ids, out) -> None:
     """out (m, w.n_in) float32 = rows ids (m,) int32 of W as floats (embedding lookup), bit-exact with
     gguf.quants.dequantize; an id outside [0, n_out) gives a row of NaN (ids stay on the device: not checked here)."""
-    nbytes = _check_weight(w)
+    pitch = _check_weight(w)
     if getattr(ids, "ndim", 0) != 1:
         raise ValueError("ids must be 1-D")
     m = int(ids.shape[0])
@@ -469,4 +469,4 @@ def dequant_rows(w: DeviceWeight, ids, out) -> None:
         return
     units = w.n_in // _UNIT.get(w.qtype, 32)
     launch(CU, f"dq_{_KNAME[w.qtype]}", (m, cdiv(units, DQ_THREADS)), (DQ_THREADS,),
-           (w.raw, np.int32(nbytes), np.int32(w.n_out), np.int32(w.n_in), ids, out))
+           (w.raw, np.int32(pitch), np.int32(w.n_out), np.int32(w.n_in), ids, out))
