@@ -129,10 +129,9 @@ def bench_gemm(cp, qm, qtype, n_out, n_in, n_tok, kernels):
         for kernel, mma in kernels}
 
 
-def attention_call(cp, n_keys, n_seq=1, n_heads=32, n_kv=8, hd=128, page_size=64, seed=1):
-    """(call, cache bytes): one attention launch of n_seq sequences (one token each, at position n_keys - 1)
-    over random int8 pages of n_keys keys each."""
-    from strata_lite.kernels.cuda import attention as ak
+def attention_inputs(cp, n_keys, n_seq=1, n_heads=32, n_kv=8, hd=128, page_size=64, seed=1):
+    """(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out) of one attention
+    launch of n_seq sequences (one token each, at position n_keys - 1) over random int8 pages of n_keys keys each."""
     from strata_lite.kernels.kv_layout import kv_shapes
     per_seq = n_keys // page_size
     pages, scales = kv_shapes(1, per_seq * n_seq, page_size, n_kv, hd)
@@ -142,12 +141,19 @@ def attention_call(cp, n_keys, n_seq=1, n_heads=32, n_kv=8, hd=128, page_size=64
     ks = cp.asarray(rng.random(scales[1:], dtype=np.float32) * 0.01)
     vs = cp.asarray(rng.random(scales[1:], dtype=np.float32) * 0.01)
     q = cp.asarray(rng.standard_normal((n_seq, n_heads, hd), dtype=np.float32))
-    out = cp.empty_like(q)
     seq = cp.arange(n_seq, dtype=cp.int32)
     pos = cp.full(n_seq, n_keys - 1, cp.int32)
     tables = cp.arange(per_seq * n_seq, dtype=cp.int32).reshape(n_seq, per_seq)
-    ws = ak.attention_workspace(n_seq, n_heads, hd, n_keys)
-    call = lambda: ak.attention(q, seq, pos, tables, kp, ks, vp, vs, 1 / math.sqrt(hd), out, ws, n_keys)  # noqa: E731
+    return q, seq, pos, tables, kp, ks, vp, vs, 1 / math.sqrt(hd), cp.empty_like(q)
+
+
+def attention_call(cp, n_keys, n_seq=1, **shape):
+    """(call, cache bytes): one attention launch over attention_inputs' arrays."""
+    from strata_lite.kernels.cuda import attention as ak
+    args = attention_inputs(cp, n_keys, n_seq, **shape)
+    q, kp, ks, vp, vs = args[0], args[4], args[5], args[6], args[7]
+    ws = ak.attention_workspace(n_seq, q.shape[1], q.shape[2], n_keys)
+    call = lambda: ak.attention(*args, ws, n_keys)  # noqa: E731
     return call, kp.nbytes + vp.nbytes + ks.nbytes + vs.nbytes
 
 

@@ -3,7 +3,8 @@
 # ../shared/device/get-wheels.sh, see docs/cuda.md), run the GPU tests, then the GPU benchmark; the table last.
 # usage: perf/gpu_run.sh [pytest args...]   (env: SKIP_TESTS=1, SKIP_BENCH=1, BENCH_ARGS="--quick",
 #        MODEL_TESTS=1: also the default model's goldens, drafting and server suites on the CUDA backend; the
-#        model must already be in $STRATA_LITE_CACHE, see docs/cuda.md "On the GPU machine")
+#        model must already be in $STRATA_LITE_CACHE, see docs/cuda.md "On the GPU machine"; KERNEL_SUITE=1:
+#        also the pytest-benchmark kernel suite perf/bench_gpu_kernels.py, its JSON in $OUT)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/strata-out}; mkdir -p "$OUT"
@@ -40,6 +41,12 @@ if [ -n "${MODEL_TESTS:-}" ]; then
       "$ROOT/tests/server/test_openai_client.py" > "$OUT/model_tests.log" 2>&1
   mrc=$?; [ $rc -eq 0 ] && rc=$mrc
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/model_tests.log" | tail -n 40
+fi
+if [ -n "${KERNEL_SUITE:-}" ]; then
+  timeout "${KERNEL_SUITE_LIMIT:-900}" python3 -m pytest -q -p no:cacheprovider "$ROOT/perf/bench_gpu_kernels.py" \
+    --benchmark-only --benchmark-json "$OUT/bench_gpu_kernels.json" > "$OUT/bench_gpu_kernels.log" 2>&1
+  krc=$?; [ $rc -eq 0 ] && rc=$krc
+  tail -n 30 "$OUT/bench_gpu_kernels.log"
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   timeout "${BENCH_LIMIT:-1200}" python3 "$ROOT/perf/bench_gpu.py" ${BENCH_ARGS:-} --json "$OUT/bench_gpu.json" \

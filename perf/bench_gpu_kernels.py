@@ -1,0 +1,155 @@
+"""pytest-benchmark suite for the CUDA kernels, at the shapes of llama.cpp's reference table (the same H200, its
+CUDA backend at commit 0c1e570 with CUDA graphs, 2026-11-30), every kernel's output checked before it is timed.
+
+    python -m pytest perf/bench_gpu_kernels.py --benchmark-only -q        # needs CuPy and an NVIDIA GPU
+
+Without CuPy or a GPU the module is skipped. A round is one replay of a CUDA graph holding one call per copy of
+the weights (rotated through 1 GiB, so they come from HBM as in llama.cpp's figures) and a synchronize, so
+pytest-benchmark's times are per graph; extra_info has the per-call figures from CUDA events
+(bench_gpu.timed_in_graph): "us", "GB/s" (weights + activations + outputs; attention: the K/V pages and scales)
+or "TFLOP/s", "of copy" (the fraction of the device-to-device copy bandwidth measured once per session) and
+llama.cpp's figure where its table has the shape.
+
+Checks, on the first weight copy: mat-muls against float64 over the weights dequantized by the device (bit-exact
+with gguf) and the activations as the launch rounded them, within 3e-5 of sum |x w| per output (the GPU tests'
+bound, tests/kernels/cuda/test_qmatmul_cuda.py); attention against the CPU backend's kernel on the same cache
+within 2e-5 of each output plus 2e-5 of the largest (tests/kernels/cuda/test_attention_cuda.py's bound against the
+CPU).
+"""
+import math
+import os
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+try:
+    _GPUS = cp.cuda.runtime.getDeviceCount()
+except cp.cuda.runtime.CUDARuntimeError:
+    _GPUS = 0
+if not _GPUS:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_gpu as bg  # noqa: E402  (also puts tests/kernels on sys.path)
+from test_dequant import random_rows  # noqa: E402
+
+from gguf import GGMLQuantizationType as QType  # noqa: E402
+
+# (type, rows, row length, tokens, llama.cpp µs) -- rows x row length as the mat-mul's W (n_out, n_in)
+MATVEC = [("IQ3_XXS", 14336, 4096, 1, 21.0), ("IQ3_XXS", 14336, 4096, 2, 23.5), ("IQ3_XXS", 14336, 4096, 4, 30.3),
+          ("IQ3_XXS", 14336, 4096, 8, 44.2), ("IQ3_XXS", 4096, 14336, 1, 23.4), ("Q4_K", 14336, 4096, 1, 17.1),
+          ("Q4_K", 14336, 4096, 8, 48.0), ("Q8_0", 14336, 4096, 1, 22.9), ("F16", 14336, 4096, 1, 30.6),
+          ("Q6_K", 14336, 4096, 1, None), ("Q5_0", 14336, 4096, 1, None)]
+# (type, rows, row length, tokens, llama.cpp TFLOP/s)
+GEMM = [("IQ3_XXS", 14336, 4096, 512, 178), ("Q4_K", 14336, 4096, 512, 173), ("F16", 14336, 4096, 512, 526)]
+# (keys, llama.cpp µs with its q8_0 KV cache): D = 128, 32 query / 8 KV heads, one token
+ATTENTION = [(4096, None), (32768, 122.7)]
+
+
+@pytest.fixture(scope="session")
+def device():
+    """(qmatmul module, copy bandwidth in bytes/s); the CUDA backend makes its non-blocking stream current,
+    which graph capture needs."""
+    from strata_lite.kernels.cuda import qmatmul as qm
+    from strata_lite.kernels.cuda.backend import CudaBackend
+    CudaBackend()
+    return qm, bg.copy_bandwidth(cp)
+
+
+def _graph_round(calls):
+    """A function that replays one graph of calls and waits for it (pytest-benchmark's round)."""
+    stream = cp.cuda.get_current_stream()
+    calls[0]()
+    stream.synchronize()
+    stream.begin_capture()
+    for call in calls:
+        call()
+    graph = stream.end_capture()
+
+    def replay():
+        graph.launch(stream)
+        stream.synchronize()
+    return replay
+
+
+def _check_matmul(qm, w, n_tok, x, act, out):
+    """out (n_tok, n_out) against float64 over the device-dequantized weights and the rounded activations."""
+    w64 = cp.empty((w.n_out, w.n_in), cp.float32)
+    qm.dequant_rows(w, cp.arange(w.n_out, dtype=cp.int32), w64)
+    w64 = w64.astype(cp.float64)
+    fmt = qm.act_format(w.qtype)
+    if fmt is None:
+        x64 = x.astype(cp.float64)
+    else:
+        xq, xd = act.views(fmt, n_tok, w.n_in)
+        x64 = xq.astype(cp.float64) * cp.repeat(xd.astype(cp.float64), qm.XBLOCK[fmt], axis=1)
+    ref = x64 @ w64.T
+    bound = 3e-5 * (cp.abs(x64) @ cp.abs(w64).T)
+    worst = float(cp.max(cp.abs(out.astype(cp.float64) - ref) - bound))
+    assert worst <= 0.0, f"{w.qtype.name} {w.n_out}x{w.n_in}, {n_tok} tokens: off the float64 reference by {worst:.3g}"
+
+
+def _matmul_case(qm, qtype, n_out, n_in, n_tok):
+    """(calls, bytes moved): one qmatmul.matmul per weight copy, the first checked."""
+    qt = QType[qtype]
+    raw = random_rows(qt, n_out, n_in, seed=0)
+    copies = max(1, math.ceil(bg.ROTATE_BYTES / raw.nbytes))
+    host = SimpleNamespace(name="bench", qtype=qt, n_out=n_out, n_in=n_in, raw=raw)
+    ws = [qm.upload(host) for _ in range(copies)]
+    x = cp.asarray(np.random.default_rng(1).standard_normal((n_tok, n_in), dtype=np.float32))
+    out = cp.empty((n_tok, n_out), cp.float32)
+    act = qm.ActBuffers(max(n_tok, 16), n_in)
+    qm.matmul(ws[0], x, out, act)
+    _check_matmul(qm, ws[0], n_tok, x, act, out)
+    return [lambda w=w: qm.matmul(w, x, out, act) for w in ws], raw.nbytes + x.nbytes + out.nbytes
+
+
+@pytest.mark.parametrize("qtype,n_out,n_in,n_tok,llama_us", MATVEC,
+                         ids=[f"{q}-{i}x{o}-n{t}" for q, o, i, t, _ in MATVEC])
+def test_matvec(benchmark, device, qtype, n_out, n_in, n_tok, llama_us):
+    qm, copy_bw = device
+    calls, moved = _matmul_case(qm, qtype, n_out, n_in, n_tok)
+    t = bg.timed_in_graph(cp, calls)
+    benchmark.extra_info.update({"us": round(t * 1e6, 2), "GB/s": round(moved / t / 1e9), "of copy":
+                                 round(moved / t / copy_bw, 3), "llama.cpp us": llama_us})
+    benchmark.pedantic(_graph_round(calls), rounds=10, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("qtype,n_out,n_in,n_tok,llama_tflops", GEMM,
+                         ids=[f"{q}-{i}x{o}-n{t}" for q, o, i, t, _ in GEMM])
+def test_gemm(benchmark, device, qtype, n_out, n_in, n_tok, llama_tflops):
+    qm, _ = device
+    calls, _ = _matmul_case(qm, qtype, n_out, n_in, n_tok)
+    t = bg.timed_in_graph(cp, calls)
+    benchmark.extra_info.update({"us": round(t * 1e6, 1), "TFLOP/s": round(2 * n_out * n_in * n_tok / t / 1e12, 1),
+                                 "llama.cpp TFLOP/s": llama_tflops})
+    benchmark.pedantic(_graph_round(calls), rounds=10, warmup_rounds=1)
+
+
+def _check_attention(n_keys):
+    """The GPU attention of bench_gpu.attention_inputs' arrays against the CPU backend's kernel on copies."""
+    from strata_lite.kernels.cpu import attention as cpu_attention
+    from strata_lite.kernels.cuda import attention as ak
+    args = bg.attention_inputs(cp, n_keys)
+    q, scale, out = args[0], args[8], args[9]
+    ak.attention(*args, ak.attention_workspace(1, q.shape[1], q.shape[2], n_keys), n_keys)
+    host = [a.get() for a in args[:8]]
+    want = np.empty_like(host[0])
+    cpu_attention.attention(*host, scale, want)
+    excess = np.abs(out.get() - want) - 2e-5 * (np.abs(want) + np.abs(want).max())
+    assert excess.max() <= 0.0, f"attention over {n_keys} keys off the CPU backend beyond the bound by {excess.max():.3g}"
+
+
+@pytest.mark.parametrize("n_keys,llama_us", ATTENTION, ids=[f"{k}-keys" for k, _ in ATTENTION])
+def test_attention_decode(benchmark, device, n_keys, llama_us):
+    _, copy_bw = device
+    _check_attention(n_keys)
+    call, moved = bg.attention_call(cp, n_keys)
+    calls = [call] * 16
+    t = bg.timed_in_graph(cp, calls)
+    benchmark.extra_info.update({"us": round(t * 1e6, 2), "GB/s": round(moved / t / 1e9), "of copy":
+                                 round(moved / t / copy_bw, 3), "llama.cpp us (q8_0 KV)": llama_us})
+    benchmark.pedantic(_graph_round(calls), rounds=10, warmup_rounds=1)
