@@ -107,15 +107,23 @@ def _matmul_case(qm, qtype, n_out, n_in, n_tok):
     return [lambda w=w: qm.matmul(w, x, out, act) for w in ws], raw.nbytes + x.nbytes + out.nbytes
 
 
+def _run(benchmark, calls, info):
+    """Time calls (CUDA events, per call), put info(seconds) into extra_info, then the pytest-benchmark rounds."""
+    benchmark.extra_info.update(info(bg.timed_in_graph(cp, calls)))
+    benchmark.pedantic(_graph_round(calls), rounds=10, warmup_rounds=1)
+
+
+def _bandwidth(moved, copy_bw, **ref):
+    return lambda t: {"us": round(t * 1e6, 2), "GB/s": round(moved / t / 1e9), "of copy": round(moved / t / copy_bw, 3),
+                      **ref}
+
+
 @pytest.mark.parametrize("qtype,n_out,n_in,n_tok,llama_us", MATVEC,
                          ids=[f"{q}-{i}x{o}-n{t}" for q, o, i, t, _ in MATVEC])
 def test_matvec(benchmark, device, qtype, n_out, n_in, n_tok, llama_us):
     qm, copy_bw = device
     calls, moved = _matmul_case(qm, qtype, n_out, n_in, n_tok)
-    t = bg.timed_in_graph(cp, calls)
-    benchmark.extra_info.update({"us": round(t * 1e6, 2), "GB/s": round(moved / t / 1e9), "of copy":
-                                 round(moved / t / copy_bw, 3), "llama.cpp us": llama_us})
-    benchmark.pedantic(_graph_round(calls), rounds=10, warmup_rounds=1)
+    _run(benchmark, calls, _bandwidth(moved, copy_bw, **{"llama.cpp us": llama_us}))
 
 
 @pytest.mark.parametrize("qtype,n_out,n_in,n_tok,llama_tflops", GEMM,
@@ -123,10 +131,8 @@ def test_matvec(benchmark, device, qtype, n_out, n_in, n_tok, llama_us):
 def test_gemm(benchmark, device, qtype, n_out, n_in, n_tok, llama_tflops):
     qm, _ = device
     calls, _ = _matmul_case(qm, qtype, n_out, n_in, n_tok)
-    t = bg.timed_in_graph(cp, calls)
-    benchmark.extra_info.update({"us": round(t * 1e6, 1), "TFLOP/s": round(2 * n_out * n_in * n_tok / t / 1e12, 1),
-                                 "llama.cpp TFLOP/s": llama_tflops})
-    benchmark.pedantic(_graph_round(calls), rounds=10, warmup_rounds=1)
+    _run(benchmark, calls, lambda t: {"us": round(t * 1e6, 1), "TFLOP/s": round(2 * n_out * n_in * n_tok / t / 1e12, 1),
+                                      "llama.cpp TFLOP/s": llama_tflops})
 
 
 def _check_attention(n_keys):
@@ -148,8 +154,4 @@ def test_attention_decode(benchmark, device, n_keys, llama_us):
     _, copy_bw = device
     _check_attention(n_keys)
     call, moved = bg.attention_call(cp, n_keys)
-    calls = [call] * 16
-    t = bg.timed_in_graph(cp, calls)
-    benchmark.extra_info.update({"us": round(t * 1e6, 2), "GB/s": round(moved / t / 1e9), "of copy":
-                                 round(moved / t / copy_bw, 3), "llama.cpp us (q8_0 KV)": llama_us})
-    benchmark.pedantic(_graph_round(calls), rounds=10, warmup_rounds=1)
+    _run(benchmark, [call] * 16, _bandwidth(moved, copy_bw, **{"llama.cpp us (q8_0 KV)": llama_us}))
