@@ -48,8 +48,9 @@ def timed(cp, fn, n_iter=50, warm=5):
     return float(np.median(times))
 
 
-def timed_in_graph(cp, calls, n_iter=20):
-    """Median seconds per call of `calls` (a list of thunks) captured back to back into one graph."""
+def capture(cp, calls):
+    """`calls` (a list of thunks) captured back to back into one graph on the current stream -> a function that
+    launches it."""
     stream = cp.cuda.get_current_stream()
     for call in calls[:2]:
         call()                                   # compile and load outside the capture
@@ -58,7 +59,12 @@ def timed_in_graph(cp, calls, n_iter=20):
     for call in calls:
         call()
     graph = stream.end_capture()
-    return timed(cp, lambda: graph.launch(stream), n_iter=n_iter, warm=2) / len(calls)
+    return lambda: graph.launch(stream)
+
+
+def timed_in_graph(cp, calls, n_iter=20, replay=None):
+    """Median seconds per call of `calls` captured back to back into one graph (replay: capture()'s of calls)."""
+    return timed(cp, replay or capture(cp, calls), n_iter=n_iter, warm=2) / len(calls)
 
 
 def copy_bandwidth(cp):

@@ -59,22 +59,6 @@ def device():
     return qm, bg.copy_bandwidth(cp)
 
 
-def _graph_round(calls):
-    """A function that replays one graph of calls and waits for it (pytest-benchmark's round)."""
-    stream = cp.cuda.get_current_stream()
-    calls[0]()
-    stream.synchronize()
-    stream.begin_capture()
-    for call in calls:
-        call()
-    graph = stream.end_capture()
-
-    def replay():
-        graph.launch(stream)
-        stream.synchronize()
-    return replay
-
-
 def _check_matmul(qm, w, n_tok, x, act, out):
     """out (n_tok, n_out) against float64 over the device-dequantized weights and the rounded activations."""
     w64 = cp.empty((w.n_out, w.n_in), cp.float32)
@@ -108,9 +92,12 @@ def _matmul_case(qm, qtype, n_out, n_in, n_tok):
 
 
 def _run(benchmark, calls, info):
-    """Time calls (CUDA events, per call), put info(seconds) into extra_info, then the pytest-benchmark rounds."""
-    benchmark.extra_info.update(info(bg.timed_in_graph(cp, calls)))
-    benchmark.pedantic(_graph_round(calls), rounds=10, warmup_rounds=1)
+    """Capture calls into one graph; time a call by CUDA events, put info(seconds) into extra_info, then the
+    pytest-benchmark rounds: a replay and a synchronize each."""
+    replay = bg.capture(cp, calls)
+    benchmark.extra_info.update(info(bg.timed_in_graph(cp, calls, replay=replay)))
+    stream = cp.cuda.get_current_stream()
+    benchmark.pedantic(lambda: (replay(), stream.synchronize()), rounds=10, warmup_rounds=1)
 
 
 def _bandwidth(moved, copy_bw, **ref):

@@ -46,10 +46,14 @@ def repacked(qtype) -> bool:
     return qtype == QType.Q6_K or qtype in PLANES
 
 
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // _ROW_ALIGN) * _ROW_ALIGN
+
+
 def device_row_bytes(qtype, n_in: int) -> int:
     """Bytes of one row on the device (the row pitch every kernel is given)."""
     nbytes = row_nbytes(qtype, n_in)
-    return -(-nbytes // _ROW_ALIGN) * _ROW_ALIGN if repacked(qtype) else nbytes
+    return _padded(nbytes) if repacked(qtype) else nbytes
 
 
 def _planes_to_device(qtype, raw, xp):
@@ -57,10 +61,7 @@ def _planes_to_device(qtype, raw, xp):
     fields = PLANES[qtype]
     block = sum(size for _, size in fields)
     b = raw.reshape(n_out, -1, block)
-    pad = -(b.shape[1] * block) % _ROW_ALIGN
-    return xp.ascontiguousarray(xp.concatenate(
-        [b[..., off:off + size].reshape(n_out, -1) for off, size in fields]
-        + [xp.zeros((n_out, pad), dtype=xp.uint8)], axis=1))
+    return xp.concatenate([b[..., off:off + size].reshape(n_out, -1) for off, size in fields], axis=1)
 
 
 def _planes_from_device(qtype, dev, n_in: int, xp):
@@ -98,10 +99,8 @@ def _q6_k_to_device(raw, xp):
     for w in range(4):
         hi |= top[:, :, :, w, :] << (2 * w)
     b = raw.reshape(n_out, nb, Q6_K_BLOCK)
-    pad = device_row_bytes(QType.Q6_K, nb * 256) - nbytes
-    return xp.ascontiguousarray(xp.concatenate(
-        [lo.reshape(n_out, -1), hi.reshape(n_out, -1), b[..., 192:208].reshape(n_out, -1),
-         b[..., 208:210].reshape(n_out, -1), xp.zeros((n_out, pad), dtype=xp.uint8)], axis=1))
+    return xp.concatenate([lo.reshape(n_out, -1), hi.reshape(n_out, -1), b[..., 192:208].reshape(n_out, -1),
+                           b[..., 208:210].reshape(n_out, -1)], axis=1)
 
 
 def _q6_k_from_device(dev, n_in: int, xp):
@@ -133,12 +132,11 @@ def to_device(qtype, raw, xp=np):
     if not repacked(qtype):
         return xp.asarray(np.ascontiguousarray(raw))
     n_out, nbytes = raw.shape
-    pitch = -(-nbytes // _ROW_ALIGN) * _ROW_ALIGN
-    out = xp.empty((n_out, pitch), dtype=xp.uint8)
+    out = xp.zeros((n_out, _padded(nbytes)), dtype=xp.uint8)       # the padding stays zeros
     step = max(1, CHUNK_BYTES // max(nbytes, 1))
+    convert = _q6_k_to_device if qtype == QType.Q6_K else lambda rows, xp: _planes_to_device(qtype, rows, xp)
     for r0 in range(0, n_out, step):
-        rows = xp.asarray(np.ascontiguousarray(raw[r0:r0 + step]))
-        out[r0:r0 + step] = _q6_k_to_device(rows, xp) if qtype == QType.Q6_K else _planes_to_device(qtype, rows, xp)
+        out[r0:r0 + step, :nbytes] = convert(xp.asarray(np.ascontiguousarray(raw[r0:r0 + step])), xp)
     return out
 
 
