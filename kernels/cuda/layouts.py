@@ -11,6 +11,12 @@ field, each naturally aligned (nb = blocks per row), then zeros up to a multiple
     IQ4_NL   qs nb * 16 | d nb * 2
     Q5_0     qs nb * 16 | qh nb * 4 | d nb * 2
 
+IQ3_XXS (98 bytes: d, 64 grid indices, 32 bytes of signs and scales) takes the same planes per group of 8
+blocks instead of per row, so a row's blocks stay together (784 bytes a group, 16-byte aligned; a last
+group of r < 8 blocks has r-block planes):
+
+    IQ3_XXS  per group: qs 8 * 64 | signs and scales 8 * 32 | d 8 * 2
+
 Q6_K (ql 128 bytes, qh 64, scales 16, d 2) also puts a 32-weight unit's low nibbles in two 32-byte runs and its
 top bits in 2-bit fields shared with three other units, so a unit's weights match activations from four
 places. Its planes are reordered so that unit u covers the row's weights 32u .. 32u + 31:
@@ -22,13 +28,12 @@ places. Its planes are reordered so that unit u covers the row's weights 32u .. 
     sc  nb * 16 int8: the scale of weights 16s .. 16s + 15 at s (the file's order)
     d   nb * 2 bytes: each block's f16 d (the file's order)
 
-Every other type keeps the file's blocks: Q4_K and Q5_K blocks are 16-byte multiples, and IQ3_XXS in planes made
-its decode kernels 10-15% faster but the prompt kernel's 64-token steps slower (perf/kernel_notes.md, "Device
-layouts"). The same bytes as the file's, plus at most 14 a row; qmatmul_types.cuh decodes them.
+Every other type keeps the file's blocks (Q4_K and Q5_K blocks are 16-byte multiples). The same bytes as the file's, plus at most 14 a row; qmatmul_types.cuh decodes them.
 """
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 
 from ..qtypes import row_nbytes
@@ -37,7 +42,8 @@ Q6_K_BLOCK = 210            # bytes per 256 weights in the file
 _ROW_ALIGN = 16
 # the 32-weight block types' fields as (offset, bytes) in a file block, in their plane order on the device
 PLANES = {QType.Q8_0: ((2, 32), (0, 2)), QType.Q4_0: ((2, 16), (0, 2)), QType.IQ4_NL: ((2, 16), (0, 2)),
-          QType.Q5_0: ((6, 16), (2, 4), (0, 2))}
+          QType.Q5_0: ((6, 16), (2, 4), (0, 2)), QType.IQ3_XXS: ((2, 64), (66, 32), (0, 2))}
+GROUP_BLOCKS = {QType.IQ3_XXS: 8}   # types whose planes are per group of that many blocks (else per row)
 
 
 def repacked(qtype) -> bool:
@@ -56,23 +62,31 @@ def device_row_bytes(qtype, n_in: int) -> int:
     return _padded(nbytes) if repacked(qtype) else nbytes
 
 
+def _groups(qtype, nb: int) -> list[tuple[int, int]]:
+    """(first block, blocks) of each group of a row of nb blocks: the whole row, or GROUP_BLOCKS[qtype] at a time."""
+    g = GROUP_BLOCKS.get(qtype, nb) or 1
+    return [(b0, min(g, nb - b0)) for b0 in range(0, nb, g)]
+
+
 def _planes_to_device(qtype, raw, xp):
     n_out = raw.shape[0]
     fields = PLANES[qtype]
     block = sum(size for _, size in fields)
     b = raw.reshape(n_out, -1, block)
-    return xp.concatenate([b[..., off:off + size].reshape(n_out, -1) for off, size in fields], axis=1)
+    return xp.concatenate([b[:, b0:b0 + n, off:off + size].reshape(n_out, -1)
+                           for b0, n in _groups(qtype, b.shape[1]) for off, size in fields], axis=1)
 
 
 def _planes_from_device(qtype, dev, n_in: int, xp):
-    n_out, nb = dev.shape[0], n_in // 32
+    n_out, nb = dev.shape[0], n_in // GGML_QUANT_SIZES[qtype][0]
     fields = PLANES[qtype]
     block = sum(size for _, size in fields)
     out = xp.empty((n_out, nb, block), dtype=xp.uint8)
     start = 0
-    for off, size in fields:
-        out[..., off:off + size] = dev[:, start:start + nb * size].reshape(n_out, nb, size)
-        start += nb * size
+    for b0, n in _groups(qtype, nb):
+        for off, size in fields:
+            out[:, b0:b0 + n, off:off + size] = dev[:, start:start + n * size].reshape(n_out, n, size)
+            start += n * size
     return out.reshape(n_out, nb * block)
 
 

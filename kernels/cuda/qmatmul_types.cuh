@@ -54,20 +54,6 @@ __device__ __forceinline__ uint4 ldw4(const uint4* p) { return __ldg(p); }
 __device__ __forceinline__ u16 ld16(const u8* p) { return __ldg((const unsigned short*)p); }   // p 2-byte aligned
 __device__ __forceinline__ float ldf16(const u8* p) { return f16_to_f32(ld16(p)); }
 
-// N little-endian words from a 2-byte aligned address: aligned 4-byte loads and a funnel shift. The word
-// past the end is only read when p is misaligned (then it still lies inside the data's last word).
-template <int N>
-__device__ __forceinline__ void load_a2(const u8* p, u32* out) {
-    const u32 mis = (u32)(unsigned long long)p & 2u;
-    const unsigned int* q = (const unsigned int*)(p - mis);
-    const u32 sh = mis * 8u;
-    u32 w[N + 1];
-#pragma unroll
-    for (int i = 0; i < N; ++i) w[i] = ldw(q + i);
-    w[N] = sh ? ldw(q + N) : 0u;
-#pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
-}
 template <int N>   // N weight words from a 16-byte aligned address (N a multiple of 4)
 __device__ __forceinline__ void load_a16(const void* p, u32* out) {
     const uint4* q = (const uint4*)p;
@@ -371,16 +357,18 @@ struct TQ6_K : TBase<32, 256, 8> {
     }
 };
 
-// IQ3_XXS (98-byte blocks: d, 64 grid indices, 8 words of 4x7 sign bits + 4-bit scale): unit = sub-block.
+// IQ3_XXS (98-byte blocks: d, 64 grid indices, 8 words of 4x7 sign bits + 4-bit scale) in its device layout
+// (kernels/cuda/layouts.py: per group of 8 blocks, planes of the grid indices, the sign-and-scale words and the
+// d's; a row's last group of r < 8 blocks has r-block planes): unit = sub-block.
 struct TIQ3_XXS : TBase<32, 256, 8> {
     static constexpr bool GRID = true;
     struct U { u32 w[8]; float d4; i32 ls; };      // d / 4 (exact), the sub-block's scale 2 * l + 1
-    static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32* grid, U& v) {
-        const int ib = u & 7;
-        const u8* b = row + (size_t)(u >> 3) * 98;
-        u32 q[2], aux;
-        load_a2<2>(b + 2 + 8 * ib, q);
-        load_a2<1>(b + 66 + 4 * ib, &aux);
+    static __device__ __forceinline__ void decode(const u8* row, int k, int u, const u32* grid, U& v) {
+        const int nb = k >> 8, blk = u >> 3, g = blk >> 3, j = blk & 7, ib = u & 7;
+        const int r = g < (nb >> 3) ? 8 : nb & 7;   // blocks in this group
+        const u8* base = row + 784 * g;
+        const uint2 q2 = __ldg((const uint2*)(base + 64 * j + 8 * ib));
+        const u32 q[2] = {q2.x, q2.y}, aux = ldw((const unsigned int*)(base + 64 * r + 32 * j + 4 * ib));
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             u32 sg = (aux >> (7 * l)) & 127u;
@@ -389,7 +377,7 @@ struct TIQ3_XXS : TBase<32, 256, 8> {
             v.w[2 * l] = neg_bytes(grid[qq & 0xffu], sg & 15u);
             v.w[2 * l + 1] = neg_bytes(grid[(qq >> 8) & 0xffu], sg >> 4);
         }
-        v.d4 = __fmul_rn(ldf16(b), 0.25f);
+        v.d4 = __fmul_rn(ldf16(base + 96 * r + 2 * j), 0.25f);
         v.ls = 2 * (i32)(aux >> 28) + 1;
     }
     // ggml's weight is d * (0.5 + l) / 2 * grid * sign = d / 4 * (2l + 1) * (grid * sign): the integer part of

@@ -3,6 +3,7 @@
 TQ6_K in qmatmul_types.cuh) reads them give gguf's dequantization bit for bit."""
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QType
 from gguf.quants import dequantize
 
@@ -48,27 +49,32 @@ def test_q6_k_conversion_in_chunks_equals_whole(monkeypatch):
     assert np.array_equal(layouts.to_device(QType.Q6_K, raw), whole)
 
 
-@pytest.mark.parametrize("qtype", [QType.Q8_0, QType.Q4_0, QType.IQ4_NL, QType.Q5_0], ids=lambda t: t.name)
-@pytest.mark.parametrize("n_blocks", [1, 28, 128, 152])
+@pytest.mark.parametrize("qtype", [QType.Q8_0, QType.Q4_0, QType.IQ4_NL, QType.Q5_0, QType.IQ3_XXS],
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("n_blocks", [1, 19, 28, 128, 152])
 def test_block_fields_become_aligned_planes(qtype, n_blocks):
-    """Each field of the file's blocks in its own plane, block u's at u * its size, planes in PLANES order,
-    the row padded to 16 bytes; lossless."""
-    n_in = 32 * n_blocks
+    """Each field of the file's blocks in its own plane (per row, or per group of GROUP_BLOCKS blocks, the last
+    group shorter), block u's at u * its size, planes in PLANES order, the row padded to 16 bytes; lossless."""
+    n_in = GGML_QUANT_SIZES[qtype][0] * n_blocks
     raw = random_rows(qtype, 5, n_in, seed=n_blocks)
     dev = layouts.to_device(qtype, raw)
     pitch = layouts.device_row_bytes(qtype, n_in)
     assert dev.shape == (5, pitch) and pitch % 16 == 0 and 0 <= pitch - raw.shape[1] < 16
     blocks = raw.reshape(5, n_blocks, -1)
+    group = layouts.GROUP_BLOCKS.get(qtype, n_blocks)
     start = 0
-    for off, size in layouts.PLANES[qtype]:
-        assert start % min(size, 16) == 0                          # each plane naturally aligned
-        assert np.array_equal(dev[:, start:start + n_blocks * size], blocks[..., off:off + size].reshape(5, -1))
-        start += n_blocks * size
+    for b0 in range(0, n_blocks, group):
+        n = min(group, n_blocks - b0)
+        assert n < group or start % 16 == 0                        # every whole group 16-byte aligned
+        for off, size in layouts.PLANES[qtype]:
+            assert start % min(size, 8) == 0                       # each plane as aligned as its loads
+            assert np.array_equal(dev[:, start:start + n * size], blocks[:, b0:b0 + n, off:off + size].reshape(5, -1))
+            start += n * size
     assert start == raw.shape[1] and not dev[:, start:].any()
     assert np.array_equal(layouts.from_device(qtype, dev, n_in), raw)
 
 
-@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q5_K, QType.IQ3_XXS, QType.F16])
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q5_K, QType.F16])
 def test_other_types_keep_the_file_layout(qtype):
     raw = random_rows(qtype, 3, 512, seed=1)
     assert not layouts.repacked(qtype)
