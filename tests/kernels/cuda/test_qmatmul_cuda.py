@@ -271,14 +271,14 @@ def test_concat_rows(cp, qm):
     assert qm.concat_rows([a, c]) is None and qm.concat_rows([a, d]) is None and qm.concat_rows([]) is None
 
 
-@pytest.mark.parametrize("qtype", [QType.Q6_K, QType.Q8_0, QType.Q5_0, QType.Q4_0, QType.IQ4_NL],
+@pytest.mark.parametrize("qtype", [QType.Q6_K, QType.Q8_0, QType.Q5_0, QType.Q4_0, QType.IQ4_NL, QType.IQ3_XXS],
                          ids=lambda t: t.name)
 def test_repacked_types_upload_in_their_device_layout(cp, qm, monkeypatch, qtype):
     """upload converts the rows on the device in chunks (layouts.to_device with cupy) to the bytes the numpy
     conversion gives (tests/kernels/test_cuda_layouts.py checks those against gguf), rows padded to 16 bytes,
     and from_device on the device gives the file's rows back."""
     from strata_lite.kernels.cuda import layouts
-    n_in = 4864                                                    # 19 Q6_K blocks, 152 of the 32-weight types
+    n_in = 4864 if qtype != QType.IQ3_XXS else 256 * 19        # 19 blocks of 256 weights (a short last group), 152 of 32
     raw = random_rows(qtype, 29, n_in, seed=8)
     monkeypatch.setattr(layouts, "CHUNK_BYTES", 4 * raw.shape[1])     # 8 chunks, the last one short
     w = qm.upload(SimpleNamespace(name="w", qtype=qtype, n_out=29, n_in=n_in, raw=raw))
