@@ -221,6 +221,11 @@ def add_row(rows, label, t, moved, copy_bw) -> None:
     print(f"{label:48s} {t * 1e6:9.1f} {moved / t / 1e9:8.0f} {moved / t / copy_bw:9.0%}", flush=True)
 
 
+def mb_label(variant) -> str:
+    """' m<MB>' for a variant built under a minimum of MB CTAs per SM (qmatmul.EXPLORE_MB_VARIANTS), else ''."""
+    return f" m{variant[3]}" if len(variant) > 3 else ""
+
+
 def variant_rows(cp, copy_bw):
     """--explore: every dp4a variant (tile, rows per warp, units in flight) of the token count's tile."""
     from strata_lite.kernels.cuda import qmatmul as qm
@@ -229,16 +234,17 @@ def variant_rows(cp, copy_bw):
         if qtype in ("F16", "F32", "BF16"):
             continue
         tile = qm._tile(n_tok)            # and, past the largest tile the launcher takes, the explore build's wider ones
-        for variant in [v for v in qm.EXPLORE_VARIANTS if v[0] == tile or tile < v[0] <= n_tok]:
+        for variant in [v for v in qm.EXPLORE_VARIANTS + qm.EXPLORE_MB_VARIANTS if v[0] == tile or tile < v[0] <= n_tok]:
             t, moved = bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant, "explore")
-            add_row(rows, f"{label} r{variant[1]} g{variant[2]}", t, moved, copy_bw)
+            add_row(rows, f"{label} r{variant[1]} g{variant[2]}{mb_label(variant)}", t, moved, copy_bw)
     for label, qtype, n_out, n_in, n_tok in GLU_EXPLORE_KERNELS:   # gate-up row pairs per warp (* the default)
         tile = qm._tile(n_tok)
         default = qm.dp4a_variant(qtype, tile, glu=True)
         for variant, build in [(default, "default")] + [(v, "explore") for v in qm.EXPLORE_GLU_VARIANTS
-                                                         if v[0] == tile]:
+                                                         + qm.EXPLORE_GLU_MB_VARIANTS if v[0] == tile]:
             t, moved = bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant, build, glu=True)
-            add_row(rows, f"{label} r{variant[1]}{' *' if build == 'default' else ''}", t, moved, copy_bw)
+            add_row(rows, f"{label} r{variant[1]}{mb_label(variant)}{' *' if build == 'default' else ''}", t, moved,
+                    copy_bw)
     return rows
 
 

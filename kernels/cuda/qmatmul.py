@@ -106,6 +106,9 @@ EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2),
                     (16, 1, 1), (16, 2, 1)]
 EXPLORE_GLU_VARIANTS = [(1, 4, 1), (2, 2, 1), (4, 2, 1), (8, 2, 1)]   # (tile, RW, G) of GLU kernels there
+# (tile, RW, G, MB): one-token kernels of the explore build under __launch_bounds__(256, MB)
+EXPLORE_MB_VARIANTS = [(1, 2, 1, 6), (1, 2, 1, 8), (1, 1, 1, 8)]
+EXPLORE_GLU_MB_VARIANTS = [(1, 2, 1, 6), (1, 2, 1, 8)]
 _KNAME = {QType.Q8_0: "q8_0", QType.Q4_0: "q4_0", QType.Q5_0: "q5_0", QType.IQ4_NL: "iq4_nl",
           QType.Q4_K: "q4_k", QType.Q5_K: "q5_k", QType.Q6_K: "q6_k", QType.IQ3_XXS: "iq3_xxs",
           QType.F32: "f32", QType.F16: "f16", QType.BF16: "bf16"}
@@ -427,8 +430,8 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
                              f"{SPLIT_K_SMEM // 8} (token, unit) pairs")
         launch(CU, f"mmsk_{name}", (w.n_out,), (32, WARPS_PER_CTA), args, shared_mem=smem, options=BUILDS[build])
         return
-    tile, rw, g = variant if variant is not None else dp4a_variant(w.qtype, _tile(n), glu)
-    kname = f"{'mmglu' if glu else 'mm'}_{name}_t{tile}_r{rw}_g{g}"
+    tile, rw, g, *mb = variant if variant is not None else dp4a_variant(w.qtype, _tile(n), glu)
+    kname = f"{'mmglu' if glu else 'mm'}_{name}_t{tile}_r{rw}_g{g}" + "".join(f"_m{b}" for b in mb)
     warps = cdiv(w.n_out // 2, rw // 2) if glu else cdiv(w.n_out, rw)
     launch(CU, kname, (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)), (32, WARPS_PER_CTA), args,
            options=BUILDS[build])
