@@ -285,8 +285,9 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         mm_q_sk<T>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, part);                          \
     }
 
-#define MM_Q_KERNEL(NAME, T, TILE, RW, G)                                                                 \
-    extern "C" __global__ void __launch_bounds__(256) mm_##NAME##_t##TILE##_r##RW##_g##G(                 \
+// MB: at least MB CTAs per SM (__launch_bounds__'s second argument, so at most 65536 / (256 MB) registers a thread)
+#define MM_Q_KERNEL_LB(NAME, T, TILE, RW, G, MB)                                                          \
+    extern "C" __global__ void __launch_bounds__(256, MB) mm_##NAME##_t##TILE##_r##RW##_g##G(             \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
         GRID_SMEM(T);                                                                                     \
@@ -294,6 +295,7 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         grid_dependency_sync();                                                                           \
         mm_q<T, TILE, RW, G, false>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);               \
     }
+#define MM_Q_KERNEL(NAME, T, TILE, RW, G) MM_Q_KERNEL_LB(NAME, T, TILE, RW, G, 1)
 #define MM_Q_GLU_KERNEL(NAME, T, TILE, RW, G)                                                             \
     extern "C" __global__ void __launch_bounds__(256) mmglu_##NAME##_t##TILE##_r##RW##_g##G(              \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
@@ -303,10 +305,11 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         grid_dependency_sync();                                                                           \
         mm_q<T, TILE, RW, G, true>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                \
     }
-// The variants the launcher picks from (qmatmul.py dp4a_variant: (TILE, RW, G) by token tile and type).
+// The variants the launcher picks from (qmatmul.py dp4a_variant: (TILE, RW, G) by token tile and type). The
+// one-token, one-row kernel is held to 32 registers (8 CTAs an SM; qmatmul.py DP4A_TILE1 has the figures).
 #define MM_Q_KERNELS(NAME, T)                                                                             \
     MM_Q_SK_KERNEL(NAME, T)                                                                               \
-    MM_Q_KERNEL(NAME, T, 1, 1, 1) MM_Q_KERNEL(NAME, T, 1, 2, 1) MM_Q_KERNEL(NAME, T, 1, 2, 2)             \
+    MM_Q_KERNEL_LB(NAME, T, 1, 1, 1, 8) MM_Q_KERNEL(NAME, T, 1, 2, 1) MM_Q_KERNEL(NAME, T, 1, 2, 2)       \
     MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1) MM_Q_KERNEL(NAME, T, 8, 4, 1)             \
     MM_Q_GLU_KERNEL(NAME, T, 1, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 4, 1)    \
     MM_Q_GLU_KERNEL(NAME, T, 8, 4, 1)
@@ -332,7 +335,7 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         mm_q<T, TILE, RW, G, true>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                \
     }
 #define MM_Q_MORE(NAME, T)                                                                                \
-    MM_Q_KERNEL_MB(NAME, T, 1, 2, 1, 6) MM_Q_KERNEL_MB(NAME, T, 1, 2, 1, 8) MM_Q_KERNEL_MB(NAME, T, 1, 1, 1, 8) \
+    MM_Q_KERNEL_MB(NAME, T, 1, 2, 1, 6) MM_Q_KERNEL_MB(NAME, T, 1, 2, 1, 8)                               \
     MM_Q_GLU_KERNEL_MB(NAME, T, 1, 2, 1, 6) MM_Q_GLU_KERNEL_MB(NAME, T, 1, 2, 1, 8)                       \
     MM_Q_KERNEL(NAME, T, 1, 1, 4) MM_Q_KERNEL(NAME, T, 1, 2, 4) MM_Q_KERNEL(NAME, T, 1, 4, 1)             \
     MM_Q_KERNEL(NAME, T, 2, 1, 1) MM_Q_KERNEL(NAME, T, 2, 2, 2) MM_Q_KERNEL(NAME, T, 4, 1, 1)             \
@@ -340,8 +343,10 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     MM_Q_KERNEL(NAME, T, 8, 2, 2) MM_Q_KERNEL(NAME, T, 16, 1, 1) MM_Q_KERNEL(NAME, T, 16, 2, 1)             \
     MM_Q_GLU_KERNEL(NAME, T, 1, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 2, 1)    \
     MM_Q_GLU_KERNEL(NAME, T, 8, 2, 1)
+#define MM_Q_GLU_TILE1_R4(NAME, T)   // in MM_Q_MORE already
 #else
 #define MM_Q_MORE(NAME, T)
+#define MM_Q_GLU_TILE1_R4(NAME, T) MM_Q_GLU_KERNEL(NAME, T, 1, 4, 1)   // qmatmul.py DP4A_GLU_TILE1
 #endif
 
 MM_Q_KERNELS(q8_0, TQ8_0) MM_Q_MORE(q8_0, TQ8_0)
@@ -351,7 +356,7 @@ MM_Q_KERNELS(iq4_nl, TIQ4_NL)
 MM_Q_KERNELS(q4_k, TQ4_K) MM_Q_MORE(q4_k, TQ4_K)
 MM_Q_KERNELS(q5_k, TQ5_K)
 MM_Q_KERNELS(q6_k, TQ6_K) MM_Q_MORE(q6_k, TQ6_K)
-MM_Q_KERNELS(iq3_xxs, TIQ3_XXS) MM_Q_MORE(iq3_xxs, TIQ3_XXS)
+MM_Q_KERNELS(iq3_xxs, TIQ3_XXS) MM_Q_MORE(iq3_xxs, TIQ3_XXS) MM_Q_GLU_TILE1_R4(iq3_xxs, TIQ3_XXS)
 
 // Float weights with float activations: unit = 8 weights (one 16-byte load of f16/bf16, two of f32). Plain
 // loads: measured faster here than __ldg (F16 4096x14336: 31.2 against 34.2 us on an H200).

@@ -45,7 +45,9 @@ MAX_GRID_Y = 65535
 # (each activation load serves both) take 4096x14336 Q4_K from 15.7 to 11.3 us and IQ3_XXS from 19.9 to
 # 17.0; the 34/18/22-byte blocks (Q8_0, Q4_0, Q5_0, IQ4_NL) stay fastest at one row (Q8_0 17.9 vs
 # 18.9-20.9), and so does Q6_K in its device layout (2026-12-04: 16.6 vs 17.4 / 18.7 us with two rows, one
-# or two units in flight); 8 tokens take four rows (IQ3_XXS 53.6 -> 37.6 us).
+# or two units in flight); 8 tokens take four rows (IQ3_XXS 53.6 -> 37.6 us). The one-row kernel is built for 8
+# CTAs an SM (32 registers; 2026-12-04: Q8_0 4096x14336 19.3 -> 17.5 us, Q5_0 896x4864 3.8 -> 3.4, Q6_K 16.7 /
+# 5.6 either way; the two-row kernels lost under the same bound: IQ3_XXS 17.4 -> 18.5, Q4_K 12.3 -> 20.6).
 DP4A_TILE1 = {QType.Q6_K: (1, 1), QType.Q8_0: (1, 1), QType.Q4_0: (1, 1), QType.Q5_0: (1, 1),
               QType.IQ4_NL: (1, 1)}
 DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
@@ -54,6 +56,8 @@ DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
 # against two: Q4_K 20.6 / 31.0 / 47.0 / 80.4 against 23.7 / 27.6 / 38.3 / 69.1 us, IQ3_XXS 34.3 / 37.5 / 43.9 /
 # 60.0 against 33.5 / 36.7 / 41.5 / 57.8 (16 tokens 115.2 -> 108.2)
 DP4A_GLU_ROWS = {1: 2, 2: 4, 4: 4, 8: 4}
+# ... except IQ3_XXS at one token in its grouped device layout: two pairs (2026-12-04: 31.0 -> 28.4 us)
+DP4A_GLU_TILE1 = {QType.IQ3_XXS: 4}
 # One token over few, long rows: the split-K kernel mmsk_<type> (WARPS_PER_CTA warps per row, the same
 # bits as the dp4a kernel; qmatmul.cu mm_q_sk) where the matrix has at most SPLIT_K_MAX_ROWS rows and its
 # rows at least SPLIT_K_MIN_ROUNDS rounds of 32 units. H200 (2026-12-02, kernel_notes.md), 896x4864: Q6_K
@@ -120,7 +124,8 @@ XBLOCK = {"q8_0": 32, "q8_k": 256}   # activations per scale
 def dp4a_variant(qtype, tile: int, glu: bool = False) -> tuple[int, int, int]:
     """(tile, RW, G) of the dp4a kernel for a launch whose token tile is `tile` (GLU: RW gate and up rows)."""
     if glu:
-        return tile, DP4A_GLU_ROWS[tile], 1
+        rows = DP4A_GLU_TILE1.get(QType(int(qtype)), DP4A_GLU_ROWS[1]) if tile == 1 else DP4A_GLU_ROWS[tile]
+        return tile, rows, 1
     rw, g = DP4A_TILE1.get(QType(int(qtype)), DP4A_VARIANTS[1]) if tile == 1 else DP4A_VARIANTS[tile]
     return tile, rw, g
 

@@ -103,9 +103,12 @@ def test_step_graph_buckets_follow_the_engine_size():
     assert step_buckets(64, 48) == (1, 2, 4, 8, 16, 32)
 
 
-def test_glu_warps_take_two_gate_up_pairs_from_two_tokens():
+def test_glu_warps_take_gate_up_pairs_by_tokens_and_type():
     """The dp4a GLU kernels: one gate row and its up row per warp at one token, two pairs from 2 tokens (each
-    activation load then serves four rows; measured faster there, slower at one token for Q4_K)."""
-    for qtype in (QType.Q4_K, QType.IQ3_XXS, QType.Q5_0):
+    activation load then serves four rows; measured faster there, slower at one token for Q4_K), and two pairs
+    at one token for IQ3_XXS (measured faster in its grouped layout)."""
+    for qtype in (QType.Q4_K, QType.Q5_0):
         assert [dp4a_variant(qtype, tile, glu=True) for tile in TOKEN_TILES] == \
             [(1, 2, 1), (2, 4, 1), (4, 4, 1), (8, 4, 1)]
+    assert [dp4a_variant(QType.IQ3_XXS, tile, glu=True) for tile in TOKEN_TILES] == \
+        [(1, 4, 1), (2, 4, 1), (4, 4, 1), (8, 4, 1)]

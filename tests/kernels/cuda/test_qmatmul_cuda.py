@@ -370,12 +370,12 @@ def test_every_dp4a_variant_gives_the_same_bits(cp, qm, qtype):
     qm.matmul_prequantized(w, xq, xd, ref, kernel="dp4a")
     ref = ref.get()
     default = sorted({qm.dp4a_variant(t, tile) for t in QUANT_TYPES for tile in qm.TOKEN_TILES})
-    for build, variants in (("default", default), ("explore", qm.EXPLORE_VARIANTS)):
-        for tile, rw, g in variants:
-            for n in sorted({1, tile, 8, 16}):
+    for build, variants in (("default", default), ("explore", qm.EXPLORE_VARIANTS + qm.EXPLORE_MB_VARIANTS)):
+        for variant in variants:
+            for n in sorted({1, variant[0], 8, 16}):
                 out = cp.full((n, n_out), np.nan, cp.float32)
-                qm.matmul_prequantized(w, xq[:n], xd[:n], out, variant=(tile, rw, g), build=build)
-                assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (build, tile, rw, g, n)
+                qm.matmul_prequantized(w, xq[:n], xd[:n], out, variant=variant, build=build)
+                assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (build, variant, n)
     for n in range(1, qm.SPLIT_K_MAX_TOKENS + 1):     # the split-K kernel (up to 4 tokens)
         out = cp.full((n, n_out), np.nan, cp.float32)
         qm.matmul_prequantized(w, xq[:n], xd[:n], out, variant="sk")
@@ -384,7 +384,7 @@ def test_every_dp4a_variant_gives_the_same_bits(cp, qm, qtype):
 
 @pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q6_K, QType.Q5_0], ids=lambda t: t.name)
 def test_every_glu_variant_gives_the_same_bits(cp, qm, qtype):
-    """GLU warps of one gate-up row pair (the default build) or two (the benchmark build) give the default
+    """GLU warps of one gate-up row pair or two (the default build's, the benchmark build's) give the default
     launch's bits, with an odd number of gate rows (the second pair of the last warp has no gate row)."""
     bs = gguf.GGML_QUANT_SIZES[qtype][0]
     n_out, n_in = (2 * 37, 4608) if bs == 256 else (2 * 37, 2400)
@@ -394,12 +394,12 @@ def test_every_glu_variant_gives_the_same_bits(cp, qm, qtype):
     qm.matmul_prequantized(w, xq, xd, ref, kernel="dp4a", glu=True)
     ref = ref.get()
     default = sorted({qm.dp4a_variant(qtype, tile, glu=True) for tile in qm.TOKEN_TILES})
-    for build, variants in (("default", default), ("explore", qm.EXPLORE_GLU_VARIANTS)):
-        for tile, rw, g in variants:
-            for n in sorted({1, tile, 8, 16}):
+    for build, variants in (("default", default), ("explore", qm.EXPLORE_GLU_VARIANTS + qm.EXPLORE_GLU_MB_VARIANTS)):
+        for variant in variants:
+            for n in sorted({1, variant[0], 8, 16}):
                 out = cp.full((n, n_out // 2), np.nan, cp.float32)
-                qm.matmul_prequantized(w, xq[:n], xd[:n], out, glu=True, variant=(tile, rw, g), build=build)
-                assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (build, tile, rw, g, n)
+                qm.matmul_prequantized(w, xq[:n], xd[:n], out, glu=True, variant=variant, build=build)
+                assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (build, variant, n)
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
