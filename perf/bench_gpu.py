@@ -241,7 +241,7 @@ def variant_rows(cp, copy_bw):
         tile = qm._tile(n_tok)
         default = qm.dp4a_variant(qtype, tile, glu=True)
         for variant, build in [(default, "default")] + [(v, "explore") for v in qm.EXPLORE_GLU_VARIANTS
-                                                         + qm.EXPLORE_GLU_MB_VARIANTS if v[0] == tile]:
+                                                         + qm.EXPLORE_MB_VARIANTS if v[0] == tile]:
             t, moved = bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant, build, glu=True)
             add_row(rows, f"{label} r{variant[1]}{mb_label(variant)}{' *' if build == 'default' else ''}", t, moved,
                     copy_bw)

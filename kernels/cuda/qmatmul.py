@@ -110,9 +110,8 @@ EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2),
                     (16, 1, 1), (16, 2, 1)]
 EXPLORE_GLU_VARIANTS = [(1, 4, 1), (2, 2, 1), (4, 2, 1), (8, 2, 1)]   # (tile, RW, G) of GLU kernels there
-# (tile, RW, G, MB): one-token kernels of the explore build under __launch_bounds__(256, MB)
-EXPLORE_MB_VARIANTS = [(1, 2, 1, 6), (1, 2, 1, 8), (1, 1, 1, 8)]
-EXPLORE_GLU_MB_VARIANTS = [(1, 2, 1, 6), (1, 2, 1, 8)]
+# (tile, RW, G, MB): one-token kernels of the explore build (dense and GLU) under __launch_bounds__(256, MB)
+EXPLORE_MB_VARIANTS = [(1, 2, 1, 6), (1, 2, 1, 8)]
 _KNAME = {QType.Q8_0: "q8_0", QType.Q4_0: "q4_0", QType.Q5_0: "q5_0", QType.IQ4_NL: "iq4_nl",
           QType.Q4_K: "q4_k", QType.Q5_K: "q5_k", QType.Q6_K: "q6_k", QType.IQ3_XXS: "iq3_xxs",
           QType.F32: "f32", QType.F16: "f16", QType.BF16: "bf16"}

@@ -394,7 +394,7 @@ def test_every_glu_variant_gives_the_same_bits(cp, qm, qtype):
     qm.matmul_prequantized(w, xq, xd, ref, kernel="dp4a", glu=True)
     ref = ref.get()
     default = sorted({qm.dp4a_variant(qtype, tile, glu=True) for tile in qm.TOKEN_TILES})
-    for build, variants in (("default", default), ("explore", qm.EXPLORE_GLU_VARIANTS + qm.EXPLORE_GLU_MB_VARIANTS)):
+    for build, variants in (("default", default), ("explore", qm.EXPLORE_GLU_VARIANTS + qm.EXPLORE_MB_VARIANTS)):
         for variant in variants:
             for n in sorted({1, variant[0], 8, 16}):
                 out = cp.full((n, n_out // 2), np.nan, cp.float32)
