@@ -8,7 +8,7 @@ the weights (rotated through 1 GiB, so they come from HBM as in llama.cpp's figu
 pytest-benchmark's times are per graph; extra_info has the per-call figures from CUDA events
 (bench_gpu.timed_in_graph): "us", "GB/s" (weights + activations + outputs; attention: the K/V pages and scales)
 or "TFLOP/s", "of copy" (the fraction of the device-to-device copy bandwidth measured once per session) and
-llama.cpp's figure where its table has the shape.
+llama.cpp's figure where its table has the shape; perf/conftest.py prints those as one table after the run.
 
 Checks, on the first weight copy: mat-muls against float64 over the weights dequantized by the device (bit-exact
 with gguf) and the activations as the launch rounded them, within 3e-5 of sum |x w| per output (the GPU tests'
