@@ -285,58 +285,35 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         mm_q_sk<T>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, part);                          \
     }
 
-// MB: at least MB CTAs per SM (__launch_bounds__'s second argument, so at most 65536 / (256 MB) registers a thread)
-#define MM_Q_KERNEL_LB(NAME, T, TILE, RW, G, MB)                                                          \
-    extern "C" __global__ void __launch_bounds__(256, MB) mm_##NAME##_t##TILE##_r##RW##_g##G(             \
+// One dp4a mat-mul kernel: PREFIX mm (dense) or mmglu (GLU), named PREFIX_<type>_t<TILE>_r<RW>_g<G><SUFFIX>, at
+// least MB CTAs per SM (__launch_bounds__'s second argument, so at most 65536 / (256 MB) registers a thread).
+#define MM_Q_KERNEL_AS(PREFIX, NAME, T, TILE, RW, G, GLU, MB, SUFFIX)                                      \
+    extern "C" __global__ void __launch_bounds__(256, MB) PREFIX##_##NAME##_t##TILE##_r##RW##_g##G##SUFFIX( \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
         GRID_SMEM(T);                                                                                     \
         load_grid<T>(grid);                                                                               \
         grid_dependency_sync();                                                                           \
-        mm_q<T, TILE, RW, G, false>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);               \
+        mm_q<T, TILE, RW, G, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                 \
     }
-#define MM_Q_KERNEL(NAME, T, TILE, RW, G) MM_Q_KERNEL_LB(NAME, T, TILE, RW, G, 1)
-#define MM_Q_GLU_KERNEL(NAME, T, TILE, RW, G)                                                             \
-    extern "C" __global__ void __launch_bounds__(256) mmglu_##NAME##_t##TILE##_r##RW##_g##G(              \
-        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
-        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
-        GRID_SMEM(T);                                                                                     \
-        load_grid<T>(grid);                                                                               \
-        grid_dependency_sync();                                                                           \
-        mm_q<T, TILE, RW, G, true>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                \
-    }
+#define MM_Q_KERNEL(NAME, T, TILE, RW, G) MM_Q_KERNEL_AS(mm, NAME, T, TILE, RW, G, false, 1, )
+#define MM_Q_GLU_KERNEL(NAME, T, TILE, RW, G) MM_Q_KERNEL_AS(mmglu, NAME, T, TILE, RW, G, true, 1, )
 // The variants the launcher picks from (qmatmul.py dp4a_variant: (TILE, RW, G) by token tile and type). The
 // one-token, one-row kernel is held to 32 registers (8 CTAs an SM; qmatmul.py DP4A_TILE1 has the figures).
 #define MM_Q_KERNELS(NAME, T)                                                                             \
     MM_Q_SK_KERNEL(NAME, T)                                                                               \
-    MM_Q_KERNEL_LB(NAME, T, 1, 1, 1, 8) MM_Q_KERNEL(NAME, T, 1, 2, 1) MM_Q_KERNEL(NAME, T, 1, 2, 2)       \
+    MM_Q_KERNEL_AS(mm, NAME, T, 1, 1, 1, false, 8, ) MM_Q_KERNEL(NAME, T, 1, 2, 1)                        \
+    MM_Q_KERNEL(NAME, T, 1, 2, 2)                                                                         \
     MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1) MM_Q_KERNEL(NAME, T, 8, 4, 1)             \
     MM_Q_GLU_KERNEL(NAME, T, 1, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 4, 1)    \
     MM_Q_GLU_KERNEL(NAME, T, 8, 4, 1)
 #ifdef QMM_EXPLORE   // perf/bench_gpu.py --explore: the other candidates (qmatmul.py EXPLORE_VARIANTS) of 5 types
-// one-token kernels under a minimum of MB CTAs per SM (__launch_bounds__'s second argument: fewer registers,
-// so a grid of more CTAs than 132 x 5 fits in one wave); kernel names end in _m<MB>
-#define MM_Q_KERNEL_MB(NAME, T, TILE, RW, G, MB)                                                          \
-    extern "C" __global__ void __launch_bounds__(256, MB) mm_##NAME##_t##TILE##_r##RW##_g##G##_m##MB(     \
-        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
-        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
-        GRID_SMEM(T);                                                                                     \
-        load_grid<T>(grid);                                                                               \
-        grid_dependency_sync();                                                                           \
-        mm_q<T, TILE, RW, G, false>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);               \
-    }
-#define MM_Q_GLU_KERNEL_MB(NAME, T, TILE, RW, G, MB)                                                      \
-    extern "C" __global__ void __launch_bounds__(256, MB) mmglu_##NAME##_t##TILE##_r##RW##_g##G##_m##MB(  \
-        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
-        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
-        GRID_SMEM(T);                                                                                     \
-        load_grid<T>(grid);                                                                               \
-        grid_dependency_sync();                                                                           \
-        mm_q<T, TILE, RW, G, true>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                \
-    }
+// one-token kernels under a minimum of MB CTAs per SM (fewer registers, so a grid of more CTAs than 132 x 5
+// fits in one wave); kernel names end in _m<MB>
+#define MM_Q_KERNEL_MB(NAME, T, MB)                                                                       \
+    MM_Q_KERNEL_AS(mm, NAME, T, 1, 2, 1, false, MB, _m##MB) MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 2, 1, true, MB, _m##MB)
 #define MM_Q_MORE(NAME, T)                                                                                \
-    MM_Q_KERNEL_MB(NAME, T, 1, 2, 1, 6) MM_Q_KERNEL_MB(NAME, T, 1, 2, 1, 8)                               \
-    MM_Q_GLU_KERNEL_MB(NAME, T, 1, 2, 1, 6) MM_Q_GLU_KERNEL_MB(NAME, T, 1, 2, 1, 8)                       \
+    MM_Q_KERNEL_MB(NAME, T, 6) MM_Q_KERNEL_MB(NAME, T, 8)                                                 \
     MM_Q_KERNEL(NAME, T, 1, 1, 4) MM_Q_KERNEL(NAME, T, 1, 2, 4) MM_Q_KERNEL(NAME, T, 1, 4, 1)             \
     MM_Q_KERNEL(NAME, T, 2, 1, 1) MM_Q_KERNEL(NAME, T, 2, 2, 2) MM_Q_KERNEL(NAME, T, 4, 1, 1)             \
     MM_Q_KERNEL(NAME, T, 4, 4, 1) MM_Q_KERNEL(NAME, T, 8, 1, 1) MM_Q_KERNEL(NAME, T, 8, 2, 1)             \
