@@ -214,6 +214,36 @@ def gemm_rows(cp):
     return rows
 
 
+FLOAT_GEMMS = [("F16", 14336, 4096, 512, 526), ("F16", 14336, 4096, 64, None)]   # (type, rows, row length, tokens, llama.cpp TFLOP/s)
+
+
+def float_gemm_rows(cp):
+    """--gemm: float-weight mat-muls of a prompt chunk, the default kernel (* : 8-token tiles, one row a warp)
+    against the explore build's tiles over qmatmul.EXPLORE_FLOAT_ROWS rows a warp, each checked bit for bit
+    against the default on the same inputs."""
+    from gguf import GGMLQuantizationType as QT
+    from strata_lite.kernels.cuda import qmatmul as qm
+    from test_dequant import random_rows
+    rows = []
+    for qtype, n_out, n_in, n_tok, ref in FLOAT_GEMMS:
+        qt = QT[qtype]
+        ws = [qm.upload(SimpleNamespace(name="bench", qtype=qt, n_out=n_out, n_in=n_in,
+                                        raw=random_rows(qt, n_out, n_in, seed=i))) for i in range(4)]
+        x = cp.asarray(np.random.default_rng(3).standard_normal((n_tok, n_in), dtype=np.float32))
+        act = qm.ActBuffers(n_tok, n_in)
+        want, out = cp.empty((n_tok, n_out), cp.float32), cp.empty((n_tok, n_out), cp.float32)
+        qm.matmul(ws[0], x, want, act)
+        for r in (None,) + qm.EXPLORE_FLOAT_ROWS:
+            kw = {} if r is None else dict(rows=r, build="explore")
+            qm.matmul(ws[0], x, out, act, **kw)
+            same = bool(cp.array_equal(out.view(cp.uint32), want.view(cp.uint32)))
+            t = timed_in_graph(cp, [lambda w=w, kw=kw: qm.matmul(w, x, out, act, **kw) for w in ws] * 2)
+            label = f"{qtype} {n_in}x{n_out} n={n_tok} " + ("1 row *" if r is None else f"{r} rows")
+            rows.append((label + ("" if same else " DIFFERENT BITS"), t * 1e6, 2 * n_out * n_in * n_tok / t / 1e12, ref))
+        del ws
+    return rows
+
+
 def add_row(rows, label, t, moved, copy_bw) -> None:
     """Append (label, µs, GB/s, fraction of copy bandwidth) of a kernel that took t seconds and moved `moved`
     bytes, and print it at once (the --explore tables are long)."""
@@ -631,7 +661,7 @@ def main(argv=None) -> int:
         if args.gemm_explore:
             print_gemm(gemm_explore_rows(cp))
         if args.gemm:
-            print_gemm(gemm_rows(cp))
+            print_gemm(gemm_rows(cp) + float_gemm_rows(cp))
         if args.prompt:
             os.makedirs(args.models, exist_ok=True)
             for path in synth_models(args.models, args.quick):

@@ -298,11 +298,18 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     }
 #define MM_Q_KERNEL(NAME, T, TILE, RW, G) MM_Q_KERNEL_AS(mm, NAME, T, TILE, RW, G, false, 1, )
 #define MM_Q_GLU_KERNEL(NAME, T, TILE, RW, G) MM_Q_KERNEL_AS(mmglu, NAME, T, TILE, RW, G, true, 1, )
+// CTAs of 256 threads an SM holds: 2048 threads on sm_80 / sm_90 / sm_100, 1536 on sm_86 / sm_87 / sm_89 / sm_120
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200)
+#define FULL_SM_CTAS 6
+#else
+#define FULL_SM_CTAS 8
+#endif
 // The variants the launcher picks from (qmatmul.py dp4a_variant: (TILE, RW, G) by token tile and type). The
-// one-token, one-row kernel is held to 32 registers (8 CTAs an SM; qmatmul.py DP4A_TILE1 has the figures).
+// one-token, one-row kernel asks for a full SM of CTAs (32 registers on an H200; qmatmul.py DP4A_TILE1 has the
+// figures).
 #define MM_Q_KERNELS(NAME, T)                                                                             \
     MM_Q_SK_KERNEL(NAME, T)                                                                               \
-    MM_Q_KERNEL_AS(mm, NAME, T, 1, 1, 1, false, 8, ) MM_Q_KERNEL(NAME, T, 1, 2, 1)                        \
+    MM_Q_KERNEL_AS(mm, NAME, T, 1, 1, 1, false, FULL_SM_CTAS, ) MM_Q_KERNEL(NAME, T, 1, 2, 1)             \
     MM_Q_KERNEL(NAME, T, 1, 2, 2)                                                                         \
     MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1) MM_Q_KERNEL(NAME, T, 8, 4, 1)             \
     MM_Q_GLU_KERNEL(NAME, T, 1, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 4, 1)    \
@@ -361,11 +368,11 @@ __device__ __forceinline__ void w8_bf16(const u8* r, int u, float* w) {
     }
 }
 
-// x (n_tok, k) f32 with 16-byte aligned rows, k % 8 == 0; otherwise as mm_q (RW = 1, G = 1).
-template <int TILE, bool GLU, void (*LOADW)(const u8*, int, float*)>
+// x (n_tok, k) f32 with 16-byte aligned rows, k % 8 == 0; otherwise as mm_q (G = 1). Each output's sum is one
+// fma chain per lane over its units in order, then lane_fold: the same bits for every RW and TILE.
+template <int TILE, int RW, bool GLU, void (*LOADW)(const u8*, int, float*)>
 __device__ __forceinline__ void mm_f(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                      const float* __restrict__ x, int n_tok, const Out& o) {
-    constexpr int RW = GLU ? 2 : 1;
     const int lane = threadIdx.x, t0 = blockIdx.y * TILE, nt = min(TILE, n_tok - t0);
     int rows[RW];
     if (!warp_rows<RW, GLU>(n_out, rows)) return;
@@ -377,7 +384,7 @@ __device__ __forceinline__ void mm_f(const u8* __restrict__ W, int row_bytes, in
     for (int u = lane; u < k / 8; u += WARP) {
         float w[RW][8];
 #pragma unroll
-        for (int r = 0; r < RW; ++r) LOADW(W + (size_t)rows[r] * row_bytes, u, w[r]);
+        for (int r = 0; r < RW; ++r) LOADW(W + (size_t)min(rows[r], n_out - 1) * row_bytes, u, w[r]);
 #pragma unroll
         for (int t = 0; t < TILE; ++t) {
             if (t < nt) {
@@ -398,21 +405,26 @@ __device__ __forceinline__ void mm_f(const u8* __restrict__ W, int row_bytes, in
     store_rows<RW, TILE, GLU>(o, rows, n_out, k / 8, t0, nt, acc);
 }
 
-#define MM_F_KERNEL(NAME, LOADW, TILE)                                                                    \
-    extern "C" __global__ void __launch_bounds__(256) mm_##NAME##_t##TILE(                               \
+// PREFIX_<type>_t<TILE><SUFFIX>: PREFIX mm (RW rows a warp) or mmglu (RW / 2 gate rows and their up rows)
+#define MM_F_KERNEL_AS(PREFIX, NAME, LOADW, TILE, RW, GLU, SUFFIX)                                        \
+    extern "C" __global__ void __launch_bounds__(256) PREFIX##_##NAME##_t##TILE##SUFFIX(                  \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const float* __restrict__ x,           \
         int n_tok, OUT_PARAMS) {                                                                          \
         grid_dependency_sync();                                                                           \
-        mm_f<TILE, false, LOADW>(W, row_bytes, n_out, k, x, n_tok, OUT_ARGS);                             \
-    }                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(256) mmglu_##NAME##_t##TILE(                            \
-        const u8* __restrict__ W, int row_bytes, int n_out, int k, const float* __restrict__ x,           \
-        int n_tok, OUT_PARAMS) {                                                                          \
-        grid_dependency_sync();                                                                           \
-        mm_f<TILE, true, LOADW>(W, row_bytes, n_out, k, x, n_tok, OUT_ARGS);                              \
+        mm_f<TILE, RW, GLU, LOADW>(W, row_bytes, n_out, k, x, n_tok, OUT_ARGS);                           \
     }
-#define MM_F_KERNELS(NAME, LOADW) \
-    MM_F_KERNEL(NAME, LOADW, 1) MM_F_KERNEL(NAME, LOADW, 2) MM_F_KERNEL(NAME, LOADW, 4) MM_F_KERNEL(NAME, LOADW, 8)
+#define MM_F_KERNEL(NAME, LOADW, TILE)                                                                    \
+    MM_F_KERNEL_AS(mm, NAME, LOADW, TILE, 1, false, ) MM_F_KERNEL_AS(mmglu, NAME, LOADW, TILE, 2, true, )
+#ifdef QMM_EXPLORE   // perf/bench_gpu.py --gemm: 8-token tiles over RW rows a warp (qmatmul.py EXPLORE_FLOAT_ROWS)
+#define MM_F_MORE(NAME, LOADW)                                                                            \
+    MM_F_KERNEL_AS(mm, NAME, LOADW, 8, 4, false, _r4) MM_F_KERNEL_AS(mm, NAME, LOADW, 8, 8, false, _r8)   \
+    MM_F_KERNEL_AS(mmglu, NAME, LOADW, 8, 4, true, _r4) MM_F_KERNEL_AS(mmglu, NAME, LOADW, 8, 8, true, _r8)
+#else
+#define MM_F_MORE(NAME, LOADW)
+#endif
+#define MM_F_KERNELS(NAME, LOADW)                                                                         \
+    MM_F_KERNEL(NAME, LOADW, 1) MM_F_KERNEL(NAME, LOADW, 2) MM_F_KERNEL(NAME, LOADW, 4) MM_F_KERNEL(NAME, LOADW, 8) \
+    MM_F_MORE(NAME, LOADW)
 
 MM_F_KERNELS(f32, w8_f32)
 MM_F_KERNELS(f16, w8_f16)

@@ -45,9 +45,10 @@ MAX_GRID_Y = 65535
 # (each activation load serves both) take 4096x14336 Q4_K from 15.7 to 11.3 us and IQ3_XXS from 19.9 to
 # 17.0; the 34/18/22-byte blocks (Q8_0, Q4_0, Q5_0, IQ4_NL) stay fastest at one row (Q8_0 17.9 vs
 # 18.9-20.9), and so does Q6_K in its device layout (2026-12-04: 16.6 vs 17.4 / 18.7 us with two rows, one
-# or two units in flight); 8 tokens take four rows (IQ3_XXS 53.6 -> 37.6 us). The one-row kernel is built for 8
-# CTAs an SM (32 registers; 2026-12-04: Q8_0 4096x14336 19.3 -> 17.5 us, Q5_0 896x4864 3.8 -> 3.4, Q6_K 16.7 /
-# 5.6 either way; the two-row kernels lost under the same bound: IQ3_XXS 17.4 -> 18.5, Q4_K 12.3 -> 20.6).
+# or two units in flight); 8 tokens take four rows (IQ3_XXS 53.6 -> 37.6 us). The one-row kernel asks for a
+# full SM of CTAs (qmatmul.cu FULL_SM_CTAS: 8 on an H200, 32 registers; 6 on sm_86 / sm_89 / sm_120;
+# 2026-12-04: Q8_0 4096x14336 19.3 -> 17.5 us, Q5_0 896x4864 3.8 -> 3.4, Q6_K 16.7 / 5.6 either way; the
+# two-row kernels lost under the same bound: IQ3_XXS 17.4 -> 18.5, Q4_K 12.3 -> 20.6).
 DP4A_TILE1 = {QType.Q6_K: (1, 1), QType.Q8_0: (1, 1), QType.Q4_0: (1, 1), QType.Q5_0: (1, 1),
               QType.IQ4_NL: (1, 1)}
 DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
@@ -112,6 +113,8 @@ EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4
 EXPLORE_GLU_VARIANTS = [(1, 4, 1), (2, 2, 1), (4, 2, 1), (8, 2, 1)]   # (tile, RW, G) of GLU kernels there
 # (tile, RW, G, MB): one-token kernels of the explore build (dense and GLU) under __launch_bounds__(256, MB)
 EXPLORE_MB_VARIANTS = [(1, 2, 1, 6), (1, 2, 1, 8)]
+# float weights: 8-token tiles over this many rows a warp (dense; GLU: half of them gate rows), explore build
+EXPLORE_FLOAT_ROWS = (4, 8)
 _KNAME = {QType.Q8_0: "q8_0", QType.Q4_0: "q4_0", QType.Q5_0: "q5_0", QType.IQ4_NL: "iq4_nl",
           QType.Q4_K: "q4_k", QType.Q5_K: "q5_k", QType.Q6_K: "q6_k", QType.IQ3_XXS: "iq3_xxs",
           QType.F32: "f32", QType.F16: "f16", QType.BF16: "bf16"}
@@ -441,12 +444,17 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
            options=BUILDS[build])
 
 
-def matmul(w: DeviceWeight, x, out, act: ActBuffers, bias=None, accumulate: bool = False, glu: bool = False) -> None:
+def matmul(w: DeviceWeight, x, out, act: ActBuffers, bias=None, accumulate: bool = False, glu: bool = False,
+           rows: int | None = None, build: str = "default") -> None:
     """out = x @ W.T, x (n, w.n_in) float32 (16-byte aligned); out, bias, accumulate, glu as
     matmul_prequantized. Quantized weights first round x into act's buffers (ggml's activation
-    rounding), float weights use x as it is."""
+    rounding), float weights use x as it is. rows (float weights, build="explore"): a kernel of 8-token tiles
+    over that many rows a warp (EXPLORE_FLOAT_ROWS), the default kernel's bits."""
     fmt = act_format(w.qtype)
     n, _ = _x_shape(x)
+    if rows is not None and (fmt is not None or build != "explore" or rows not in EXPLORE_FLOAT_ROWS):
+        raise ValueError(f"rows takes float weights, build='explore' and one of {EXPLORE_FLOAT_ROWS}, got "
+                         f"{w.qtype.name}, build={build!r}, rows={rows!r}")
     if fmt is not None:
         xq, xd = act.views(fmt, n, w.n_in)
         quantize_activations(fmt, x, xq, xd)
@@ -457,10 +465,11 @@ def matmul(w: DeviceWeight, x, out, act: ActBuffers, bias=None, accumulate: bool
     outs = _out_args(w, n, out, bias, accumulate, glu)
     if n == 0:
         return
-    tile = _tile(n)
-    warps = w.n_out // 2 if glu else w.n_out
-    launch(CU, f"{'mmglu' if glu else 'mm'}_{_KNAME[w.qtype]}_t{tile}", (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)),
-           (32, WARPS_PER_CTA), (w.raw, np.int32(pitch), np.int32(w.n_out), np.int32(w.n_in), x, np.int32(n), *outs))
+    tile, rw = (TOKEN_TILES[-1], rows) if rows else (_tile(n), 2 if glu else 1)
+    warps = cdiv(w.n_out // 2, rw // 2) if glu else cdiv(w.n_out, rw)
+    launch(CU, f"{'mmglu' if glu else 'mm'}_{_KNAME[w.qtype]}_t{tile}" + (f"_r{rows}" if rows else ""),
+           (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)), (32, WARPS_PER_CTA),
+           (w.raw, np.int32(pitch), np.int32(w.n_out), np.int32(w.n_in), x, np.int32(n), *outs), options=BUILDS[build])
 
 
 def dequant_rows(w: DeviceWeight, ids, out) -> None:

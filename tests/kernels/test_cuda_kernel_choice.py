@@ -2,10 +2,14 @@
 host logic,
 so it is checked without a GPU. Every kernel gives the same bits (tests/kernels/cuda/test_qmatmul_cuda.py);
 the choice is about speed, from the H200 measurements in tensor_core_variant's docstring."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
 from gguf import GGMLQuantizationType as QType
 
 from strata_lite.kernels.cuda.qmatmul import (MMA_MIDDLE, MMA_MIN_TOKENS, MMA_NARROW, MMA_VARIANTS, MMA_WIDEST,
-                                              TOKEN_TILES, dp4a_variant, mma_smem, small_variant, split_k,
+                                              TOKEN_TILES, dp4a_variant, matmul, mma_smem, small_variant, split_k,
                                               tensor_core_variant)
 
 
@@ -112,3 +116,12 @@ def test_glu_warps_take_gate_up_pairs_by_tokens_and_type():
             [(1, 2, 1), (2, 4, 1), (4, 4, 1), (8, 4, 1)]
     assert [dp4a_variant(QType.IQ3_XXS, tile, glu=True) for tile in TOKEN_TILES] == \
         [(1, 4, 1), (2, 4, 1), (4, 4, 1), (8, 4, 1)]
+
+
+def test_float_row_tiles_are_refused_outside_the_explore_build():
+    """matmul's rows (the explore build's float kernels over 4 or 8 rows a warp) is checked before any launch:
+    a quantized weight, the default build or another row count get one clear error."""
+    x = np.zeros((3, 64), np.float32)
+    for qtype, build, rows in ((QType.Q4_K, "explore", 4), (QType.F16, "default", 4), (QType.F16, "explore", 3)):
+        with pytest.raises(ValueError, match="rows takes float weights"):
+            matmul(SimpleNamespace(qtype=qtype, n_out=8, n_in=64), x, None, None, rows=rows, build=build)

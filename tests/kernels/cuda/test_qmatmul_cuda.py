@@ -402,6 +402,27 @@ def test_every_glu_variant_gives_the_same_bits(cp, qm, qtype):
                 assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (build, variant, n)
 
 
+@pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
+def test_float_row_tiles_give_the_same_bits(cp, qm, qtype):
+    """The explore build's float kernels over 4 or 8 rows a warp (dense and GLU, the last warp's rows past the
+    matrix clamped) equal the default launch bit for bit, at 1, 8 and 13 tokens (a partial second tile)."""
+    n_out, n_in = 2 * 37, 1032                      # 37 gate rows: the last GLU warps hold rows past the end
+    w, _ = _weight(qm, qtype, n_out, n_in, seed=68)
+    act = qm.ActBuffers(13, n_in)
+    for glu in (False, True):
+        width = n_out // 2 if glu else n_out
+        for n in (1, 8, 13):
+            x = cp.asarray(_x(n, n_in, seed=69 + n))
+            ref = cp.full((n, width), np.nan, cp.float32)
+            qm.matmul(w, x, ref, act, glu=glu)
+            for rows in qm.EXPLORE_FLOAT_ROWS:
+                out = cp.full((n, width), np.nan, cp.float32)
+                qm.matmul(w, x, out, act, glu=glu, rows=rows, build="explore")
+                assert np.array_equal(out.get().view(np.uint32), ref.get().view(np.uint32)), (glu, n, rows)
+    with pytest.raises(ValueError, match="rows takes float weights"):
+        qm.matmul(w, x, out, act, rows=4)           # the default build has no such kernel
+
+
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_out,n_in", [(37, 2304), (10, 14336)])
 @pytest.mark.parametrize("n_tok", [1, 3, 4])
