@@ -280,9 +280,12 @@ def variant_rows(cp, copy_bw):
 
 GLU_EXPLORE_KERNELS = [(f"{qtype} gate+up 4096x2x14336 n={n}", qtype, 2 * 14336, 4096, n)
                        for qtype in ("IQ3_XXS", "Q4_K") for n in (1, 2, 4, 8, 16)]
-# (type, rows, row length, GLU, tokens): decode steps of 16 sequences on the types `auto` leaves on dp4a there
+# (type, rows, row length, GLU, tokens): decode steps of 16 sequences on the types `auto` leaves on dp4a there,
+# and the IQ3_XXS mats of a 32-sequence step (q/k/v, down: dp4a 8-token tiles; gate+up: mmq's narrow tile)
 SMALL_EXPLORE = [("Q6_K", 4096, 14336, False, 16), ("Q6_K", 32000, 4096, False, 16),
-                 ("IQ3_XXS", 4096, 14336, False, 16), ("IQ3_XXS", 2 * 14336, 4096, True, 16)]
+                 ("IQ3_XXS", 4096, 14336, False, 16), ("IQ3_XXS", 2 * 14336, 4096, True, 16),
+                 ("IQ3_XXS", 6144, 4096, False, 32), ("IQ3_XXS", 4096, 14336, False, 32),
+                 ("IQ3_XXS", 2 * 14336, 4096, True, 32)]
 
 
 def small_explore_rows(cp, copy_bw):
