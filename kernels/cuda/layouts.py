@@ -28,7 +28,9 @@ places. Its planes are reordered so that unit u covers the row's weights 32u .. 
     sc  nb * 16 int8: the scale of weights 16s .. 16s + 15 at s (the file's order)
     d   nb * 2 bytes: each block's f16 d (the file's order)
 
-Every other type keeps the file's blocks (Q4_K and Q5_K blocks are 16-byte multiples). The same bytes as the file's, plus at most 14 a row; qmatmul_types.cuh decodes them.
+Every other type keeps the file's blocks (Q4_K and Q5_K blocks are 16-byte multiples). The same bytes as the
+file's, plus at most 14 a row; qmatmul_types.cuh decodes them. Q8_0 in planes per group of 32 blocks (each
+block's two 16-quant halves in planes of their own) measured slower than per row (perf/kernel_notes.md).
 """
 from __future__ import annotations
 
