@@ -285,10 +285,11 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         mm_q_sk<T>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid, part);                          \
     }
 
-// One dp4a mat-mul kernel: PREFIX mm (dense) or mmglu (GLU), named PREFIX_<type>_t<TILE>_r<RW>_g<G><SUFFIX>, at
-// least MB CTAs per SM (__launch_bounds__'s second argument, so at most 65536 / (256 MB) registers a thread).
-#define MM_Q_KERNEL_AS(PREFIX, NAME, T, TILE, RW, G, GLU, MB, SUFFIX)                                      \
-    extern "C" __global__ void __launch_bounds__(256, MB) PREFIX##_##NAME##_t##TILE##_r##RW##_g##G##SUFFIX( \
+// One dp4a mat-mul kernel: PREFIX mm (dense) or mmglu (GLU), named PREFIX_<type>_t<TILE>_r<RW>_g<G><SUFFIX>,
+// with BOUNDS its __launch_bounds__. A minimum of CTAs per SM is given only where measured: even a minimum of 1
+// changes ptxas's register targets (sm_90: the IQ3_XXS 8-token GLU kernel 99 -> 146 registers).
+#define MM_Q_KERNEL_AS(PREFIX, NAME, T, TILE, RW, G, GLU, BOUNDS, SUFFIX)                                  \
+    extern "C" __global__ void BOUNDS PREFIX##_##NAME##_t##TILE##_r##RW##_g##G##SUFFIX(                   \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
         GRID_SMEM(T);                                                                                     \
@@ -296,8 +297,9 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         grid_dependency_sync();                                                                           \
         mm_q<T, TILE, RW, G, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                 \
     }
-#define MM_Q_KERNEL(NAME, T, TILE, RW, G) MM_Q_KERNEL_AS(mm, NAME, T, TILE, RW, G, false, 1, )
-#define MM_Q_GLU_KERNEL(NAME, T, TILE, RW, G) MM_Q_KERNEL_AS(mmglu, NAME, T, TILE, RW, G, true, 1, )
+#define MM_Q_KERNEL(NAME, T, TILE, RW, G) MM_Q_KERNEL_AS(mm, NAME, T, TILE, RW, G, false, __launch_bounds__(256), )
+#define MM_Q_GLU_KERNEL(NAME, T, TILE, RW, G)                                                             \
+    MM_Q_KERNEL_AS(mmglu, NAME, T, TILE, RW, G, true, __launch_bounds__(256), )
 // CTAs of 256 threads an SM holds: 2048 threads on sm_80 / sm_90 / sm_100, 1536 on sm_86 / sm_87 / sm_89 / sm_120
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200)
 #define FULL_SM_CTAS 6
@@ -309,7 +311,8 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
 // figures).
 #define MM_Q_KERNELS(NAME, T)                                                                             \
     MM_Q_SK_KERNEL(NAME, T)                                                                               \
-    MM_Q_KERNEL_AS(mm, NAME, T, 1, 1, 1, false, FULL_SM_CTAS, ) MM_Q_KERNEL(NAME, T, 1, 2, 1)             \
+    MM_Q_KERNEL_AS(mm, NAME, T, 1, 1, 1, false, __launch_bounds__(256, FULL_SM_CTAS), )                  \
+    MM_Q_KERNEL(NAME, T, 1, 2, 1)                                                                         \
     MM_Q_KERNEL(NAME, T, 1, 2, 2)                                                                         \
     MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1) MM_Q_KERNEL(NAME, T, 8, 4, 1)             \
     MM_Q_GLU_KERNEL(NAME, T, 1, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 4, 1)    \
@@ -318,7 +321,8 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
 // one-token kernels under a minimum of MB CTAs per SM (fewer registers, so a grid of more CTAs than 132 x 5
 // fits in one wave); kernel names end in _m<MB>
 #define MM_Q_KERNEL_MB(NAME, T, MB)                                                                       \
-    MM_Q_KERNEL_AS(mm, NAME, T, 1, 2, 1, false, MB, _m##MB) MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 2, 1, true, MB, _m##MB)
+    MM_Q_KERNEL_AS(mm, NAME, T, 1, 2, 1, false, __launch_bounds__(256, MB), _m##MB)                        \
+    MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 2, 1, true, __launch_bounds__(256, MB), _m##MB)
 #define MM_Q_MORE(NAME, T)                                                                                \
     MM_Q_KERNEL_MB(NAME, T, 6) MM_Q_KERNEL_MB(NAME, T, 8)                                                 \
     MM_Q_KERNEL(NAME, T, 1, 1, 4) MM_Q_KERNEL(NAME, T, 1, 2, 4) MM_Q_KERNEL(NAME, T, 1, 4, 1)             \
@@ -384,7 +388,8 @@ __device__ __forceinline__ void mm_f(const u8* __restrict__ W, int row_bytes, in
     for (int u = lane; u < k / 8; u += WARP) {
         float w[RW][8];
 #pragma unroll
-        for (int r = 0; r < RW; ++r) LOADW(W + (size_t)min(rows[r], n_out - 1) * row_bytes, u, w[r]);
+        for (int r = 0; r < RW; ++r)   // rows past the matrix (RW > 1 dense, RW > 2 GLU) read its last row
+            LOADW(W + (size_t)(RW > (GLU ? 2 : 1) ? min(rows[r], n_out - 1) : rows[r]) * row_bytes, u, w[r]);
 #pragma unroll
         for (int t = 0; t < TILE; ++t) {
             if (t < nt) {
