@@ -107,15 +107,21 @@ def bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant=None, build="default
     return t, moved
 
 
-def gemm_inputs(cp, qm, qtype, n_out, n_in, n_tok):
-    """4 uploaded copies of a random weight (qtype name) and n_tok rounded activation rows: (ws, xq, xd)."""
+def upload_random(qm, qtype, n_out, n_in, seeds=range(4)):
+    """One uploaded weight (qtype name) per seed, of test_dequant.random_rows' valid random rows (rows made once
+    per distinct seed)."""
     from gguf import GGMLQuantizationType as QT
     from test_dequant import random_rows                        # tests/kernels (on sys.path above)
 
     qt = QT[qtype]
-    ws = [qm.upload(SimpleNamespace(name="bench", qtype=qt, n_out=n_out, n_in=n_in,
-                                    raw=random_rows(qt, n_out, n_in, seed=i))) for i in range(4)]
-    fmt = qm.act_format(qt)
+    raws = {s: random_rows(qt, n_out, n_in, seed=s) for s in set(seeds)}
+    return [qm.upload(SimpleNamespace(name="bench", qtype=qt, n_out=n_out, n_in=n_in, raw=raws[s])) for s in seeds]
+
+
+def gemm_inputs(cp, qm, qtype, n_out, n_in, n_tok):
+    """4 uploaded copies of a random weight (qtype name) and n_tok rounded activation rows: (ws, xq, xd)."""
+    ws = upload_random(qm, qtype, n_out, n_in)
+    fmt = qm.act_format(ws[0].qtype)
     x = cp.asarray(np.random.default_rng(3).standard_normal((n_tok, n_in), dtype=np.float32))
     xq = cp.empty((n_tok, n_in), cp.int8)
     xd = cp.empty((n_tok, n_in // qm.XBLOCK[fmt]), cp.float32)
@@ -221,14 +227,10 @@ def float_gemm_rows(cp):
     """--gemm: float-weight mat-muls of a prompt chunk, the default kernel (* : 8-token tiles, one row a warp)
     against the explore build's tiles over qmatmul.EXPLORE_FLOAT_ROWS rows a warp, each checked bit for bit
     against the default on the same inputs."""
-    from gguf import GGMLQuantizationType as QT
     from strata_lite.kernels.cuda import qmatmul as qm
-    from test_dequant import random_rows
     rows = []
     for qtype, n_out, n_in, n_tok, ref in FLOAT_GEMMS:
-        qt = QT[qtype]
-        ws = [qm.upload(SimpleNamespace(name="bench", qtype=qt, n_out=n_out, n_in=n_in,
-                                        raw=random_rows(qt, n_out, n_in, seed=i))) for i in range(4)]
+        ws = upload_random(qm, qtype, n_out, n_in)
         x = cp.asarray(np.random.default_rng(3).standard_normal((n_tok, n_in), dtype=np.float32))
         act = qm.ActBuffers(n_tok, n_in)
         want, out = cp.empty((n_tok, n_out), cp.float32), cp.empty((n_tok, n_out), cp.float32)

@@ -19,7 +19,6 @@ CPU).
 import math
 import os
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -34,9 +33,9 @@ if not _GPUS:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gpu as bg  # noqa: E402  (also puts tests/kernels on sys.path)
-from test_dequant import random_rows  # noqa: E402
 
 from gguf import GGMLQuantizationType as QType  # noqa: E402
+from strata_lite.kernels.qtypes import row_nbytes  # noqa: E402
 
 # (type, rows, row length, tokens, llama.cpp µs) -- rows x row length as the mat-mul's W (n_out, n_in)
 MATVEC = [("IQ3_XXS", 14336, 4096, 1, 21.0), ("IQ3_XXS", 14336, 4096, 2, 23.5), ("IQ3_XXS", 14336, 4096, 4, 30.3),
@@ -78,17 +77,14 @@ def _check_matmul(qm, w, n_tok, x, act, out):
 
 def _matmul_case(qm, qtype, n_out, n_in, n_tok):
     """(calls, bytes moved): one qmatmul.matmul per weight copy, the first checked."""
-    qt = QType[qtype]
-    raw = random_rows(qt, n_out, n_in, seed=0)
-    copies = max(1, math.ceil(bg.ROTATE_BYTES / raw.nbytes))
-    host = SimpleNamespace(name="bench", qtype=qt, n_out=n_out, n_in=n_in, raw=raw)
-    ws = [qm.upload(host) for _ in range(copies)]
+    nbytes = n_out * row_nbytes(QType[qtype], n_in)
+    ws = bg.upload_random(qm, qtype, n_out, n_in, seeds=[0] * max(1, math.ceil(bg.ROTATE_BYTES / nbytes)))
     x = cp.asarray(np.random.default_rng(1).standard_normal((n_tok, n_in), dtype=np.float32))
     out = cp.empty((n_tok, n_out), cp.float32)
     act = qm.ActBuffers(max(n_tok, 16), n_in)
     qm.matmul(ws[0], x, out, act)
     _check_matmul(qm, ws[0], n_tok, x, act, out)
-    return [lambda w=w: qm.matmul(w, x, out, act) for w in ws], raw.nbytes + x.nbytes + out.nbytes
+    return [lambda w=w: qm.matmul(w, x, out, act) for w in ws], nbytes + x.nbytes + out.nbytes
 
 
 def _run(benchmark, calls, info):
