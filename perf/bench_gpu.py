@@ -26,6 +26,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+import gguf
 import numpy as np
 
 ROTATE_BYTES = 1 << 30
@@ -224,7 +225,7 @@ FLOAT_GEMMS = [("F16", 14336, 4096, 512, 526), ("F16", 14336, 4096, 64, None)]  
 
 
 def float_gemm_rows(cp):
-    """--gemm: float-weight mat-muls of a prompt chunk, the default kernel (* : 8-token tiles, one row a warp)
+    """--gemm: float-weight mat-muls of a prompt chunk, the default kernel (* : 8-token tiles, FLOAT_TILE8_ROWS a warp)
     against the explore build's tiles over qmatmul.EXPLORE_FLOAT_ROWS rows a warp, each checked bit for bit
     against the default on the same inputs."""
     from strata_lite.kernels.cuda import qmatmul as qm
@@ -240,7 +241,7 @@ def float_gemm_rows(cp):
             qm.matmul(ws[0], x, out, act, **kw)
             same = bool(cp.array_equal(out.view(cp.uint32), want.view(cp.uint32)))
             t = timed_in_graph(cp, [lambda w=w, kw=kw: qm.matmul(w, x, out, act, **kw) for w in ws] * 2)
-            label = f"{qtype} {n_in}x{n_out} n={n_tok} " + ("1 row *" if r is None else f"{r} rows")
+            label = f"{qtype} {n_in}x{n_out} n={n_tok} " + ("default *" if r is None else f"{r} rows")
             rows.append((label + ("" if same else " DIFFERENT BITS"), t * 1e6, 2 * n_out * n_in * n_tok / t / 1e12, ref))
         del ws
     return rows
@@ -271,7 +272,7 @@ def variant_rows(cp, copy_bw):
             add_row(rows, f"{label} r{variant[1]} g{variant[2]}{mb_label(variant)}", t, moved, copy_bw)
     for label, qtype, n_out, n_in, n_tok in GLU_EXPLORE_KERNELS:   # gate-up row pairs per warp (* the default)
         tile = qm._tile(n_tok)
-        default = qm.dp4a_variant(qtype, tile, glu=True)
+        default = qm.dp4a_variant(gguf.GGMLQuantizationType[qtype], tile, glu=True)
         for variant, build in [(default, "default")] + [(v, "explore") for v in qm.EXPLORE_GLU_VARIANTS
                                                          + qm.EXPLORE_MB_VARIANTS if v[0] == tile]:
             t, moved = bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant, build, glu=True)
@@ -456,7 +457,6 @@ def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
     drafts) at position 1,000 (CUDA events around replays, medians of 60) with the launcher sending split-K
     up to SPLIT_K_MAX_TOKENS tokens or one, alternating."""
     from strata_lite.batch import Batch
-    import gguf
     from strata_lite.kernels.cuda import qmatmul as qm
     from strata_lite.runner import ModelRunner, load_model
 
@@ -464,7 +464,7 @@ def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
     for qtype in ("Q5_0", "Q6_K", "Q4_K"):
         for n in tokens:
             sk, _ = bench_matmul(cp, qm, qtype, 896, 4864, n, variant="sk")
-            dp, _ = bench_matmul(cp, qm, qtype, 896, 4864, n, variant=qm.dp4a_variant(getattr(gguf.GGMLQuantizationType, qtype), qm._tile(n)))
+            dp, _ = bench_matmul(cp, qm, qtype, 896, 4864, n, variant=qm.dp4a_variant(gguf.GGMLQuantizationType[qtype], qm._tile(n)))
             rows.append((f"{qtype} 896x4864, {n} tokens: split-K / dp4a", sk * 1e6, dp * 1e6))
     loaded = load_model(model_path, backend="cuda")
     name = os.path.basename(model_path)

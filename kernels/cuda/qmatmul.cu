@@ -307,15 +307,17 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
 #define FULL_SM_CTAS 8
 #endif
 // The variants the launcher picks from (qmatmul.py dp4a_variant: (TILE, RW, G) by token tile and type). The
-// one-token, one-row kernel asks for a full SM of CTAs (32 registers on an H200; qmatmul.py DP4A_TILE1 has the
-// figures).
+// one-token, one-row kernel asks for a full SM of CTAs (32 registers on an H200); the two-row ones (dense and
+// GLU) for a minimum of one, which lets ptxas give them more registers (sm_90: Q4_K 48 -> 62, IQ3_XXS 44 -> 48)
+// and was faster (qmatmul.py DP4A_TILE1 and DP4A_GLU_ROWS have the figures).
 #define MM_Q_KERNELS(NAME, T)                                                                             \
     MM_Q_SK_KERNEL(NAME, T)                                                                               \
     MM_Q_KERNEL_AS(mm, NAME, T, 1, 1, 1, false, __launch_bounds__(256, FULL_SM_CTAS), )                  \
-    MM_Q_KERNEL(NAME, T, 1, 2, 1)                                                                         \
+    MM_Q_KERNEL_AS(mm, NAME, T, 1, 2, 1, false, __launch_bounds__(256, 1), )                             \
     MM_Q_KERNEL(NAME, T, 1, 2, 2)                                                                         \
     MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1) MM_Q_KERNEL(NAME, T, 8, 4, 1)             \
-    MM_Q_GLU_KERNEL(NAME, T, 1, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 4, 1)    \
+    MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 2, 1, true, __launch_bounds__(256, 1), )                            \
+    MM_Q_GLU_KERNEL(NAME, T, 2, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 4, 1)                                   \
     MM_Q_GLU_KERNEL(NAME, T, 8, 4, 1)
 #ifdef QMM_EXPLORE   // perf/bench_gpu.py --explore: the other candidates (qmatmul.py EXPLORE_VARIANTS) of 5 types
 // one-token kernels under a minimum of MB CTAs per SM (fewer registers, so a grid of more CTAs than 132 x 5
@@ -324,7 +326,7 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     MM_Q_KERNEL_AS(mm, NAME, T, 1, 2, 1, false, __launch_bounds__(256, MB), _m##MB)                        \
     MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 2, 1, true, __launch_bounds__(256, MB), _m##MB)
 #define MM_Q_MORE(NAME, T)                                                                                \
-    MM_Q_KERNEL_MB(NAME, T, 6) MM_Q_KERNEL_MB(NAME, T, 8)                                                 \
+    MM_Q_KERNEL_MB(NAME, T, 1) MM_Q_KERNEL_MB(NAME, T, 6) MM_Q_KERNEL_MB(NAME, T, 8)                      \
     MM_Q_KERNEL(NAME, T, 1, 1, 4) MM_Q_KERNEL(NAME, T, 1, 2, 4) MM_Q_KERNEL(NAME, T, 1, 4, 1)             \
     MM_Q_KERNEL(NAME, T, 2, 1, 1) MM_Q_KERNEL(NAME, T, 2, 2, 2) MM_Q_KERNEL(NAME, T, 4, 1, 1)             \
     MM_Q_KERNEL(NAME, T, 4, 4, 1) MM_Q_KERNEL(NAME, T, 8, 1, 1) MM_Q_KERNEL(NAME, T, 8, 2, 1)             \
@@ -418,8 +420,8 @@ __device__ __forceinline__ void mm_f(const u8* __restrict__ W, int row_bytes, in
         grid_dependency_sync();                                                                           \
         mm_f<TILE, RW, GLU, LOADW>(W, row_bytes, n_out, k, x, n_tok, OUT_ARGS);                           \
     }
-#define MM_F_KERNEL(NAME, LOADW, TILE)                                                                    \
-    MM_F_KERNEL_AS(mm, NAME, LOADW, TILE, 1, false, ) MM_F_KERNEL_AS(mmglu, NAME, LOADW, TILE, 2, true, )
+#define MM_F_KERNEL(NAME, LOADW, TILE, RW)                                                                \
+    MM_F_KERNEL_AS(mm, NAME, LOADW, TILE, RW, false, ) MM_F_KERNEL_AS(mmglu, NAME, LOADW, TILE, 2, true, )
 #ifdef QMM_EXPLORE   // perf/bench_gpu.py --gemm: 8-token tiles over RW rows a warp (qmatmul.py EXPLORE_FLOAT_ROWS)
 #define MM_F_MORE(NAME, LOADW)                                                                            \
     MM_F_KERNEL_AS(mm, NAME, LOADW, 8, 4, false, _r4) MM_F_KERNEL_AS(mm, NAME, LOADW, 8, 8, false, _r8)   \
@@ -427,9 +429,10 @@ __device__ __forceinline__ void mm_f(const u8* __restrict__ W, int row_bytes, in
 #else
 #define MM_F_MORE(NAME, LOADW)
 #endif
+// dense kernels: one row a warp, but 8-token tiles over 4 rows (qmatmul.py FLOAT_TILE8_ROWS); GLU: one row pair
 #define MM_F_KERNELS(NAME, LOADW)                                                                         \
-    MM_F_KERNEL(NAME, LOADW, 1) MM_F_KERNEL(NAME, LOADW, 2) MM_F_KERNEL(NAME, LOADW, 4) MM_F_KERNEL(NAME, LOADW, 8) \
-    MM_F_MORE(NAME, LOADW)
+    MM_F_KERNEL(NAME, LOADW, 1, 1) MM_F_KERNEL(NAME, LOADW, 2, 1) MM_F_KERNEL(NAME, LOADW, 4, 1)          \
+    MM_F_KERNEL(NAME, LOADW, 8, 4) MM_F_MORE(NAME, LOADW)
 
 MM_F_KERNELS(f32, w8_f32)
 MM_F_KERNELS(f16, w8_f16)

@@ -48,16 +48,21 @@ MAX_GRID_Y = 65535
 # or two units in flight); 8 tokens take four rows (IQ3_XXS 53.6 -> 37.6 us). The one-row kernel asks for a
 # full SM of CTAs (qmatmul.cu FULL_SM_CTAS: 8 on an H200, 32 registers; 6 on sm_86 / sm_89 / sm_120;
 # 2026-12-04: Q8_0 4096x14336 19.3 -> 17.5 us, Q5_0 896x4864 3.8 -> 3.4, Q6_K 16.7 / 5.6 either way; the
-# two-row kernels lost under the same bound: IQ3_XXS 17.4 -> 18.5, Q4_K 12.3 -> 20.6).
-DP4A_TILE1 = {QType.Q6_K: (1, 1), QType.Q8_0: (1, 1), QType.Q4_0: (1, 1), QType.Q5_0: (1, 1),
-              QType.IQ4_NL: (1, 1)}
+# two-row kernels lost under the same bound: IQ3_XXS 17.4 -> 18.5, Q4_K 12.3 -> 20.6). The two-row kernel asks
+# for a minimum of one CTA an SM instead, which lets ptxas take more registers (2026-12-04, one run, 4096x14336
+# unless said, us without / with): Q4_K 12.3 / 11.2, IQ3_XXS 17.5 / 17.3 (14336x4096 19.0 / 18.9), Q8_0 19.9 /
+# 16.7, against 17.3 for Q8_0's one-row kernel, which it now takes; Q6_K keeps one row (16.7 against 16.4 on
+# 4096-weight rows, but 5.7 against 6.3 on 896x4864).
+DP4A_TILE1 = {QType.Q6_K: (1, 1), QType.Q4_0: (1, 1), QType.Q5_0: (1, 1), QType.IQ4_NL: (1, 1)}
 DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
 # GLU kernels mmglu_<type>_t<tile>_r<RW>_g1: RW / 2 gate rows and their up rows per warp, so each activation load
 # serves RW rows. H200 (2026-12-04, kernel_notes.md), gate+up 4096x2x14336 at 1 / 2 / 4 / 8 tokens, one pair
 # against two: Q4_K 20.6 / 31.0 / 47.0 / 80.4 against 23.7 / 27.6 / 38.3 / 69.1 us, IQ3_XXS 34.3 / 37.5 / 43.9 /
 # 60.0 against 33.5 / 36.7 / 41.5 / 57.8 (16 tokens 115.2 -> 108.2)
+# (the one-pair kernel under a minimum of one CTA an SM, as the dense one: Q4_K 20.1 -> 19.2 us, 2026-12-04)
 DP4A_GLU_ROWS = {1: 2, 2: 4, 4: 4, 8: 4}
-# ... except IQ3_XXS at one token in its grouped device layout: two pairs (2026-12-04: 31.0 -> 28.4 us)
+# ... except IQ3_XXS at one token in its grouped device layout: two pairs (2026-12-04: 31.0 -> 28.4 us; one pair
+# under the bound of one CTA: 30.6)
 DP4A_GLU_TILE1 = {QType.IQ3_XXS: 4}
 # One token over few, long rows: the split-K kernel mmsk_<type> (WARPS_PER_CTA warps per row, the same
 # bits as the dp4a kernel; qmatmul.cu mm_q_sk) where the matrix has at most SPLIT_K_MAX_ROWS rows and its
@@ -111,9 +116,14 @@ EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2),
                     (16, 1, 1), (16, 2, 1)]
 EXPLORE_GLU_VARIANTS = [(1, 4, 1), (2, 2, 1), (4, 2, 1), (8, 2, 1)]   # (tile, RW, G) of GLU kernels there
-# (tile, RW, G, MB): one-token kernels of the explore build (dense and GLU) under __launch_bounds__(256, MB)
-EXPLORE_MB_VARIANTS = [(1, 2, 1, 6), (1, 2, 1, 8)]
-# float weights: 8-token tiles over this many rows a warp (dense; GLU: half of them gate rows), explore build
+# (tile, RW, G, MB): one-token kernels of the explore build (dense and GLU) under __launch_bounds__(256, MB); a
+# minimum of 1 changes ptxas's register targets as well (Q4_K 4096x14336: 62 registers)
+EXPLORE_MB_VARIANTS = [(1, 2, 1, 1), (1, 2, 1, 6), (1, 2, 1, 8)]
+# float weights: dense 8-token tiles over 4 rows a warp (each activation load serves 4 rows; H200 2026-12-04, F16
+# 4096x14336, same bits: 512 tokens 8,452 -> 6,995 us, 64 tokens 1,151 -> 875; 8 rows 7,432 / 954), other tiles
+# and GLU one row (pair) a warp
+FLOAT_TILE8_ROWS = 4
+# the explore build's float kernels of 8-token tiles over this many rows a warp (dense; GLU: half of them gate rows)
 EXPLORE_FLOAT_ROWS = (4, 8)
 _KNAME = {QType.Q8_0: "q8_0", QType.Q4_0: "q4_0", QType.Q5_0: "q5_0", QType.IQ4_NL: "iq4_nl",
           QType.Q4_K: "q4_k", QType.Q5_K: "q5_k", QType.Q6_K: "q6_k", QType.IQ3_XXS: "iq3_xxs",
@@ -465,7 +475,8 @@ def matmul(w: DeviceWeight, x, out, act: ActBuffers, bias=None, accumulate: bool
     outs = _out_args(w, n, out, bias, accumulate, glu)
     if n == 0:
         return
-    tile, rw = (TOKEN_TILES[-1], rows) if rows else (_tile(n), 2 if glu else 1)
+    tile = TOKEN_TILES[-1] if rows else _tile(n)
+    rw = rows or (2 if glu else FLOAT_TILE8_ROWS if tile == TOKEN_TILES[-1] else 1)
     warps = cdiv(w.n_out // 2, rw // 2) if glu else cdiv(w.n_out, rw)
     launch(CU, f"{'mmglu' if glu else 'mm'}_{_KNAME[w.qtype]}_t{tile}" + (f"_r{rows}" if rows else ""),
            (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)), (32, WARPS_PER_CTA),

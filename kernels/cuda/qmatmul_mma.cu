@@ -308,12 +308,45 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
     store_outputs<NB, GLU>(o, tot, tok0 + tw, n_tok, r0, n_out, g, t);
 }
 
+// A unit's loads apart from their decoding, for the types with such a split (T::R, T::fetch, T::unpack):
+// fetch(row, k, u, tab, R&) issues the loads, unpack(R, row, k, u, tab, U&) decodes them. For the other types
+// fetch does nothing and unpack decodes from the row (loads and all): a unit in flight cost Q8_0 more registers
+// than it gained (small-token kernel 64 -> 80, 4096x14336 at 16 tokens 54.1 -> 61.8 us), Q5_K gained nothing.
+template <class T>
+struct HasFetch {
+    template <class X> static char test(typename X::R*);
+    template <class X> static int test(...);
+    static constexpr bool value = sizeof(test<T>(nullptr)) == 1;
+};
+template <class T, bool SPLIT = HasFetch<T>::value>
+struct Fetch {
+    struct R {};
+    static __device__ __forceinline__ void fetch(const u8*, int, int, const u32*, R&) {}
+    static __device__ __forceinline__ void unpack(const R&, const u8* row, int k, int u, const u32* tab,
+                                                  typename T::U& v) {
+        T::decode(row, k, u, tab, v);
+    }
+};
+template <class T>
+struct Fetch<T, true> {
+    typedef typename T::R R;
+    static __device__ __forceinline__ void fetch(const u8* row, int k, int u, const u32*, R& r) {
+        T::fetch(row, k, u, r);
+    }
+    static __device__ __forceinline__ void unpack(const R& r, const u8*, int, int u, const u32*, typename T::U& v) {
+        T::unpack(r, u, v);
+    }
+};
+
 // Small token counts (decode steps of 9-63 sequences, verify steps): mmq's CTAs share decoded units among token
 // tiles, so with one tile most of their warps multiply padding, and each warp keeps one unit's loads in flight.
 // Here a CTA takes 32 rows (GLU: 16 gate and their 16 up rows) by 16 tokens, and its NK warps split the row's
 // groups (UnitWalk) instead: in round rnd warp w walks group gi = rnd * NK + w, decoding G units at a time
 // into its own shared slots (lane r: row r) and multiplying them with the tokens' activations read straight
-// from the chunk-major copy (ChunkX; no staging, no barrier per unit). Each group's sum is left in part[w];
+// from the chunk-major copy (ChunkX; no staging, no barrier per unit). Where the type splits its loads from
+// their decoding (Fetch), the next G units' loads (the next round's first, at a round's end) are issued
+// before this G's products: on an H200 (2026-12-04, 16 tokens) Q4_K 14336x4096 55.8 -> 50.8 us, gate+up
+// 4096x2x14336 94.1 -> 90.2, 4096x4096 22.5 -> 21.4 (the types without the split as before). Each group's sum is left in part[w];
 // after a round warp 0 adds the NK groups' sums to the outputs' running sums in group order, so every output
 // gets the bits of mmq and the dp4a kernels. xt (k / 16, n_tok, 16) int8 and xdt (k / XB, n_tok) f32: act_tiles'
 // copy of the activations and scales; grid (cdiv(n_tok, 16), cdiv(n_out, 32)) (GLU: cdiv(n_out / 2, 16)),
@@ -332,11 +365,19 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
     float tot[NO];
 #pragma unroll
     for (int i = 0; i < NO; ++i) tot[i] = 0.0f;
+    // the units of group gi in walk order: m -> unit 32 (m / S) + S gi + m % S, for m < m_end(gi)
+    auto m_end_of = [n_units](int gi) { return (n_units / 32) * S + max(0, min(S, n_units % 32 - S * gi)); };
+    auto unit = [](int gi, int m) { return 32 * (m / S) + S * gi + m % S; };
+    // the next G units' loads are issued before this G's products (fetched: G raw units, those of group gi from m)
+    typedef Fetch<T> F;
+    typename F::R fetched[G];
+    auto fetch = [&](int gi, int m, int m_end) {
+#pragma unroll
+        for (int j = 0; j < G; ++j) F::fetch(wr, k, unit(gi, min(m + j, m_end - 1)), tab, fetched[j]);
+    };
+    if (m_end_of(warp) > 0) fetch(warp, 0, m_end_of(warp));
     for (int rnd = 0; rnd < NG / NK; ++rnd) {
-        const int gi = rnd * NK + warp;
-        // the group's units in walk order: m -> unit 32 (m / S) + S gi + m % S, while below n_units
-        const int rest = n_units % 32 - S * gi;
-        const int m_end = (n_units / 32) * S + max(0, min(S, rest));
+        const int gi = rnd * NK + warp, m_end = m_end_of(gi);
         typename T::I ci[NO];
         float ch[NO];
 #pragma unroll
@@ -344,20 +385,23 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
             ci[i] = typename T::I();
             ch[i] = 0.0f;
         }
-        auto unit = [gi](int m) { return 32 * (m / S) + S * gi + m % S; };
         for (int m0 = 0; m0 < m_end; m0 += G) {
 #pragma unroll
             for (int j = 0; j < G; ++j)
                 if (m0 + j < m_end) {
                     typename T::U v;
-                    T::decode(wr, k, unit(m0 + j), tab, v);
+                    F::unpack(fetched[j], wr, k, unit(gi, m0 + j), tab, v);
                     su[warp][j][lane] = v;
                 }
+            if (m0 + G < m_end)                    // the same for the whole warp
+                fetch(gi, m0 + G, m_end);
+            else if (rnd + 1 < NG / NK && m_end_of(gi + NK) > 0)
+                fetch(gi + NK, 0, m_end_of(gi + NK));
             __syncwarp();
 #pragma unroll
             for (int j = 0; j < G; ++j)
                 if (m0 + j < m_end) {
-                    const int u = unit(m0 + j);
+                    const int u = unit(gi, m0 + j);
                     unit_mma<T, NB>(su[warp][j], ChunkX<T>{xt, n_tok, last, tok0, u}, g, t, ci);
                     if ((u + 1) % S == 0) {
                         const float* xs = xdt + (size_t)(u / T::UPX) * n_tok;

@@ -124,6 +124,8 @@ __device__ __forceinline__ void lookup16(u32 q, const u32* t, u32& lo, u32& hi) 
 // in the order of its activations and its scales; ints(U, x words) -> the integer part I of
 // the unit's dot with one token (exact); tail(U, I, xd, a, b) -> the two operands of acc = fma(a, b, acc) that
 // add a superblock's integer part to a token's running sum; deq(U, row out + offset(u)) -> gguf's float values.
+// Q4_K splits decode into fetch(row, k, u, R&) (the unit's loads, raw) and unpack(R, u, U&), so that the
+// small-token kernel can have one unit's loads in flight while it multiplies another (qmatmul_mma.cu Fetch).
 // A superblock is S units that share the row's scale d and the activations' scale xd: IQ3_XXS and Q6_K take
 // their 256-weight blocks' 8 units (S = XB / UNIT; ggml's own dot sums a block's sub-blocks as integers too),
 // the others S = 1 (the 32-weight types have nothing to share; Q4_K / Q5_K's two integer parts a block held
@@ -248,8 +250,7 @@ struct TQ5_0 : TBase<32, 32, 8> {
 // Q4_K / Q5_K: unit = sub-blocks 2jj (w[0..7], low nibbles) and 2jj+1 (w[8..15], high nibbles) of a
 // 256-block; value = d*sc*q - dmin*m. Blocks are 144 / 176 bytes, so 16-byte aligned.
 struct KU { u32 w[16]; float d, dmin; int sc[2], m[2]; };
-__device__ __forceinline__ void k4_head(const u8* b, int jj, KU& v) {   // d, dmin, 12 scale bytes: one 16-byte load
-    const uint4 h = ldw4((const uint4*)b);
+__device__ __forceinline__ void k4_head(const uint4 h, int jj, KU& v) {   // h: the block's d, dmin and 12 scale bytes
     v.d = f16_to_f32((u16)(h.x & 0xffffu));
     v.dmin = f16_to_f32((u16)(h.x >> 16));
     const u32 s[3] = {h.y, h.z, h.w};
@@ -277,17 +278,26 @@ __device__ __forceinline__ void k4_deq(const KU& v, float* o) {
 struct TQ4_K : TBase<64, 256, 16> {
     static constexpr int MMA = MMA_K4, S = 1;
     typedef KU U;
-    static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32*, U& v) {
-        const int jj = u & 3;
-        const u8* b = row + (size_t)(u >> 2) * 144;
-        u32 q[8];
-        load_a16<8>(b + 16 + 32 * jj, q);
+    struct R { uint4 q[2], h; };                   // the pair's 32 quant bytes; d, dmin and the 12 scale bytes
+    static __device__ __forceinline__ void fetch(const u8* row, int, int u, R& r) {
+        const uint4* b = (const uint4*)(row + (size_t)(u >> 2) * 144);
+        r.q[0] = ldw4(b + 1 + 2 * (u & 3));
+        r.q[1] = ldw4(b + 2 + 2 * (u & 3));
+        r.h = ldw4(b);
+    }
+    static __device__ __forceinline__ void unpack(const R& r, int u, U& v) {
+        const u32 q[8] = {r.q[0].x, r.q[0].y, r.q[0].z, r.q[0].w, r.q[1].x, r.q[1].y, r.q[1].z, r.q[1].w};
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             v.w[i] = q[i] & 0x0f0f0f0fu;
             v.w[8 + i] = (q[i] >> 4) & 0x0f0f0f0fu;
         }
-        k4_head(b, jj, v);
+        k4_head(r.h, u & 3, v);
+    }
+    static __device__ __forceinline__ void decode(const u8* row, int k, int u, const u32*, U& v) {
+        R r;
+        fetch(row, k, u, r);
+        unpack(r, u, v);
     }
     typedef I2 I;
     static __device__ __forceinline__ I2 ints(const U& v, const i32* x) { return k4_ints(v, x); }
@@ -309,7 +319,7 @@ struct TQ5_K : TBase<64, 256, 16> {
             v.w[i] = (q[i] & 0x0f0f0f0fu) | (((h[i] >> (2 * jj)) & 0x01010101u) << 4);
             v.w[8 + i] = ((q[i] >> 4) & 0x0f0f0f0fu) | (((h[i] >> (2 * jj + 1)) & 0x01010101u) << 4);
         }
-        k4_head(b, jj, v);
+        k4_head(ldw4((const uint4*)b), jj, v);
     }
     typedef I2 I;
     static __device__ __forceinline__ I2 ints(const U& v, const i32* x) { return k4_ints(v, x); }
