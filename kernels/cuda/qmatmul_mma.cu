@@ -314,8 +314,8 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 // than it gained (small-token kernel 64 -> 80, 4096x14336 at 16 tokens 54.1 -> 61.8 us), Q5_K gained nothing.
 template <class T>
 struct HasFetch {
-    template <class X> static char test(typename X::R*);
-    template <class X> static int test(...);
+    template <class X> __device__ static char test(typename X::R*);   // declarations only: sizeof needs no body
+    template <class X> __device__ static int test(...);
     static constexpr bool value = sizeof(test<T>(nullptr)) == 1;
 };
 template <class T, bool SPLIT = HasFetch<T>::value>
