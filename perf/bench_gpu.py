@@ -349,6 +349,11 @@ BATCHED = (1, 8, 16, 32, 64)
 BATCHED_REF = {1: 985, 8: 3503, 16: 7192, 64: 13878}
 
 
+def ctx_label(ctx: int) -> str:
+    """A context length as the tables print it: 4K, 32K, 512."""
+    return f"{ctx // 1024}K" if ctx % 1024 == 0 else str(ctx)
+
+
 def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_steps=64, paths=("graph",), rounds=1):
     """(label, tok/s) rows for one GGUF file on the CUDA backend. paths: how a decode step's greedy ids reach
     the host: "graph" (the engine's: the ids the step graph computed, runner.sample) and/or "launch" (a
@@ -393,7 +398,7 @@ def e2e_rows(model_path, contexts=(4096, 32768), batches=(1, 4), n_pp=512, n_ste
                     dt = (time.perf_counter() - t0) / n_steps
                     tag = f" ids by {path}" if len(paths) > 1 else ""
                     tag += f" round {r + 1}" if rounds > 1 else ""
-                    rows.append((f"{name} decode batch {b} ctx {ctx // 1024}K{tag}", b / dt))
+                    rows.append((f"{name} decode batch {b} ctx {ctx_label(ctx)}{tag}", b / dt))
     return rows
 
 
@@ -553,7 +558,7 @@ def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None):
         t0 = time.perf_counter()
         runner.sample(logits, greedy)
         sampling += (time.perf_counter() - t0) / n_steps
-    label = f"{os.path.basename(model_path)} decode batch 1 ctx {ctx // 1024}K"
+    label = f"{os.path.basename(model_path)} decode batch 1 ctx {ctx_label(ctx)}"
     return (" ".join([label] + variant), step * 1e6,
             float(np.median(gpu)) * 1e6, inputs * 1e6, sampling * 1e6)
 
@@ -645,6 +650,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batched", action="store_true",
                     help="only decode of 1-64 sequences together (runner: three rounds each; engine), beside "
                          "llama.cpp's figures")
+    ap.add_argument("--contexts", default="4096",
+                    help="--batched: comma-separated contexts every sequence decodes at (default 4096)")
     ap.add_argument("--verify-cost", action="store_true",
                     help="only what 1-4 tokens of a step cost: split-K against dp4a on the 0.5B shape's down projection, "
                          "and its step graphs with split-K for several tokens or one")
@@ -652,6 +659,10 @@ def main(argv=None) -> int:
                     help="only the decode step breakdown, graphs captured without and with programmatic dependent "
                          "launch (twice each, alternating)")
     args = ap.parse_args(argv)
+    parts = args.contexts.split(",")
+    contexts = tuple(int(c) for c in parts if c.strip().isdigit())
+    if len(contexts) != len(parts) or any(c < 64 or c % 64 for c in contexts):
+        ap.error(f"--contexts takes comma-separated multiples of 64 (the KV page size), got {args.contexts!r}")
     import cupy as cp
     from strata_lite.kernels.cuda.backend import CudaBackend
     be = CudaBackend()
@@ -700,9 +711,10 @@ def main(argv=None) -> int:
         os.makedirs(args.models, exist_ok=True)
         rows = []
         for path in synth_models(args.models, args.quick):
-            rows += e2e_rows(path, contexts=(4096,), batches=BATCHED, n_pp=64, rounds=3)[1:]   # 3: the spread
+            rows += e2e_rows(path, contexts=contexts, batches=BATCHED, n_pp=64, rounds=3)[1:]   # 3: the spread
             rows += engine_rows(path, slots=(16, 32), rounds=1)
-        print(f"\n{'decode of many sequences at 4K context (runner, then engine)':88s} {'tok/s':>9s} {'llama.cpp':>10s}")
+        title = f"decode of many sequences at {', '.join(map(ctx_label, contexts))} context (runner, then engine)"
+        print(f"\n{title:88s} {'tok/s':>9s} {'llama.cpp':>10s}")
         for label, tps in rows:
             ref = BATCHED_REF.get(int(label.split(" batch ")[1].split()[0])) if "8b-layers-q4_k_m" in label and \
                 " batch " in label else None

@@ -1,0 +1,22 @@
+"""perf/bench_gpu.py's command line: what it refuses before it needs a GPU, and how it names contexts."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+PERF = os.path.join(os.path.dirname(__file__), "..", "perf")
+sys.path.insert(0, PERF)
+import bench_gpu  # noqa: E402  (perf/ is not a package)
+
+
+@pytest.mark.parametrize("contexts", ["100", "512,abc", "4096,", "0"])
+def test_contexts_that_are_not_whole_pages_are_refused_before_the_gpu(contexts):
+    run = subprocess.run([sys.executable, os.path.join(PERF, "bench_gpu.py"), "--batched", "--contexts", contexts],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "--contexts takes comma-separated multiples of 64" in run.stderr and repr(contexts) in run.stderr
+
+
+def test_context_labels():
+    assert [bench_gpu.ctx_label(c) for c in (512, 4096, 32768, 1536)] == ["512", "4K", "32K", "1536"]
