@@ -343,12 +343,12 @@ struct Fetch<T, true> {
 // Here a CTA takes 32 rows (GLU: 16 gate and their 16 up rows) by 16 tokens, and its NK warps split the row's
 // groups (UnitWalk) instead: in round rnd warp w walks group gi = rnd * NK + w, decoding G units at a time
 // into its own shared slots (lane r: row r) and multiplying them with the tokens' activations read straight
-// from the chunk-major copy (ChunkX; no staging, no barrier per unit). Where the type splits its loads from
-// their decoding (Fetch), the next G units' loads (the next round's first, at a round's end) are issued
-// before this G's products: on an H200 (2026-12-04, 16 tokens) Q4_K 14336x4096 55.8 -> 50.8 us, gate+up
-// 4096x2x14336 94.1 -> 90.2, 4096x4096 22.5 -> 21.4 (the types without the split as before). Each group's sum is left in part[w];
+// from the chunk-major copy (ChunkX; no staging, no barrier per unit). Each group's sum is left in part[w];
 // after a round warp 0 adds the NK groups' sums to the outputs' running sums in group order, so every output
-// gets the bits of mmq and the dp4a kernels. xt (k / 16, n_tok, 16) int8 and xdt (k / XB, n_tok) f32: act_tiles'
+// gets the bits of mmq and the dp4a kernels. Where the type splits its loads from their decoding (Fetch), the
+// next G units' loads (at a round's end: the next round's first) are issued before this G's products: on an
+// H200 (2026-12-04, 16 tokens) Q4_K 14336x4096 55.8 -> 50.8 us, gate+up 4096x2x14336 94.1 -> 90.2, 4096x4096
+// 22.5 -> 21.4. xt (k / 16, n_tok, 16) int8 and xdt (k / XB, n_tok) f32: act_tiles'
 // copy of the activations and scales; grid (cdiv(n_tok, 16), cdiv(n_out, 32)) (GLU: cdiv(n_out / 2, 16)),
 // block (32, NK).
 template <class T, int NK, int G, bool GLU>
