@@ -116,9 +116,11 @@ EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2),
                     (16, 1, 1), (16, 2, 1)]
 EXPLORE_GLU_VARIANTS = [(1, 4, 1), (2, 2, 1), (4, 2, 1), (8, 2, 1)]   # (tile, RW, G) of GLU kernels there
-# (tile, RW, G, MB): one-token kernels of the explore build (dense and GLU) under __launch_bounds__(256, MB); a
-# minimum of 1 changes ptxas's register targets as well (Q4_K 4096x14336: 62 registers)
-EXPLORE_MB_VARIANTS = [(1, 2, 1, 1), (1, 2, 1, 6), (1, 2, 1, 8)]
+# (tile, RW, G, MB): kernels of the explore build (dense and GLU) under __launch_bounds__(256, MB); a minimum of
+# 1 changes ptxas's register targets as well (Q4_K 4096x14336: 62 registers). The 8-token four-row kernels under a
+# minimum of 2 (sm_90: Q4_K 159 -> 128 registers, 48-72 bytes spilled, so two CTAs an SM instead of one;
+# IQ3_XXS / Q6_K 100 -> 127-128 at the two CTAs they have anyway): not yet timed on a GPU
+EXPLORE_MB_VARIANTS = [(1, 2, 1, 1), (1, 2, 1, 6), (1, 2, 1, 8), (8, 4, 1, 2)]
 # float weights: dense 8-token tiles over 4 rows a warp (each activation load serves 4 rows; H200 2026-12-04, F16
 # 4096x14336, same bits: 512 tokens 8,452 -> 6,995 us, 64 tokens 1,151 -> 875; 8 rows 7,432 / 954), other tiles
 # and GLU one row (pair) a warp
