@@ -328,6 +328,8 @@ EXPLORE_KERNELS = [  # launch-bound shapes of the 0.5B model, and decode steps o
     ("Q8_0 896x1152 n=1", "Q8_0", 1152, 896, 1),
     ("Q6_K 4864x896 n=1", "Q6_K", 896, 4864, 1),
     ("Q6_K 4096x14336 n=1", "Q6_K", 14336, 4096, 1),
+    ("Q5_K 4096x14336 n=1", "Q5_K", 14336, 4096, 1),   # Q5_K_M files; its 8-token kernel takes ~173 registers
+    ("Q5_K 4096x14336 n=8", "Q5_K", 14336, 4096, 8),
 ]
 
 

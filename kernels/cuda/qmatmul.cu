@@ -318,7 +318,7 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 2, 1, true, __launch_bounds__(256, 1), )                            \
     MM_Q_GLU_KERNEL(NAME, T, 2, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 4, 1)                                   \
     MM_Q_GLU_KERNEL(NAME, T, 8, 4, 1)
-#ifdef QMM_EXPLORE   // perf/bench_gpu.py --explore: the other candidates (qmatmul.py EXPLORE_VARIANTS) of 5 types
+#ifdef QMM_EXPLORE   // perf/bench_gpu.py --explore: the other candidates (qmatmul.py EXPLORE_VARIANTS) of 6 types
 // one-token kernels under a minimum of MB CTAs per SM (fewer registers, so a grid of more CTAs than 132 x 5
 // fits in one wave); kernel names end in _m<MB>
 #define MM_Q_KERNEL_MB(NAME, T, MB)                                                                       \
@@ -349,7 +349,7 @@ MM_Q_KERNELS(q4_0, TQ4_0)
 MM_Q_KERNELS(q5_0, TQ5_0) MM_Q_MORE(q5_0, TQ5_0)
 MM_Q_KERNELS(iq4_nl, TIQ4_NL)
 MM_Q_KERNELS(q4_k, TQ4_K) MM_Q_MORE(q4_k, TQ4_K)
-MM_Q_KERNELS(q5_k, TQ5_K)
+MM_Q_KERNELS(q5_k, TQ5_K) MM_Q_MORE(q5_k, TQ5_K)
 MM_Q_KERNELS(q6_k, TQ6_K) MM_Q_MORE(q6_k, TQ6_K)
 MM_Q_KERNELS(iq3_xxs, TIQ3_XXS) MM_Q_MORE(iq3_xxs, TIQ3_XXS) MM_Q_GLU_TILE1_R4(iq3_xxs, TIQ3_XXS)
 

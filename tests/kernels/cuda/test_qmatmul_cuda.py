@@ -357,7 +357,7 @@ def test_fused_outputs_equal_separate_ops(cp, qm, qtype, n):
     assert np.array_equal(out.get().view(np.uint32), ref.get().view(np.uint32))
 
 
-@pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q6_K, QType.Q5_0, QType.Q8_0],
+@pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q5_0, QType.Q8_0],
                          ids=lambda t: t.name)
 def test_every_dp4a_variant_gives_the_same_bits(cp, qm, qtype):
     """Rows per warp, units in flight and warps per row (split-K) change the work split, never an output:
@@ -382,7 +382,8 @@ def test_every_dp4a_variant_gives_the_same_bits(cp, qm, qtype):
         assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), ("sk", n)
 
 
-@pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q6_K, QType.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q5_0],
+                         ids=lambda t: t.name)
 def test_every_glu_variant_gives_the_same_bits(cp, qm, qtype):
     """GLU warps of one gate-up row pair or two (the default build's, the benchmark build's) give the default
     launch's bits, with an odd number of gate rows (the second pair of the last warp has no gate row)."""
