@@ -375,7 +375,11 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
 #pragma unroll
         for (int j = 0; j < G; ++j) F::fetch(wr, k, unit(gi, min(m + j, m_end - 1)), tab, fetched[j]);
     };
-    if (m_end_of(warp) > 0) fetch(warp, 0, m_end_of(warp));
+    auto fetch_first = [&](int gi) {               // a group's first units (none past the row)
+        const int m_end = m_end_of(gi);
+        if (m_end > 0) fetch(gi, 0, m_end);
+    };
+    fetch_first(warp);
     for (int rnd = 0; rnd < NG / NK; ++rnd) {
         const int gi = rnd * NK + warp, m_end = m_end_of(gi);
         typename T::I ci[NO];
@@ -395,8 +399,8 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
                 }
             if (m0 + G < m_end)                    // the same for the whole warp
                 fetch(gi, m0 + G, m_end);
-            else if (rnd + 1 < NG / NK && m_end_of(gi + NK) > 0)
-                fetch(gi + NK, 0, m_end_of(gi + NK));
+            else if (rnd + 1 < NG / NK)
+                fetch_first(gi + NK);
             __syncwarp();
 #pragma unroll
             for (int j = 0; j < G; ++j)
