@@ -54,6 +54,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from .attention_pv import CHUNK as PV_CHUNK, pv_rows
 from .attention_int8 import (GROUP, dequant_key, quantize_row, quantize_row16, scores_float, scores_int16,
                              scores_int8)
 from .elementwise import exp2_poly
@@ -457,6 +458,7 @@ def _make_kernel(kind, qdtype):
             Kq = np.zeros((_BK, hd), qdtype)
             Kst = np.zeros((ng, _BK), np.float32)
             S = np.empty((max_rows, _BK), np.float32)
+            P = np.empty((max_rows, _BK), np.float32)
             Vb = np.zeros((_BK, hd), np.float32)
             s = np.empty(_BK, np.float32)
             p = np.empty(_BK, np.float32)
@@ -500,9 +502,11 @@ def _make_kernel(kind, qdtype):
                         nk = min(_BK, k_hi - kb)
                         _keys(kind, k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S)
                         _dequant_rows(v_pages, v_scales, page_tables, seq, g, kb, nk, Vb)
-                        for r in range(rows):
+                        for r in range(rows):     # each row's online softmax: P[r] (0 where masked), acc rescaled
                             nvalid = min(nk, rpos[r] + 1 - kb)
                             if nvalid <= 0:
+                                for j in range(_BK):
+                                    P[r, j] = 0.0
                                 continue
                             mold = m[r]
                             if nvalid < _BK:
@@ -520,6 +524,7 @@ def _make_kernel(kind, qdtype):
                             psum = np.float32(0.0)
                             for j in range(_BK):
                                 psum += p[j]
+                                P[r, j] = p[j]
                             if mx > mold:
                                 corr = np.float32(np.exp2(max(mold - mx, np.float32(-126.0))))
                                 l[r] = l[r] * corr + psum
@@ -528,17 +533,16 @@ def _make_kernel(kind, qdtype):
                                 m[r] = mx
                             else:
                                 l[r] += psum
-                            # acc += p @ Vb, 4 keys per pass (p is 0 beyond nvalid, Vb is 0 beyond nk)
-                            # (full-block trip count: a compile-time constant unrolls better than
-                            # skipping the masked tail)
-                            for j in range(0, _BK, 4):
-                                p0 = p[j]
-                                p1 = p[j + 1]
-                                p2 = p[j + 2]
-                                p3 = p[j + 3]
-                                for d in range(hd):
-                                    acc[r, d] += ((p0 * Vb[j, d] + p1 * Vb[j + 1, d])
-                                                  + (p2 * Vb[j + 2, d] + p3 * Vb[j + 3, d]))
+                        # acc += P @ Vb (P is 0 beyond nvalid, Vb is 0 beyond nk): rows register-blocked
+                        # (attention_pv.py), one fma chain per (row, channel) in key order
+                        if hd % PV_CHUNK == 0:
+                            pv_rows(acc, P, Vb, rows)
+                        else:
+                            for r in range(rows):
+                                for j in range(_BK):
+                                    pj = P[r, j]
+                                    for d in range(hd):
+                                        acc[r, d] = np.float32(pj * Vb[j, d] + acc[r, d])
                     for a in range(ntq):
                         for hh in range(G):
                             r = a * G + hh

@@ -121,7 +121,7 @@ def test_kv_store_group_scales_keep_small_channels():
 
 # ----------------------------------------------------------------------------- attention
 
-@pytest.mark.parametrize("n_heads,n_kv,hd", [(14, 2, 64), (8, 8, 64), (16, 2, 128), (4, 1, 128)])
+@pytest.mark.parametrize("n_heads,n_kv,hd", [(14, 2, 64), (8, 8, 64), (16, 2, 128), (4, 1, 128), (6, 2, 40)])
 @pytest.mark.parametrize("qk", QK)
 def test_prefill_full_causal(n_heads, n_kv, hd, qk):
     rng = np.random.default_rng(3)
