@@ -21,7 +21,9 @@ clipped to [-127, 127] (an all-zero group gets scale 0 and q 0), so ``x ~= q * s
     register-blocked 2 rows x 2 keys); integer paths: the int8 rows gathered, integer dots,
     below), V dequantized into a row buffer, then for every query row online softmax in
     float32 (running max / running sum, base-2 with log2(e) folded into the query's
-    scale), acc += p @ V (vectorizes over head_dim);
+    scale; the block's probabilities kept per row), then acc += P @ V for all rows at once, a
+    group of rows' accumulators in registers over the block (attention_pv.py; one fused
+    multiply-add per (row, channel, key) in key order);
   * exp2 is a branch-free polynomial (Taylor degree 6 on [-0.5, 0.5], rel. error
     < 2e-7) that LLVM vectorizes, ~7x faster than calling libm expf per score;
   * items are spread over threads longest-first (greedy least-loaded), because causal

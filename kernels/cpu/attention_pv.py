@@ -1,8 +1,8 @@
 """acc += P @ V for a block of keys, rows register-blocked (kernels/cpu/attention.py's p.V step).
 
 For a block of `_BK` keys, every query row r of a work item adds sum_j P[r, j] * V[j, :] to its
-accumulator row acc[r, :] (head_dim floats). Done one row at a time, each row reloads all of V's rows and
-its own accumulator every few keys: ~20 instructions per (row, key) and 8 channels. Here a group of up to
+accumulator row acc[r, :] (head_dim floats). Row by row, each row would reload all of V's rows and its own
+accumulator every few keys: ~20 instructions per (row, key) and 8 channels. Here a group of up to
 ROWS rows walks the block once per 16-channel chunk with the group's accumulators in registers (2 vectors
 of 8 floats a row): per key one load of the chunk's two V vectors serves every row of the group, and a row
 costs one broadcast of P[r, j] (folded into the multiply-add's memory operand where AVX-512 has embedded
