@@ -14,13 +14,15 @@ import bench_engine_host  # noqa: E402  (perf/ is not a package)
 def test_rounds_measure_steps_of_every_request_decoding(tmp_path, capsys):
     model = str(tmp_path / "m.gguf")
     write_tiny_model(model)
-    rows = bench_engine_host.main(["--model", model, "--slots", "4", "--tokens", "48", "--device-ms", "3",
+    rows = bench_engine_host.main(["--model", model, "--slots", "4", "--tokens", "96", "--device-ms", "3",
                                    "--rounds", "1"])
     assert [r["consumers"] for r in rows] == ["threads", "poll"]
     for r in rows:
-        # a step waits for the stand-in's 3 ms and then does host work; 4 tokens a step at most
+        # a step ends at least 3 ms after the previous one ended (its launch came after that, and it waits for
+        # the stand-in's 3 ms after its launch), so its rows give at most 4 tokens a 3 ms; the token window's
+        # edges are the readers' clocks (the poller reads every 10 ms: up to ~4 steps early or late over ~95)
         assert r["ms_step"] >= 3.0 and r["host_ms"] == pytest.approx(r["ms_step"] - 3.0)
-        assert 0 < r["tok_s"] <= 4 / 3e-3 * 1.01
+        assert 0 < r["tok_s"] <= 4 / 3e-3 * 1.15
     out = capsys.readouterr().out
     assert "| 0 | threads |" in out and "| 0 | poll |" in out
 
