@@ -58,7 +58,11 @@ class DeviceStandIn:
     def forward(self, batch):
         n = len(batch.logit_rows)
         if self._row is None:
-            self._row = np.array(self._forward(batch)[:1])
+            logits = self._forward(batch)
+            if n == 0:                        # a prompt chunk without logit rows: nothing to keep yet
+                self.launched = time.perf_counter()
+                return logits
+            self._row = np.array(logits[:1])
         if n not in self._logits:
             self._logits[n] = np.repeat(self._row, n, axis=0)
         self.launched = time.perf_counter()
