@@ -41,6 +41,14 @@ class Backend(ABC):
     def fuse_rows(self, weights):
         """Device weights (from upload_weight) that read the same input -> one device weight holding
         their rows in order, or None when they cannot share one kernel."""
+    def decode_block(self, layer, n_heads: int, n_kv_heads: int, head_dim: int, eps: float, freq_base: float,
+                     n_rot: int, neox: bool, qk_norm: bool, scale: float):
+        """A callable running one decoder block (the model's _Layer `layer`, its weights from upload_weight
+        / fuse_rows) on steps of at most its `max_tokens` tokens in one call, the same bits as the block's
+        per-call form: block(x, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales),
+        x updated in place. None (the default) where the backend has none for this block."""
+        return None
+
     def reserve(self, max_tokens: int, max_width: int, n_heads: int, head_dim: int, max_keys: int,
                 n_vocab: int, max_rows: int) -> None:
         """Size long-lived workspaces once (host ints), before the first forward: forwards of up to

@@ -1,6 +1,8 @@
 """CpuBackend: numpy arrays, Numba kernels."""
 from __future__ import annotations
 
+import os
+
 import numba
 import numpy as np
 
@@ -8,6 +10,7 @@ from ..backend import Backend
 from ..kv_layout import kv_shapes
 from .act_quant import activation_format
 from .attention import attention_nocheck, kv_store
+from .decode_block import DecodeBlock
 from .dequant import dequantize
 from .isa import int8_enabled, kernel_family, log_kernel_family
 from .elementwise import add, rmsnorm, rope, silu_mul
@@ -86,6 +89,13 @@ class CpuBackend(Backend):
             release_pages(w.raw)
         return PackedWeight("+".join(w.name for w in ws), ws[0].qtype, raw.shape[0], ws[0].n_in, raw,
                             src_qtype=ws[0].src_qtype, layout=ws[0].layout, int8=self.int8)
+
+    def decode_block(self, layer, n_heads, n_kv_heads, head_dim, eps, freq_base, n_rot, neox, qk_norm, scale):
+        """decode_block.py's one-call block (the same bits); STRATA_LITE_DECODE_BLOCK=0 keeps every block on
+        the per-call path."""
+        if os.environ.get("STRATA_LITE_DECODE_BLOCK", "1") == "0":
+            return None
+        return DecodeBlock.build(layer, n_heads, n_kv_heads, head_dim, eps, freq_base, n_rot, neox, qk_norm, scale)
 
     def qmatmul_add(self, w, x, out):
         y = self.qmatmul(w, x)

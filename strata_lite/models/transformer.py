@@ -25,6 +25,10 @@ class Transformer:
         self.k_scales = [k_channel_scales(cfg, lw) for lw in weights.layers]  # host copies, for tests
         for layer, s in zip(self.layers, self.k_scales):
             layer.smooth_k(be, s, group)
+        for layer in self.layers:   # after smooth_k: a backend's compiled block takes the scales as they are
+            layer.compiled = be.decode_block(layer, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rms_eps,
+                                             cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox, cfg.qk_norm,
+                                             1.0 / math.sqrt(cfg.head_dim))
 
     def reserve(self, max_tokens: int, max_keys: int, max_rows: int) -> None:
         """Let the backend size its workspaces once for forwards of up to max_tokens tokens at positions
@@ -49,7 +53,10 @@ class Transformer:
         rows = BlockRows(be, batch)
         x = be.embed(self.token_embd, rows.ids)                         # (n, n_embd)
         for i, (lw, hw) in enumerate(zip(self.layers, self.weights.layers)):
-            decoder_block(be, cfg, lw, hw, x, rows, kv.layer(i), obs)
+            if lw.compiled is not None and observer is None and n <= lw.compiled.max_tokens:
+                lw.compiled(x, rows.seq, rows.pos, rows.tables, *kv.layer(i))     # the same bits, one call
+            else:
+                decoder_block(be, cfg, lw, hw, x, rows, kv.layer(i), obs)
         x_all = x
         if len(batch.logit_rows) == 0:                                  # a prompt chunk that ends mid-prompt
             empty = be.empty((0, cfg.n_vocab))
@@ -112,6 +119,7 @@ class _Layer:
 
     def __init__(self, be, lw):
         self.k_inv_scale = self.q_scale = None      # smooth_k sets them
+        self.compiled = None                        # the backend's decode_block, where it has one
         for name in self.MATRICES:
             setattr(self, name, be.upload_weight(getattr(lw, name)))
         for name in self.VECTORS:

@@ -1,0 +1,260 @@
+"""One decoder block of a decode-sized step (1 .. MAX_TOK tokens) in a single compiled call.
+
+Why: a decode step makes ~9 backend calls a block (norms, q/k/v, rope + KV store, attention, output
+projection, gate/up, down, residual adds), ~220 a token on a 24-block model. On such a model whose weights
+stay in cache (so what is left is the fixed cost of a token: `perf/bench_decode_block.py`) those calls took
+~2.2 ms a token on the 2-core development VM, where ik_llama.cpp's whole token took 0.48 ms: the time went to
+Python, argument checks, allocations and Numba's dispatch of each call, not to arithmetic. Here the block's
+kernel calls are made from compiled code: one dispatch a block.
+
+The kernels are the functions the per-call path runs (kernels/cpu/backend.py), called in the same order with
+the same arguments, so a token's outputs are the same bits either way (tests/kernels/test_decode_block.py
+compares logits bit for bit): batch invariance and the llama.cpp goldens carry over.
+
+Which blocks take it (DecodeBlock.build): every matrix in a layout the int8 mat-vec kernels read (4-row
+interleaved Q5_0 / Q4_0 / IQ4_NL / Q8_0, the IQ3_XXS / Q4_K / Q5_K / Q6_K repackings, Q8_0 / Q5_0 / Q4_0 /
+IQ4_NL in their own blocks) and attention's float q.k path (the default). Other blocks (the float kernels of
+CPUs without AVX2 or STRATA_LITE_INT8=0, F16 / BF16 / F32 matrices, STRATA_LITE_ATTN_QK=int8 / int16), steps
+of more than MAX_TOK tokens and forwards with an observer (the imatrix) take the per-call path.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numba
+import numpy as np
+from numba import njit
+
+from . import nibble_int8, q8_0_int8, rows4_int8
+from .attention import _CHUNK_KEYS, _KERNELS, _LOG2E, _TILE_Q, _attn_merge, _plan, qk_path
+from .elementwise import _NO_SCALE, _inv_freq, _rmsnorm_ser, _silu_mul_ser
+from .iq3_int8 import CODE_TABLE
+from .isa import INT8_ISA
+from .q8_0_int8 import Q8_0_KIND
+from .qmatmul import _INT8_KIND
+from .repack import IQ3_I8, INT8_LAYOUTS, Q4K_I8, Q5K_I8, Q6K_I8, ROWS4_LAYOUTS, PackedWeight
+from .rope_store import _serial as _rope_kv_store
+
+MAX_TOK = 8            # tokens a call: every kernel below then takes its mat-vec form (the GEMMs start at 16)
+
+# how a matrix slot is multiplied (column _MM of a block's spec)
+ABSENT, ROWS4, NIBBLE, OWN_BLOCKS = -1, 0, 1, 2
+_MM, _KIND, _SMALL, _N_OUT, _BIAS = range(5)
+# the slots: q/k/v projections (one fused matrix, q+k and v, or q, k and v), attn_output, gate_up (or gate),
+# up (when not fused), ffn_down
+_PROJ, _O, _GATE, _UP, _DOWN = 0, 3, 4, 5, 6
+_N_SLOTS = 7
+_NIBBLE_KIND = {IQ3_I8: nibble_int8.IQ3, Q4K_I8: nibble_int8.Q4K, Q5K_I8: nibble_int8.Q5K, Q6K_I8: nibble_int8.Q6K}
+_NO_MATRIX = np.zeros((1, 1, 1), np.uint8)
+_NO_TABLE = np.zeros(32, np.int8)
+_NO_VECTOR = np.zeros(1, np.float32)
+_FLOAT_ATTENTION = _KERNELS["float"]
+
+
+def matrix_route(w):
+    """(how, kind, table) the per-call path (qmatmul.qmatmul_packed) takes for w at up to MAX_TOK tokens,
+    or None where that is not one of the int8 mat-vec kernels."""
+    if type(w) is not PackedWeight or not w.final:
+        return None
+    if w.layout in ROWS4_LAYOUTS:
+        return ROWS4, INT8_LAYOUTS[w.layout][1].kind, _NO_TABLE
+    if w.layout in _NIBBLE_KIND:
+        return NIBBLE, _NIBBLE_KIND[w.layout], CODE_TABLE if w.layout == IQ3_I8 else _NO_TABLE
+    if w.layout not in INT8_LAYOUTS and w.int8:
+        return OWN_BLOCKS, _INT8_KIND.get(w.qtype, Q8_0_KIND), _NO_TABLE
+    return None
+
+
+@njit(cache=True)
+def _matmul(spec, s, raws, tables, x, isa):
+    """x (n, n_in) float32 C-contiguous @ W.T for the matrix in slot s -> new (n, n_out): the kernel and
+    arguments qmatmul_packed gives it (serial where the matrix is small)."""
+    n = x.shape[0]
+    raw3 = raws[s]
+    out = np.empty((n, spec[s, _N_OUT]), np.float32)
+    how, kind, small = spec[s, _MM], spec[s, _KIND], spec[s, _SMALL] != 0
+    if how == NIBBLE:
+        nibble_int8.matvec(raw3, x.reshape(n, raw3.shape[1], 256), out, tables[s], kind)
+    elif how == ROWS4:
+        x3 = x.reshape(n, raw3.shape[1], 32)
+        if small:
+            rows4_int8._matmul_serial(raw3, x3, out, kind, isa)
+        else:
+            rows4_int8._matmul(raw3, x3, out, kind, isa)
+    else:
+        x3 = x.reshape(n, raw3.shape[1], 32)
+        if small:
+            q8_0_int8.mv_avx2_serial(raw3, x3, out, kind, isa)
+        else:
+            q8_0_int8.mv_avx2(raw3, x3, out, kind, isa)
+    return out
+
+
+@njit(cache=True)
+def _add_rows(y, b):
+    """y (n, m) += b (m,) in place: numpy's broadcast float32 add, element by element."""
+    for t in range(y.shape[0]):
+        for j in range(y.shape[1]):
+            y[t, j] = y[t, j] + b[j]
+
+
+@njit(cache=True)
+def _residual(x, y):
+    """x += y, float32, element by element (numpy's add, as the per-call path)."""
+    for t in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            x[t, j] = x[t, j] + y[t, j]
+
+
+@njit(cache=True)
+def _rmsnorm(x, w, eps):
+    out = np.empty_like(x)
+    _rmsnorm_ser(x, w, eps, out)
+    return out
+
+
+@njit(cache=True)
+def _attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale_log2e, n_threads):
+    """attention.attention_nocheck with the float q.k path: -> (n, n_heads, head_dim). n_threads: Numba's
+    (numba.get_num_threads() inside compiled code would keep this function out of Numba's cache)."""
+    n_tok, n_heads, hd = q.shape
+    out = np.empty_like(q)
+    n_kv = k_pages.shape[2]
+    tstart, tend, n_split, items, counts = _plan(token_seq, token_pos, n_kv, n_threads, _TILE_Q,
+                                                 _CHUNK_KEYS)
+    if n_split > 1:
+        n_chunk = (token_pos.max() + 1 + _CHUNK_KEYS - 1) // _CHUNK_KEYS
+        part_acc = np.empty((n_chunk, n_tok, n_heads, hd), np.float32)
+        part_m = np.empty((n_chunk, n_tok, n_heads), np.float32)
+        part_l = np.zeros((n_chunk, n_tok, n_heads), np.float32)
+    else:
+        part_acc = np.empty((1, 1, 1, 1), np.float32)
+        part_m = np.empty((1, 1, 1), np.float32)
+        part_l = np.empty((1, 1, 1), np.float32)
+    _FLOAT_ATTENTION(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale_log2e,
+                     out, tstart, tend, n_split, items, counts, part_acc, part_m, part_l)
+    if n_split > 1:
+        _attn_merge(part_acc, part_m, part_l, out)
+    return out
+
+
+@njit(cache=True)
+def _block(x, spec, raws, tables, biases, norms, eps, qk_norm, n_heads, n_kv_heads, head_dim,
+           inv, n_rot, neox, q_scale, has_q, k_scale, has_k,
+           token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale_log2e, n_threads, isa):
+    """models/transformer.py decoder_block on x (n, n_embd) in place, as the per-call path computes it.
+    norms: (attn_norm, ffn_norm, q norm, k norm); biases: the projection slots' biases."""
+    n = x.shape[0]
+    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+    h = _rmsnorm(x, norms[0], eps)
+    qkv = np.empty((n, q_dim + 2 * kv_dim), np.float32)    # the projections' outputs side by side
+    col = 0
+    for s in range(_PROJ, _PROJ + 3):
+        if spec[s, _MM] == ABSENT:
+            continue
+        y = _matmul(spec, s, raws, tables, h, isa)
+        if spec[s, _BIAS]:
+            _add_rows(y, biases[s])
+        qkv[:, col:col + y.shape[1]] = y
+        col += y.shape[1]
+    q = np.ascontiguousarray(qkv[:, :q_dim]).reshape(n, n_heads, head_dim)
+    k = np.ascontiguousarray(qkv[:, q_dim:q_dim + kv_dim]).reshape(n, n_kv_heads, head_dim)
+    v = np.ascontiguousarray(qkv[:, q_dim + kv_dim:]).reshape(n, n_kv_heads, head_dim)
+    if qk_norm:
+        q2 = q.reshape(n * n_heads, head_dim)
+        _rmsnorm_ser(q2, norms[2], eps, q2)
+        k2 = k.reshape(n * n_kv_heads, head_dim)
+        _rmsnorm_ser(k2, norms[3], eps, k2)
+    _rope_kv_store(q, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                   inv, n_rot, neox, q_scale, has_q, k_scale, has_k)
+    a = _attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale_log2e,
+                   n_threads)
+    _residual(x, _matmul(spec, _O, raws, tables, a.reshape(n, q_dim), isa))
+    h = _rmsnorm(x, norms[1], eps)
+    if spec[_UP, _MM] == ABSENT:                # gate and up rows in one matrix
+        y = _matmul(spec, _GATE, raws, tables, h, isa)
+        f = y.shape[1] // 2
+        g = np.ascontiguousarray(y[:, :f])
+        act = np.empty_like(g)
+        _silu_mul_ser(g, np.ascontiguousarray(y[:, f:]), act)
+    else:
+        act = _matmul(spec, _GATE, raws, tables, h, isa)
+        _silu_mul_ser(act, _matmul(spec, _UP, raws, tables, h, isa), act)
+    _residual(x, _matmul(spec, _DOWN, raws, tables, act, isa))
+
+
+def _writable(a, dtype):
+    """A C-contiguous array of dtype holding a's values with Numba's writable array type (the arrays of a
+    tuple argument need one type, and the kernels are compiled for writable arrays): a itself, a copy for
+    small vectors, and for a read-only matrix (the mapped file's bytes) a writable-typed view of the same
+    memory, never written (mat-mul weights are only read). The caller keeps a alive."""
+    a = np.ascontiguousarray(a, dtype)
+    if a.flags.writeable:
+        return a
+    if a.ndim < 3:
+        return a.copy()
+    buf = (ctypes.c_uint8 * a.nbytes).from_address(a.ctypes.data)
+    return np.frombuffer(buf, dtype).reshape(a.shape)
+
+
+class DecodeBlock:
+    """A block's weights and constants, ready for _block. Build with DecodeBlock.build (None where the block
+    has a matrix or a path _block does not take); call with a step's x and KV arrays."""
+    max_tokens = MAX_TOK
+
+    def __init__(self, specs, raws, tables, biases, norms, eps, qk_norm, n_heads, n_kv_heads, head_dim,
+                 rope, scale_log2e):
+        self.args = (specs, raws, tables, biases, norms, float(eps), bool(qk_norm), int(n_heads),
+                     int(n_kv_heads), int(head_dim))
+        self.rope = rope
+        self.scale_log2e = np.float32(scale_log2e)
+
+    @classmethod
+    def build(cls, layer, n_heads, n_kv_heads, head_dim, eps, freq_base, n_rot, neox, qk_norm, scale):
+        """layer: models/transformer.py's _Layer (its matrices as the CPU backend packed them, norms,
+        biases, K-smoothing scales); scale: attention's softmax scale. -> DecodeBlock or None."""
+        if qk_path(head_dim) != "float":
+            return None
+        if layer.qkv is not None:
+            proj = [(layer.qkv, layer.qkv_bias)]
+        elif layer.qk is not None:
+            proj = [(layer.qk, layer.qk_bias), (layer.attn_v, layer.attn_v_bias)]
+        else:
+            proj = [(layer.attn_q, layer.attn_q_bias), (layer.attn_k, layer.attn_k_bias),
+                    (layer.attn_v, layer.attn_v_bias)]
+        proj += [(None, None)] * (3 - len(proj))
+        ffn = [(layer.gate_up, None), (None, None)] if layer.gate_up is not None else \
+            [(layer.ffn_gate, None), (layer.ffn_up, None)]
+        slots = proj + [(layer.attn_output, None)] + ffn + [(layer.ffn_down, None)]
+        specs = np.full((_N_SLOTS, 5), ABSENT, np.int64)
+        raws, tables, biases = [], [], []
+        for s, (w, bias) in enumerate(slots):
+            raws.append(_writable(_NO_MATRIX, np.uint8))
+            tables.append(_writable(_NO_TABLE, np.int8))
+            biases.append(_writable(_NO_VECTOR if bias is None else bias, np.float32))
+            if w is None:
+                continue
+            route = matrix_route(w)
+            if route is None:
+                return None
+            how, kind, table = route
+            specs[s] = (how, kind, int(bool(w.small)), w.n_out, int(bias is not None))
+            raws[s], tables[s] = _writable(w.raw3, np.uint8), _writable(table, np.int8)
+        if qk_norm and (layer.attn_q_norm is None or layer.attn_k_norm is None):
+            return None
+        norms = tuple(_writable(_NO_VECTOR if v is None else v, np.float32)
+                      for v in (layer.attn_norm, layer.ffn_norm, layer.attn_q_norm, layer.attn_k_norm))
+        q_scale, k_scale = layer.q_scale, layer.k_inv_scale
+        rope = (_inv_freq(freq_base, n_rot), int(n_rot), bool(neox),
+                _NO_SCALE if q_scale is None else q_scale, q_scale is not None,
+                _NO_SCALE if k_scale is None else k_scale, k_scale is not None)
+        block = cls(specs, tuple(raws), tuple(tables), tuple(biases), norms, eps, qk_norm, n_heads, n_kv_heads,
+                    head_dim, rope, scale * _LOG2E)
+        block.weights = [w for w, _ in slots if w is not None]    # the memory the writable views alias
+        return block
+
+    def __call__(self, x, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales) -> None:
+        """The block on x (n <= MAX_TOK, n_embd) float32 C-contiguous, in place; this step's K/V stored
+        first, indices validated by the engine (the Backend contract)."""
+        _block(x, *self.args, *self.rope, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
+               v_scales, self.scale_log2e, numba.get_num_threads(), INT8_ISA)

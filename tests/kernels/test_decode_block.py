@@ -1,0 +1,116 @@
+"""The CPU's one-call decoder block (kernels/cpu/decode_block.py) against the per-call path it replaces for
+steps of up to MAX_TOK tokens: logits bit for bit, for every matrix route (4-row interleaved, nibble
+repackings, own blocks; serial and parallel mat-vecs), q/k/v fused or split, with biases, q/k norms and K
+smoothing, one sequence or several in a step. And which blocks it takes: none where a matrix has no int8
+mat-vec kernel, where the attention q.k path is not the float one, or where STRATA_LITE_DECODE_BLOCK=0."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from strata_lite import LLM
+from strata_lite.batch import Batch
+from strata_lite.kernels.cpu import repack as rp
+from strata_lite.kernels.cpu.backend import CpuBackend
+from strata_lite.kernels.cpu.decode_block import MAX_TOK
+from tiny_model import write_tiny_model
+
+pytestmark = pytest.mark.skipif(not CpuBackend().int8, reason="the int8 kernels need AVX2 (this CPU has none)")
+
+K_SHAPES = dict(n_embd=256, n_heads=4, n_kv_heads=2, n_ff=512)     # rows of 256: K-quants and IQ3_XXS
+CASES = {
+    "q8_0 rows4": dict(qtype=QT.Q8_0),
+    "q5_0 rows4, v in q8_0 (q+k and v)": dict(qtype=QT.Q5_0, qtype_of={"attn_v": QT.Q8_0}),
+    "q4_k, down q6_k": dict(qtype=QT.Q4_K, qtype_of={"ffn_down": QT.Q6_K}, **K_SHAPES),
+    "iq3_xxs, q5_k": dict(qtype=QT.IQ3_XXS, qtype_of={"ffn_down": QT.Q5_K, "attn_output": QT.Q5_K}, **K_SHAPES),
+    "qwen3 (q/k norms), iq4_nl": dict(arch="qwen3", qtype=QT.IQ4_NL),
+    "llama (no biases), q4_0": dict(arch="llama", qtype=QT.Q4_0),
+}
+
+
+def _layers(llm):
+    return llm.model.layers
+
+
+def _logits_both_ways(llm, batch):
+    """(one-call logits, per-call logits) of the same batch; the step stores the same K/V either way."""
+    fused = np.array(llm.model.forward(batch, llm.kv))
+    saved = [layer.compiled for layer in _layers(llm)]
+    try:
+        for layer in _layers(llm):
+            layer.compiled = None
+        per_call = np.array(llm.model.forward(batch, llm.kv))
+    finally:
+        for layer, c in zip(_layers(llm), saved):
+            layer.compiled = c
+    return fused, per_call
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("decode_block")
+    paths = {}
+    for name, kw in CASES.items():
+        paths[name] = d / (name.split()[0].replace("(", "") + f"-{len(paths)}.gguf")
+        write_tiny_model(paths[name], n_layers=2, seed=len(paths), **kw)
+    return paths
+
+
+@pytest.mark.parametrize("small", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_one_call_block_gives_the_per_call_bits(models, case, small, monkeypatch):
+    monkeypatch.setattr(rp, "SMALL_BYTES", 1 << 30 if small else 0)     # serial / parallel mat-vecs
+    llm = LLM(str(models[case]), backend="cpu", n_ctx=256)
+    assert all(layer.compiled is not None for layer in _layers(llm))
+    ids = np.random.default_rng(4).integers(0, llm.config.n_vocab, 200).astype(np.int32)
+    llm.eval(ids[:150], 0, [149])                                      # a prompt (per-call path: > MAX_TOK)
+    pos = 150
+    for n in (1, 3, MAX_TOK, 1):
+        fused, per_call = _logits_both_ways(llm, Batch.single(ids[pos:pos + n], pos, llm._pages))
+        np.testing.assert_array_equal(fused, per_call)
+        pos += n
+
+
+def test_several_sequences_in_one_step(models):
+    """A decode step of two sequences at different positions (the engine's batched decode)."""
+    llm = LLM(str(models["q5_0 rows4, v in q8_0 (q+k and v)"]), backend="cpu", n_ctx=256)
+    half = len(llm._pages) // 2
+    tables = np.asarray([llm._pages[:half], llm._pages[half:2 * half]], np.int32)
+    rng = np.random.default_rng(5)
+    lens = (90, 37)
+    for s, n in enumerate(lens):
+        ids = rng.integers(0, llm.config.n_vocab, n).astype(np.int32)
+        llm.model.forward(Batch(ids, np.arange(n, dtype=np.int32), np.full(n, s, np.int32), tables, [n - 1]),
+                          llm.kv)
+    step = Batch(rng.integers(0, llm.config.n_vocab, 3).astype(np.int32), np.array([90, 37, 38], np.int32),
+                 np.array([0, 1, 1], np.int32), tables, [0, 1, 2])
+    step.validate(llm.kv.n_pages, llm.kv.page_size, llm.config.n_vocab)
+    fused, per_call = _logits_both_ways(llm, step)
+    np.testing.assert_array_equal(fused, per_call)
+
+
+def test_own_block_matrices(models, monkeypatch):
+    """Q5_0 / Q8_0 matrices kept in their own blocks (as matrices of row counts that are not a multiple of 4)."""
+    for qtype in (QT.Q5_0, QT.Q8_0):
+        monkeypatch.delitem(rp._INT8_LAYOUT_OF, qtype)
+    llm = LLM(str(models["q5_0 rows4, v in q8_0 (q+k and v)"]), backend="cpu", n_ctx=256)
+    assert llm.model.layers[0].qk.layout == rp.GGML and llm.model.layers[0].compiled is not None
+    ids = np.random.default_rng(6).integers(0, llm.config.n_vocab, 60).astype(np.int32)
+    llm.eval(ids[:50], 0, [49])
+    for pos, n in ((50, 1), (51, 5)):
+        fused, per_call = _logits_both_ways(llm, Batch.single(ids[pos:pos + n], pos, llm._pages))
+        np.testing.assert_array_equal(fused, per_call)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast")     # random F16 bits include NaNs
+def test_blocks_it_does_not_take(models, tmp_path, monkeypatch):
+    f16 = tmp_path / "f16.gguf"
+    write_tiny_model(f16, qtype=QT.F16)
+    assert all(layer.compiled is None for layer in _layers(LLM(str(f16), backend="cpu", n_ctx=64)))
+    path = str(models["q4_k, down q6_k"])          # head_dim 64: the int8 q.k path applies
+    monkeypatch.setenv("STRATA_LITE_ATTN_QK", "int8")
+    assert all(layer.compiled is None for layer in _layers(LLM(path, backend="cpu", n_ctx=64)))
+    monkeypatch.delenv("STRATA_LITE_ATTN_QK")
+    monkeypatch.setenv("STRATA_LITE_DECODE_BLOCK", "0")
+    llm = LLM(path, backend="cpu", n_ctx=64)
+    assert all(layer.compiled is None for layer in _layers(llm))
+    assert np.isfinite(llm.eval([1, 2, 3], 0, [2])).all()
