@@ -32,6 +32,7 @@ class MtpHead:
         self.layer = _Layer(be, mtp.block)
         self.k_scales = k_channel_scales(cfg, mtp.block)           # host copy, for tests
         self.layer.smooth_k(be, self.k_scales, model.group)
+        self.layer.compile(be, cfg)
         self.embed = model.token_embd if mtp.embed_tokens is None else be.upload_weight(mtp.embed_tokens)
         self.head_norm = model.output_norm if mtp.head_norm is None else be.from_host(mtp.head_norm)
         head = draft_head(model.weights.output, mtp)
@@ -53,7 +54,7 @@ class MtpHead:
         h = be.rmsnorm(hidden, self.hnorm, cfg.rms_eps)
         x = be.qmatmul(self.eh_embed, e)
         be.add(x, be.qmatmul(self.eh_hidden, h), out=x)
-        decoder_block(be, cfg, self.layer, self.mtp.block, x, rows, layer_kv, lambda *a: None)
+        decoder_block(be, cfg, self.layer, self.mtp.block, x, rows, layer_kv)
         n, sel = x.shape[0], batch.logit_rows
         if len(sel) == 0:
             return be.empty((0, self.n_head)), x

@@ -25,10 +25,7 @@ class Transformer:
         self.k_scales = [k_channel_scales(cfg, lw) for lw in weights.layers]  # host copies, for tests
         for layer, s in zip(self.layers, self.k_scales):
             layer.smooth_k(be, s, group)
-        for layer in self.layers:   # after smooth_k: a backend's compiled block takes the scales as they are
-            layer.compiled = be.decode_block(layer, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rms_eps,
-                                             cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox, cfg.qk_norm,
-                                             1.0 / math.sqrt(cfg.head_dim))
+            layer.compile(be, cfg)      # after smooth_k: a compiled block takes the scales as they are
 
     def reserve(self, max_tokens: int, max_keys: int, max_rows: int) -> None:
         """Let the backend size its workspaces once for forwards of up to max_tokens tokens at positions
@@ -53,10 +50,7 @@ class Transformer:
         rows = BlockRows(be, batch)
         x = be.embed(self.token_embd, rows.ids)                         # (n, n_embd)
         for i, (lw, hw) in enumerate(zip(self.layers, self.weights.layers)):
-            if lw.compiled is not None and observer is None and n <= lw.compiled.max_tokens:
-                lw.compiled(x, rows.seq, rows.pos, rows.tables, *kv.layer(i))     # the same bits, one call
-            else:
-                decoder_block(be, cfg, lw, hw, x, rows, kv.layer(i), obs)
+            decoder_block(be, cfg, lw, hw, x, rows, kv.layer(i), obs)
         x_all = x
         if len(batch.logit_rows) == 0:                                  # a prompt chunk that ends mid-prompt
             empty = be.empty((0, cfg.n_vocab))
@@ -66,7 +60,8 @@ class Transformer:
         if len(batch.logit_rows) != n:                                  # all rows: no copy
             x = be.take_rows(x, be.from_host(batch.logit_rows))
         h = be.rmsnorm(x, self.output_norm, cfg.rms_eps)
-        obs(h, self.weights.output)
+        if obs is not None:
+            obs(h, self.weights.output)
         logits = be.qmatmul(self.output, h)
         if all_hidden:
             return logits, x_all
@@ -82,11 +77,17 @@ class BlockRows:
         self.max_keys = batch.max_pos
 
 
-def decoder_block(be, cfg, lw, hw, x, rows: BlockRows, layer_kv, obs) -> None:
+def decoder_block(be, cfg, lw, hw, x, rows: BlockRows, layer_kv, obs=None) -> None:
     """One decoder block on x (n, n_embd) in place: attention (this step's K/V stored into layer_kv
     first) and the SwiGLU FFN, each added to x. lw: the block as the backend holds it (_Layer), hw: its
-    host weights (names for the observer)."""
+    host weights (names for the observer obs, see _observe; None: no observer). Steps the backend's
+    compiled block takes (lw.compiled: the same bits in one call) run there."""
     n = x.shape[0]
+    if obs is None:
+        if lw.compiled is not None and n <= lw.compiled.max_tokens:
+            lw.compiled(x, rows.seq, rows.pos, rows.tables, *layer_kv)
+            return
+        obs = _ignore
     h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps, round_for=lw.qkv or lw.qk or lw.attn_q)
     obs(h, hw.attn_q, hw.attn_k, hw.attn_v)
     q, k, v = _project_qkv(be, cfg, lw, h)
@@ -143,16 +144,28 @@ class _Layer:
         if self.gate_up is not None:
             self.ffn_gate = self.ffn_up = None
 
+    def compile(self, be, cfg) -> None:
+        """Ask the backend for its one-call form of this block (Backend.decode_block; None where it has
+        none). After smooth_k: the compiled block takes the scales as they are then."""
+        self.compiled = be.decode_block(self, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rms_eps,
+                                        cfg.rope_freq_base, cfg.n_rot, cfg.rope_neox, cfg.qk_norm,
+                                        1.0 / math.sqrt(cfg.head_dim))
+
     def smooth_k(self, be, s, group: int) -> None:
         """K smoothing's per-channel scales s (n_kv_heads, head_dim), folded into rope (k_smoothing.py)."""
         self.k_inv_scale = be.from_host((1.0 / s).astype(np.float32))       # (n_kv_heads, head_dim)
         self.q_scale = be.from_host(np.repeat(s, group, axis=0))            # (n_heads, head_dim)
 
 
+def _ignore(x, *ws) -> None:
+    """The observer of a forward without one."""
+
+
 def _observe(be, observer):
-    """obs(x, *host_weights): report x (copied to the host once) to the observer under each weight's name."""
+    """obs(x, *host_weights): report x (copied to the host once) to the observer under each weight's name;
+    None without an observer."""
     if observer is None:
-        return lambda x, *ws: None
+        return None
 
     def obs(x, *ws):
         xh = be.to_host(x)

@@ -114,3 +114,25 @@ def test_blocks_it_does_not_take(models, tmp_path, monkeypatch):
     llm = LLM(path, backend="cpu", n_ctx=64)
     assert all(layer.compiled is None for layer in _layers(llm))
     assert np.isfinite(llm.eval([1, 2, 3], 0, [2])).all()
+
+
+def test_the_mtp_block_takes_it_too(tmp_path):
+    from strata_lite.loader.gguf_file import GGUFFile
+    from strata_lite.loader.mtp import load_mtp
+    from strata_lite.models.mtp import MtpHead
+    path = write_tiny_model(tmp_path / "mtp.gguf", mtp=True, n_ff=256)
+    llm = LLM(str(path), backend="cpu", n_ctx=128)
+    head = MtpHead(llm.model, load_mtp(GGUFFile(path), llm.config))
+    assert head.layer.compiled is not None
+    cfg = llm.config
+    layer = tuple(a[0] for a in llm.backend.kv_arrays(1, llm.kv.n_pages, llm.kv.page_size, cfg.n_kv_heads,
+                                                      cfg.head_dim))
+    ids = np.array([5, 17, 200, 3, 99], np.int32)
+    hidden = np.random.default_rng(7).standard_normal((4, cfg.n_embd)).astype(np.float32)
+    batch = Batch.single(ids[1:], 0, llm._pages)
+    fused = head.forward(batch, hidden, layer)
+    compiled, head.layer.compiled = head.layer.compiled, None
+    per_call = head.forward(batch, hidden, layer)
+    head.layer.compiled = compiled
+    for a, b in zip(fused, per_call):
+        np.testing.assert_array_equal(a, b)
