@@ -65,29 +65,17 @@ def matrix_route(w):
     return None
 
 
-@njit(cache=True)
-def _matmul(spec, s, raws, tables, x, isa):
-    """x (n, n_in) float32 C-contiguous @ W.T for the matrix in slot s -> new (n, n_out): the kernel and
-    arguments qmatmul_packed gives it (serial where the matrix is small)."""
-    n = x.shape[0]
-    raw3 = raws[s]
-    out = np.empty((n, spec[s, _N_OUT]), np.float32)
-    how, kind, small = spec[s, _MM], spec[s, _KIND], spec[s, _SMALL] != 0
+# the kernels a block's matrices take, as bits: a block function is compiled with only those (make_block), since
+# Numba compiles every callee a function names and links it in (~7-16 s each on a 2-core machine)
+R4_PARALLEL, R4_SERIAL, NIBBLE_ANY, OWN_PARALLEL, OWN_SERIAL = 1, 2, 4, 8, 16
+
+
+def route_bit(how: int, small: bool) -> int:
     if how == NIBBLE:
-        nibble_int8.matvec(raw3, x.reshape(n, raw3.shape[1], 256), out, tables[s], kind)
-    elif how == ROWS4:
-        x3 = x.reshape(n, raw3.shape[1], 32)
-        if small:
-            rows4_int8._matmul_serial(raw3, x3, out, kind, isa)
-        else:
-            rows4_int8._matmul(raw3, x3, out, kind, isa)
-    else:
-        x3 = x.reshape(n, raw3.shape[1], 32)
-        if small:
-            q8_0_int8.mv_avx2_serial(raw3, x3, out, kind, isa)
-        else:
-            q8_0_int8.mv_avx2(raw3, x3, out, kind, isa)
-    return out
+        return NIBBLE_ANY
+    if how == ROWS4:
+        return R4_SERIAL if small else R4_PARALLEL
+    return OWN_SERIAL if small else OWN_PARALLEL
 
 
 @njit(cache=True)
@@ -138,49 +126,95 @@ def _attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
     return out
 
 
-@njit(cache=True)
-def _block(x, spec, raws, tables, biases, norms, eps, qk_norm, n_heads, n_kv_heads, head_dim,
-           inv, n_rot, neox, q_scale, has_q, k_scale, has_k,
-           token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale_log2e, n_threads, isa):
-    """models/transformer.py decoder_block on x (n, n_embd) in place, as the per-call path computes it.
-    norms: (attn_norm, ffn_norm, q norm, k norm); biases: the projection slots' biases."""
-    n = x.shape[0]
-    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
-    h = _rmsnorm(x, norms[0], eps)
-    qkv = np.empty((n, q_dim + 2 * kv_dim), np.float32)    # the projections' outputs side by side
-    col = 0
-    for s in range(_PROJ, _PROJ + 3):
-        if spec[s, _MM] == ABSENT:
-            continue
-        y = _matmul(spec, s, raws, tables, h, isa)
-        if spec[s, _BIAS]:
-            _add_rows(y, biases[s])
-        qkv[:, col:col + y.shape[1]] = y
-        col += y.shape[1]
-    q = np.ascontiguousarray(qkv[:, :q_dim]).reshape(n, n_heads, head_dim)
-    k = np.ascontiguousarray(qkv[:, q_dim:q_dim + kv_dim]).reshape(n, n_kv_heads, head_dim)
-    v = np.ascontiguousarray(qkv[:, q_dim + kv_dim:]).reshape(n, n_kv_heads, head_dim)
-    if qk_norm:
-        q2 = q.reshape(n * n_heads, head_dim)
-        _rmsnorm_ser(q2, norms[2], eps, q2)
-        k2 = k.reshape(n * n_kv_heads, head_dim)
-        _rmsnorm_ser(k2, norms[3], eps, k2)
-    _rope_kv_store(q, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
-                   inv, n_rot, neox, q_scale, has_q, k_scale, has_k)
-    a = _attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale_log2e,
-                   n_threads)
-    _residual(x, _matmul(spec, _O, raws, tables, a.reshape(n, q_dim), isa))
-    h = _rmsnorm(x, norms[1], eps)
-    if spec[_UP, _MM] == ABSENT:                # gate and up rows in one matrix
-        y = _matmul(spec, _GATE, raws, tables, h, isa)
-        f = y.shape[1] // 2
-        g = np.ascontiguousarray(y[:, :f])
-        act = np.empty_like(g)
-        _silu_mul_ser(g, np.ascontiguousarray(y[:, f:]), act)
-    else:
-        act = _matmul(spec, _GATE, raws, tables, h, isa)
-        _silu_mul_ser(act, _matmul(spec, _UP, raws, tables, h, isa), act)
-    _residual(x, _matmul(spec, _DOWN, raws, tables, act, isa))
+_BLOCKS = {}      # routes -> the block function compiled for them
+
+
+def make_block(routes: int):
+    """The block function for matrices taking the routes in `routes` (route_bit), made once a process."""
+    fn = _BLOCKS.get(routes)
+    if fn is None:
+        fn = _BLOCKS[routes] = _make_block(routes)
+    return fn
+
+
+def _make_block(routes: int):
+    """_block for the routes in the bit set `routes`. The closure holds only bools (Numba's cache key hashes a
+    closure's contents: a jitted function in it would make every process compile again), and the branches
+    of routes not taken are pruned before their callees are typed."""
+    r4_par, r4_ser, nib = bool(routes & R4_PARALLEL), bool(routes & R4_SERIAL), bool(routes & NIBBLE_ANY)
+    own_par, own_ser = bool(routes & OWN_PARALLEL), bool(routes & OWN_SERIAL)
+
+    @njit(cache=True)
+    def _block(x, spec, raws, tables, biases, norms, eps, qk_norm, n_heads, n_kv_heads, head_dim,
+               inv, n_rot, neox, q_scale, has_q, k_scale, has_k,
+               token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale_log2e, n_threads, isa):
+        """models/transformer.py decoder_block on x (n, n_embd) in place, as the per-call path computes it.
+        norms: (attn_norm, ffn_norm, q norm, k norm); biases: the projection slots' biases."""
+
+        def _matmul(spec, s, raws, tables, x, isa):
+            """x (n, n_in) float32 C-contiguous @ W.T for the matrix in slot s -> new (n, n_out): the kernel
+            and arguments qmatmul_packed gives it (serial where the matrix is small)."""
+            n = x.shape[0]
+            raw3 = raws[s]
+            out = np.empty((n, spec[s, _N_OUT]), np.float32)
+            how, kind, small = spec[s, _MM], spec[s, _KIND], spec[s, _SMALL] != 0
+            if how == NIBBLE:
+                if nib:
+                    nibble_int8.matvec(raw3, x.reshape(n, raw3.shape[1], 256), out, tables[s], kind)
+            elif how == ROWS4:
+                x3 = x.reshape(n, raw3.shape[1], 32)
+                if small:
+                    if r4_ser:
+                        rows4_int8._matmul_serial(raw3, x3, out, kind, isa)
+                elif r4_par:
+                    rows4_int8._matmul(raw3, x3, out, kind, isa)
+            else:
+                x3 = x.reshape(n, raw3.shape[1], 32)
+                if small:
+                    if own_ser:
+                        q8_0_int8.mv_avx2_serial(raw3, x3, out, kind, isa)
+                elif own_par:
+                    q8_0_int8.mv_avx2(raw3, x3, out, kind, isa)
+            return out
+
+        n = x.shape[0]
+        q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+        h = _rmsnorm(x, norms[0], eps)
+        qkv = np.empty((n, q_dim + 2 * kv_dim), np.float32)    # the projections' outputs side by side
+        col = 0
+        for s in range(_PROJ, _PROJ + 3):
+            if spec[s, _MM] == ABSENT:
+                continue
+            y = _matmul(spec, s, raws, tables, h, isa)
+            if spec[s, _BIAS]:
+                _add_rows(y, biases[s])
+            qkv[:, col:col + y.shape[1]] = y
+            col += y.shape[1]
+        q = np.ascontiguousarray(qkv[:, :q_dim]).reshape(n, n_heads, head_dim)
+        k = np.ascontiguousarray(qkv[:, q_dim:q_dim + kv_dim]).reshape(n, n_kv_heads, head_dim)
+        v = np.ascontiguousarray(qkv[:, q_dim + kv_dim:]).reshape(n, n_kv_heads, head_dim)
+        if qk_norm:
+            q2 = q.reshape(n * n_heads, head_dim)
+            _rmsnorm_ser(q2, norms[2], eps, q2)
+            k2 = k.reshape(n * n_kv_heads, head_dim)
+            _rmsnorm_ser(k2, norms[3], eps, k2)
+        _rope_kv_store(q, k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                       inv, n_rot, neox, q_scale, has_q, k_scale, has_k)
+        a = _attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale_log2e,
+                       n_threads)
+        _residual(x, _matmul(spec, _O, raws, tables, a.reshape(n, q_dim), isa))
+        h = _rmsnorm(x, norms[1], eps)
+        if spec[_UP, _MM] == ABSENT:                # gate and up rows in one matrix
+            y = _matmul(spec, _GATE, raws, tables, h, isa)
+            f = y.shape[1] // 2
+            g = np.ascontiguousarray(y[:, :f])
+            act = np.empty_like(g)
+            _silu_mul_ser(g, np.ascontiguousarray(y[:, f:]), act)
+        else:
+            act = _matmul(spec, _GATE, raws, tables, h, isa)
+            _silu_mul_ser(act, _matmul(spec, _UP, raws, tables, h, isa), act)
+        _residual(x, _matmul(spec, _DOWN, raws, tables, act, isa))
+    return _block
 
 
 def _writable(a, dtype):
@@ -202,8 +236,9 @@ class DecodeBlock:
     has a matrix or a path _block does not take); call with a step's x and KV arrays."""
     max_tokens = MAX_TOK
 
-    def __init__(self, specs, raws, tables, biases, norms, eps, qk_norm, n_heads, n_kv_heads, head_dim,
+    def __init__(self, fn, specs, raws, tables, biases, norms, eps, qk_norm, n_heads, n_kv_heads, head_dim,
                  rope, scale_log2e):
+        self.fn = fn
         self.args = (specs, raws, tables, biases, norms, float(eps), bool(qk_norm), int(n_heads),
                      int(n_kv_heads), int(head_dim))
         self.rope = rope
@@ -227,7 +262,7 @@ class DecodeBlock:
             [(layer.ffn_gate, None), (layer.ffn_up, None)]
         slots = proj + [(layer.attn_output, None)] + ffn + [(layer.ffn_down, None)]
         specs = np.full((_N_SLOTS, 5), ABSENT, np.int64)
-        raws, tables, biases = [], [], []
+        raws, tables, biases, routes = [], [], [], 0
         for s, (w, bias) in enumerate(slots):
             raws.append(_writable(_NO_MATRIX, np.uint8))
             tables.append(_writable(_NO_TABLE, np.int8))
@@ -238,6 +273,7 @@ class DecodeBlock:
             if route is None:
                 return None
             how, kind, table = route
+            routes |= route_bit(how, w.small)
             specs[s] = (how, kind, int(bool(w.small)), w.n_out, int(bias is not None))
             raws[s], tables[s] = _writable(w.raw3, np.uint8), _writable(table, np.int8)
         if qk_norm and (layer.attn_q_norm is None or layer.attn_k_norm is None):
@@ -248,13 +284,13 @@ class DecodeBlock:
         rope = (_inv_freq(freq_base, n_rot), int(n_rot), bool(neox),
                 _NO_SCALE if q_scale is None else q_scale, q_scale is not None,
                 _NO_SCALE if k_scale is None else k_scale, k_scale is not None)
-        block = cls(specs, tuple(raws), tuple(tables), tuple(biases), norms, eps, qk_norm, n_heads, n_kv_heads,
-                    head_dim, rope, scale * _LOG2E)
+        block = cls(make_block(routes), specs, tuple(raws), tuple(tables), tuple(biases), norms, eps, qk_norm,
+                    n_heads, n_kv_heads, head_dim, rope, scale * _LOG2E)
         block.weights = [w for w, _ in slots if w is not None]    # the memory the writable views alias
         return block
 
     def __call__(self, x, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales) -> None:
         """The block on x (n <= MAX_TOK, n_embd) float32 C-contiguous, in place; this step's K/V stored
         first, indices validated by the engine (the Backend contract)."""
-        _block(x, *self.args, *self.rope, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
+        self.fn(x, *self.args, *self.rope, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
                v_scales, self.scale_log2e, numba.get_num_threads(), INT8_ISA)
