@@ -3,8 +3,8 @@
 Why: a decode step makes ~9 backend calls a block (norms, q/k/v, rope + KV store, attention, output
 projection, gate/up, down, residual adds), ~220 a token on a 24-block model. On such a model whose weights
 stay in cache (so what is left is the fixed cost of a token: `perf/bench_decode_block.py`) those calls took
-~2.2 ms a token on the 2-core development VM, where ik_llama.cpp's whole token took 0.48 ms: the time went to
-Python, argument checks, allocations and Numba's dispatch of each call, not to arithmetic. Here the block's
+1.7-2.2 ms a token on the 2-core development VM, where ik_llama.cpp's whole token took 0.5-0.7 ms: the time
+went to Python, argument checks, allocations and Numba's dispatch of each call, not to arithmetic. Here the block's
 kernel calls are made from compiled code: one dispatch a block.
 
 The kernels are the functions the per-call path runs (kernels/cpu/backend.py), called in the same order with

@@ -55,6 +55,12 @@ def models(tmp_path_factory):
     return paths
 
 
+def test_its_steps_are_mat_vec_sized():
+    """The per-call path takes the prompt GEMMs from their MIN_TOK on; the block calls the mat-vec kernels."""
+    from strata_lite.kernels.cpu import nibble_gemm, q8_0_gemm, rows4_gemm
+    assert MAX_TOK < min(nibble_gemm.MIN_TOK, q8_0_gemm.MIN_TOK, rows4_gemm.MIN_TOK)
+
+
 @pytest.mark.parametrize("small", [False, True])
 @pytest.mark.parametrize("case", list(CASES))
 def test_one_call_block_gives_the_per_call_bits(models, case, small, monkeypatch):
