@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -68,14 +67,15 @@ def ik_tg(binary: str, model: str, threads: int) -> float:
     return 1e3 / float(np.median(rows[0]["samples_ts"]))
 
 
-def main():
+def main(argv=None):
+    """Prints the table; returns its rows as dicts (model, on / off ms lists, blocks taken / all)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="a real model as well (default: the default model)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ik-bench", default=None, help="ik_llama.cpp's llama-bench binary (optional)")
-    a = ap.parse_args()
-    models = []
+    a = ap.parse_args(argv)
+    models, rows = [], []
     with tempfile.TemporaryDirectory() as d:
         tiny = str(write_tiny(Path(d) / "tiny24.gguf"))
         models.append(("24 blocks, cache-resident (9 MB)", tiny))
@@ -94,11 +94,13 @@ def main():
         print("|---|---|---|---|---|" + ("---|" if a.ik_bench else ""))
         for label, path in models:
             on, off, taken, n = bench(path, a.threads, a.rounds)
+            rows.append(dict(model=label, on=on, off=off, taken=taken, blocks=n))
             ik = f" {ik_tg(a.ik_bench, path, a.threads):.2f} |" if a.ik_bench else ""
             print(f"| {label} | {np.median(on):.2f} ({min(on):.2f}) | {np.median(off):.2f} ({min(off):.2f}) | "
                   f"{np.median(off) - np.median(on):.2f} ms ({np.median(off) / np.median(on):.2f}x) | {taken} / {n} |"
                   + ik, flush=True)
+    return rows
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
