@@ -5,10 +5,10 @@ process (the VM's speed moves between runs; alternation cancels most of it), on
 - a model of the default model's block count whose weights stay in cache (`strata-lite synth`'s qwen2 layout,
   24 blocks of 256 / 512, vocabulary 2,048, Q4_K_M mix, 9 MB): what is left is the per-token cost of the
   calls themselves, not of reading weights;
-- --model FILE (default: the default model, if it is in the cache): a real step.
+- --model FILE (default: the default model, from its installed package): a real step.
 
---ik-bench PATH (ik_llama.cpp's llama-bench) adds its tg128 on the same cache-resident file, `-rtr 1 -fa 0`:
-the fixed cost of a token in the fastest CPU engine.
+--ik-bench PATH (ik_llama.cpp's llama-bench) adds its tg128 on each file, `-rtr 1 -fa 0`: on the
+cache-resident one, the fixed cost of a token in the fastest CPU engine.
 
     python perf/bench_decode_block.py [--model FILE] [--threads 2] [--rounds 5] [--ik-bench PATH]
 """
