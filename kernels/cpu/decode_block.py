@@ -71,6 +71,8 @@ R4_PARALLEL, R4_SERIAL, NIBBLE_ANY, OWN_PARALLEL, OWN_SERIAL = 1, 2, 4, 8, 16
 
 
 def route_bit(how: int, small: bool) -> int:
+    """The bit of the kernel a matrix of route `how` takes (the 4-row and own-block kernels have a serial
+    form for small matrices)."""
     if how == NIBBLE:
         return NIBBLE_ANY
     if how == ROWS4:
@@ -96,6 +98,7 @@ def _residual(x, y):
 
 @njit(cache=True)
 def _rmsnorm(x, w, eps):
+    """rmsnorm of x's rows (n, d) by w into a new array (elementwise.rmsnorm's rows)."""
     out = np.empty_like(x)
     _rmsnorm_ser(x, w, eps, out)
     return out
@@ -236,9 +239,10 @@ class DecodeBlock:
     has a matrix or a path _block does not take); call with a step's x and KV arrays."""
     max_tokens = MAX_TOK
 
-    def __init__(self, fn, specs, raws, tables, biases, norms, eps, qk_norm, n_heads, n_kv_heads, head_dim,
-                 rope, scale_log2e):
-        self.fn = fn
+    def __init__(self, fn, weights, specs, raws, tables, biases, norms, eps, qk_norm, n_heads, n_kv_heads,
+                 head_dim, rope, scale_log2e):
+        self.fn = fn                  # make_block's function for this block's routes
+        self.weights = weights        # the PackedWeights whose memory raws' writable views alias
         self.args = (specs, raws, tables, biases, norms, float(eps), bool(qk_norm), int(n_heads),
                      int(n_kv_heads), int(head_dim))
         self.rope = rope
@@ -284,10 +288,8 @@ class DecodeBlock:
         rope = (_inv_freq(freq_base, n_rot), int(n_rot), bool(neox),
                 _NO_SCALE if q_scale is None else q_scale, q_scale is not None,
                 _NO_SCALE if k_scale is None else k_scale, k_scale is not None)
-        block = cls(make_block(routes), specs, tuple(raws), tuple(tables), tuple(biases), norms, eps, qk_norm,
-                    n_heads, n_kv_heads, head_dim, rope, scale * _LOG2E)
-        block.weights = [w for w, _ in slots if w is not None]    # the memory the writable views alias
-        return block
+        return cls(make_block(routes), [w for w, _ in slots if w is not None], specs, tuple(raws), tuple(tables),
+                   tuple(biases), norms, eps, qk_norm, n_heads, n_kv_heads, head_dim, rope, scale * _LOG2E)
 
     def __call__(self, x, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales) -> None:
         """The block on x (n <= MAX_TOK, n_embd) float32 C-contiguous, in place; this step's K/V stored
