@@ -638,6 +638,18 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     attention_nocheck(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out, qk)
 
 
+@njit(cache=True)
+def split_states(token_pos, n_split, n_heads, hd):
+    """(part_acc, part_m, part_l) for the kernel: with a key split one softmax state per chunk of keys (chunks
+    past a tile's keys stay l = 0, which _attn_merge skips), else 1-element placeholders."""
+    n_tok = token_pos.shape[0]
+    if n_split > 1:
+        n_chunk = (token_pos.max() + _CHUNK_KEYS) // _CHUNK_KEYS        # ceil((max + 1) / _CHUNK_KEYS)
+        return (np.empty((n_chunk, n_tok, n_heads, hd), np.float32), np.empty((n_chunk, n_tok, n_heads), np.float32),
+                np.zeros((n_chunk, n_tok, n_heads), np.float32))
+    return np.empty((1, 1, 1, 1), np.float32), np.empty((1, 1, 1), np.float32), np.empty((1, 1, 1), np.float32)
+
+
 def attention_nocheck(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out,
                       qk="auto"):
     """attention() on arguments already checked: the shapes and dtypes by the caller's contract (the CPU
@@ -648,15 +660,7 @@ def attention_nocheck(q, token_seq, token_pos, page_tables, k_pages, k_scales, v
     n_kv = k_pages.shape[2]
     n_threads = numba.get_num_threads()
     tstart, tend, n_split, items, counts = _plan(token_seq, token_pos, n_kv, n_threads, _TILE_Q, _CHUNK_KEYS)
-    if n_split > 1:                       # one state per chunk of keys; chunks past a tile's keys stay l = 0
-        n_chunk = -(-int(token_pos.max() + 1) // _CHUNK_KEYS)
-        part_acc = np.empty((n_chunk, n_tok, n_heads, hd), np.float32)
-        part_m = np.empty((n_chunk, n_tok, n_heads), np.float32)
-        part_l = np.zeros((n_chunk, n_tok, n_heads), np.float32)
-    else:
-        part_acc = np.empty((1, 1, 1, 1), np.float32)
-        part_m = np.empty((1, 1, 1), np.float32)
-        part_l = np.empty((1, 1, 1), np.float32)
+    part_acc, part_m, part_l = split_states(token_pos, n_split, n_heads, hd)
     _KERNELS[qk_path(hd, qk)](q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
                               np.float32(scale * _LOG2E), out, tstart, tend, n_split, items, counts,
                               part_acc, part_m, part_l)

@@ -26,10 +26,11 @@ import numpy as np
 from numba import njit
 
 from . import nibble_int8, q8_0_int8, rows4_int8
-from .attention import _CHUNK_KEYS, _KERNELS, _LOG2E, _TILE_Q, _attn_merge, _plan, qk_path
+from .attention import _CHUNK_KEYS, _KERNELS, _LOG2E, _TILE_Q, _attn_merge, _plan, qk_path, split_states
 from .elementwise import _NO_SCALE, _inv_freq, _rmsnorm_ser, _silu_mul_ser
 from .iq3_int8 import CODE_TABLE
 from .isa import INT8_ISA
+from .q4_k_int8 import _NO_TABLE
 from .q8_0_int8 import Q8_0_KIND
 from .qmatmul import _INT8_KIND
 from .repack import IQ3_I8, INT8_LAYOUTS, Q4K_I8, Q5K_I8, Q6K_I8, ROWS4_LAYOUTS, PackedWeight
@@ -46,7 +47,6 @@ _PROJ, _O, _GATE, _UP, _DOWN = 0, 3, 4, 5, 6
 _N_SLOTS = 7
 _NIBBLE_KIND = {IQ3_I8: nibble_int8.IQ3, Q4K_I8: nibble_int8.Q4K, Q5K_I8: nibble_int8.Q5K, Q6K_I8: nibble_int8.Q6K}
 _NO_MATRIX = np.zeros((1, 1, 1), np.uint8)
-_NO_TABLE = np.zeros(32, np.int8)
 _NO_VECTOR = np.zeros(1, np.float32)
 _FLOAT_ATTENTION = _KERNELS["float"]
 
@@ -108,20 +108,10 @@ def _rmsnorm(x, w, eps):
 def _attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale_log2e, n_threads):
     """attention.attention_nocheck with the float q.k path: -> (n, n_heads, head_dim). n_threads: Numba's
     (numba.get_num_threads() inside compiled code would keep this function out of Numba's cache)."""
-    n_tok, n_heads, hd = q.shape
     out = np.empty_like(q)
-    n_kv = k_pages.shape[2]
-    tstart, tend, n_split, items, counts = _plan(token_seq, token_pos, n_kv, n_threads, _TILE_Q,
+    tstart, tend, n_split, items, counts = _plan(token_seq, token_pos, k_pages.shape[2], n_threads, _TILE_Q,
                                                  _CHUNK_KEYS)
-    if n_split > 1:
-        n_chunk = (token_pos.max() + 1 + _CHUNK_KEYS - 1) // _CHUNK_KEYS
-        part_acc = np.empty((n_chunk, n_tok, n_heads, hd), np.float32)
-        part_m = np.empty((n_chunk, n_tok, n_heads), np.float32)
-        part_l = np.zeros((n_chunk, n_tok, n_heads), np.float32)
-    else:
-        part_acc = np.empty((1, 1, 1, 1), np.float32)
-        part_m = np.empty((1, 1, 1), np.float32)
-        part_l = np.empty((1, 1, 1), np.float32)
+    part_acc, part_m, part_l = split_states(token_pos, n_split, q.shape[1], q.shape[2])
     _FLOAT_ATTENTION(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale_log2e,
                      out, tstart, tend, n_split, items, counts, part_acc, part_m, part_l)
     if n_split > 1:
@@ -160,19 +150,18 @@ def _make_block(routes: int):
             n = x.shape[0]
             raw3 = raws[s]
             out = np.empty((n, spec[s, _N_OUT]), np.float32)
+            x3 = x.reshape(n, raw3.shape[1], x.shape[1] // raw3.shape[1])       # (tokens, blocks, block weights)
             how, kind, small = spec[s, _MM], spec[s, _KIND], spec[s, _SMALL] != 0
             if how == NIBBLE:
                 if nib:
-                    nibble_int8.matvec(raw3, x.reshape(n, raw3.shape[1], 256), out, tables[s], kind)
+                    nibble_int8.matvec(raw3, x3, out, tables[s], kind)
             elif how == ROWS4:
-                x3 = x.reshape(n, raw3.shape[1], 32)
                 if small:
                     if r4_ser:
                         rows4_int8._matmul_serial(raw3, x3, out, kind, isa)
                 elif r4_par:
                     rows4_int8._matmul(raw3, x3, out, kind, isa)
             else:
-                x3 = x.reshape(n, raw3.shape[1], 32)
                 if small:
                     if own_ser:
                         q8_0_int8.mv_avx2_serial(raw3, x3, out, kind, isa)
