@@ -7,9 +7,9 @@ Host/device placement: DeviceWeight.raw, x, xq, xd, ids and out are cupy arrays 
 ints read from shapes. Launchers allocate nothing and never sync, so they can be captured in a CUDA graph.
 
 Batch invariance: each output is computed in one fixed order (lane-strided units, a superblock's integer
-sums scaled once (IQ3_XXS and Q6_K: per 256-weight block), then the lane groups' sums added left to right;
-the tensor-core kernel replays that order), whatever the number of tokens in the launch, the token tile size
-or the kernel chosen for it.
+sums scaled once (IQ3_XXS, Q6_K, Q4_K and Q5_K: per 256-weight block), then the lane groups' sums added left
+to right; the tensor-core kernel replays that order), whatever the number of tokens in the launch, the token
+tile size or the kernel chosen for it.
 """
 from __future__ import annotations
 
@@ -148,6 +148,11 @@ def _split_k_smem(qtype, n_in: int, n_tok: int = 1) -> int:
     """Shared-memory bytes of the split-K kernel's partial terms: a float2 per token and unit, in rounds of 32
     units."""
     return n_tok * cdiv(n_in // _UNIT.get(QType(int(qtype)), 32), 32) * 32 * 8
+
+
+def _block_lanes(qtype, build: str) -> bool:
+    """Whether a one-token launch takes the lane-per-superblock kernel (mmb_<type>: Q4_K / Q5_K with block sums)."""
+    return qtype in (QType.Q4_K, QType.Q5_K) and "-DK4_S=1" not in BUILDS[build]
 
 
 def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
@@ -392,8 +397,9 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     first); mma: the tensor-core kernel's variant, one of MMA_VARIANTS (None: as
     tensor_core_variant says, else MMA_NARROW); variant (benchmarks): the dp4a kernel's (tile, RW, G), from the kernels of
     `build` (BUILDS; the small-token kernel's from MMA_BUILDS[build], whose "explore" build adds the types of
-    SMALL_EXPLORE_WARPS), or "sk" for the split-K kernel (up to SPLIT_K_MAX_TOKENS tokens; split_k says when
-    "auto" takes it). tiles: the ActBuffers whose tiles() take the tensor-core kernel's chunk-major copy of
+    SMALL_EXPLORE_WARPS), "sk" for the split-K kernel (up to SPLIT_K_MAX_TOKENS tokens; split_k says when
+    "auto" takes it) or "blk" for the one-token kernel of a lane per block (Q4_K / Q5_K: what "auto" takes).
+    tiles: the ActBuffers whose tiles() take the tensor-core kernel's chunk-major copy of
     xq and xd (None: a new one, allocated here; the engine passes its workspace)."""
     fmt = act_format(w.qtype)
     if fmt is None:
@@ -440,7 +446,7 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
         xt, xdt = chunk_major(fmt, xq, xd, tiles or ActBuffers(n, w.n_in, tiles=True))
         launch(CU_MMA, f"{'mmqglu' if glu else 'mmq'}_{name}_w{warps}_n{nb}",
                (cdiv(n, 8 * nb * warps), cdiv(n_rows, rows)), (32, warps), (*weight, xt, xdt, np.int32(n), *outs),
-               shared_mem=mma_smem(w.qtype, warps, nb))
+               shared_mem=mma_smem(w.qtype, warps, nb), options=MMA_BUILDS[build])
         return
     if variant == "sk" or (variant is None and split_k(w.qtype, w.n_out, w.n_in, n, glu)):
         smem = _split_k_smem(w.qtype, w.n_in, n)
@@ -448,6 +454,13 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
             raise ValueError(f"the split-K kernel takes at most {SPLIT_K_MAX_TOKENS} tokens, no GLU, and at most "
                              f"{SPLIT_K_SMEM // 8} (token, unit) pairs")
         launch(CU, f"mmsk_{name}", (w.n_out,), (32, WARPS_PER_CTA), args, shared_mem=smem, options=BUILDS[build])
+        return
+    if variant == "blk" and (n != 1 or not _block_lanes(qtype, build)):
+        raise ValueError(f"variant 'blk' takes one token of Q4_K / Q5_K weights, got {n} of {w.qtype.name}")
+    if n == 1 and (variant == "blk" or (variant is None and _block_lanes(qtype, build))):
+        warps = cdiv(w.n_out // 2, 2) if glu else cdiv(w.n_out, 4)
+        launch(CU, f"{'mmbglu' if glu else 'mmb'}_{name}", (cdiv(warps, WARPS_PER_CTA), 1), (32, WARPS_PER_CTA),
+               args, options=BUILDS[build])
         return
     tile, rw, g, *mb = variant if variant is not None else dp4a_variant(w.qtype, _tile(n), glu)
     kname = f"{'mmglu' if glu else 'mm'}_{name}_t{tile}_r{rw}_g{g}" + "".join(f"_m{b}" for b in mb)

@@ -430,9 +430,9 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
 
 // kernels mmq[glu]_<type>_w<NW>_n<NB>: NW warps per CTA, NB n8 token tiles per warp (qmatmul.py MMA_VARIANTS);
 // MINB: CTAs per SM the register allocation must allow (0: the compiler's choice). For the types with
-// superblock sums (IQ3_XXS, Q6_K) 4 x 4 takes 3, the CTAs its shared memory allows: the compiler then keeps
-// more products in flight (IQ3_XXS 4096 x 14336 at 512 tokens 435 -> 381-384 us on an H200; Q4_K and Q8_0
-// measured 1.6-2.4% slower with it); IQ3_XXS's 2 x 4 takes 8 (128 registers instead of 149: 128 tokens
+// superblock sums of 8 units (IQ3_XXS, Q6_K) 4 x 4 takes 3, the CTAs its shared memory allows: the compiler then
+// keeps more products in flight (IQ3_XXS 4096 x 14336 at 512 tokens 435 -> 381-384 us on an H200; Q4_K and Q8_0
+// measured 1.6-2.4% slower with it, Q4_K with block sums 495 -> 525 us: 168 registers and spills); IQ3_XXS's 2 x 4 takes 8 (128 registers instead of 149: 128 tokens
 // 175 -> 134 us, 64 tokens 89 -> 96; perf/kernel_notes.md)
 #define MMQ_KERNEL(NAME, T, NW, NB, GLU, PREFIX, MINB, SUFFIX)                                            \
     extern "C" __global__ void __launch_bounds__(32 * NW, MINB) PREFIX##_##NAME##_w##NW##_n##NB##SUFFIX( \
@@ -450,7 +450,7 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
     MMQ_KERNEL(NAME, T, NW, NB, true, mmqglu, MINB, )
 // the variants the launcher takes (qmatmul.py MMA_VARIANTS), with their MINB
 #define MMQ_DEFAULT(NAME, T) MMQ_VARIANT(NAME, T, 4, 1, 0) MMQ_VARIANT(NAME, T, 2, 4, (T::GRID ? 8 : 0)) \
-    MMQ_VARIANT(NAME, T, 4, 4, (T::S > 1 ? 3 : 0))
+    MMQ_VARIANT(NAME, T, 4, 4, (T::S > 1 && T::MMA != MMA_K4 ? 3 : 0))
 // kernels mmqs[glu]_<type>_w<NK> (qmatmul.py small_variant): NK warps per CTA, each decoding G units at a
 // time, G as many as fit 24 KB of unit slots per CTA (at most 4). Built for Q4_K, Q5_K and Q8_0: on an H200
 // the other types measured slower than their dp4a kernels at 9-16 tokens (perf/kernel_notes.md)

@@ -128,8 +128,8 @@ __device__ __forceinline__ void lookup16(u32 q, const u32* t, u32& lo, u32& hi) 
 // small-token kernel can have one unit's loads in flight while it multiplies another (qmatmul_mma.cu Fetch).
 // A superblock is S units that share the row's scale d and the activations' scale xd: IQ3_XXS and Q6_K take
 // their 256-weight blocks' 8 units (S = XB / UNIT; ggml's own dot sums a block's sub-blocks as integers too),
-// the others S = 1 (the 32-weight types have nothing to share; Q4_K / Q5_K's two integer parts a block held
-// 64 more registers in the tensor-core kernel and measured slower). The kernels add a superblock's integer
+// Q4_K and Q5_K their blocks' 4 units of 64 weights (K4_S; their two integer parts a pair, I2), the 32-weight
+// types S = 1 (nothing to share). The kernels add a superblock's integer
 // parts, in any order (exact), and apply the float tail once. Every mat-mul kernel shares that tail,
 // so the dp4a kernels (qmatmul.cu) and the tensor-core ones (qmatmul_mma.cu) round alike. MMA says how the
 // tensor-core kernel gets the integers: MMA_ONE (one 32-weight dot, scaled by mma_int), MMA_K4 (two 32-weight
@@ -143,7 +143,18 @@ enum { MMA_ONE = 0, MMA_K4 = 1, MMA_Q6 = 2 };
 struct I2 {
     i32 sc, mn;
     __device__ __forceinline__ I2& operator+=(const I2& o) { sc += o.sc; mn += o.mn; return *this; }
+    __device__ __forceinline__ I2 operator+(const I2& o) const { return I2{sc + o.sc, mn + o.mn}; }
 };
+// xor shuffles of a unit's integer parts (qmatmul.cu group_scatter)
+__device__ __forceinline__ i32 shfl_xor(i32 v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ I2 shfl_xor(I2 v, int m) {
+    return I2{__shfl_xor_sync(0xffffffffu, v.sc, m), __shfl_xor_sync(0xffffffffu, v.mn, m)};
+}
+// Units of 64 weights a Q4_K / Q5_K superblock sums as integers before its float tail: 4 (the 256-weight block,
+// as ggml's own dot does); -DK4_S=1 builds the per-unit tails of earlier versions (perf/kernel_notes.md)
+#ifndef K4_S
+#define K4_S 4
+#endif
 template <int UNIT_, int XB_, int NW_>
 struct TBase {
     static constexpr int MMA = MMA_ONE;
@@ -276,7 +287,7 @@ __device__ __forceinline__ void k4_deq(const KU& v, float* o) {
 }
 
 struct TQ4_K : TBase<64, 256, 16> {
-    static constexpr int MMA = MMA_K4, S = 1;
+    static constexpr int MMA = MMA_K4, S = K4_S;
     typedef KU U;
     struct R { uint4 q[2], h; };                   // the pair's 32 quant bytes; d, dmin and the 12 scale bytes
     static __device__ __forceinline__ void fetch(const u8* row, int, int u, R& r) {
@@ -306,7 +317,7 @@ struct TQ4_K : TBase<64, 256, 16> {
 };
 
 struct TQ5_K : TBase<64, 256, 16> {
-    static constexpr int MMA = MMA_K4, S = 1;
+    static constexpr int MMA = MMA_K4, S = K4_S;
     typedef KU U;
     static __device__ __forceinline__ void decode(const u8* row, int, int u, const u32*, U& v) {
         const int jj = u & 3;

@@ -447,3 +447,35 @@ def test_split_k_equals_one_warp_per_row(cp, qm, qtype, n_out, n_in, n_tok):
         with pytest.raises(ValueError, match="split-K"):
             qm.matmul_prequantized(w, x5q, x5d, cp.empty((5, n_out), cp.float32), variant="sk")
 
+
+
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q5_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_out,n_in", [(37, 2304), (6, 4864), (2 * 19, 4096)])
+def test_block_lane_kernel_equals_lane_per_unit(cp, qm, qtype, n_out, n_in):
+    """The one-token kernel of a lane per 256-weight block (Q4_K / Q5_K, what `auto` takes at one token) gives
+    the bits of mm_q's kernel whose 4 lanes meet a block's integer parts by shuffles, and of the 16-token launch:
+    rows not a multiple of the warp's 4 (dense) or 2 gate rows (GLU, 19 gate rows: the last warp's second pair
+    has none), rows of 9, 19 (groups left empty: fewer blocks than 8 lanes in the last round) and 16 blocks,
+    with the fused bias and residual add."""
+    w, _ = _weight(qm, qtype, n_out, n_in, seed=70)
+    xq, xd = _rounded(cp, qm, qtype, _x(16, n_in, seed=71))
+    bias = cp.asarray(_x(1, n_out, seed=72)[0])
+    resid = cp.asarray(_x(1, n_out, seed=73))
+    for glu in (False, True):
+        if glu and n_out % 2:
+            continue
+        width = n_out // 2 if glu else n_out
+        many = cp.full((16, width), np.nan, cp.float32)
+        qm.matmul_prequantized(w, xq, xd, many, glu=glu)
+        kw = {} if glu else dict(bias=bias, accumulate=True)
+        ref, out = (cp.full((1, width), np.nan, cp.float32), cp.full((1, width), np.nan, cp.float32)) if glu \
+            else (resid.copy(), resid.copy())
+        qm.matmul_prequantized(w, xq[:1], xd[:1], ref, glu=glu, variant=(1, 2, 1), **kw)
+        qm.matmul_prequantized(w, xq[:1], xd[:1], out, glu=glu, **kw)   # auto: the block-lane kernel
+        assert np.array_equal(out.get().view(np.uint32), ref.get().view(np.uint32)), glu
+        if glu:
+            assert np.array_equal(out.get().view(np.uint32), many[:1].get().view(np.uint32))
+        else:
+            plain = cp.full((1, width), np.nan, cp.float32)
+            qm.matmul_prequantized(w, xq[:1], xd[:1], plain, variant="blk")
+            assert np.array_equal(plain.get().view(np.uint32), many[:1].get().view(np.uint32))
