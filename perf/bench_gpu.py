@@ -318,6 +318,42 @@ def small_explore_rows(cp, copy_bw):
     return rows
 
 
+# --explore: Q4_K / Q5_K shapes of the 8B-layer (and 0.5B) models for the k4blocks build against the default:
+# (qtype, n_out, n_in, glu, tokens)
+K4BLOCKS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True, 1), ("Q4_K", 4096, 14336, False, 1),
+                    ("Q4_K", 4096, 4096, False, 1), ("Q4_K", 896, 4864, False, 1), ("Q5_K", 14336, 4096, False, 1),
+                    ("Q4_K", 14336, 4096, False, 8), ("Q4_K", 28672, 4096, True, 8), ("Q4_K", 14336, 4096, False, 16),
+                    ("Q4_K", 28672, 4096, True, 16), ("Q4_K", 4096, 14336, False, 16), ("Q4_K", 4096, 4096, False, 16),
+                    ("Q4_K", 28672, 4096, True, 32), ("Q4_K", 14336, 4096, False, 512)]
+
+
+def k4blocks_rows(cp, copy_bw):
+    """--explore: each K4BLOCKS_EXPLORE launch through `auto` in the default build, the k4blocks build (one-token
+    launches: its lane-per-block kernel) and, at one token, the k4blocks build's kernel of 4 lanes a block (shuffles);
+    the two k4blocks kernels checked bit for bit against each other."""
+    from strata_lite.kernels.cuda import qmatmul as qm
+    rows = []
+    for qtype, n_out, n_in, glu, n_tok in K4BLOCKS_EXPLORE:
+        ws, xq, xd = gemm_inputs(cp, qm, qtype, n_out, n_in, n_tok)
+        tiles = qm.ActBuffers(n_tok, n_in, tiles=True)
+        out = cp.empty((n_tok, n_out // 2 if glu else n_out), cp.float32)
+        ref = cp.empty_like(out)
+        launches = [("default *", "default", None), ("k4blocks", "k4blocks", None)]
+        if n_tok == 1:
+            launches.append(("k4blocks shuffles", "k4blocks", (1, 2, 1)))
+            qm.matmul_prequantized(ws[0], xq, xd, ref, glu=glu, build="k4blocks")
+        for name, build, variant in launches:
+            def call(w, build=build, variant=variant):
+                qm.matmul_prequantized(w, xq, xd, out, glu=glu, tiles=tiles, build=build, variant=variant)
+            call(ws[0])
+            same = variant is None or bool(cp.array_equal(out.view(cp.uint32), ref.view(cp.uint32)))
+            t = timed_in_graph(cp, [lambda w=w: call(w) for w in ws] * 2)
+            label = f"{qtype} {n_in}x{n_out}{' GLU' if glu else ''} n={n_tok} {name}" + ("" if same else " DIFFERENT BITS")
+            add_row(rows, label, t, ws[0].raw.nbytes + xq.nbytes + out.nbytes, copy_bw)
+        del ws
+    return rows
+
+
 EXPLORE_KERNELS = [  # launch-bound shapes of the 0.5B model, and decode steps of 16 sequences, for --explore
     ("Q5_0 896x4864 n=1", "Q5_0", 4864, 896, 1),
     ("IQ3_XXS 4096x14336 n=16", "IQ3_XXS", 14336, 4096, 16),
@@ -639,7 +675,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="one model, fewer kernels")
     ap.add_argument("--json", default=None, help="also write every figure to this file")
     ap.add_argument("--explore", action="store_true",
-                    help="only the dp4a kernel variants and the explore build's small-token kernels (kernel_notes.md)")
+                    help="only the dp4a kernel variants, the explore build's small-token kernels and the k4blocks "
+                         "build's Q4_K / Q5_K kernels (kernel_notes.md)")
     ap.add_argument("--gemm", action="store_true", help="only the prompt mat-mul table (* marks the kernel auto takes)")
     ap.add_argument("--gemm-explore", action="store_true", help="only the tensor-core kernel's candidate variants")
     ap.add_argument("--prompt", action="store_true", help="only the synthetic models' 512-token prompt forwards")
@@ -673,6 +710,7 @@ def main(argv=None) -> int:
         print(f"\n{be.describe()}; copy bandwidth {copy_bw / 1e9:,.0f} GB/s (read + write)")
         variant_rows(cp, copy_bw)
         small_explore_rows(cp, copy_bw)
+        k4blocks_rows(cp, copy_bw)
         return 0
     if args.gemm or args.prompt or args.gemm_explore:
         print(f"\n{be.describe()}")

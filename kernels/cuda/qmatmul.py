@@ -110,8 +110,11 @@ NARROW_MIN_TOKENS = 24
 NARROW_MIN_CTAS = 896
 
 # perf/bench_gpu.py --explore: a build of qmatmul.cu with more (tile, RW, G) candidates
-BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",)}
-MMA_BUILDS = {"default": (), "explore": ("-DMMQ_EXPLORE",)}   # the same for qmatmul_mma.cu
+# "k4blocks": Q4_K / Q5_K with the integer sums of a 256-weight block before one float tail (qmatmul_types.cuh
+# K4_S; other bits than the default build's, the same in all of its kernels) and the one-token kernel of a lane
+# per block (qmatmul.cu mm_q_blk); measured against the default in perf/kernel_notes.md, "Q4_K block sums"
+BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",), "k4blocks": ("-DK4_S=4",)}
+MMA_BUILDS = {"default": (), "explore": ("-DMMQ_EXPLORE",), "k4blocks": ("-DK4_S=4",)}   # the same, qmatmul_mma.cu
 EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2),
                     (16, 1, 1), (16, 2, 1)]
@@ -151,8 +154,8 @@ def _split_k_smem(qtype, n_in: int, n_tok: int = 1) -> int:
 
 
 def _block_lanes(qtype, build: str) -> bool:
-    """Whether a one-token launch takes the lane-per-superblock kernel (mmb_<type>: Q4_K / Q5_K with block sums)."""
-    return qtype in (QType.Q4_K, QType.Q5_K) and "-DK4_S=1" not in BUILDS[build]
+    """Whether a one-token launch takes the lane-per-block kernel (mmb_<type>: Q4_K / Q5_K with block sums)."""
+    return qtype in (QType.Q4_K, QType.Q5_K) and "-DK4_S=4" in BUILDS[build]
 
 
 def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
@@ -398,7 +401,8 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     tensor_core_variant says, else MMA_NARROW); variant (benchmarks): the dp4a kernel's (tile, RW, G), from the kernels of
     `build` (BUILDS; the small-token kernel's from MMA_BUILDS[build], whose "explore" build adds the types of
     SMALL_EXPLORE_WARPS), "sk" for the split-K kernel (up to SPLIT_K_MAX_TOKENS tokens; split_k says when
-    "auto" takes it) or "blk" for the one-token kernel of a lane per block (Q4_K / Q5_K: what "auto" takes).
+    "auto" takes it) or "blk" for the one-token kernel of a lane per block (Q4_K / Q5_K in the k4blocks build,
+    where "auto" takes it).
     tiles: the ActBuffers whose tiles() take the tensor-core kernel's chunk-major copy of
     xq and xd (None: a new one, allocated here; the engine passes its workspace)."""
     fmt = act_format(w.qtype)
@@ -456,7 +460,8 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
         launch(CU, f"mmsk_{name}", (w.n_out,), (32, WARPS_PER_CTA), args, shared_mem=smem, options=BUILDS[build])
         return
     if variant == "blk" and (n != 1 or not _block_lanes(qtype, build)):
-        raise ValueError(f"variant 'blk' takes one token of Q4_K / Q5_K weights, got {n} of {w.qtype.name}")
+        raise ValueError(f"variant 'blk' takes one token of Q4_K / Q5_K weights in the k4blocks build, got {n} of "
+                         f"{w.qtype.name} and build={build!r}")
     if n == 1 and (variant == "blk" or (variant is None and _block_lanes(qtype, build))):
         warps = cdiv(w.n_out // 2, 2) if glu else cdiv(w.n_out, 4)
         launch(CU, f"{'mmbglu' if glu else 'mmb'}_{name}", (cdiv(warps, WARPS_PER_CTA), 1), (32, WARPS_PER_CTA),

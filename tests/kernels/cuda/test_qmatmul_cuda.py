@@ -451,31 +451,45 @@ def test_split_k_equals_one_warp_per_row(cp, qm, qtype, n_out, n_in, n_tok):
 
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q5_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_out,n_in", [(37, 2304), (6, 4864), (2 * 19, 4096)])
-def test_block_lane_kernel_equals_lane_per_unit(cp, qm, qtype, n_out, n_in):
-    """The one-token kernel of a lane per 256-weight block (Q4_K / Q5_K, what `auto` takes at one token) gives
-    the bits of mm_q's kernel whose 4 lanes meet a block's integer parts by shuffles, and of the 16-token launch:
-    rows not a multiple of the warp's 4 (dense) or 2 gate rows (GLU, 19 gate rows: the last warp's second pair
-    has none), rows of 9, 19 (groups left empty: fewer blocks than 8 lanes in the last round) and 16 blocks,
-    with the fused bias and residual add."""
-    w, _ = _weight(qm, qtype, n_out, n_in, seed=70)
-    xq, xd = _rounded(cp, qm, qtype, _x(16, n_in, seed=71))
+def test_k4blocks_build_gives_one_set_of_bits(cp, qm, qtype, n_out, n_in):
+    """The k4blocks build (Q4_K / Q5_K blocks summed as integers before one float tail): its one-token kernel of a
+    lane per block equals the kernel whose 4 lanes meet a block's integer parts by shuffles, the split-K kernel,
+    and every token of 16-token launches through the dp4a, small-token and tensor-core kernels, bit for bit;
+    rows not a multiple of the warp's 4 (dense) or 2 gate rows (GLU: 19 gate rows, the last warp's second pair
+    has none), rows of 9, 19 (lanes left without a block in the last round) and 16 blocks, with the fused bias
+    and residual add; and it matches float64 as the default build does."""
+    w, raw = _weight(qm, qtype, n_out, n_in, seed=70)
+    x_host = _x(16, n_in, seed=71)
+    xq, xd = _rounded(cp, qm, qtype, x_host)
     bias = cp.asarray(_x(1, n_out, seed=72)[0])
     resid = cp.asarray(_x(1, n_out, seed=73))
+    build = "k4blocks"
     for glu in (False, True):
         if glu and n_out % 2:
             continue
         width = n_out // 2 if glu else n_out
-        many = cp.full((16, width), np.nan, cp.float32)
-        qm.matmul_prequantized(w, xq, xd, many, glu=glu)
+        many = {}
+        for kernel in ("dp4a", "small", "mma"):
+            many[kernel] = cp.full((16, width), np.nan, cp.float32)
+            qm.matmul_prequantized(w, xq, xd, many[kernel], glu=glu, kernel=kernel, build=build)
+        for kernel in ("small", "mma"):
+            assert np.array_equal(many[kernel].get().view(np.uint32), many["dp4a"].get().view(np.uint32)), kernel
+        if not glu:
+            _check_vs_float64(qtype, raw, x_host, many["dp4a"].get())
         kw = {} if glu else dict(bias=bias, accumulate=True)
-        ref, out = (cp.full((1, width), np.nan, cp.float32), cp.full((1, width), np.nan, cp.float32)) if glu \
-            else (resid.copy(), resid.copy())
-        qm.matmul_prequantized(w, xq[:1], xd[:1], ref, glu=glu, variant=(1, 2, 1), **kw)
-        qm.matmul_prequantized(w, xq[:1], xd[:1], out, glu=glu, **kw)   # auto: the block-lane kernel
-        assert np.array_equal(out.get().view(np.uint32), ref.get().view(np.uint32)), glu
+        one = {}
+        for name, variant in (("blk", "blk"), ("shuffles", (1, 2, 1))) + ((("sk", "sk"),) if not glu else ()):
+            one[name] = cp.full((1, width), np.nan, cp.float32) if glu else resid.copy()
+            qm.matmul_prequantized(w, xq[:1], xd[:1], one[name], glu=glu, variant=variant, build=build, **kw)
+        auto = cp.full((1, width), np.nan, cp.float32) if glu else resid.copy()
+        qm.matmul_prequantized(w, xq[:1], xd[:1], auto, glu=glu, build=build, **kw)
+        for name in one:
+            assert np.array_equal(one[name].get().view(np.uint32), auto.get().view(np.uint32)), (glu, name)
         if glu:
-            assert np.array_equal(out.get().view(np.uint32), many[:1].get().view(np.uint32))
+            assert np.array_equal(auto.get().view(np.uint32), many["dp4a"][:1].get().view(np.uint32))
         else:
             plain = cp.full((1, width), np.nan, cp.float32)
-            qm.matmul_prequantized(w, xq[:1], xd[:1], plain, variant="blk")
-            assert np.array_equal(plain.get().view(np.uint32), many[:1].get().view(np.uint32))
+            qm.matmul_prequantized(w, xq[:1], xd[:1], plain, variant="blk", build=build)
+            assert np.array_equal(plain.get().view(np.uint32), many["dp4a"][:1].get().view(np.uint32))
+    with pytest.raises(ValueError, match="k4blocks"):
+        qm.matmul_prequantized(w, xq[:1], xd[:1], cp.empty((1, n_out), cp.float32), variant="blk")
