@@ -328,9 +328,8 @@ K4BLOCKS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True,
 
 
 def k4blocks_rows(cp, copy_bw):
-    """--explore: each K4BLOCKS_EXPLORE launch through `auto` in the default build, the k4blocks build (one-token
-    launches: its lane-per-block kernel) and, at one token, the k4blocks build's kernel of 4 lanes a block (shuffles);
-    the two k4blocks kernels checked bit for bit against each other."""
+    """--explore: each K4BLOCKS_EXPLORE launch through `auto` in the default build and in the k4blocks build, the
+    latter checked bit for bit against its dp4a kernel (another kernel than auto's from 9 tokens on)."""
     from strata_lite.kernels.cuda import qmatmul as qm
     rows = []
     for qtype, n_out, n_in, glu, n_tok in K4BLOCKS_EXPLORE:
@@ -338,17 +337,15 @@ def k4blocks_rows(cp, copy_bw):
         tiles = qm.ActBuffers(n_tok, n_in, tiles=True)
         out = cp.empty((n_tok, n_out // 2 if glu else n_out), cp.float32)
         ref = cp.empty_like(out)
-        launches = [("default *", "default", None), ("k4blocks", "k4blocks", None)]
-        if n_tok == 1:
-            launches.append(("k4blocks shuffles", "k4blocks", (1, 2, 1)))
-            qm.matmul_prequantized(ws[0], xq, xd, ref, glu=glu, build="k4blocks")
-        for name, build, variant in launches:
-            def call(w, build=build, variant=variant):
-                qm.matmul_prequantized(w, xq, xd, out, glu=glu, tiles=tiles, build=build, variant=variant)
+        qm.matmul_prequantized(ws[0], xq, xd, ref, glu=glu, kernel="dp4a", build="k4blocks")
+        for name, build in (("default *", "default"), ("k4blocks", "k4blocks")):
+            def call(w, build=build):
+                qm.matmul_prequantized(w, xq, xd, out, glu=glu, tiles=tiles, build=build)
             call(ws[0])
-            same = variant is None or bool(cp.array_equal(out.view(cp.uint32), ref.view(cp.uint32)))
+            same = build == "default" or bool(cp.array_equal(out.view(cp.uint32), ref.view(cp.uint32)))
             t = timed_in_graph(cp, [lambda w=w: call(w) for w in ws] * 2)
-            label = f"{qtype} {n_in}x{n_out}{' GLU' if glu else ''} n={n_tok} {name}" + ("" if same else " DIFFERENT BITS")
+            label = f"{qtype} {n_in}x{n_out}{' GLU' if glu else ''} n={n_tok} {name}"
+            label += "" if same else " DIFFERENT BITS"
             add_row(rows, label, t, ws[0].raw.nbytes + xq.nbytes + out.nbytes, copy_bw)
         del ws
     return rows

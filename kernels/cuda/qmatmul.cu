@@ -274,72 +274,6 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     if (lane == 0) o.put(w, row, n_out, fold_res[w][0]);
 }
 
-// One token over superblocks of S > 1 units, a lane per superblock (Q4_K / Q5_K with block sums): a warp takes
-// RB = 4 rows (GLU: gate rows i, i + 1 and their up rows), lanes 8r .. 8r + 7 row r; lane 8r + gi walks group gi's
-// superblocks (those of units S gi .. S gi + S - 1 of each round of 32 units: blocks gi, gi + 8, ... for S = 4),
-// sums each one's S units as integers in registers and adds its float tail to the group's sum in round order;
-// then the row's 8 group sums are added left to right. These are mm_q's operations for S > 1 (which meets a
-// superblock's integer parts by shuffles across S lanes, a dependent chain in each round) on the same values, so
-// the same bits. Grid (cdiv(warps, blockDim.y), 1), block (32, warps per CTA); xq, xd as mm_q's.
-template <class T, bool GLU>
-__device__ __forceinline__ void mm_q_blk(const u8* __restrict__ W, int row_bytes, int n_out, int k,
-                                         const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
-                                         const u32* tab) {
-    constexpr int S = T::S, RB = 4, NG = WARP / S;
-    static_assert(S > 1 && NG == 8, "lanes 8r .. 8r + 7 take a row's 8 groups");
-    const int lane = threadIdx.x, r = lane >> 3, gi = lane & 7;
-    int rows[RB];
-    if (!warp_rows<RB, GLU>(n_out, rows)) return;
-    int myrow = rows[0];
-#pragma unroll
-    for (int i = 1; i < RB; ++i)
-        if (r == i) myrow = rows[i];
-    const u8* wr = W + (size_t)min(myrow, n_out - 1) * row_bytes;
-    const int n_sb = k / (T::UNIT * S);            // superblocks per row
-    float acc = 0.0f;
-    for (int b = gi; b < n_sb; b += NG) {
-        typename T::U v[S];
-#pragma unroll
-        for (int q = 0; q < S; ++q) T::decode(wr, k, S * b + q, tab, v[q]);   // all weight loads first
-        typename T::I s = typename T::I();
-#pragma unroll
-        for (int q = 0; q < S; ++q) {
-            i32 x[T::NW];
-            T::xload(xq, S * b + q, x);
-            s += T::ints(v[q], x);
-        }
-        float a, c;
-        T::tail(v[S - 1], s, __ldg(xd + (S * b) / T::UPX), a, c);
-        acc = __fmaf_rn(a, c, acc);
-    }
-    float sum = 0.0f;                              // the row's groups left to right (every lane of the row)
-#pragma unroll
-    for (int g = 0; g < NG; ++g) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, acc, (lane & ~7) + g));
-    if constexpr (GLU) {
-        const float up = __shfl_down_sync(0xffffffffu, sum, 16);   // rows 0, 1: gate; 2, 3: their up rows
-        if (gi == 0 && r < RB / 2 && myrow < n_out / 2) o.glu(0, myrow, n_out / 2, sum, up);
-    } else {
-        if (gi == 0 && myrow < n_out) o.put(0, myrow, n_out, sum);
-    }
-}
-#define MM_Q_BLK_KERNELS(NAME, T)                                                                         \
-    extern "C" __global__ void __launch_bounds__(256) mmb_##NAME(                                         \
-        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
-        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
-        GRID_SMEM(T);                                                                                     \
-        load_grid<T>(grid);                                                                               \
-        grid_dependency_sync();                                                                           \
-        mm_q_blk<T, false>(W, row_bytes, n_out, k, xq, xd, OUT_ARGS, grid);                               \
-    }                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(256) mmbglu_##NAME(                                      \
-        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
-        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
-        GRID_SMEM(T);                                                                                     \
-        load_grid<T>(grid);                                                                               \
-        grid_dependency_sync();                                                                           \
-        mm_q_blk<T, true>(W, row_bytes, n_out, k, xq, xd, OUT_ARGS, grid);                                \
-    }
-
 #define MM_Q_SK_KERNEL(NAME, T)                                                                           \
     extern "C" __global__ void __launch_bounds__(256) mmsk_##NAME(                                        \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
@@ -416,9 +350,6 @@ MM_Q_KERNELS(q5_0, TQ5_0) MM_Q_MORE(q5_0, TQ5_0)
 MM_Q_KERNELS(iq4_nl, TIQ4_NL)
 MM_Q_KERNELS(q4_k, TQ4_K) MM_Q_MORE(q4_k, TQ4_K)
 MM_Q_KERNELS(q5_k, TQ5_K) MM_Q_MORE(q5_k, TQ5_K)
-#if K4_S > 1
-MM_Q_BLK_KERNELS(q4_k, TQ4_K) MM_Q_BLK_KERNELS(q5_k, TQ5_K)
-#endif
 MM_Q_KERNELS(q6_k, TQ6_K) MM_Q_MORE(q6_k, TQ6_K)
 MM_Q_KERNELS(iq3_xxs, TIQ3_XXS) MM_Q_MORE(iq3_xxs, TIQ3_XXS) MM_Q_GLU_TILE1_R4(iq3_xxs, TIQ3_XXS)
 

@@ -7,9 +7,9 @@ Host/device placement: DeviceWeight.raw, x, xq, xd, ids and out are cupy arrays 
 ints read from shapes. Launchers allocate nothing and never sync, so they can be captured in a CUDA graph.
 
 Batch invariance: each output is computed in one fixed order (lane-strided units, a superblock's integer
-sums scaled once (IQ3_XXS, Q6_K, Q4_K and Q5_K: per 256-weight block), then the lane groups' sums added left
-to right; the tensor-core kernel replays that order), whatever the number of tokens in the launch, the token
-tile size or the kernel chosen for it.
+sums scaled once (IQ3_XXS and Q6_K: per 256-weight block), then the lane groups' sums added left to right;
+the tensor-core kernel replays that order), whatever the number of tokens in the launch, the token tile size
+or the kernel chosen for it.
 """
 from __future__ import annotations
 
@@ -111,8 +111,8 @@ NARROW_MIN_CTAS = 896
 
 # perf/bench_gpu.py --explore: a build of qmatmul.cu with more (tile, RW, G) candidates
 # "k4blocks": Q4_K / Q5_K with the integer sums of a 256-weight block before one float tail (qmatmul_types.cuh
-# K4_S; other bits than the default build's, the same in all of its kernels) and the one-token kernel of a lane
-# per block (qmatmul.cu mm_q_blk); measured against the default in perf/kernel_notes.md, "Q4_K block sums"
+# K4_S; other bits than the default build's, the same in all of its kernels). H200, 2026-12-05 (kernel_notes.md,
+# "Q4_K block sums"), 8B-layer Q4_K shapes: 16 tokens 21-25% faster, one token 0-25% slower, so not the default
 BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",), "k4blocks": ("-DK4_S=4",)}
 MMA_BUILDS = {"default": (), "explore": ("-DMMQ_EXPLORE",), "k4blocks": ("-DK4_S=4",)}   # the same, qmatmul_mma.cu
 EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
@@ -151,11 +151,6 @@ def _split_k_smem(qtype, n_in: int, n_tok: int = 1) -> int:
     """Shared-memory bytes of the split-K kernel's partial terms: a float2 per token and unit, in rounds of 32
     units."""
     return n_tok * cdiv(n_in // _UNIT.get(QType(int(qtype)), 32), 32) * 32 * 8
-
-
-def _block_lanes(qtype, build: str) -> bool:
-    """Whether a one-token launch takes the lane-per-block kernel (mmb_<type>: Q4_K / Q5_K with block sums)."""
-    return qtype in (QType.Q4_K, QType.Q5_K) and "-DK4_S=4" in BUILDS[build]
 
 
 def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
@@ -400,10 +395,8 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     first); mma: the tensor-core kernel's variant, one of MMA_VARIANTS (None: as
     tensor_core_variant says, else MMA_NARROW); variant (benchmarks): the dp4a kernel's (tile, RW, G), from the kernels of
     `build` (BUILDS; the small-token kernel's from MMA_BUILDS[build], whose "explore" build adds the types of
-    SMALL_EXPLORE_WARPS), "sk" for the split-K kernel (up to SPLIT_K_MAX_TOKENS tokens; split_k says when
-    "auto" takes it) or "blk" for the one-token kernel of a lane per block (Q4_K / Q5_K in the k4blocks build,
-    where "auto" takes it).
-    tiles: the ActBuffers whose tiles() take the tensor-core kernel's chunk-major copy of
+    SMALL_EXPLORE_WARPS), or "sk" for the split-K kernel (up to SPLIT_K_MAX_TOKENS tokens; split_k says when
+    "auto" takes it). tiles: the ActBuffers whose tiles() take the tensor-core kernel's chunk-major copy of
     xq and xd (None: a new one, allocated here; the engine passes its workspace)."""
     fmt = act_format(w.qtype)
     if fmt is None:
@@ -458,14 +451,6 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
             raise ValueError(f"the split-K kernel takes at most {SPLIT_K_MAX_TOKENS} tokens, no GLU, and at most "
                              f"{SPLIT_K_SMEM // 8} (token, unit) pairs")
         launch(CU, f"mmsk_{name}", (w.n_out,), (32, WARPS_PER_CTA), args, shared_mem=smem, options=BUILDS[build])
-        return
-    if variant == "blk" and (n != 1 or not _block_lanes(qtype, build)):
-        raise ValueError(f"variant 'blk' takes one token of Q4_K / Q5_K weights in the k4blocks build, got {n} of "
-                         f"{w.qtype.name} and build={build!r}")
-    if n == 1 and (variant == "blk" or (variant is None and _block_lanes(qtype, build))):
-        warps = cdiv(w.n_out // 2, 2) if glu else cdiv(w.n_out, 4)
-        launch(CU, f"{'mmbglu' if glu else 'mmb'}_{name}", (cdiv(warps, WARPS_PER_CTA), 1), (32, WARPS_PER_CTA),
-               args, options=BUILDS[build])
         return
     tile, rw, g, *mb = variant if variant is not None else dp4a_variant(w.qtype, _tile(n), glu)
     kname = f"{'mmglu' if glu else 'mm'}_{name}_t{tile}_r{rw}_g{g}" + "".join(f"_m{b}" for b in mb)

@@ -452,12 +452,11 @@ def test_split_k_equals_one_warp_per_row(cp, qm, qtype, n_out, n_in, n_tok):
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q5_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_out,n_in", [(37, 2304), (6, 4864), (2 * 19, 4096)])
 def test_k4blocks_build_gives_one_set_of_bits(cp, qm, qtype, n_out, n_in):
-    """The k4blocks build (Q4_K / Q5_K blocks summed as integers before one float tail): its one-token kernel of a
-    lane per block equals the kernel whose 4 lanes meet a block's integer parts by shuffles, the split-K kernel,
-    and every token of 16-token launches through the dp4a, small-token and tensor-core kernels, bit for bit;
-    rows not a multiple of the warp's 4 (dense) or 2 gate rows (GLU: 19 gate rows, the last warp's second pair
-    has none), rows of 9, 19 (lanes left without a block in the last round) and 16 blocks, with the fused bias
-    and residual add; and it matches float64 as the default build does."""
+    """The k4blocks build (Q4_K / Q5_K blocks summed as integers before one float tail): every token of 16-token
+    launches through its dp4a, small-token and tensor-core kernels, and its one-token launches (dp4a and split-K),
+    give one set of bits; rows not a multiple of the CTA's rows (dense) or of 2 gate rows (GLU: 19 gate rows), rows
+    of 9, 19 (lanes without a block in the last round) and 16 blocks, with the fused bias and residual add; and it
+    matches float64 as the default build does."""
     w, raw = _weight(qm, qtype, n_out, n_in, seed=70)
     x_host = _x(16, n_in, seed=71)
     xq, xd = _rounded(cp, qm, qtype, x_host)
@@ -476,20 +475,15 @@ def test_k4blocks_build_gives_one_set_of_bits(cp, qm, qtype, n_out, n_in):
             assert np.array_equal(many[kernel].get().view(np.uint32), many["dp4a"].get().view(np.uint32)), kernel
         if not glu:
             _check_vs_float64(qtype, raw, x_host, many["dp4a"].get())
-        kw = {} if glu else dict(bias=bias, accumulate=True)
-        one = {}
-        for name, variant in (("blk", "blk"), ("shuffles", (1, 2, 1))) + ((("sk", "sk"),) if not glu else ()):
-            one[name] = cp.full((1, width), np.nan, cp.float32) if glu else resid.copy()
-            qm.matmul_prequantized(w, xq[:1], xd[:1], one[name], glu=glu, variant=variant, build=build, **kw)
-        auto = cp.full((1, width), np.nan, cp.float32) if glu else resid.copy()
-        qm.matmul_prequantized(w, xq[:1], xd[:1], auto, glu=glu, build=build, **kw)
-        for name in one:
-            assert np.array_equal(one[name].get().view(np.uint32), auto.get().view(np.uint32)), (glu, name)
-        if glu:
-            assert np.array_equal(auto.get().view(np.uint32), many["dp4a"][:1].get().view(np.uint32))
-        else:
-            plain = cp.full((1, width), np.nan, cp.float32)
-            qm.matmul_prequantized(w, xq[:1], xd[:1], plain, variant="blk", build=build)
-            assert np.array_equal(plain.get().view(np.uint32), many["dp4a"][:1].get().view(np.uint32))
-    with pytest.raises(ValueError, match="k4blocks"):
-        qm.matmul_prequantized(w, xq[:1], xd[:1], cp.empty((1, n_out), cp.float32), variant="blk")
+        one = cp.full((1, width), np.nan, cp.float32)
+        qm.matmul_prequantized(w, xq[:1], xd[:1], one, glu=glu, build=build)
+        assert np.array_equal(one.get().view(np.uint32), many["dp4a"][:1].get().view(np.uint32)), glu
+        if not glu:                                # fused bias and residual add, the dp4a and split-K kernels
+            for variant in ((1, 2, 1), "sk"):
+                out = resid.copy()
+                qm.matmul_prequantized(w, xq[:1], xd[:1], out, bias=bias, accumulate=True, variant=variant,
+                                       build=build)
+                ref = resid.copy()
+                qm.matmul_prequantized(w, xq[:1], xd[:1], ref, bias=bias, accumulate=True, variant=(1, 1, 1),
+                                       build=build)
+                assert np.array_equal(out.get().view(np.uint32), ref.get().view(np.uint32)), variant
