@@ -291,31 +291,38 @@ SMALL_EXPLORE = [("Q6_K", 4096, 14336, False, 16), ("Q6_K", 32000, 4096, False, 
                  ("IQ3_XXS", 2 * 14336, 4096, True, 32)]
 
 
-def small_explore_rows(cp, copy_bw):
-    """--explore: the small-token kernel of the explore build (qmatmul.SMALL_EXPLORE_WARPS) against what `auto`
-    takes, each checked bit for bit against the dp4a kernel on the same inputs (chunk-major copy timed with it)."""
+def launch_rows(cp, copy_bw, shapes, ref_build, launches):
+    """Rows of launches over each (qtype, n_out, n_in, glu, tokens) in shapes: launches(qtype) gives (name,
+    matmul_prequantized keywords, whether the output must be the bits of ref_build's dp4a kernel on the same
+    inputs); the chunk-major copy is timed with each launch."""
     from strata_lite.kernels.cuda import qmatmul as qm
     rows = []
-    for qtype, n_out, n_in, glu, n_tok in SMALL_EXPLORE:
+    for qtype, n_out, n_in, glu, n_tok in shapes:
         ws, xq, xd = gemm_inputs(cp, qm, qtype, n_out, n_in, n_tok)
         tiles = qm.ActBuffers(n_tok, n_in, tiles=True)
         out = cp.empty((n_tok, n_out // 2 if glu else n_out), cp.float32)
         ref = cp.empty_like(out)
-        qm.matmul_prequantized(ws[0], xq, xd, ref, kernel="dp4a", glu=glu)
-        launches = [("auto *", {})] + [(f"small w{nk}", dict(kernel="small", small=nk, build="explore"))
-                                       for nk in qm.SMALL_EXPLORE_WARPS[ws[0].qtype]]
-        for name, kw in launches:
+        qm.matmul_prequantized(ws[0], xq, xd, ref, kernel="dp4a", glu=glu, build=ref_build)
+        for name, kw, check in launches(ws[0].qtype):
             def call(w, kw=kw):
                 qm.matmul_prequantized(w, xq, xd, out, glu=glu, tiles=tiles, **kw)
             call(ws[0])
-            same = bool(cp.array_equal(out.view(cp.uint32), ref.view(cp.uint32)))
+            same = not check or bool(cp.array_equal(out.view(cp.uint32), ref.view(cp.uint32)))
             t = timed_in_graph(cp, [lambda w=w: call(w) for w in ws] * 2)
-            moved = ws[0].raw.nbytes + xq.nbytes + out.nbytes
             label = f"{qtype} {n_in}x{n_out}{' GLU' if glu else ''} n={n_tok} {name}"
             label += "" if same else " DIFFERENT BITS"
-            add_row(rows, label, t, moved, copy_bw)
+            add_row(rows, label, t, ws[0].raw.nbytes + xq.nbytes + out.nbytes, copy_bw)
         del ws
     return rows
+
+
+def small_explore_rows(cp, copy_bw):
+    """--explore: the small-token kernel of the explore build (qmatmul.SMALL_EXPLORE_WARPS) against what `auto`
+    takes, each checked bit for bit against the dp4a kernel on the same inputs (chunk-major copy timed with it)."""
+    from strata_lite.kernels.cuda import qmatmul as qm
+    return launch_rows(cp, copy_bw, SMALL_EXPLORE, "default", lambda qtype: [("auto *", {}, True)] + [
+        (f"small w{nk}", dict(kernel="small", small=nk, build="explore"), True)
+        for nk in qm.SMALL_EXPLORE_WARPS[qtype]])
 
 
 # --explore: Q4_K / Q5_K shapes of the 8B-layer (and 0.5B) models for the k4blocks build against the default:
@@ -330,25 +337,8 @@ K4BLOCKS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True,
 def k4blocks_rows(cp, copy_bw):
     """--explore: each K4BLOCKS_EXPLORE launch through `auto` in the default build and in the k4blocks build, the
     latter checked bit for bit against its dp4a kernel (another kernel than auto's from 9 tokens on)."""
-    from strata_lite.kernels.cuda import qmatmul as qm
-    rows = []
-    for qtype, n_out, n_in, glu, n_tok in K4BLOCKS_EXPLORE:
-        ws, xq, xd = gemm_inputs(cp, qm, qtype, n_out, n_in, n_tok)
-        tiles = qm.ActBuffers(n_tok, n_in, tiles=True)
-        out = cp.empty((n_tok, n_out // 2 if glu else n_out), cp.float32)
-        ref = cp.empty_like(out)
-        qm.matmul_prequantized(ws[0], xq, xd, ref, glu=glu, kernel="dp4a", build="k4blocks")
-        for name, build in (("default *", "default"), ("k4blocks", "k4blocks")):
-            def call(w, build=build):
-                qm.matmul_prequantized(w, xq, xd, out, glu=glu, tiles=tiles, build=build)
-            call(ws[0])
-            same = build == "default" or bool(cp.array_equal(out.view(cp.uint32), ref.view(cp.uint32)))
-            t = timed_in_graph(cp, [lambda w=w: call(w) for w in ws] * 2)
-            label = f"{qtype} {n_in}x{n_out}{' GLU' if glu else ''} n={n_tok} {name}"
-            label += "" if same else " DIFFERENT BITS"
-            add_row(rows, label, t, ws[0].raw.nbytes + xq.nbytes + out.nbytes, copy_bw)
-        del ws
-    return rows
+    return launch_rows(cp, copy_bw, K4BLOCKS_EXPLORE, "k4blocks", lambda qtype: [
+        ("default *", dict(build="default"), False), ("k4blocks", dict(build="k4blocks"), True)])
 
 
 EXPLORE_KERNELS = [  # launch-bound shapes of the 0.5B model, and decode steps of 16 sequences, for --explore
