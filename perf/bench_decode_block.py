@@ -1,5 +1,6 @@
 """The fixed cost of a decode token on the CPU, and what the one-call decoder block (kernels/cpu/decode_block.py)
-saves: decode ms a token with every block in one compiled call against the per-call path, alternating in one
+saves: decode ms a token with every block in one compiled call, with the work-sharing form of it
+(kernels/cpu/decode_block_shared.py: one parallel region a block) and on the per-call path, alternating in one
 process (the VM's speed moves between runs; alternation cancels most of it), on
 
 - a model of the default model's block count whose weights stay in cache (`strata-lite synth`'s qwen2 layout,
@@ -10,13 +11,17 @@ process (the VM's speed moves between runs; alternation cancels most of it), on
 --ik-bench PATH (ik_llama.cpp's llama-bench) adds its tg128 on each file, `-rtr 1 -fa 0`: on the
 cache-resident one, the fixed cost of a token in the fastest CPU engine.
 
-    python perf/bench_decode_block.py [--model FILE] [--threads 2] [--rounds 5] [--ik-bench PATH]
+    python perf/bench_decode_block.py [--model FILE] [--threads 2] [--rounds 5] [--ik-bench PATH] [--busy N]
+
+--busy N runs N busy-looping processes during the timings (a machine with more busy threads than cores).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,28 +40,55 @@ def write_tiny(path: Path) -> Path:
     return path
 
 
-def decode_ms(llm, on: bool, blocks) -> float:
-    """ms a token over N_TOK greedy decodes from position START, the one-call blocks on or off."""
+def decode_ms(llm, blocks) -> float:
+    """ms a token over N_TOK greedy decodes from position START with these blocks (None: the per-call path)."""
     for layer, block in zip(llm.model.layers, blocks):
-        layer.compiled = block if on else None
+        layer.compiled = block
     tok, t = 7, time.perf_counter()
     for i in range(N_TOK):
         tok = int(np.argmax(llm.eval([tok], START + i, [0])[0])) % 2000
     return (time.perf_counter() - t) / N_TOK * 1e3
 
 
+def shared_blocks(llm):
+    """decode_block_shared.py's blocks for the model's layers (None where the one-call block is None)."""
+    import math
+    from strata_lite.kernels.cpu.decode_block import DecodeBlock
+    c = llm.model.cfg
+    return [layer.compiled and DecodeBlock.build(layer, c.n_heads, c.n_kv_heads, c.head_dim, c.rms_eps,
+                                                 c.rope_freq_base, c.n_rot, c.rope_neox, c.qk_norm,
+                                                 1.0 / math.sqrt(c.head_dim), shared=True)
+            for layer in llm.model.layers]
+
+
 def bench(model: str, threads: int, rounds: int):
+    """-> (one-call ms, shared ms, per-call ms) lists of `rounds` timings each, blocks taken, blocks."""
     from strata_lite import LLM
     llm = LLM(model, backend="cpu", n_ctx=START + N_TOK + 16, n_threads=threads)
     blocks = [layer.compiled for layer in llm.model.layers]
+    shared, none = shared_blocks(llm), [None] * len(blocks)
     taken = sum(b is not None for b in blocks)
     llm.eval(list(range(1, START + 1)), 0, [START - 1])
-    decode_ms(llm, True, blocks), decode_ms(llm, False, blocks)      # warm-up (compiles)
-    on, off = [], []
+    for b in (blocks, shared, none):           # warm-up (compiles)
+        decode_ms(llm, b)
+    on, sh, off = [], [], []
     for _ in range(rounds):
-        on.append(decode_ms(llm, True, blocks))
-        off.append(decode_ms(llm, False, blocks))
-    return on, off, taken, len(blocks)
+        on.append(decode_ms(llm, blocks))
+        sh.append(decode_ms(llm, shared))
+        off.append(decode_ms(llm, none))
+    return on, sh, off, taken, len(blocks)
+
+
+@contextlib.contextmanager
+def busy_processes(n: int):
+    """n processes that loop without end while the block runs (other work on the machine)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def ik_tg(binary: str, model: str, threads: int) -> float:
@@ -68,12 +100,13 @@ def ik_tg(binary: str, model: str, threads: int) -> float:
 
 
 def main(argv=None):
-    """Prints the table; returns its rows as dicts (model, on / off ms lists, blocks taken / all)."""
+    """Prints the table; returns its rows as dicts (model, on / shared / off ms lists, blocks taken / all)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="a real model as well (default: the default model)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ik-bench", default=None, help="ik_llama.cpp's llama-bench binary (optional)")
+    ap.add_argument("--busy", type=int, default=0, help="busy-looping processes running during the timings")
     a = ap.parse_args(argv)
     models, rows = [], []
     with tempfile.TemporaryDirectory() as d:
@@ -90,13 +123,16 @@ def main(argv=None):
             models.append((Path(real).name, real))
         print(f"{a.threads} threads, {a.rounds} alternating rounds of {N_TOK} decodes from position {START}; "
               "ms a token, median (min)")
-        print("| model | one-call blocks | per-call | saved | blocks taken |" + (" ik_llama.cpp tg128 |" if a.ik_bench else ""))
-        print("|---|---|---|---|---|" + ("---|" if a.ik_bench else ""))
+        print("| model | one-call blocks | shared blocks | per-call | saved (one-call) | blocks taken |"
+              + (" ik_llama.cpp tg128 |" if a.ik_bench else ""))
+        print("|---|---|---|---|---|---|" + ("---|" if a.ik_bench else ""))
         for label, path in models:
-            on, off, taken, n = bench(path, a.threads, a.rounds)
-            rows.append(dict(model=label, on=on, off=off, taken=taken, blocks=n))
+            with busy_processes(a.busy):
+                on, sh, off, taken, n = bench(path, a.threads, a.rounds)
+            rows.append(dict(model=label, on=on, shared=sh, off=off, taken=taken, blocks=n))
             ik = f" {ik_tg(a.ik_bench, path, a.threads):.2f} |" if a.ik_bench else ""
-            print(f"| {label} | {np.median(on):.2f} ({min(on):.2f}) | {np.median(off):.2f} ({min(off):.2f}) | "
+            print(f"| {label} | {np.median(on):.2f} ({min(on):.2f}) | {np.median(sh):.2f} ({min(sh):.2f}) | "
+                  f"{np.median(off):.2f} ({min(off):.2f}) | "
                   f"{np.median(off) - np.median(on):.2f} ms ({np.median(off) / np.median(on):.2f}x) | {taken} / {n} |"
                   + ik, flush=True)
     return rows

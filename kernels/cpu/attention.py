@@ -35,10 +35,11 @@ Batch invariance: a query's result does not depend on what else is in the call (
 sequences, how its own prompt was chunked, how many threads split its keys). Keys are always
 processed in fixed chunks of ``_CHUNK_KEYS`` absolute positions; each chunk's softmax state
 starts fresh and the chunks are folded left to right by one function (``_fold``), whether one
-thread folds them as it goes or a split writes them out for ``_attn_merge``. Numba compiles a
-callee with its caller's fast-math flags, so ``_attn_merge`` carries the kernel's flags: with
-plain flags its ``_fold`` was not contracted to FMAs while the kernel's was, and a split query
-differed from the unsplit one in the last bit (1 KV head, 2 threads; 2026-12-02).
+thread folds them as it goes or a split writes them out for ``merge_one``. Numba compiles a
+callee with its caller's fast-math flags (and its own), so a work item (``_make_item``) and
+``merge_one`` carry the kernel's flags themselves, whoever calls them: with plain flags ``_fold``
+was not contracted to FMAs where the kernel's was, and a split query differed from the unsplit one
+in the last bit (1 KV head, 2 threads; 2026-12-02).
 
 The scores q.k of a block have three paths (``QK_PATHS``, chosen by ``qk_path``): the K block
 dequantized to float32 and multiplied with the float query ("float", the default), or integer dot
@@ -429,144 +430,167 @@ def _keys(kind, k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows
         _keys_int16(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S)
 
 
-def _make_kernel(kind, qdtype):
-    """The attention kernel with one way to score keys (kind: _FLOAT_KEYS ..., the prep / keys pairs
-    above). The closure holds the kind as an int, not the functions: Numba's cache key hashes a closure's
-    pickled contents, and a jitted function pickles with an id new in every process, so the kernel was
-    compiled again by every process (~10 s before the first token, ~60 MiB of compiler state kept)."""
-    @njit(cache=True, parallel=True, fastmath=_FM)
+def _make_work(qdtype):
+    """The arrays one thread's attention items work in (_make_item), for a query dtype."""
+    @njit(cache=True)
+    def work(max_rows, hd, ng):
+        return (np.empty((max_rows, hd), np.float32), np.empty((max_rows, hd), qdtype),   # Qs, Qi
+                np.empty((max_rows, ng), np.float32),                                      # Qd
+                np.empty((max_rows, hd), np.float32), np.empty(max_rows, np.float32),      # acc, m
+                np.empty(max_rows, np.float32),                                            # l
+                np.empty((max_rows, hd), np.float32),     # acc_run: the chunks folded so far (n_split == 1)
+                np.empty(max_rows, np.float32), np.empty(max_rows, np.float32),            # m_run, l_run
+                np.empty(max_rows, np.int64),                                              # rpos
+                np.zeros((_BK, hd), np.float32), np.zeros((_BK, hd), qdtype),              # Kb, Kq
+                np.zeros((ng, _BK), np.float32),                                           # Kst
+                np.empty((max_rows, _BK), np.float32), np.empty((max_rows, _BK), np.float32),   # S, P
+                np.zeros((_BK, hd), np.float32),                                           # Vb
+                np.empty(_BK, np.float32), np.empty(_BK, np.float32), np.empty(_BK, np.int32))   # s, p, ebits
+    return work
+
+
+def _make_item(kind):
+    """Work item `it` of _plan's numbering (query tile, kv head, key split) of the attention kernel with one way
+    to score keys (kind: _FLOAT_KEYS ..., the prep / keys pairs above), in one thread's arrays `w`
+    (_make_work). Its own compiled function with the kernel's fast-math flags, so that every caller (the
+    kernel below, kernels/cpu/decode_block.py's shared work) runs the same code: the same bits. The closure
+    holds the kind as an int, not the functions: Numba's cache key hashes a closure's pickled contents, and a
+    jitted function pickles with an id new in every process (every process would compile it again)."""
+    @njit(cache=True, fastmath=_FM)
+    def item(it, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, qscale, out,
+             tstart, tend, n_split, part_acc, part_m, part_l, w):
+        Qs, Qi, Qd, acc, m, l, acc_run, m_run, l_run, rpos, Kb, Kq, Kst, S, P, Vb, s, p, ebits = w
+        pbits = p.view(np.int32)
+        hd = q.shape[2]
+        n_kv = k_pages.shape[2]
+        G = q.shape[1] // n_kv
+        sp = it % n_split
+        g = (it // n_split) % n_kv
+        ti = it // (n_split * n_kv)
+        t0 = tstart[ti]
+        ntq = tend[ti] - t0
+        seq = token_seq[t0]
+        rows = ntq * G
+        kmax = 0
+        for a in range(ntq):
+            pos = token_pos[t0 + a]
+            if pos + 1 > kmax:
+                kmax = pos + 1
+            for hh in range(G):
+                r = a * G + hh
+                rpos[r] = pos
+                _prep(kind, q[t0 + a, g * G + hh], qscale, Qs, Qi, Qd, r)
+        for r in range(rows):
+            m_run[r] = _NEG
+            l_run[r] = 0.0
+            for d in range(hd):
+                acc_run[r, d] = 0.0
+        # this split's chunks of keys
+        nchunk = (kmax + _CHUNK_KEYS - 1) // _CHUNK_KEYS
+        cper = (nchunk + n_split - 1) // n_split
+        for c in range(sp * cper, min(nchunk, (sp + 1) * cper)):
+            for r in range(rows):
+                m[r] = _NEG
+                l[r] = 0.0
+                for d in range(hd):
+                    acc[r, d] = 0.0
+            k_lo = c * _CHUNK_KEYS
+            k_hi = min(kmax, k_lo + _CHUNK_KEYS)
+            for kb in range(k_lo, k_hi, _BK):
+                nk = min(_BK, k_hi - kb)
+                _keys(kind, k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S)
+                _dequant_rows(v_pages, v_scales, page_tables, seq, g, kb, nk, Vb)
+                for r in range(rows):     # each row's online softmax: P[r] (0 where masked), acc rescaled
+                    nvalid = min(nk, rpos[r] + 1 - kb)
+                    if nvalid <= 0:
+                        for j in range(_BK):
+                            P[r, j] = 0.0
+                        continue
+                    mold = m[r]
+                    if nvalid < _BK:
+                        for j in range(nvalid, _BK):
+                            S[r, j] = _NEG
+                    mx = mold
+                    for j in range(_BK):
+                        v = S[r, j]
+                        mx = v if v > mx else mx
+                    for j in range(_BK):
+                        s[j] = S[r, j] - mx
+                    _exp2_block(s, p, pbits, ebits)
+                    for j in range(nvalid, _BK):
+                        p[j] = 0.0
+                    psum = np.float32(0.0)
+                    for j in range(_BK):
+                        psum += p[j]
+                        P[r, j] = p[j]
+                    if mx > mold:
+                        corr = np.float32(np.exp2(max(mold - mx, np.float32(-126.0))))
+                        l[r] = l[r] * corr + psum
+                        for d in range(hd):
+                            acc[r, d] *= corr
+                        m[r] = mx
+                    else:
+                        l[r] += psum
+                # acc += P @ Vb (P is 0 beyond nvalid, Vb is 0 beyond nk): rows register-blocked
+                # (attention_pv.py), one fma chain per (row, channel) in key order
+                if hd % PV_CHUNK == 0:
+                    pv_rows(acc, P, Vb, rows)
+                else:
+                    for r in range(rows):
+                        for j in range(_BK):
+                            pj = P[r, j]
+                            for d in range(hd):
+                                acc[r, d] = np.float32(pj * Vb[j, d] + acc[r, d])
+            for a in range(ntq):
+                for hh in range(G):
+                    r = a * G + hh
+                    if n_split == 1:
+                        _fold(m_run, l_run, acc_run[r], r, m[r], l[r], acc[r])
+                    else:
+                        h = g * G + hh
+                        part_m[c, t0 + a, h] = m[r]
+                        part_l[c, t0 + a, h] = l[r]
+                        for d in range(hd):
+                            part_acc[c, t0 + a, h, d] = acc[r, d]
+        if n_split == 1:
+            for a in range(ntq):
+                for hh in range(G):
+                    r = a * G + hh
+                    _finish(l_run[r], acc_run[r], out[t0 + a, g * G + hh])
+    return item
+
+
+WORK_I8, WORK_I16 = _make_work(np.int8), _make_work(np.int16)
+ITEM_FLOAT, ITEM_INT8, ITEM_INT16 = _make_item(_FLOAT_KEYS), _make_item(_INT8_KEYS), _make_item(_INT16_KEYS)
+
+
+def _make_kernel(kind):
+    """The attention kernel with one way to score keys: thread th runs its items of _plan's assignment
+    (counts / items, CSR lists) through the item function of that kind (the others' branches are pruned)."""
+    @njit(cache=True, parallel=True)
     def kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
                qscale, out, tstart, tend, n_split, items, counts,
                part_acc, part_m, part_l):
-        n_heads = q.shape[1]
-        hd = q.shape[2]
-        n_kv = k_pages.shape[2]
-        G = n_heads // n_kv
-        ng = k_scales.shape[3]
-        n_threads = counts.shape[0] - 1
-        max_rows = _TILE_Q * G
-        for th in prange(n_threads):
-            Qs = np.empty((max_rows, hd), np.float32)
-            Qi = np.empty((max_rows, hd), qdtype)
-            Qd = np.empty((max_rows, ng), np.float32)
-            acc = np.empty((max_rows, hd), np.float32)
-            m = np.empty(max_rows, np.float32)
-            l = np.empty(max_rows, np.float32)
-            acc_run = np.empty((max_rows, hd), np.float32)     # the chunks folded so far (n_split == 1)
-            m_run = np.empty(max_rows, np.float32)
-            l_run = np.empty(max_rows, np.float32)
-            rpos = np.empty(max_rows, np.int64)
-            Kb = np.zeros((_BK, hd), np.float32)
-            Kq = np.zeros((_BK, hd), qdtype)
-            Kst = np.zeros((ng, _BK), np.float32)
-            S = np.empty((max_rows, _BK), np.float32)
-            P = np.empty((max_rows, _BK), np.float32)
-            Vb = np.zeros((_BK, hd), np.float32)
-            s = np.empty(_BK, np.float32)
-            p = np.empty(_BK, np.float32)
-            pbits = p.view(np.int32)
-            ebits = np.empty(_BK, np.int32)
+        max_rows = _TILE_Q * (q.shape[1] // k_pages.shape[2])
+        for th in prange(counts.shape[0] - 1):
+            if kind == _INT16_KEYS:
+                w = WORK_I16(max_rows, q.shape[2], k_scales.shape[3])
+            else:
+                w = WORK_I8(max_rows, q.shape[2], k_scales.shape[3])
             for ii in range(counts[th], counts[th + 1]):
-                it = items[ii]
-                sp = it % n_split
-                g = (it // n_split) % n_kv
-                ti = it // (n_split * n_kv)
-                t0 = tstart[ti]
-                ntq = tend[ti] - t0
-                seq = token_seq[t0]
-                rows = ntq * G
-                kmax = 0
-                for a in range(ntq):
-                    pos = token_pos[t0 + a]
-                    if pos + 1 > kmax:
-                        kmax = pos + 1
-                    for hh in range(G):
-                        r = a * G + hh
-                        rpos[r] = pos
-                        _prep(kind, q[t0 + a, g * G + hh], qscale, Qs, Qi, Qd, r)
-                for r in range(rows):
-                    m_run[r] = _NEG
-                    l_run[r] = 0.0
-                    for d in range(hd):
-                        acc_run[r, d] = 0.0
-                # this split's chunks of keys
-                nchunk = (kmax + _CHUNK_KEYS - 1) // _CHUNK_KEYS
-                cper = (nchunk + n_split - 1) // n_split
-                for c in range(sp * cper, min(nchunk, (sp + 1) * cper)):
-                    for r in range(rows):
-                        m[r] = _NEG
-                        l[r] = 0.0
-                        for d in range(hd):
-                            acc[r, d] = 0.0
-                    k_lo = c * _CHUNK_KEYS
-                    k_hi = min(kmax, k_lo + _CHUNK_KEYS)
-                    for kb in range(k_lo, k_hi, _BK):
-                        nk = min(_BK, k_hi - kb)
-                        _keys(kind, k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S)
-                        _dequant_rows(v_pages, v_scales, page_tables, seq, g, kb, nk, Vb)
-                        for r in range(rows):     # each row's online softmax: P[r] (0 where masked), acc rescaled
-                            nvalid = min(nk, rpos[r] + 1 - kb)
-                            if nvalid <= 0:
-                                for j in range(_BK):
-                                    P[r, j] = 0.0
-                                continue
-                            mold = m[r]
-                            if nvalid < _BK:
-                                for j in range(nvalid, _BK):
-                                    S[r, j] = _NEG
-                            mx = mold
-                            for j in range(_BK):
-                                v = S[r, j]
-                                mx = v if v > mx else mx
-                            for j in range(_BK):
-                                s[j] = S[r, j] - mx
-                            _exp2_block(s, p, pbits, ebits)
-                            for j in range(nvalid, _BK):
-                                p[j] = 0.0
-                            psum = np.float32(0.0)
-                            for j in range(_BK):
-                                psum += p[j]
-                                P[r, j] = p[j]
-                            if mx > mold:
-                                corr = np.float32(np.exp2(max(mold - mx, np.float32(-126.0))))
-                                l[r] = l[r] * corr + psum
-                                for d in range(hd):
-                                    acc[r, d] *= corr
-                                m[r] = mx
-                            else:
-                                l[r] += psum
-                        # acc += P @ Vb (P is 0 beyond nvalid, Vb is 0 beyond nk): rows register-blocked
-                        # (attention_pv.py), one fma chain per (row, channel) in key order
-                        if hd % PV_CHUNK == 0:
-                            pv_rows(acc, P, Vb, rows)
-                        else:
-                            for r in range(rows):
-                                for j in range(_BK):
-                                    pj = P[r, j]
-                                    for d in range(hd):
-                                        acc[r, d] = np.float32(pj * Vb[j, d] + acc[r, d])
-                    for a in range(ntq):
-                        for hh in range(G):
-                            r = a * G + hh
-                            if n_split == 1:
-                                _fold(m_run, l_run, acc_run[r], r, m[r], l[r], acc[r])
-                            else:
-                                h = g * G + hh
-                                part_m[c, t0 + a, h] = m[r]
-                                part_l[c, t0 + a, h] = l[r]
-                                for d in range(hd):
-                                    part_acc[c, t0 + a, h, d] = acc[r, d]
-                if n_split == 1:
-                    for a in range(ntq):
-                        for hh in range(G):
-                            r = a * G + hh
-                            _finish(l_run[r], acc_run[r], out[t0 + a, g * G + hh])
+                if kind == _FLOAT_KEYS:
+                    ITEM_FLOAT(items[ii], q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
+                               v_scales, qscale, out, tstart, tend, n_split, part_acc, part_m, part_l, w)
+                elif kind == _INT8_KEYS:
+                    ITEM_INT8(items[ii], q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
+                              v_scales, qscale, out, tstart, tend, n_split, part_acc, part_m, part_l, w)
+                else:
+                    ITEM_INT16(items[ii], q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
+                               v_scales, qscale, out, tstart, tend, n_split, part_acc, part_m, part_l, w)
     return kernel
 
 
-_KERNELS = {"float": _make_kernel(_FLOAT_KEYS, np.int8),
-            "int8": _make_kernel(_INT8_KEYS, np.int8),
-            "int16": _make_kernel(_INT16_KEYS, np.int16)}
+_KERNELS = {"float": _make_kernel(_FLOAT_KEYS), "int8": _make_kernel(_INT8_KEYS), "int16": _make_kernel(_INT16_KEYS)}
 
 
 @njit(cache=True)
@@ -591,19 +615,25 @@ def _finish(l, acc, out):
         out[d] = acc[d] * inv
 
 
-@njit(cache=True, parallel=True, fastmath=_FM)
-def _attn_merge(part_acc, part_m, part_l, out):
-    """out[t, h] = the left fold of the chunks' states (unwritten chunks have l = 0: skipped)."""
+@njit(cache=True, fastmath=_FM)
+def merge_one(part_acc, part_m, part_l, out, th):
+    """out[t, h] (th = t * n_heads + h) = the left fold of the chunks' states (unwritten chunks have l = 0:
+    skipped). Its own compiled function with the kernels' fast-math flags: every caller gets the same bits."""
     n_chunk, n_tok, n_heads, hd = part_acc.shape
-    for th in prange(n_tok * n_heads):
-        t = th // n_heads
-        h = th % n_heads
-        m_run = np.full(1, _NEG, np.float32)
-        l_run = np.zeros(1, np.float32)
-        acc_run = np.zeros(hd, np.float32)
-        for c in range(n_chunk):
-            _fold(m_run, l_run, acc_run, 0, part_m[c, t, h], part_l[c, t, h], part_acc[c, t, h])
-        _finish(l_run[0], acc_run, out[t, h])
+    t = th // n_heads
+    h = th % n_heads
+    m_run = np.full(1, _NEG, np.float32)
+    l_run = np.zeros(1, np.float32)
+    acc_run = np.zeros(hd, np.float32)
+    for c in range(n_chunk):
+        _fold(m_run, l_run, acc_run, 0, part_m[c, t, h], part_l[c, t, h], part_acc[c, t, h])
+    _finish(l_run[0], acc_run, out[t, h])
+
+
+@njit(cache=True, parallel=True)
+def _attn_merge(part_acc, part_m, part_l, out):
+    for th in prange(part_acc.shape[1] * part_acc.shape[2]):
+        merge_one(part_acc, part_m, part_l, out, th)
 
 
 def qk_path(head_dim, qk="auto"):

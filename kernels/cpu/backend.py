@@ -92,10 +92,12 @@ class CpuBackend(Backend):
 
     def decode_block(self, layer, n_heads, n_kv_heads, head_dim, eps, freq_base, n_rot, neox, qk_norm, scale):
         """decode_block.py's one-call block (the same bits); STRATA_LITE_DECODE_BLOCK=0 keeps every block on
-        the per-call path."""
-        if os.environ.get("STRATA_LITE_DECODE_BLOCK", "1") == "0":
+        the per-call path, =shared takes decode_block_shared.py's block (one parallel region a block)."""
+        mode = os.environ.get("STRATA_LITE_DECODE_BLOCK", "1")
+        if mode == "0":
             return None
-        return DecodeBlock.build(layer, n_heads, n_kv_heads, head_dim, eps, freq_base, n_rot, neox, qk_norm, scale)
+        return DecodeBlock.build(layer, n_heads, n_kv_heads, head_dim, eps, freq_base, n_rot, neox, qk_norm, scale,
+                                 shared=mode == "shared")
 
     def qmatmul_add(self, w, x, out):
         y = self.qmatmul(w, x)

@@ -238,9 +238,12 @@ class DecodeBlock:
         self.scale_log2e = np.float32(scale_log2e)
 
     @classmethod
-    def build(cls, layer, n_heads, n_kv_heads, head_dim, eps, freq_base, n_rot, neox, qk_norm, scale):
+    def build(cls, layer, n_heads, n_kv_heads, head_dim, eps, freq_base, n_rot, neox, qk_norm, scale,
+              shared: bool = False):
         """layer: models/transformer.py's _Layer (its matrices as the CPU backend packed them, norms,
-        biases, K-smoothing scales); scale: attention's softmax scale. -> DecodeBlock or None."""
+        biases, K-smoothing scales); scale: attention's softmax scale; shared: decode_block_shared.py's block
+        (one parallel region whose workers share every phase) instead of this module's. -> DecodeBlock or
+        None."""
         if qk_path(head_dim) != "float":
             return None
         if layer.qkv is not None:
@@ -277,7 +280,12 @@ class DecodeBlock:
         rope = (_inv_freq(freq_base, n_rot), int(n_rot), bool(neox),
                 _NO_SCALE if q_scale is None else q_scale, q_scale is not None,
                 _NO_SCALE if k_scale is None else k_scale, k_scale is not None)
-        return cls(make_block(routes), [w for w, _ in slots if w is not None], specs, tuple(raws), tuple(tables),
+        if shared:
+            from .decode_block_shared import make_shared_block
+            fn = make_shared_block(routes)
+        else:
+            fn = make_block(routes)
+        return cls(fn, [w for w, _ in slots if w is not None], specs, tuple(raws), tuple(tables),
                    tuple(biases), norms, eps, qk_norm, n_heads, n_kv_heads, head_dim, rope, scale * _LOG2E)
 
     def __call__(self, x, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales) -> None:

@@ -1,8 +1,10 @@
-"""The CPU's one-call decoder block (kernels/cpu/decode_block.py) against the per-call path it replaces for
+"""The CPU's one-call decoder block (kernels/cpu/decode_block.py) and its work-sharing form
+(kernels/cpu/decode_block_shared.py, STRATA_LITE_DECODE_BLOCK=shared) against the per-call path they replace for
 steps of up to MAX_TOK tokens: logits bit for bit, for every matrix route (4-row interleaved, nibble
 repackings, own blocks; serial and parallel mat-vecs), q/k/v fused or split, with biases, q/k norms and K
-smoothing, one sequence or several in a step. And which blocks it takes: none where a matrix has no int8
-mat-vec kernel, where the attention q.k path is not the float one, or where STRATA_LITE_DECODE_BLOCK=0."""
+smoothing, one sequence or several in a step, a key range split over threads, and the shared block's workers
+run one after another. And which blocks it takes: none where a matrix has no int8 mat-vec kernel, where the
+attention q.k path is not the float one, or where STRATA_LITE_DECODE_BLOCK=0."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
@@ -61,10 +63,15 @@ def test_its_steps_are_mat_vec_sized():
     assert MAX_TOK < min(nibble_gemm.MIN_TOK, q8_0_gemm.MIN_TOK, rows4_gemm.MIN_TOK)
 
 
-@pytest.mark.parametrize("small", [False, True])
+MODES = {"serial mat-vecs": (True, "1"), "parallel mat-vecs": (False, "1"), "shared": (False, "shared")}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("case", list(CASES))
-def test_one_call_block_gives_the_per_call_bits(models, case, small, monkeypatch):
+def test_one_call_block_gives_the_per_call_bits(models, case, mode, monkeypatch):
+    small, block = MODES[mode]
     monkeypatch.setattr(rp, "SMALL_BYTES", 1 << 30 if small else 0)     # serial / parallel mat-vecs
+    monkeypatch.setenv("STRATA_LITE_DECODE_BLOCK", block)
     llm = LLM(str(models[case]), backend="cpu", n_ctx=256)
     assert all(layer.compiled is not None for layer in _layers(llm))
     ids = np.random.default_rng(4).integers(0, llm.config.n_vocab, 200).astype(np.int32)
@@ -76,8 +83,10 @@ def test_one_call_block_gives_the_per_call_bits(models, case, small, monkeypatch
         pos += n
 
 
-def test_several_sequences_in_one_step(models):
+@pytest.mark.parametrize("block", ["1", "shared"])
+def test_several_sequences_in_one_step(models, block, monkeypatch):
     """A decode step of two sequences at different positions (the engine's batched decode)."""
+    monkeypatch.setenv("STRATA_LITE_DECODE_BLOCK", block)
     llm = LLM(str(models["q5_0 rows4, v in q8_0 (q+k and v)"]), backend="cpu", n_ctx=256)
     half = len(llm._pages) // 2
     tables = np.asarray([llm._pages[:half], llm._pages[half:2 * half]], np.int32)
@@ -94,8 +103,10 @@ def test_several_sequences_in_one_step(models):
     np.testing.assert_array_equal(fused, per_call)
 
 
-def test_own_block_matrices(models, monkeypatch):
+@pytest.mark.parametrize("block", ["1", "shared"])
+def test_own_block_matrices(models, block, monkeypatch):
     """Q5_0 / Q8_0 matrices kept in their own blocks (as matrices of row counts that are not a multiple of 4)."""
+    monkeypatch.setenv("STRATA_LITE_DECODE_BLOCK", block)
     for qtype in (QT.Q5_0, QT.Q8_0):
         monkeypatch.delitem(rp._INT8_LAYOUT_OF, qtype)
     llm = LLM(str(models["q5_0 rows4, v in q8_0 (q+k and v)"]), backend="cpu", n_ctx=256)
@@ -105,6 +116,40 @@ def test_own_block_matrices(models, monkeypatch):
     for pos, n in ((50, 1), (51, 5)):
         fused, per_call = _logits_both_ways(llm, Batch.single(ids[pos:pos + n], pos, llm._pages))
         np.testing.assert_array_equal(fused, per_call)
+
+
+@pytest.mark.parametrize("block", ["1", "shared"])
+def test_keys_split_over_threads(tmp_path, block, monkeypatch):
+    """One KV head and one token: fewer attention items than threads, so past 512 keys the keys are split and the
+    splits merged (attention._plan), in the block as on the per-call path."""
+    monkeypatch.setenv("STRATA_LITE_DECODE_BLOCK", block)
+    path = write_tiny_model(tmp_path / "kv1.gguf", n_heads=4, n_kv_heads=1, seed=11)
+    llm = LLM(str(path), backend="cpu", n_ctx=1024, n_threads=2)
+    ids = np.random.default_rng(8).integers(0, llm.config.n_vocab, 700).astype(np.int32)
+    llm.eval(ids[:600], 0, [599])
+    fused, per_call = _logits_both_ways(llm, Batch.single(ids[600:601], 600, llm._pages))
+    np.testing.assert_array_equal(fused, per_call)
+
+
+def test_shared_block_workers_one_after_another(models, monkeypatch):
+    """The shared block with two workers that Numba runs one after the other on one thread (as an OS may when
+    the machine is busy): the first does every chunk, the second finds them taken; no wait is left hanging and
+    the bits are the per-call path's."""
+    import numba
+    from strata_lite.kernels.cpu import decode_block
+    monkeypatch.setenv("STRATA_LITE_DECODE_BLOCK", "shared")
+    llm = LLM(str(models["q4_k, down q6_k"]), backend="cpu", n_ctx=256, n_threads=2)
+    ids = np.random.default_rng(9).integers(0, llm.config.n_vocab, 40).astype(np.int32)
+    llm.eval(ids[:30], 0, [29])
+    before = numba.get_num_threads()
+    monkeypatch.setattr(decode_block.numba, "get_num_threads", lambda: 2)   # the block's n_threads
+    numba.set_num_threads(1)                                                # the region's threads
+    try:
+        for pos, n in ((30, 1), (31, 4)):
+            fused, per_call = _logits_both_ways(llm, Batch.single(ids[pos:pos + n], pos, llm._pages))
+            np.testing.assert_array_equal(fused, per_call)
+    finally:
+        numba.set_num_threads(before)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast")     # random F16 bits include NaNs
