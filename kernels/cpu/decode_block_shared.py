@@ -69,7 +69,7 @@ def _done(sync, p, k, n_threads):
     fetch_add(sync, _counter(p, n_threads, n_threads), k)
 
 
-_SPINS = 2000     # pauses (~30 us) before a waiting thread gives up its time slice between tries
+_SPINS = 2000     # pauses (tens of microseconds) before a waiting thread gives up its time slice between tries
 
 
 @njit(cache=True, inline="always")
@@ -92,9 +92,9 @@ def _chunk(c, n_chunks, n_items):
 
 
 def _make_shared_block(routes: int):
-    """_block for the routes in the bit set `routes` (decode_block.route_bit). The closure holds only bools (Numba's cache key hashes a
-    closure's contents: a jitted function in it would make every process compile again), and the branches
-    of routes not taken are pruned before their callees are typed."""
+    """_block for the routes in the bit set `routes` (decode_block.route_bit). The closure holds only bools
+    (Numba's cache key hashes a closure's contents: a jitted function in it would make every process compile
+    again), and the branches of routes not taken are pruned before their callees are typed."""
     r4, nib = bool(routes & (R4_PARALLEL | R4_SERIAL)), bool(routes & NIBBLE_ANY)
     own = bool(routes & (OWN_PARALLEL | OWN_SERIAL))
 
@@ -158,9 +158,10 @@ def _make_shared_block(routes: int):
                         nibble_int8._dot(kind, raw3, 4 * i, u3, d8, b3, 0, 1, out, table)
                     else:
                         n_chunks = (n + nibble_int8.MAX_TOK - 1) // nibble_int8.MAX_TOK
+                        r0, r1 = i * nibble_int8.ROW_GROUP, min(raw3.shape[0], (i + 1) * nibble_int8.ROW_GROUP)
                         for c in range(n_chunks):
                             t0 = n * c // n_chunks
-                            for r in range(i * nibble_int8.ROW_GROUP, min(raw3.shape[0], (i + 1) * nibble_int8.ROW_GROUP)):
+                            for r in range(r0, r1):
                                 nibble_int8._dot(kind, raw3, r, u3, d8, b3, t0, n * (c + 1) // n_chunks - t0, out,
                                                  table)
         elif own:
@@ -332,8 +333,9 @@ def _make_shared_block(routes: int):
         xb = np.empty((n_threads, n * n_in // 32), np.int32)
         hs = np.empty((n_threads, n * n_in), np.float32)
         for tid in prange(n_threads):
-            _worker(tid, n_threads, sync, (xq[tid], xp[tid], xd[tid], xc[tid], xu[tid], xb[tid]), hs[tid], x, ys, q, k, v, a, y_o, y_g, y_u, y_d, spec, raws, tables, biases,
-                    norms, eps, qk_norm, n_heads, n_kv_heads, head_dim, inv, n_rot, neox, q_scale, has_q, k_scale,
-                    has_k, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale_log2e,
-                    tstart, tend, n_split, items, counts, part_acc, part_m, part_l, isa)
+            _worker(tid, n_threads, sync, (xq[tid], xp[tid], xd[tid], xc[tid], xu[tid], xb[tid]), hs[tid], x, ys,
+                    q, k, v, a, y_o, y_g, y_u, y_d, spec, raws, tables, biases, norms, eps, qk_norm, n_heads,
+                    n_kv_heads, head_dim, inv, n_rot, neox, q_scale, has_q, k_scale, has_k, token_seq, token_pos,
+                    page_tables, k_pages, k_scales, v_pages, v_scales, scale_log2e, tstart, tend, n_split, items,
+                    counts, part_acc, part_m, part_l, isa)
     return _block
