@@ -430,40 +430,43 @@ def _keys(kind, k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows
         _keys_int16(k_pages, k_scales, page_tables, seq, g, kb, nk, Qs, Qi, Qd, rows, rpos, Kb, Kq, Kst, S)
 
 
-def _make_work(qdtype):
-    """The arrays one thread's attention items work in (_make_item), for a query dtype."""
-    @njit(cache=True)
-    def work(max_rows, hd, ng):
-        return (np.empty((max_rows, hd), np.float32), np.empty((max_rows, hd), qdtype),   # Qs, Qi
-                np.empty((max_rows, ng), np.float32),                                      # Qd
-                np.empty((max_rows, hd), np.float32), np.empty(max_rows, np.float32),      # acc, m
-                np.empty(max_rows, np.float32),                                            # l
-                np.empty((max_rows, hd), np.float32),     # acc_run: the chunks folded so far (n_split == 1)
-                np.empty(max_rows, np.float32), np.empty(max_rows, np.float32),            # m_run, l_run
-                np.empty(max_rows, np.int64),                                              # rpos
-                np.zeros((_BK, hd), np.float32), np.zeros((_BK, hd), qdtype),              # Kb, Kq
-                np.zeros((ng, _BK), np.float32),                                           # Kst
-                np.empty((max_rows, _BK), np.float32), np.empty((max_rows, _BK), np.float32),   # S, P
-                np.zeros((_BK, hd), np.float32),                                           # Vb
-                np.empty(_BK, np.float32), np.empty(_BK, np.float32), np.empty(_BK, np.int32))   # s, p, ebits
-    return work
-
-
-def _make_item(kind):
+def _make_item(kind, qdtype):
     """Work item `it` of _plan's numbering (query tile, kv head, key split) of the attention kernel with one way
-    to score keys (kind: _FLOAT_KEYS ..., the prep / keys pairs above), in one thread's arrays `w`
-    (_make_work). Its own compiled function with the kernel's fast-math flags, so that every caller (the
-    kernel below, kernels/cpu/decode_block.py's shared work) runs the same code: the same bits. The closure
-    holds the kind as an int, not the functions: Numba's cache key hashes a closure's pickled contents, and a
+    to score keys (kind: _FLOAT_KEYS ..., the prep / keys pairs above; qdtype: the query's integer type). Its
+    own compiled function with the kernel's fast-math flags, so that every caller (the kernel below,
+    kernels/cpu/decode_block_shared.py) runs the same code: the same bits. The closure holds the kind as an
+    int, not the functions: Numba's cache key hashes a closure's pickled contents, and a
     jitted function pickles with an id new in every process (every process would compile it again)."""
     @njit(cache=True, fastmath=_FM)
     def item(it, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, qscale, out,
-             tstart, tend, n_split, part_acc, part_m, part_l, w):
-        Qs, Qi, Qd, acc, m, l, acc_run, m_run, l_run, rpos, Kb, Kq, Kst, S, P, Vb, s, p, ebits = w
-        pbits = p.view(np.int32)
+             tstart, tend, n_split, part_acc, part_m, part_l):
         hd = q.shape[2]
         n_kv = k_pages.shape[2]
         G = q.shape[1] // n_kv
+        ng = k_scales.shape[3]
+        max_rows = _TILE_Q * G
+        # its work arrays, allocated here: passed in from the caller, the compiled loops lose what they know of
+        # local arrays (one decode token over 4,096 keys of the default model's shape took 255 against 216 us)
+        Qs = np.empty((max_rows, hd), np.float32)
+        Qi = np.empty((max_rows, hd), qdtype)
+        Qd = np.empty((max_rows, ng), np.float32)
+        acc = np.empty((max_rows, hd), np.float32)
+        m = np.empty(max_rows, np.float32)
+        l = np.empty(max_rows, np.float32)
+        acc_run = np.empty((max_rows, hd), np.float32)     # the chunks folded so far (n_split == 1)
+        m_run = np.empty(max_rows, np.float32)
+        l_run = np.empty(max_rows, np.float32)
+        rpos = np.empty(max_rows, np.int64)
+        Kb = np.zeros((_BK, hd), np.float32)
+        Kq = np.zeros((_BK, hd), qdtype)
+        Kst = np.zeros((ng, _BK), np.float32)
+        S = np.empty((max_rows, _BK), np.float32)
+        P = np.empty((max_rows, _BK), np.float32)
+        Vb = np.zeros((_BK, hd), np.float32)
+        s = np.empty(_BK, np.float32)
+        p = np.empty(_BK, np.float32)
+        pbits = p.view(np.int32)
+        ebits = np.empty(_BK, np.int32)
         sp = it % n_split
         g = (it // n_split) % n_kv
         ti = it // (n_split * n_kv)
@@ -560,8 +563,8 @@ def _make_item(kind):
     return item
 
 
-WORK_I8, WORK_I16 = _make_work(np.int8), _make_work(np.int16)
-ITEM_FLOAT, ITEM_INT8, ITEM_INT16 = _make_item(_FLOAT_KEYS), _make_item(_INT8_KEYS), _make_item(_INT16_KEYS)
+ITEM_FLOAT, ITEM_INT8, ITEM_INT16 = (_make_item(_FLOAT_KEYS, np.int8), _make_item(_INT8_KEYS, np.int8),
+                                     _make_item(_INT16_KEYS, np.int16))
 
 
 def _make_kernel(kind):
@@ -571,22 +574,17 @@ def _make_kernel(kind):
     def kernel(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
                qscale, out, tstart, tend, n_split, items, counts,
                part_acc, part_m, part_l):
-        max_rows = _TILE_Q * (q.shape[1] // k_pages.shape[2])
         for th in prange(counts.shape[0] - 1):
-            if kind == _INT16_KEYS:
-                w = WORK_I16(max_rows, q.shape[2], k_scales.shape[3])
-            else:
-                w = WORK_I8(max_rows, q.shape[2], k_scales.shape[3])
             for ii in range(counts[th], counts[th + 1]):
                 if kind == _FLOAT_KEYS:
                     ITEM_FLOAT(items[ii], q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
-                               v_scales, qscale, out, tstart, tend, n_split, part_acc, part_m, part_l, w)
+                               v_scales, qscale, out, tstart, tend, n_split, part_acc, part_m, part_l)
                 elif kind == _INT8_KEYS:
                     ITEM_INT8(items[ii], q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
-                              v_scales, qscale, out, tstart, tend, n_split, part_acc, part_m, part_l, w)
+                              v_scales, qscale, out, tstart, tend, n_split, part_acc, part_m, part_l)
                 else:
                     ITEM_INT16(items[ii], q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
-                               v_scales, qscale, out, tstart, tend, n_split, part_acc, part_m, part_l, w)
+                               v_scales, qscale, out, tstart, tend, n_split, part_acc, part_m, part_l)
     return kernel
 
 

@@ -26,7 +26,7 @@ from numba import njit, prange
 
 from . import nibble_int8, q8_0_int8, rows4_int8
 from .atomics import STRIDE, fetch_add, load_acquire, spin_pause, yield_thread
-from .attention import ITEM_FLOAT, WORK_I8, _CHUNK_KEYS, _TILE_Q, _plan, merge_one, split_states
+from .attention import ITEM_FLOAT, _CHUNK_KEYS, _TILE_Q, _plan, merge_one, split_states
 from .decode_block import (_BIAS, _DOWN, _GATE, _KIND, _MM, _N_OUT, _O, _PROJ, _UP, ABSENT, NIBBLE, NIBBLE_ANY,
                            OWN_PARALLEL, OWN_SERIAL, R4_PARALLEL, R4_SERIAL, ROWS4)
 from .elementwise import _rmsnorm_ser, _silu_mul_ser
@@ -261,11 +261,9 @@ def _make_shared_block(routes: int):
             c = (tid + j) % n_threads
             if not _take(sync, _P_ATTN, c, n_threads):
                 continue
-            if counts[c] < counts[c + 1]:
-                w = WORK_I8(_TILE_Q * (n_heads // n_kv_heads), head_dim, k_scales.shape[3])
-                for ii in range(counts[c], counts[c + 1]):
-                    ITEM_FLOAT(items[ii], q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
-                               scale_log2e, a, tstart, tend, n_split, part_acc, part_m, part_l, w)
+            for ii in range(counts[c], counts[c + 1]):
+                ITEM_FLOAT(items[ii], q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                           scale_log2e, a, tstart, tend, n_split, part_acc, part_m, part_l)
             _done(sync, _P_ATTN, counts[c + 1] - counts[c], n_threads)
         _wait(sync, _P_ATTN, n_att, n_threads)
         if n_split > 1:
