@@ -51,14 +51,18 @@ def decode_ms(llm, blocks) -> float:
 
 
 def shared_blocks(llm):
-    """decode_block_shared.py's blocks for the model's layers (None where the one-call block is None)."""
-    import math
-    from strata_lite.kernels.cpu.decode_block import DecodeBlock
-    c = llm.model.cfg
-    return [layer.compiled and DecodeBlock.build(layer, c.n_heads, c.n_kv_heads, c.head_dim, c.rms_eps,
-                                                 c.rope_freq_base, c.n_rot, c.rope_neox, c.qk_norm,
-                                                 1.0 / math.sqrt(c.head_dim), shared=True)
-            for layer in llm.model.layers]
+    """decode_block_shared.py's blocks for the model's layers, asked of the backend as the model asks it for its
+    blocks (models/transformer.py _Layer.compile) with STRATA_LITE_DECODE_BLOCK=shared; the layers keep theirs."""
+    import os
+    from unittest import mock
+    blocks = []
+    with mock.patch.dict(os.environ, {"STRATA_LITE_DECODE_BLOCK": "shared"}):
+        for layer in llm.model.layers:
+            own = layer.compiled
+            layer.compile(llm.model.backend, llm.model.cfg)
+            blocks.append(layer.compiled)
+            layer.compiled = own
+    return blocks
 
 
 def bench(model: str, threads: int, rounds: int):

@@ -225,10 +225,9 @@ def _make_shared_block(routes: int):
         q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
         h = hbuf[:n * d].reshape(n, d)
         _rmsnorm_ser(x, norms[0], eps, h)
-        n_proj = 0
         for s in range(_PROJ, _PROJ + 3):
-            n_proj += _matvec_phase(tid, n_threads, sync, _P_PROJ + s, spec, s, raws, tables, biases, h, bufs, ys[s],
-                                    False, x, isa)
+            _matvec_phase(tid, n_threads, sync, _P_PROJ + s, spec, s, raws, tables, biases, h, bufs, ys[s], False, x,
+                          isa)
         for s in range(_PROJ, _PROJ + 3):
             _wait(sync, _P_PROJ + s, _n_items(spec, s, raws, n), n_threads)
         # the projections' outputs into q / k / v; q/k norms; rope and the KV store
@@ -240,7 +239,7 @@ def _make_shared_block(routes: int):
                     continue
                 y = ys[s]
                 for t in range(n):         # columns col .. of [q | k | v]
-                    for j in range(max(0, -col), min(y.shape[1], q_dim - col)):
+                    for j in range(min(y.shape[1], q_dim - col)):
                         q2[t, col + j] = y[t, j]
                     for j in range(max(0, q_dim - col), min(y.shape[1], q_dim + kv_dim - col)):
                         k2[t, col + j - q_dim] = y[t, j]
@@ -303,7 +302,7 @@ def _make_shared_block(routes: int):
         finds none left waits for the phase's last items, so the block is done whether the workers run at once
         or one after another). norms: (attn_norm, ffn_norm, q norm, k norm); biases: the projection slots'."""
         n, d = x.shape
-        q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+        q_dim = n_heads * head_dim
         ys = (np.empty((n, max(1, spec[_PROJ, _N_OUT])), np.float32),
               np.empty((n, max(1, spec[_PROJ + 1, _N_OUT])), np.float32),
               np.empty((n, max(1, spec[_PROJ + 2, _N_OUT])), np.float32))
