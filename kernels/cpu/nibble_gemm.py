@@ -27,6 +27,7 @@ from numba.extending import intrinsic
 
 from . import llvm_ir as L
 from . import nibble_int8 as nib
+from .act_quant_ir import q8_k_block
 from .gemm_work import token_chunks
 from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
 
@@ -107,16 +108,16 @@ def _unpack_group(kind, raw3, raw_f, raw_i, r0, pw, pw_i, pw_f, gi):
 @njit(cache=True, parallel=True)
 def _pack_activations(x3, a, a_f32, a_i32):
     # a uint8 (token groups, blocks, A_REC), a_f32 / a_i32 the same bytes; a short last group repeats its last
-    # token. llama.cpp's Q8_K rounding (nibble_int8._quantize_block).
+    # token. llama.cpp's Q8_K rounding (act_quant_ir.q8_k_block).
     n_tok, nb = x3.shape[0], x3.shape[1]
     for t in prange(a.shape[0] * T):
         g, lane = t // T, t % T
-        xt = x3[min(np.intp(t), n_tok - 1):]
+        tx = min(np.intp(t), n_tok - 1)
         q = np.empty((1, nb, QK), dtype=np.uint8)
         d = np.empty((1, nb), dtype=np.float32)
         bs = np.empty((1, nb, 8), dtype=np.int32)
         for b in range(nb):
-            nib._quantize_block(xt, q, d, bs, 0, b)
+            q8_k_block(x3, tx, b, q, d, bs, 0)
             for i in range(QK):
                 a[g, b, A_X + 32 * (i // 4) + 4 * lane + i % 4] = q[0, b, i]
             a_f32[g, b, A_D // 4 + lane] = d[0, b]

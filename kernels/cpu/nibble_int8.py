@@ -37,6 +37,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import llvm_ir as L
+from .act_quant_ir import q8_k_block
 from .prefetch import emit_prefetch
 
 QK = 256
@@ -68,29 +69,8 @@ def repack_rows(raw: np.ndarray, n_cols: int, src_block_bytes: int, block_bytes:
 @njit(cache=True)
 def _quantize_block(x3, q, d, bs, t, b):
     # x3[t, b] (256 float32) -> q[t, b] (q8 + 128, uint8), d[t, b], bs[t, b] (8 sub-block sums of q8):
-    # llama.cpp's Q8_K rounding
-    amax = np.float32(0.0)
-    mx = np.float32(0.0)
-    for j in range(QK):
-        a = abs(x3[t, b, j])
-        if a > amax:
-            amax, mx = a, x3[t, b, j]
-    if amax == 0:
-        d[t, b] = 0.0
-        for j in range(QK):
-            q[t, b, j] = 128
-        for s in range(8):
-            bs[t, b, s] = 0
-        return
-    iscale = np.float32(-127.0) / mx
-    d[t, b] = np.float32(1.0) / iscale
-    for s in range(8):
-        acc = 0
-        for j in range(32 * s, 32 * s + 32):
-            v = np.int32(min(np.float32(127.0), np.rint(iscale * x3[t, b, j])))
-            q[t, b, j] = np.uint8(v + 128)
-            acc += v
-        bs[t, b, s] = acc
+    # llama.cpp's Q8_K rounding (act_quant_ir.q8_k_block)
+    q8_k_block(x3, t, b, q, d, bs, t)
 
 
 @njit(cache=True, parallel=True)

@@ -35,6 +35,7 @@ from numba.extending import intrinsic
 
 from . import llvm_ir as L
 from . import q8_0_int8 as q8
+from .act_quant_ir import q8_0_block
 from .gemm_work import token_chunks
 from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
 
@@ -121,10 +122,10 @@ def _pack_activations(x3, a, a_f32, a_i32, offset):
     for t in prange(a.shape[0] * T):
         q = np.empty((1, nb, 32), dtype=np.int8)
         d = np.empty((1, nb), dtype=np.float32)
-        xt = x3[min(t, n_tok - 1):]
+        tx = min(np.intp(t), n_tok - 1)
         g, lane = t // T, t % T
         for b in range(nb):
-            q8._quantize_block(xt, q, d, 0, b)
+            q8_0_block(x3, tx, b, q, d, 0)
             for j in range(8):
                 s = np.int32(0)
                 for i in range(4):

@@ -28,7 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import llvm_ir as L
-from .act_quant import round_f16
+from .act_quant_ir import q8_0_block
 from .dequant import IQ4NL_VALUES
 from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
 from .prefetch import emit_prefetch
@@ -41,14 +41,7 @@ MAX_TOK = 8       # tokens per kernel call (a block's unpacking and scale serve 
 @njit(cache=True)
 def _quantize_block(x3, q, d, t, b):
     # x3[t, b] (32 float32) -> q[t, b] int8, d[t, b] = the f16-rounded scale: llama.cpp's Q8_0 rounding
-    amax = np.float32(0.0)
-    for j in range(QK):
-        amax = max(amax, abs(x3[t, b, j]))
-    s = np.float32(amax / np.float32(127.0))
-    inv = np.float32(1.0) / s if s != 0 else np.float32(0.0)
-    d[t, b] = np.float32(round_f16(s))
-    for j in range(QK):
-        q[t, b, j] = np.int8(np.rint(x3[t, b, j] * inv))
+    q8_0_block(x3, t, b, q, d, t)
 
 
 @njit(cache=True)

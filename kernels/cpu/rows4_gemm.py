@@ -28,8 +28,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import llvm_ir as L
-from . import q8_0_int8 as q8
 from . import rows4_int8 as r4
+from .act_quant_ir import q8_0_block
 from .gemm_work import token_chunks
 from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
 
@@ -108,15 +108,15 @@ def _unpack(kind, isa, raw3, g, pw, i):
 def _pack_activations(x3, a, a_f32, a_i32, offset):
     # a uint8 (token groups, blocks, A_REC); a_f32 / a_i32 the same bytes. Record [g, b]: lane group j of the
     # 8 tokens at A_X + 32 j + 4 lane, their scales at A_D, offset x their block sums at A_C (a short last
-    # group repeats the last token). llama.cpp's Q8_0 rounding (q8_0_int8._quantize_block).
+    # group repeats the last token). llama.cpp's Q8_0 rounding (act_quant_ir.q8_0_block).
     n_tok, nb = x3.shape[0], x3.shape[1]
     for t in prange(a.shape[0] * T):
         g, lane = t // T, t % T
-        xt = x3[min(np.intp(t), n_tok - 1):]
+        tx = min(np.intp(t), n_tok - 1)
         q = np.empty((1, nb, 32), dtype=np.int8)
         d = np.empty((1, nb), dtype=np.float32)
         for b in range(nb):
-            q8._quantize_block(xt, q, d, 0, b)
+            q8_0_block(x3, tx, b, q, d, 0)
             tot = np.int32(0)
             for j in range(32):
                 a[g, b, A_X + 32 * (j // 4) + 4 * lane + j % 4] = np.uint8(q[0, b, j] & 255)

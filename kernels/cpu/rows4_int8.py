@@ -42,7 +42,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import llvm_ir as L
-from . import q8_0_int8 as q8
+from .act_quant_ir import q8_0_block, rows4_copy
 from .dequant import IQ4NL_VALUES
 from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
 from .prefetch import emit_prefetch
@@ -155,18 +155,11 @@ def repack_rows(raw: np.ndarray, n_cols: int, kind: int) -> np.ndarray:
 @njit(cache=True)
 def _prepare_token(x3, t, xq, xp, xd, xc, offset):
     """Token t of x3 (n_tok, nb, 32) float32 -> xd[t] (nb,) the f16-rounded scales and xq[t] the int8 values
-    (llama.cpp's Q8_0 rounding, q8_0_int8._quantize_block), xp[t] (nb, 128) those permuted to the code
+    (llama.cpp's Q8_0 rounding, act_quant_ir.q8_0_block), xp[t] (nb, 128) those permuted to the code
     vectors' dwords, xc[t] (nb,) offset x the block's int8 sum."""
     for b in range(x3.shape[1]):
-        q8._quantize_block(x3, xq, xd, t, b)
-        tot = np.int32(0)
-        for j in range(QK):
-            tot += np.int32(xq[t, b, j])
-        xc[t, b] = offset * tot
-        for v in range(4):
-            for i in range(32):
-                qq, k = i // 4, i % 4
-                xp[t, b, 32 * v + i] = xq[t, b, 4 * (2 * v + qq // 4) + k]
+        q8_0_block(x3, t, b, xq, xd, t)
+        rows4_copy(xq, xp, xc, t, b, offset)
 
 
 @njit(cache=True, parallel=True)
