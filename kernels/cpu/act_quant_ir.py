@@ -22,7 +22,6 @@ from numba.extending import intrinsic
 
 from . import llvm_ir as L
 
-QK = 32
 V8B = ir.VectorType(L.I8, 8)
 _ABS = ir.Constant(L.V8I, [0x7FFFFFFF] * 8)
 
@@ -37,34 +36,27 @@ def _rint(builder, v):
     return builder.call(fn, [v])
 
 
-def _fmax_tree(builder, vs):
-    """Lane-wise max of the vectors, then of the lanes (fcmp ogt + select: maxps)."""
-    def mx(a, b):
-        return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+def _tree(builder, vs, pick):
+    """pick(a, b) (a select between two vectors) over the vectors lane-wise, then over the lanes -> a scalar."""
     while len(vs) > 1:
-        vs = [mx(vs[i], vs[i + 1]) for i in range(0, len(vs), 2)]
-    v, n = vs[0], 4
+        vs = [pick(vs[i], vs[i + 1]) for i in range(0, len(vs), 2)]
+    v, n = vs[0], vs[0].type.count // 2
     while n >= 1:
         idx = ir.VectorType(L.I32, n)
-        v = mx(builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n)))),
-               builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n, 2 * n)))))
+        v = pick(builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n)))),
+                 builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n, 2 * n)))))
         n //= 2
     return builder.extract_element(v, L.const(0, L.I32))
+
+
+def _fmax_tree(builder, vs):
+    """The largest lane of the float vectors (fcmp ogt + select: maxps)."""
+    return _tree(builder, vs, lambda a, b: builder.select(builder.fcmp_ordered(">", a, b), a, b))
 
 
 def _imin_tree(builder, vs):
-    """Least lane of the <8 x i32> vectors (signed)."""
-    def mn(a, b):
-        return builder.select(builder.icmp_signed("<", a, b), a, b)
-    while len(vs) > 1:
-        vs = [mn(vs[i], vs[i + 1]) for i in range(0, len(vs), 2)]
-    v, n = vs[0], 4
-    while n >= 1:
-        idx = ir.VectorType(L.I32, n)
-        v = mn(builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n)))),
-               builder.shuffle_vector(v, v, ir.Constant(idx, list(range(n, 2 * n)))))
-        n //= 2
-    return builder.extract_element(v, L.const(0, L.I32))
+    """The least lane of the int32 vectors (signed)."""
+    return _tree(builder, vs, lambda a, b: builder.select(builder.icmp_signed("<", a, b), a, b))
 
 
 @intrinsic
@@ -136,7 +128,7 @@ def rows4_copy(typingctx, xq, xp, xc, t, b, offset):
 @intrinsic
 def q8_k_block(typingctx, x3, tx, b, q, d, bs, tq):
     """x3[tx, b] (256 float32) -> q[tq, b] (256 uint8: the int8 value + 128), d[tq, b] and bs[tq, b] (8 sums of
-    32 int8 values): llama.cpp's Q8_K rounding, as nibble_int8's scalar loops did it: mx = the first value of
+    32 int8 values): llama.cpp's Q8_K rounding (ggml's quantize_row_q8_K): mx = the first value of
     the largest magnitude, iscale = -127 / mx, d = 1 / iscale, q_j = min(127, rint(iscale x_j)); an all-zero
     block gives d = 0, codes 128, sums 0. x3 float32 (tokens, blocks, 256), q uint8 (tokens, blocks, 256), d
     float32 (tokens, blocks), bs int32 (tokens, blocks, 8), C-contiguous."""
