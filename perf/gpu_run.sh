@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/strata-out}; mkdir -p "$OUT"
 SITE=${SITE:-/tmp/site}   # the wheels' target (/dev/shm/site stays between commands while the machine is held)
 if [ -d .whl ]; then
+  # pip refuses two versions of one package (a wheel left from an earlier get-wheels.sh): name them instead
+  dup=$(ls .whl/*.whl | sed 's|.*/||; s|-.*||' | tr 'A-Z-' 'a-z_' | sort | uniq -d)
+  [ -z "$dup" ] || { echo "two or more wheels of: $dup (in .whl/; keep one version of each)"; exit 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
     || { echo "wheel install failed"; exit 1; }
 fi
