@@ -59,6 +59,17 @@ def _imin_tree(builder, vs):
     return _tree(builder, vs, lambda a, b: builder.select(builder.icmp_signed("<", a, b), a, b))
 
 
+def _at(builder, i, j, strides):
+    """Byte offset of element [i, j] (of its first two dimensions) of an array with these strides."""
+    return builder.add(builder.mul(i, strides[0]), builder.mul(j, strides[1]))
+
+
+def _load_block(builder, px, off, n):
+    """(the n <8 x float> vectors of a block at byte offset off of i8* px, their absolute values)."""
+    xv = [L.load(builder, px, builder.add(off, L.const(32 * k)), L.V8F) for k in range(n)]
+    return xv, [builder.bitcast(builder.and_(builder.bitcast(v, L.V8I), _ABS), L.V8F) for v in xv]
+
+
 @intrinsic
 def q8_0_block(typingctx, x3, tx, b, q, d, tq):
     """x3[tx, b] (32 float32) -> q[tq, b] (32 int8) and d[tq, b] (the f16-rounded scale, float32): llama.cpp's
@@ -73,17 +84,14 @@ def q8_0_block(typingctx, x3, tx, b, q, d, tq):
         (px, xs, _), (pq, qs, _), (pd, ds, _) = (L.array_arg(context, builder, signature.args[i], args[i])
                                                  for i in (0, 3, 4))
         tx_, b_, tq_ = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 5))
-        xoff = builder.add(builder.mul(tx_, xs[0]), builder.mul(b_, xs[1]))
-        xv = [L.load(builder, px, builder.add(xoff, L.const(32 * k)), L.V8F) for k in range(4)]
-        absv = [builder.bitcast(builder.and_(builder.bitcast(v, L.V8I), _ABS), L.V8F) for v in xv]
+        xv, absv = _load_block(builder, px, _at(builder, tx_, b_, xs), 4)
         amax = _fmax_tree(builder, absv)
         s = builder.fdiv(amax, ir.Constant(L.F32, 127.0))
         zero = ir.Constant(L.F32, 0.0)
         inv = builder.select(builder.fcmp_unordered("!=", s, zero),
                              builder.fdiv(ir.Constant(L.F32, 1.0), s), zero)
-        L.store_f32(builder, pd, builder.add(builder.mul(tq_, ds[0]), builder.mul(b_, ds[1])),
-                    _f16_round(builder, s))
-        qoff = builder.add(builder.mul(tq_, qs[0]), builder.mul(b_, qs[1]))
+        L.store_f32(builder, pd, _at(builder, tq_, b_, ds), _f16_round(builder, s))
+        qoff = _at(builder, tq_, b_, qs)
         invv = L.splat(builder, inv, L.V8F)
         for k, v in enumerate(xv):
             codes = builder.trunc(builder.fptosi(_rint(builder, builder.fmul(v, invv)), L.V8I), V8B)
@@ -109,17 +117,17 @@ def rows4_copy(typingctx, xq, xp, xc, t, b, offset):
                                                  for i in (0, 1, 2))
         t_, b_ = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (3, 4))
         off = context.cast(builder, args[5], signature.args[5], types.int32)
-        qv = L.load(builder, pq, builder.add(builder.mul(t_, qs[0]), builder.mul(b_, qs[1])), L.V32B)
+        qv = L.load(builder, pq, _at(builder, t_, b_, qs), L.V32B)
         words = builder.bitcast(qv, L.V8I)
-        poff = builder.add(builder.mul(t_, ps[0]), builder.mul(b_, ps[1]))
+        poff = _at(builder, t_, b_, ps)
         for v in range(4):
             pat = ir.Constant(ir.VectorType(L.I32, 8), [2 * v] * 4 + [2 * v + 1] * 4)
             vec = builder.shuffle_vector(words, words, pat)
             builder.store(vec, builder.bitcast(builder.gep(pp, [builder.add(poff, L.const(32 * v))]),
                                                L.V8I.as_pointer()), align=1)
         total = L.hsum(builder, builder.sext(qv, ir.VectorType(L.I32, 32)))
-        coff = builder.add(builder.mul(t_, cs[0]), builder.mul(b_, cs[1]))
-        builder.store(builder.mul(off, total), builder.bitcast(builder.gep(pc, [coff]), L.I32.as_pointer()))
+        builder.store(builder.mul(off, total),
+                      builder.bitcast(builder.gep(pc, [_at(builder, t_, b_, cs)]), L.I32.as_pointer()))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -142,13 +150,10 @@ def q8_k_block(typingctx, x3, tx, b, q, d, bs, tq):
         (px, xs, _), (pq, qs, _), (pd, ds, _), (pb, bss, _) = (
             L.array_arg(context, builder, signature.args[i], args[i]) for i in (0, 3, 4, 5))
         tx_, b_, tq_ = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 6))
-        xoff = builder.add(builder.mul(tx_, xs[0]), builder.mul(b_, xs[1]))
-        xv = [L.load(builder, px, builder.add(xoff, L.const(32 * k)), L.V8F) for k in range(n)]
-        absv = [builder.bitcast(builder.and_(builder.bitcast(v, L.V8I), _ABS), L.V8F) for v in xv]
-        amax = _fmax_tree(builder, list(absv))
-        qoff = builder.add(builder.mul(tq_, qs[0]), builder.mul(b_, qs[1]))
-        doff = builder.add(builder.mul(tq_, ds[0]), builder.mul(b_, ds[1]))
-        boff = builder.add(builder.mul(tq_, bss[0]), builder.mul(b_, bss[1]))
+        xoff = _at(builder, tx_, b_, xs)
+        xv, absv = _load_block(builder, px, xoff, n)
+        amax = _fmax_tree(builder, absv)
+        qoff, doff, boff = (_at(builder, tq_, b_, st) for st in (qs, ds, bss))
         zero = ir.Constant(L.F32, 0.0)
 
         def store_codes(vecs):          # <8 x i32> int8 values, one per 8 weights -> q (+ 128) and the 8 sums
