@@ -8,8 +8,7 @@ count (set in the process between timings, alternating over rounds):
   cache-resident 24-block model (the fixed cost of a token) and on a model of the default model's shapes
   (`strata-lite synth --preset qwen2.5-0.5b`: random valid weights, the same types and bytes as the default
   model's file; or --model FILE);
-- with --shared, the shared blocks (kernels/cpu/decode_block_shared.py) as well, in the first waiting mode only
-  (they are compiled again in every process: docs/cpu.md).
+- with --shared, the shared blocks (kernels/cpu/decode_block_shared.py) as well.
 
 Waiting modes: `default` (what kernels/cpu/matvec.py sets: OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT=10000),
 `spin` (GOMP_SPINCOUNT=20000000), `passive` (OMP_WAIT_POLICY=PASSIVE alone: no spin, a futex wake-up a region),
@@ -105,7 +104,7 @@ def main(argv=None):
     ap.add_argument("--waits", default="default,spin")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", default=None, help="a real model (default: a synthetic one of the default model's shapes)")
-    ap.add_argument("--shared", action="store_true", help="time the shared blocks too (first waiting mode only)")
+    ap.add_argument("--shared", action="store_true", help="time the shared blocks too")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--models", default=None, help=argparse.SUPPRESS)
@@ -129,25 +128,25 @@ def main(argv=None):
             path = str(Path(d) / "q05.gguf")
             synth_model(path, PRESETS["qwen2.5-0.5b"], quant="q4_k_m")
             models.append(("0.5B shapes, Q4_K_M mix (synthetic)", path))
-        for i, w in enumerate(waits):
+        names = ["one-call", "per-call"] + (["shared"] if a.shared else [])
+        print(f"{os.cpu_count()} CPUs; {a.rounds} rounds; region µs and decode ms a token, median (min)")
+        print("| waiting | threads | empty region µs | " + " | ".join(f"{m[0]}: {n}" for m in models for n in names)
+              + " |")
+        print("|---|---|---|" + "---|" * (len(models) * len(names)), flush=True)
+        for w in waits:             # a mode's rows as soon as its process ends
             env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
             env.update(WAITS[w])
             cmd = [sys.executable, __file__, "--child", w, "--threads", a.threads, "--rounds", str(a.rounds),
-                   "--models", json.dumps(models)] + (["--shared"] if a.shared and i == 0 else [])
+                   "--models", json.dumps(models)] + (["--shared"] if a.shared else [])
             t0 = time.perf_counter()
             out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
-            results[w] = json.loads(out.strip().splitlines()[-1])
-            print(f"({w}: {time.perf_counter() - t0:.0f} s, threading layer {results[w]['layer']})", flush=True)
-    print(f"{os.cpu_count()} CPUs; {a.rounds} rounds; region µs and decode ms a token, median (min)")
-    names = ["one-call", "per-call"] + (["shared"] if a.shared else [])
-    print("| waiting | threads | empty region µs | " + " | ".join(f"{m[0]}: {n}" for m in models for n in names) + " |")
-    print("|---|---|---|" + "---|" * (len(models) * len(names)))
-    for w, r in results.items():
-        for t, row in r["threads"].items():
-            cells = [med(row[m[0]][n]) if n in row.get(m[0], {}) else "-" for m in models for n in names]
-            print(f"| {w} | {t} | {med(row['region_us'])} | " + " | ".join(cells) + " |")
-    if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
+            r = results[w] = json.loads(out.strip().splitlines()[-1])
+            for t, row in r["threads"].items():
+                cells = [med(row[m[0]][n]) for m in models for n in names]
+                print(f"| {w} | {t} | {med(row['region_us'])} | " + " | ".join(cells) + " |")
+            print(f"({w}: {time.perf_counter() - t0:.0f} s, threading layer {r['layer']})", flush=True)
+            if a.json:
+                Path(a.json).write_text(json.dumps(results, indent=1))
     return results
 
 

@@ -280,9 +280,8 @@ class DecodeBlock:
         rope = (_inv_freq(freq_base, n_rot), int(n_rot), bool(neox),
                 _NO_SCALE if q_scale is None else q_scale, q_scale is not None,
                 _NO_SCALE if k_scale is None else k_scale, k_scale is not None)
-        if shared:
-            from .decode_block_shared import make_shared_block
-            fn = make_shared_block(routes)
+        if shared:       # one function for every route (its module says why)
+            from .decode_block_shared import shared_block as fn
         else:
             fn = make_block(routes)
         return cls(fn, [w for w, _ in slots if w is not None], specs, tuple(raws), tuple(tables),
