@@ -40,6 +40,13 @@ def host_features() -> dict[str, bool]:
     return {f: f in on for f in REPORTED}
 
 
+def host_cpu_name() -> str:
+    """LLVM's name of the CPU Numba compiles for (NUMBA_CPU_NAME, or the host's: "znver4", "sapphirerapids", ...)."""
+    from numba.core import config
+    import llvmlite.binding as ll
+    return config.CPU_NAME or ll.get_host_cpu_name()
+
+
 def vnni_kind(feats: dict[str, bool]) -> str | None:
     """"AVX-512 VNNI" (with VL: the 256-bit form), "AVX-VNNI", or None: what a CPU with these features runs
     vpdpbusd on ymm registers with."""
@@ -67,6 +74,8 @@ def choose_isa(feats: dict[str, bool], env) -> tuple[int, str]:
 _FEATURES = host_features()
 VNNI_BUILT = vnni_kind(_FEATURES) is not None    # the kernels' VNNI branch is compiled (see the docstring)
 INT8_ISA, _INT8_NAME = choose_isa(_FEATURES, os.environ)
+WIDE_BUILT = VNNI_BUILT and _FEATURES["avx512f"] and _FEATURES["avx512vnni"]   # 512-bit vpdpbusd compiles
+GEMM_LANES = 16 if WIDE_BUILT and INT8_ISA == VNNI else 8
 
 
 def host_has_avx2() -> bool:

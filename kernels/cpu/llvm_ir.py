@@ -51,24 +51,30 @@ def avx2(builder, name):
     return builder.module.declare_intrinsic("llvm.x86.avx2." + name, (), ir.FunctionType(res, list(ops)))
 
 
-def _vpdpbusd(builder):
+def _vpdpbusd(builder, lanes=8):
     """Declared llvm.x86.avx512.vpdpbusd.256: the 256-bit form of both AVX-512 VNNI + VL (EVEX) and AVX-VNNI
-    (VEX), encoded by LLVM for the features it compiles for. <8 x i32> operands: the form every LLVM version
-    takes (LLVM 22 upgrades it to its <32 x i8> one)."""
-    if not _isa.VNNI_BUILT:     # LLVM would abort the process (cannot select); the kernels prune this branch
-        raise AssertionError("vpdpbusd asked of a compile target without VNNI")
-    return builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256", (), ir.FunctionType(V8I, [V8I] * 3))
+    (VEX), encoded by LLVM for the features it compiles for; lanes=16: llvm.x86.avx512.vpdpbusd.512 (AVX-512
+    VNNI). <lanes x i32> operands: the form every LLVM version takes (LLVM 22 upgrades it to its byte one)."""
+    if not (_isa.WIDE_BUILT if lanes == 16 else _isa.VNNI_BUILT):
+        raise AssertionError(f"{32 * lanes}-bit vpdpbusd asked of a compile target without it")  # LLVM would abort
+    vi = ir.VectorType(I32, lanes)
+    return builder.module.declare_intrinsic(f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", (),
+                                            ir.FunctionType(vi, [vi] * 3))
 
 
 def dot_u8s8(builder, isa, u, s, acc=None):
     """<8 x i32>, lane i = acc[i] (0 without acc) + sum over k < 4 of u[4i + k] s[4i + k]: u unsigned and s
-    signed bytes (<32 x i8>). AVX2: pmaddwd(pmaddubsw(u, s), 1) + acc; VNNI: vpdpbusd(acc, u, s). pmaddubsw
-    saturates its pair sums u0 s0 + u1 s1 to int16 and vpdpbusd does not, so the two are equal where no pair
-    sum leaves int16: every caller's u is at most 128 (|w|, or 4- / 5-bit codes), so a pair is within
-    [-32768, 32512] for any s."""
+    signed bytes (<32 x i8>; VNNI also <64 x i8> -> <16 x i32>). AVX2: pmaddwd(pmaddubsw(u, s), 1) + acc; VNNI:
+    vpdpbusd(acc, u, s). pmaddubsw saturates its pair sums u0 s0 + u1 s1 to int16 and vpdpbusd does not, so the
+    two are equal where no pair sum leaves int16: every caller's u is at most 128 (|w|, or 4- / 5-bit codes), so
+    a pair is within [-32768, 32512] for any s."""
+    lanes = u.type.count // 4
     if isa == _isa.VNNI:
-        return builder.call(_vpdpbusd(builder), [ir.Constant(V8I, None) if acc is None else acc,
-                                                 builder.bitcast(u, V8I), builder.bitcast(s, V8I)])
+        vi = ir.VectorType(I32, lanes)
+        return builder.call(_vpdpbusd(builder, lanes), [ir.Constant(vi, None) if acc is None else acc,
+                                                        builder.bitcast(u, vi), builder.bitcast(s, vi)])
+    if lanes != 8:
+        raise AssertionError("the AVX2 dot has 256-bit vectors only")
     d = builder.call(avx2(builder, "pmadd.wd"), [builder.call(avx2(builder, "pmadd.ub.sw"), [u, s]),
                                                  ir.Constant(V16W, [1] * 16)])
     return d if acc is None else builder.add(d, acc)

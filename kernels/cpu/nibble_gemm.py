@@ -29,10 +29,10 @@ from . import llvm_ir as L
 from . import nibble_int8 as nib
 from .act_quant_ir import q8_k_block
 from .gemm_work import token_chunks
-from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
+from .isa import AVX2, GEMM_LANES, INT8_ISA, VNNI, VNNI_BUILT, WIDE_BUILT
 
 MIN_TOK = 32         # from here on the GEMM; below, nibble_int8.matvec (crossover 24-32 tokens, docs/cpu.md)
-ROWS, T = 4, 8       # a tile: 4 rows x 2 groups of T tokens (the lanes of a vector)
+ROWS = 4             # a tile: 4 rows x 2 groups of `lanes` tokens (the lanes of a vector: 8, or 16 with WIDE)
 PANEL = 4            # row groups a thread unpacks at a time (16 rows; 35 blocks x 1.4 KB x 4 = 200 KB at 8960
                      # columns, in L2)
 QK = nib.QK
@@ -41,10 +41,14 @@ QK = nib.QK
 # the mins (int32, Q4_K / Q5_K) at MINS + 16 s + 4 q.
 W, SC, D, C128, DMIN, MINS = 0, 1024, 1280, 1296, 1312, 1328
 W_REC = 1456
-# Activation record of one token group and block: quad j of lane (token) l at A_X + 32 j + 4 l (uint8: the Q8_K
-# values + 128), the tokens' float32 scales at A_D + 4 l, the sub-block sums (int32) at A_B + 32 s + 4 l.
-A_X, A_D, A_B = 0, 2048, 2080
-A_REC = 2336
+
+
+def a_record(lanes: int):
+    """Activation record of one token group of `lanes` tokens and block, byte offsets (A_X, A_D, A_B, A_REC): quad
+    j of lane (token) l at A_X + 4 lanes j + 4 l (uint8: the Q8_K values + 128), the tokens' float32 scales at
+    A_D + 4 l, the sub-block sums (int32) at A_B + 4 lanes s + 4 l; A_REC bytes a record."""
+    a_d = 64 * 4 * lanes
+    return 0, a_d, a_d + 4 * lanes, a_d + 4 * lanes + 32 * lanes
 
 
 # ------------------------------------------------------------------------------------------- panels
@@ -106,12 +110,14 @@ def _unpack_group(kind, raw3, raw_f, raw_i, r0, pw, pw_i, pw_f, gi):
 # ------------------------------------------------------------------------------------- activations
 
 @njit(cache=True, parallel=True)
-def _pack_activations(x3, a, a_f32, a_i32):
-    # a uint8 (token groups, blocks, A_REC), a_f32 / a_i32 the same bytes; a short last group repeats its last
-    # token. llama.cpp's Q8_K rounding (act_quant_ir.q8_k_block).
+def _pack_activations(x3, a, a_f32, a_i32, lanes):
+    # a uint8 (token groups, blocks, record of a_record(lanes)), a_f32 / a_i32 the same bytes; a short last group
+    # repeats its last token. llama.cpp's Q8_K rounding (act_quant_ir.q8_k_block).
     n_tok, nb = x3.shape[0], x3.shape[1]
-    for t in prange(a.shape[0] * T):
-        g, lane = t // T, t % T
+    a_d = 256 * lanes
+    a_b = a_d + 4 * lanes
+    for t in prange(a.shape[0] * lanes):
+        g, lane = t // lanes, t % lanes
         tx = min(np.intp(t), n_tok - 1)
         q = np.empty((1, nb, QK), dtype=np.uint8)
         d = np.empty((1, nb), dtype=np.float32)
@@ -119,21 +125,23 @@ def _pack_activations(x3, a, a_f32, a_i32):
         for b in range(nb):
             q8_k_block(x3, tx, b, q, d, bs, 0)
             for i in range(QK):
-                a[g, b, A_X + 32 * (i // 4) + 4 * lane + i % 4] = q[0, b, i]
-            a_f32[g, b, A_D // 4 + lane] = d[0, b]
+                a[g, b, 4 * lanes * (i // 4) + 4 * lane + i % 4] = q[0, b, i]
+            a_f32[g, b, a_d // 4 + lane] = d[0, b]
             for s in range(8):
-                a_i32[g, b, (A_B + 32 * s) // 4 + lane] = bs[0, b, s]
+                a_i32[g, b, (a_b + 4 * lanes * s) // 4 + lane] = bs[0, b, s]
 
 
 # --------------------------------------------------------------------------------------------- tile
 
-def _make_tile(isa, n_sub: int, mins: bool):
-    """The intrinsic tile(pw, i, a, g0, g1, out, r0): out[8 g + l, r0 + q] for the 8 tokens l of token groups
-    g = g0 and g1 (g1 may equal g0: its values are then stored twice; stores past the last token or row go to
-    the last one, which the packing repeated) and the 4 rows q of panel group i. n_sub: sub-blocks a block (8;
-    Q6_K 16), mins: Q4_K / Q5_K's mins term."""
+def _make_tile(isa, n_sub: int, mins: bool, lanes: int = 8):
+    """The intrinsic tile(pw, i, a, g0, g1, out, r0): out[lanes g + l, r0 + q] for the `lanes` tokens l of token
+    groups g = g0 and g1 (g1 may equal g0: its values are then stored twice; stores past the last token or row go
+    to the last one, which the packing repeated) and the 4 rows q of panel group i. n_sub: sub-blocks a block (8;
+    Q6_K 16), mins: Q4_K / Q5_K's mins term; lanes: 8 (256-bit vectors) or 16 (512-bit, VNNI only)."""
     quads = 64 // n_sub         # 4-weight quads a sub-block
     chains = 2 if isa == VNNI else 1
+    A_X, A_D, A_B, _ = a_record(lanes)
+    VI, VF, VB = (ir.VectorType(t, n) for t, n in ((L.I32, lanes), (L.F32, lanes), (L.I8, 4 * lanes)))
 
     @intrinsic
     def tile(typingctx, pw, i, a, g0, g1, out, r0):
@@ -152,28 +160,28 @@ def _make_tile(isa, n_sub: int, mins: bool):
             def vec(ty):
                 return [[cgutils.alloca_once_value(builder, ir.Constant(ty, None)) for _ in range(ROWS)]
                         for _ in groups]
-            acc, macc, blk = vec(L.V8F), vec(L.V8F), vec(L.V8I)
+            acc, macc, blk = vec(VF), vec(VF), vec(VI)
 
-            def bcast(p, off, ty=L.I32):     # a 4-byte field at p + off in each of the 8 lanes
-                return L.splat(builder, L.load(builder, p, off, ty), L.V8I if ty == L.I32 else L.V8F)
+            def bcast(p, off, ty=L.I32):     # a 4-byte field at p + off in each lane
+                return L.splat(builder, L.load(builder, p, off, ty), VI if ty == L.I32 else VF)
 
             with cgutils.for_range(builder, wshape[1]) as loop:
                 pwb = builder.gep(w0, [builder.mul(loop.index, wstr[1])])
                 pab = [builder.gep(p, [builder.mul(loop.index, astr[1])]) for p in a0]
                 for row in blk:
                     for ptr in row:
-                        builder.store(ir.Constant(L.V8I, None), ptr)
+                        builder.store(ir.Constant(VI, None), ptr)
                 # one iteration per sub-block, its quads unrolled
                 with cgutils.for_range(builder, L.const(n_sub)) as sub:
                     s = sub.index
                     dsub = [[[None, None] for _ in range(ROWS)] for _ in groups]     # even / odd quads: 2 chains
                     for jj in range(quads):
                         j = builder.add(builder.mul(s, L.const(quads)), L.const(jj))
-                        xa = [L.load(builder, p, builder.add(L.const(A_X), builder.mul(j, L.const(32))), L.V32B)
+                        xa = [L.load(builder, p, builder.add(L.const(A_X), builder.mul(j, L.const(4 * lanes))), VB)
                               for p in pab]
                         for q in range(ROWS):
                             w = builder.bitcast(bcast(pwb, builder.add(L.const(W + QK * q), builder.mul(j, L.const(4)))),
-                                                L.V32B)
+                                                VB)
                             for k, x in enumerate(xa):
                                 dsub[k][q][jj % chains] = L.dot_u8s8(builder, isa, x, w, dsub[k][q][jj % chains])
                     for q in range(ROWS):
@@ -182,26 +190,27 @@ def _make_tile(isa, n_sub: int, mins: bool):
                             d = dsub[k][q][0] if chains == 1 else builder.add(*dsub[k][q])
                             builder.store(builder.add(builder.load(blk[k][q]), builder.mul(d, sc)), blk[k][q])
                 for k, p in enumerate(pab):
-                    da = L.load(builder, p, A_D, L.V8F)
+                    da = L.load(builder, p, A_D, VF)
                     for q in range(ROWS):
                         v = builder.sub(builder.load(blk[k][q]), bcast(pwb, C128 + 4 * q))
                         sd = builder.fmul(bcast(pwb, D + 4 * q, L.F32), da)
-                        builder.store(builder.fadd(builder.fmul(builder.sitofp(v, L.V8F), sd, flags=L.CONTRACT),
+                        builder.store(builder.fadd(builder.fmul(builder.sitofp(v, VF), sd, flags=L.CONTRACT),
                                                    builder.load(acc[k][q]), flags=L.CONTRACT), acc[k][q])
                         if mins:
                             m = None
                             for s in range(8):
-                                t = builder.mul(bcast(pwb, MINS + 16 * s + 4 * q), L.load(builder, p, A_B + 32 * s, L.V8I))
+                                t = builder.mul(bcast(pwb, MINS + 16 * s + 4 * q),
+                                                L.load(builder, p, A_B + 4 * lanes * s, VI))
                                 m = t if m is None else builder.add(m, t)
                             sm = builder.fmul(bcast(pwb, DMIN + 4 * q, L.F32), da)
-                            builder.store(builder.fadd(builder.fmul(builder.sitofp(m, L.V8F), sm, flags=L.CONTRACT),
+                            builder.store(builder.fadd(builder.fmul(builder.sitofp(m, VF), sm, flags=L.CONTRACT),
                                                        builder.load(macc[k][q]), flags=L.CONTRACT), macc[k][q])
             rows = L.clamped_rows(builder, args[6], ROWS, oshape[1])
             for k, g in enumerate(groups):
                 vals = [builder.load(ptr) for ptr in acc[k]]
                 if mins:
                     vals = [builder.fsub(v, builder.load(ptr)) for v, ptr in zip(vals, macc[k])]
-                toks = L.clamped_rows(builder, builder.mul(g, L.const(T)), T, oshape[0])
+                toks = L.clamped_rows(builder, builder.mul(g, L.const(lanes)), lanes, oshape[0])
                 L.store_tile(builder, pout, ostr, toks, rows,
                              lambda q, l: builder.extract_element(vals[q], L.const(l, L.I32)))
             return context.get_dummy_value()
@@ -210,14 +219,22 @@ def _make_tile(isa, n_sub: int, mins: bool):
     return tile
 
 
-# (isa, n_sub, mins) -> tile: IQ3_XXS (8, no mins), Q4_K / Q5_K (8, mins), Q6_K (16, no mins)
+# (isa, n_sub, mins) -> tile: IQ3_XXS (8, no mins), Q4_K / Q5_K (8, mins), Q6_K (16, no mins); 512-bit ones where built
 _t8, _t8m, _t16 = (_make_tile(AVX2, 8, False), _make_tile(AVX2, 8, True), _make_tile(AVX2, 16, False))
 _t8v, _t8mv, _t16v = (_make_tile(VNNI, 8, False), _make_tile(VNNI, 8, True), _make_tile(VNNI, 16, False))
+_t8w, _t8mw, _t16w = (_make_tile(VNNI, 8, False, 16), _make_tile(VNNI, 8, True, 16), _make_tile(VNNI, 16, False, 16))
 
 
 @njit(cache=True, inline="always")
-def _tile(kind, isa, pw, i, a, g0, g1, out, r0):
-    if VNNI_BUILT and isa == VNNI:
+def _tile(kind, isa, lanes, pw, i, a, g0, g1, out, r0):
+    if WIDE_BUILT and lanes == 16:
+        if kind == nib.Q6K:
+            _t16w(pw, i, a, g0, g1, out, r0)
+        elif kind == nib.Q4K or kind == nib.Q5K:
+            _t8mw(pw, i, a, g0, g1, out, r0)
+        else:
+            _t8w(pw, i, a, g0, g1, out, r0)
+    elif VNNI_BUILT and isa == VNNI:
         if kind == nib.Q6K:
             _t16v(pw, i, a, g0, g1, out, r0)
         elif kind == nib.Q4K or kind == nib.Q5K:
@@ -235,12 +252,13 @@ def _tile(kind, isa, pw, i, a, g0, g1, out, r0):
 # -------------------------------------------------------------------------------------------- GEMM
 
 @njit(cache=True, parallel=True)
-def _gemm(raw3, raw_f, raw_i, x3, out, kind, n_threads, isa):
+def _gemm(raw3, raw_f, raw_i, x3, out, kind, n_threads, isa, lanes):
+    # lanes: tokens a vector, 8 (256-bit) or 16 (512-bit: WIDE_BUILT and isa VNNI)
     n_rows, nb = raw3.shape[0], raw3.shape[1]
     n_groups = (n_rows + ROWS - 1) // ROWS
-    n_tg = (x3.shape[0] + T - 1) // T
-    a = np.empty((n_tg, nb, A_REC), dtype=np.uint8)
-    _pack_activations(x3, a, a.view(np.float32), a.view(np.int32))
+    n_tg = (x3.shape[0] + lanes - 1) // lanes
+    a = np.empty((n_tg, nb, 260 * lanes + 32 * lanes), dtype=np.uint8)     # a_record(lanes)'s A_REC
+    _pack_activations(x3, a, a.view(np.float32), a.view(np.int32), lanes)
     n_pan = (n_groups + PANEL - 1) // PANEL
     n_ch = token_chunks(n_pan, n_tg, n_threads)
     for item in prange(n_pan * n_ch):
@@ -254,17 +272,22 @@ def _gemm(raw3, raw_f, raw_i, x3, out, kind, n_threads, isa):
         tg0, tg1 = n_tg * c // n_ch, n_tg * (c + 1) // n_ch
         for tg in range(tg0, tg1, 2):             # two token groups a tile (the last may repeat: same values)
             for i in range(n_in_pan):
-                _tile(kind, isa, pw, i, a, tg, min(tg + 1, tg1 - 1), out, ROWS * (g0 + i))
+                _tile(kind, isa, lanes, pw, i, a, tg, min(tg + 1, tg1 - 1), out, ROWS * (g0 + i))
 
 
 def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, table: np.ndarray, kind: int,
-           isa: int = INT8_ISA) -> None:
+           isa: int = INT8_ISA, lanes: int | None = None) -> None:
     """out (n_tok, n_rows) = x @ W.T; W in layout `kind` (nibble_int8's IQ3, Q4K, Q6K, Q5K) as (n_rows, nb, block
     bytes), x float32 (n_tok, nb, 256): nibble_int8.matvec's results, bit for bit. table: IQ3's code values, which
-    only the mat-vec kernel reads (the GEMM computes them, _iq3_value), taken so both have one signature."""
+    only the mat-vec kernel reads (the GEMM computes them, _iq3_value), taken so both have one signature. lanes:
+    tokens a vector, 16 (512-bit) only with AVX-512 VNNI and isa VNNI; by default isa.GEMM_LANES on VNNI, else 8."""
     n_rows, nb, nbytes = raw3.shape
     as_f32, as_i32 = (raw3.view(dt).reshape(n_rows, nb, nbytes // 4) for dt in (np.float32, np.int32))
-    _gemm(raw3, as_f32, as_i32, x3, out, kind, numba.get_num_threads(), isa)
+    if lanes is None:
+        lanes = GEMM_LANES if isa == VNNI else 8
+    if lanes == 16 and not (WIDE_BUILT and isa == VNNI):
+        raise ValueError("16-lane tiles need AVX-512 VNNI and the VNNI path")
+    _gemm(raw3, as_f32, as_i32, x3, out, kind, numba.get_num_threads(), isa, lanes)
 
 
 def multiply(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, table: np.ndarray, kind: int) -> None:

@@ -31,17 +31,22 @@ from . import llvm_ir as L
 from . import rows4_int8 as r4
 from .act_quant_ir import q8_0_block
 from .gemm_work import token_chunks
-from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT
+from .isa import AVX2, GEMM_LANES, INT8_ISA, VNNI, VNNI_BUILT, WIDE_BUILT
 
 MIN_TOK = 16      # from here on the GEMM; below, rows4_int8's mat-vec kernel (8-token calls)
-T = 8             # tokens a tile: the 8 lanes of a vector
 PANEL = 12        # row groups a thread unpacks at a time (48 rows; 12 x 28 blocks x 144 B = 48 KB at 896 columns)
 # a panel record: the 4 code vectors (128 bytes), for the sign form the 4 signed weight vectors (128), then the
 # 4 rows' float32 scales
 def _w_rec(sign: bool) -> int:
     return 272 if sign else 144
 
-A_X, A_D, A_C, A_REC = 0, 256, 288, 320   # activation record: lane groups, scales, offset x block sums
+
+
+def a_record(lanes: int):
+    """Activation record of `lanes` tokens (8, or 16 with 512-bit vectors) and a block, byte offsets (A_X, A_D,
+    A_C, A_REC): lane group j (4 activations) of token l at A_X + 4 lanes j + 4 l, the tokens' float32 scales at
+    A_D + 4 l, offset x their block sums (int32) at A_C + 4 l; A_REC bytes a record."""
+    return 0, 32 * lanes, 36 * lanes, 40 * lanes
 
 
 # ------------------------------------------------------------------------------------------- panels
@@ -105,13 +110,13 @@ def _unpack(kind, isa, raw3, g, pw, i):
 # ------------------------------------------------------------------------------------- activations
 
 @njit(cache=True, parallel=True)
-def _pack_activations(x3, a, a_f32, a_i32, offset):
-    # a uint8 (token groups, blocks, A_REC); a_f32 / a_i32 the same bytes. Record [g, b]: lane group j of the
-    # 8 tokens at A_X + 32 j + 4 lane, their scales at A_D, offset x their block sums at A_C (a short last
-    # group repeats the last token). llama.cpp's Q8_0 rounding (act_quant_ir.q8_0_block).
+def _pack_activations(x3, a, a_f32, a_i32, offset, lanes):
+    # a uint8 (token groups, blocks, a_record(lanes)'s A_REC); a_f32 / a_i32 the same bytes (a short last group
+    # repeats the last token). llama.cpp's Q8_0 rounding (act_quant_ir.q8_0_block).
     n_tok, nb = x3.shape[0], x3.shape[1]
-    for t in prange(a.shape[0] * T):
-        g, lane = t // T, t % T
+    a_d, a_c = 32 * lanes, 36 * lanes
+    for t in prange(a.shape[0] * lanes):
+        g, lane = t // lanes, t % lanes
         tx = min(np.intp(t), n_tok - 1)
         q = np.empty((1, nb, 32), dtype=np.int8)
         d = np.empty((1, nb), dtype=np.float32)
@@ -119,19 +124,21 @@ def _pack_activations(x3, a, a_f32, a_i32, offset):
             q8_0_block(x3, tx, b, q, d, 0)
             tot = np.int32(0)
             for j in range(32):
-                a[g, b, A_X + 32 * (j // 4) + 4 * lane + j % 4] = np.uint8(q[0, b, j] & 255)
+                a[g, b, 4 * lanes * (j // 4) + 4 * lane + j % 4] = np.uint8(q[0, b, j] & 255)
                 tot += np.int32(q[0, b, j])
-            a_f32[g, b, A_D // 4 + lane] = d[0, b]
-            a_i32[g, b, A_C // 4 + lane] = offset * tot
+            a_f32[g, b, a_d // 4 + lane] = d[0, b]
+            a_i32[g, b, a_c // 4 + lane] = offset * tot
 
 
 # --------------------------------------------------------------------------------------------- tile
 
-def _make_tile(isa, sign: bool):
-    """The intrinsic tile(pw, i, a, g0, g1, out, r0): out[8 g + l, r0 + q] for the 8 tokens l of the token
-    groups g = g0 and g1 (g1 may equal g0: then its values are stored twice; stores past the last token go to
-    the last one: the packing repeated it) and the 4 rows q of panel group i; each weight broadcast serves both
-    groups. sign: the panel holds the sign form (|w|, then w)."""
+def _make_tile(isa, sign: bool, lanes: int = 8):
+    """The intrinsic tile(pw, i, a, g0, g1, out, r0): out[lanes g + l, r0 + q] for the `lanes` tokens l of the
+    token groups g = g0 and g1 (g1 may equal g0: then its values are stored twice; stores past the last token go
+    to the last one: the packing repeated it) and the 4 rows q of panel group i; each weight broadcast serves both
+    groups. sign: the panel holds the sign form (|w|, then w); lanes: 8 (256-bit vectors) or 16 (512-bit, VNNI)."""
+    A_X, A_D, A_C, _ = a_record(lanes)
+    VI, VF, VB = (ir.VectorType(t, n) for t, n in ((L.I32, lanes), (L.F32, lanes), (L.I8, 4 * lanes)))
     @intrinsic
     def tile(typingctx, pw, i, a, g0, g1, out, r0):
         if not (L.c_arrays((pw, types.uint8, 3), (a, types.uint8, 3)) and L.strided_array(out, types.float32, 2)
@@ -147,18 +154,18 @@ def _make_tile(isa, sign: bool):
             w0 = builder.gep(ppw, [builder.mul(args[1], wstr[0])])
             groups = (args[3], args[4])
             a0 = [builder.gep(pa, [builder.mul(g, astr[0])]) for g in groups]
-            acc = [[cgutils.alloca_once_value(builder, ir.Constant(L.V8F, None)) for _ in range(r4.ROWS)]
+            acc = [[cgutils.alloca_once_value(builder, ir.Constant(VF, None)) for _ in range(r4.ROWS)]
                    for _ in groups]
 
-            def dword(p, off):          # 4 bytes at p + off, in each of the 8 lanes
-                return builder.bitcast(L.splat(builder, L.load(builder, p, off, L.I32), L.V8I), L.V32B)
+            def dword(p, off):          # 4 bytes at p + off, in each lane
+                return builder.bitcast(L.splat(builder, L.load(builder, p, off, L.I32), VI), VB)
 
             with cgutils.for_range(builder, wshape[1]) as loop:
                 pwb = builder.gep(w0, [builder.mul(loop.index, wstr[1])])
                 pab = [builder.gep(p, [builder.mul(loop.index, astr[1])]) for p in a0]
                 isum = [[None] * r4.ROWS for _ in groups]
                 for j in range(8):
-                    xa = [L.load(builder, p, A_X + 32 * j, L.V32B) for p in pab]
+                    xa = [L.load(builder, p, A_X + 4 * lanes * j, VB) for p in pab]
                     for q in range(r4.ROWS):       # row q's codes of lane group j: vector j // 2, dword 4 (j % 2) + q
                         at = 32 * (j // 2) + 4 * (4 * (j % 2) + q)
                         w = dword(pwb, at)
@@ -167,17 +174,17 @@ def _make_tile(isa, sign: bool):
                             xs = builder.call(psign, [x, ws]) if sign else x
                             isum[k][q] = L.dot_u8s8(builder, isa, w, xs, isum[k][q])
                 for k, p in enumerate(pab):
-                    corr = L.load(builder, p, A_C, L.V8I)
-                    da = L.load(builder, p, A_D, L.V8F)
+                    corr = L.load(builder, p, A_C, VI)
+                    da = L.load(builder, p, A_D, VF)
                     for q in range(r4.ROWS):
-                        s = builder.fmul(L.splat(builder, L.load(builder, pwb, d_at + 4 * q, L.F32), L.V8F), da)
-                        f = builder.sitofp(builder.sub(isum[k][q], corr), L.V8F)
+                        s = builder.fmul(L.splat(builder, L.load(builder, pwb, d_at + 4 * q, L.F32), VF), da)
+                        f = builder.sitofp(builder.sub(isum[k][q], corr), VF)
                         builder.store(builder.fadd(builder.fmul(f, s, flags=L.CONTRACT), builder.load(acc[k][q]),
                                                    flags=L.CONTRACT), acc[k][q])
             rows = [builder.add(args[6], L.const(q)) for q in range(r4.ROWS)]
             for k, g in enumerate(groups):
                 vals = [builder.load(p) for p in acc[k]]
-                toks = L.clamped_rows(builder, builder.mul(g, L.const(T)), T, oshape[0])
+                toks = L.clamped_rows(builder, builder.mul(g, L.const(lanes)), lanes, oshape[0])
                 L.store_tile(builder, pout, ostr, toks, rows,
                              lambda q, l: builder.extract_element(vals[q], L.const(l, L.I32)))
             return context.get_dummy_value()
@@ -187,11 +194,14 @@ def _make_tile(isa, sign: bool):
 
 
 _tile_avx2, _tile_avx2_sign, _tile_vnni = _make_tile(AVX2, False), _make_tile(AVX2, True), _make_tile(VNNI, False)
+_tile_wide = _make_tile(VNNI, False, 16)
 
 
 @njit(cache=True, inline="always")
-def _tile(kind, isa, pw, i, a, g0, g1, out, r0):
-    if VNNI_BUILT and isa == VNNI:
+def _tile(kind, isa, lanes, pw, i, a, g0, g1, out, r0):
+    if WIDE_BUILT and lanes == 16:
+        _tile_wide(pw, i, a, g0, g1, out, r0)
+    elif VNNI_BUILT and isa == VNNI:
         _tile_vnni(pw, i, a, g0, g1, out, r0)
     elif r4.sign_form(kind, isa):
         _tile_avx2_sign(pw, i, a, g0, g1, out, r0)
@@ -202,11 +212,12 @@ def _tile(kind, isa, pw, i, a, g0, g1, out, r0):
 # -------------------------------------------------------------------------------------------- GEMM
 
 @njit(cache=True, parallel=True)
-def _gemm(raw3, x3, out, kind, w_rec, n_threads, isa):
+def _gemm(raw3, x3, out, kind, w_rec, n_threads, isa, lanes):
+    # lanes: tokens a vector, 8 (256-bit) or 16 (512-bit: WIDE_BUILT and isa VNNI)
     n_groups, nb = raw3.shape[0] // r4.ROWS, raw3.shape[1]
-    n_tg = (x3.shape[0] + T - 1) // T
-    a = np.empty((n_tg, nb, A_REC), dtype=np.uint8)
-    _pack_activations(x3, a, a.view(np.float32), a.view(np.int32), r4.offset(kind, isa))
+    n_tg = (x3.shape[0] + lanes - 1) // lanes
+    a = np.empty((n_tg, nb, 40 * lanes), dtype=np.uint8)      # a_record(lanes)'s A_REC
+    _pack_activations(x3, a, a.view(np.float32), a.view(np.int32), r4.offset(kind, isa), lanes)
     n_pan = (n_groups + PANEL - 1) // PANEL
     n_ch = token_chunks(n_pan, n_tg, n_threads)
     for item in prange(n_pan * n_ch):
@@ -219,10 +230,16 @@ def _gemm(raw3, x3, out, kind, w_rec, n_threads, isa):
         tg0, tg1 = n_tg * c // n_ch, n_tg * (c + 1) // n_ch
         for tg in range(tg0, tg1, 2):             # two token groups a tile (the last may repeat: same values)
             for i in range(n_in_pan):
-                _tile(kind, isa, pw, i, a, tg, min(tg + 1, tg1 - 1), out, r4.ROWS * (g0 + i))
+                _tile(kind, isa, lanes, pw, i, a, tg, min(tg + 1, tg1 - 1), out, r4.ROWS * (g0 + i))
 
 
-def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, kind: int, isa: int = INT8_ISA) -> None:
+def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, kind: int, isa: int = INT8_ISA,
+           lanes: int | None = None) -> None:
     """out (n_tok, n_rows) = x @ W.T, W the interleaved layout of `kind` (rows4_int8's kinds) viewed (n_rows, nb,
-    its block bytes), x float32 (n_tok, nb, 32): rows4_int8's mat-vec results, bit for bit."""
-    _gemm(raw3, x3, out, kind, _w_rec(r4.sign_form(kind, isa)), numba.get_num_threads(), isa)
+    its block bytes), x float32 (n_tok, nb, 32): rows4_int8's mat-vec results, bit for bit. lanes: tokens a
+    vector, 16 (512-bit) only with AVX-512 VNNI and isa VNNI; by default isa.GEMM_LANES on VNNI, else 8."""
+    if lanes is None:
+        lanes = GEMM_LANES if isa == VNNI else 8
+    if lanes == 16 and not (WIDE_BUILT and isa == VNNI):
+        raise ValueError("16-lane tiles need AVX-512 VNNI and the VNNI path")
+    _gemm(raw3, x3, out, kind, _w_rec(r4.sign_form(kind, isa)), numba.get_num_threads(), isa, lanes)
