@@ -11,6 +11,9 @@ The K-quant / IQ3_XXS mat-vec kernel (nibble_int8.py) has no VNNI variant: its p
 sub-block scales, not by ones, so vpdpbusd cannot replace it; on a VNNI target LLVM itself turns its
 pmaddwd + vpaddd into vpdpwssd (the same integers; seen with LLVM 22.1). Their prompt GEMM (nibble_gemm.py)
 keeps the tokens in the lanes and takes the isa argument like the Q8_0 family.
+The prompt GEMMs (rows4_gemm.py, nibble_gemm.py) also come in 512-bit tiles of 16 tokens a vector (WIDE_BUILT: AVX-512
+VNNI compiled in; the same operations per token, so the same bits), taken where the CPU runs 512-bit vectors whole
+(GEMM_LANES, choose_gemm_lanes).
 LLVM aborts the process when asked for vpdpbusd on a target without it, so the kernels compile their VNNI
 branch only under `if VNNI_BUILT` (a constant Numba prunes): VNNI_BUILT depends only on the target Numba
 compiles for, which is part of its cache key, so a cached kernel never holds code its host cannot run.
@@ -71,11 +74,31 @@ def choose_isa(feats: dict[str, bool], env) -> tuple[int, str]:
     return VNNI, f"int8 {kind} kernels (vpdpbusd, 256-bit)" + note
 
 
+LANES_ENV = "STRATA_LITE_GEMM_LANES"   # unset or "auto": by CPU (choose_gemm_lanes); "8" or "16"
+SPLIT_512 = ("znver4",)   # CPUs that run a 512-bit vector op as two 256-bit halves: 16-token tiles measured no
+                          # faster there (docs/cpu.md, "512-bit prompt tiles")
+
+
+def choose_gemm_lanes(wide_built: bool, int8_isa: int, cpu_name: str, env) -> tuple[int, str]:
+    """(tokens a vector of the prompt GEMMs' tiles, 8 or 16, and a note for kernel_family(), "" at 8 by default):
+    16 (512-bit vectors) needs AVX-512 VNNI compiled in and the VNNI path, and is the default there except on
+    the SPLIT_512 CPUs; STRATA_LITE_GEMM_LANES=8 or 16 chooses."""
+    want = env.get(LANES_ENV, "auto").strip().lower()
+    if want not in ("auto", "8", "16"):
+        return choose_gemm_lanes(wide_built, int8_isa, cpu_name, {})[0], f"; {LANES_ENV}={want} not understood"
+    if not (wide_built and int8_isa == VNNI):
+        return 8, "" if want != "16" else f"; {LANES_ENV}=16, but there is no 512-bit VNNI path here"
+    if want == "auto":
+        want = "8" if cpu_name in SPLIT_512 else "16"
+        return int(want), "; prompt GEMMs 512-bit" if want == "16" else ""
+    return int(want), f"; prompt GEMMs {32 * int(want)}-bit ({LANES_ENV}={want})"
+
+
 _FEATURES = host_features()
 VNNI_BUILT = vnni_kind(_FEATURES) is not None    # the kernels' VNNI branch is compiled (see the docstring)
 INT8_ISA, _INT8_NAME = choose_isa(_FEATURES, os.environ)
 WIDE_BUILT = VNNI_BUILT and _FEATURES["avx512f"] and _FEATURES["avx512vnni"]   # 512-bit vpdpbusd compiles
-GEMM_LANES = 16 if WIDE_BUILT and INT8_ISA == VNNI else 8
+GEMM_LANES, _LANES_NOTE = choose_gemm_lanes(WIDE_BUILT, INT8_ISA, host_cpu_name(), os.environ)
 
 
 def host_has_avx2() -> bool:
@@ -91,7 +114,7 @@ def int8_enabled() -> bool:
 def kernel_family() -> str:
     """One line naming the CPU kernels in use and why."""
     if int8_enabled():
-        return _INT8_NAME
+        return _INT8_NAME + _LANES_NOTE
     if not host_has_avx2():
         return "float kernels (this CPU has no AVX2)"
     return "float kernels (STRATA_LITE_INT8=0)"

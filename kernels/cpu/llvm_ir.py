@@ -56,7 +56,7 @@ def _vpdpbusd(builder, lanes=8):
     (VEX), encoded by LLVM for the features it compiles for; lanes=16: llvm.x86.avx512.vpdpbusd.512 (AVX-512
     VNNI). <lanes x i32> operands: the form every LLVM version takes (LLVM 22 upgrades it to its byte one)."""
     if not (_isa.WIDE_BUILT if lanes == 16 else _isa.VNNI_BUILT):
-        raise AssertionError(f"{32 * lanes}-bit vpdpbusd asked of a compile target without it")  # LLVM would abort
+        raise AssertionError(f"{32 * lanes}-bit vpdpbusd asked of a compile target without VNNI")  # LLVM aborts
     vi = ir.VectorType(I32, lanes)
     return builder.module.declare_intrinsic(f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", (),
                                             ir.FunctionType(vi, [vi] * 3))

@@ -21,7 +21,7 @@ import pytest
 from gguf import GGMLQuantizationType as QType
 from llvmlite import ir
 
-from strata_lite.kernels.cpu import isa, llvm_ir as L, q8_0_gemm, q8_0_int8
+from strata_lite.kernels.cpu import isa, llvm_ir as L, nibble_gemm, nibble_int8, q8_0_gemm, q8_0_int8, rows4_gemm
 from test_dequant import random_rows
 from test_prompt_gemm import Q8_KINDS, _q8_rows, _x
 
@@ -58,6 +58,22 @@ def test_choice_by_features_and_environment(on, env, want, name):
     assert isa.choose_isa(_features(*on), env) == (want, name)
 
 
+@pytest.mark.parametrize("wide,which,cpu,env,want", [
+    (True, isa.VNNI, "sapphirerapids", {}, (16, "; prompt GEMMs 512-bit")),
+    (True, isa.VNNI, "icelake-server", {}, (16, "; prompt GEMMs 512-bit")),
+    (True, isa.VNNI, "znver4", {}, (8, "")),                     # 512-bit ops split in halves: no gain measured
+    (True, isa.VNNI, "znver4", {isa.LANES_ENV: "16"}, (16, "; prompt GEMMs 512-bit (STRATA_LITE_GEMM_LANES=16)")),
+    (True, isa.VNNI, "sapphirerapids", {isa.LANES_ENV: " 8 "}, (8, "; prompt GEMMs 256-bit (STRATA_LITE_GEMM_LANES=8)")),
+    (True, isa.AVX2, "sapphirerapids", {}, (8, "")),              # STRATA_LITE_CPU_ISA=avx2: no 512-bit dots
+    (False, isa.VNNI, "alderlake", {}, (8, "")),                  # AVX-VNNI: 256-bit only
+    (False, isa.VNNI, "alderlake", {isa.LANES_ENV: "16"},
+     (8, "; STRATA_LITE_GEMM_LANES=16, but there is no 512-bit VNNI path here")),
+    (True, isa.VNNI, "sapphirerapids", {isa.LANES_ENV: "32"}, (16, "; STRATA_LITE_GEMM_LANES=32 not understood")),
+], ids=lambda v: str(v) if isinstance(v, dict) else None)
+def test_gemm_lanes_by_cpu_and_environment(wide, which, cpu, env, want):
+    assert isa.choose_gemm_lanes(wide, which, cpu, env) == want
+
+
 def test_features_are_those_numba_compiles_for(monkeypatch):
     from numba.core import config
     monkeypatch.setattr(config, "CPU_FEATURES", "+avx2,+fma,-avx512vnni,+avxvnni,+avx512vl")
@@ -69,26 +85,30 @@ def test_features_are_those_numba_compiles_for(monkeypatch):
 
 
 def _child_choice(value):
-    env = {k: v for k, v in os.environ.items() if k != isa.ISA_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (isa.ISA_ENV, isa.LANES_ENV)}
     if value is not None:
         env[isa.ISA_ENV] = value
     r = subprocess.run([sys.executable, "-c", "from strata_lite.kernels.cpu import isa; "
-                        "print(isa.INT8_ISA, isa.VNNI_BUILT); print(isa.kernel_family())"],
+                        "print(isa.INT8_ISA, isa.VNNI_BUILT, isa.GEMM_LANES); print(isa.kernel_family())"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     first, family = r.stdout.splitlines()
-    chosen, built = first.split()
-    return int(chosen), built == "True", family
+    chosen, built, lanes = first.split()
+    return int(chosen), built == "True", family, int(lanes)
 
 
 @pytest.mark.parametrize("value", [None, "avx2", "vnni"])
 def test_import_time_choice_and_override(value):
     """A fresh process chooses from its CPU and STRATA_LITE_CPU_ISA; the VNNI code is compiled where the CPU
     has it, whatever the override (it is a kernel argument, so both paths share the cache)."""
-    chosen, built, family = _child_choice(value)
-    want = isa.choose_isa(isa.host_features(), {} if value is None else {isa.ISA_ENV: value})
+    chosen, built, family, lanes = _child_choice(value)
+    env = {} if value is None else {isa.ISA_ENV: value}
+    want = isa.choose_isa(isa.host_features(), env)
+    want_lanes = isa.choose_gemm_lanes(isa.WIDE_BUILT, want[0], isa.host_cpu_name(), env)
     assert chosen == want[0] and built == (isa.vnni_kind(isa.host_features()) is not None)
-    assert family == (want[1] if isa.host_features()["avx2"] else "float kernels (this CPU has no AVX2)")
+    assert lanes == want_lanes[0]
+    assert family == (want[1] + want_lanes[1] if isa.host_features()["avx2"] else
+                      "float kernels (this CPU has no AVX2)")
     if value == "avx2":
         assert chosen == isa.AVX2
 
@@ -136,6 +156,35 @@ for feats in ("+avx2,+avx512f,+avx512bw,+avx512vl,+avx512vnni", "+avx2,+avxvnni"
     ops = [l.split() for l in tm.emit_assembly(m).splitlines() if "vpdp" in l or "pmadd" in l]
     print(json.dumps([" ".join(o[:2]) if o[0] == "{vex}" else o[0] for o in ops]))
 """
+
+
+_ASM_512 = """
+import llvmlite.binding as llvm
+from llvmlite import ir
+from strata_lite.kernels.cpu import isa, llvm_ir as L
+isa.VNNI_BUILT = isa.WIDE_BUILT = True      # assembly for an AVX-512 VNNI target only; nothing runs
+mod = ir.Module()
+v64 = ir.VectorType(L.I8, 64)
+fn = ir.Function(mod, ir.FunctionType(ir.VectorType(L.I32, 16), [v64, v64]), "f")
+b = ir.IRBuilder(fn.append_basic_block())
+b.ret(L.dot_u8s8(b, isa.VNNI, *fn.args))
+llvm.initialize_native_target()
+llvm.initialize_native_asmprinter()
+m = llvm.parse_assembly(str(mod))
+tm = llvm.Target.from_triple(llvm.get_process_triple()).create_target_machine(
+    cpu="sapphirerapids", features="+avx2,+avx512f,+avx512bw,+avx512vl,+avx512vnni", opt=2)
+print([l.strip() for l in tm.emit_assembly(m).splitlines() if "vpdp" in l])
+"""
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 only")
+def test_512_bit_dot_is_one_zmm_vpdpbusd():
+    """On a CPU that LLVM tunes for 256-bit vectors (Sapphire Rapids), the 16-lane dot stays one 512-bit
+    instruction: Numba's functions carry no min-legal-vector-width, so 512-bit vectors stay legal."""
+    r = subprocess.run([sys.executable, "-c", _ASM_512], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (line,) = eval(r.stdout.strip())
+    assert line.startswith("vpdpbusd") and line.count("zmm") == 3
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 only")
@@ -235,3 +284,52 @@ def test_vnni_is_chosen_here():
     directory's int8 tests, the float64 and gguf references included, run through it here)."""
     assert isa.INT8_ISA == isa.choose_isa(isa.host_features(), os.environ)[0]
     assert _child_choice(None)[0] == isa.VNNI and _child_choice("vnni")[0] == isa.VNNI
+
+
+# ------------------------------------------------------------ 512-bit prompt tiles = 256-bit prompt tiles
+
+needs_wide = pytest.mark.skipif(not isa.WIDE_BUILT, reason="this CPU has no AVX-512 VNNI (as Numba compiles for it): "
+                                "the 512-bit prompt tiles cannot be compiled or run here")
+
+
+@needs_wide
+@pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q4_0, QType.IQ4_NL, QType.Q8_0], ids=lambda t: t.name)
+def test_rows4_gemm_16_lanes_equal_8(qtype):
+    """rows4_gemm's tiles of 16 tokens a vector against those of 8 (each checked against the mat-vec kernel by
+    test_rows4_int8 where it is the default): token counts around the 16- and 32-token tile edges."""
+    from test_rows4_int8 import FORMATS, _rows
+    fmt = FORMATS[qtype]
+    for n_out, n_cols in ((36, 4864), (13 * 4, 896)):
+        raw3 = fmt.repack(_rows(qtype, n_out, n_cols, seed=n_out), n_cols).reshape(n_out, n_cols // 32, -1)
+        for n_tok in (16, 17, 31, 33, 70):
+            x3 = _x(n_tok, n_cols, seed=n_tok).reshape(n_tok, -1, 32)
+            outs = []
+            for lanes in (8, 16):
+                out = np.full((n_tok, n_out), np.nan, np.float32)
+                rows4_gemm.matmul(raw3, x3, out, fmt.kind, isa.VNNI, lanes)
+                outs.append(out)
+            np.testing.assert_array_equal(outs[1], outs[0], err_msg=f"{n_out}x{n_cols}, {n_tok} tokens")
+
+
+@needs_wide
+@pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q5_K, QType.Q6_K], ids=lambda t: t.name)
+def test_nibble_gemm_16_lanes_equal_the_vector_kernel(qtype):
+    from test_prompt_gemm import F16_TABLE, NIBBLE
+    mod, kind, table = NIBBLE[qtype]
+    for n_out in (3, 33):
+        n_cols = 768
+        raw3 = mod.repack(random_rows(qtype, n_out, n_cols, seed=n_out), n_cols, F16_TABLE).reshape(
+            n_out, n_cols // 256, mod.BLOCK_BYTES)
+        for n_tok in (1, 17, 33, 77):
+            x3 = _x(n_tok, n_cols, seed=n_tok).reshape(n_tok, -1, 256)
+            ref = np.full((n_tok, n_out), np.nan, np.float32)
+            nibble_int8.matvec(raw3, x3, ref, table, kind)
+            out = np.full_like(ref, np.nan)
+            nibble_gemm.matmul(raw3, x3, out, table, kind, isa.VNNI, 16)
+            np.testing.assert_array_equal(out, ref, err_msg=f"{n_out} rows, {n_tok} tokens")
+
+
+def test_16_lanes_refused_without_a_512_bit_path():
+    raw3 = np.zeros((4, 2, 18), np.uint8)
+    with pytest.raises(ValueError, match="16-lane"):
+        rows4_gemm.matmul(raw3, np.zeros((16, 2, 32), np.float32), np.zeros((16, 4), np.float32), 0, isa.AVX2, 16)
