@@ -11,7 +11,8 @@ into the sub-block's int32 vector, which one vpmulld by the sub-block's scale ad
 multiply per 32 (token, row) multiply-adds where the mat-vec form needs two (pmaddubsw, then pmaddwd by the
 scale lanes): the 1.5B IQ3_XXS shapes' mat-muls at 512 tokens ran 2.2x faster (docs/cpu.md). Then per row and
 block one subtract, one convert, one multiply (8 scale products) and one FMA; every integer is exact and every
-float operation is the mat-vec kernel's per (token, row), so are the bits (tests).
+float operation is the mat-vec kernel's per (token, row), so are the bits (tests). With AVX-512 VNNI the tiles may
+hold 16 tokens a vector instead (512-bit vpdpbusd; isa.GEMM_LANES says where): the same operations per token.
 
 Saturation on AVX2: pmaddubsw's pair sums (q + 128) w stay within int16: |w| <= 62 (IQ3_XXS; Q6_K 32, Q5_K 31),
 2 x 255 x 62 < 2^15. The block sums stay below 2^27.
@@ -43,12 +44,13 @@ W, SC, D, C128, DMIN, MINS = 0, 1024, 1280, 1296, 1312, 1328
 W_REC = 1456
 
 
-def a_record(lanes: int):
+@njit(cache=True, inline="always")
+def a_record(lanes):
     """Activation record of one token group of `lanes` tokens and block, byte offsets (A_X, A_D, A_B, A_REC): quad
     j of lane (token) l at A_X + 4 lanes j + 4 l (uint8: the Q8_K values + 128), the tokens' float32 scales at
     A_D + 4 l, the sub-block sums (int32) at A_B + 4 lanes s + 4 l; A_REC bytes a record."""
-    a_d = 64 * 4 * lanes
-    return 0, a_d, a_d + 4 * lanes, a_d + 4 * lanes + 32 * lanes
+    a_d = 256 * lanes
+    return 0, a_d, a_d + 4 * lanes, a_d + 36 * lanes
 
 
 # ------------------------------------------------------------------------------------------- panels
@@ -114,8 +116,7 @@ def _pack_activations(x3, a, a_f32, a_i32, lanes):
     # a uint8 (token groups, blocks, record of a_record(lanes)), a_f32 / a_i32 the same bytes; a short last group
     # repeats its last token. llama.cpp's Q8_K rounding (act_quant_ir.q8_k_block).
     n_tok, nb = x3.shape[0], x3.shape[1]
-    a_d = 256 * lanes
-    a_b = a_d + 4 * lanes
+    _, a_d, a_b, _ = a_record(lanes)
     for t in prange(a.shape[0] * lanes):
         g, lane = t // lanes, t % lanes
         tx = min(np.intp(t), n_tok - 1)
@@ -140,7 +141,7 @@ def _make_tile(isa, n_sub: int, mins: bool, lanes: int = 8):
     Q6_K 16), mins: Q4_K / Q5_K's mins term; lanes: 8 (256-bit vectors) or 16 (512-bit, VNNI only)."""
     quads = 64 // n_sub         # 4-weight quads a sub-block
     chains = 2 if isa == VNNI else 1
-    A_X, A_D, A_B, _ = a_record(lanes)
+    A_X, A_D, A_B, _ = a_record.py_func(lanes)
     VI, VF, VB = (ir.VectorType(t, n) for t, n in ((L.I32, lanes), (L.F32, lanes), (L.I8, 4 * lanes)))
 
     @intrinsic
@@ -257,7 +258,7 @@ def _gemm(raw3, raw_f, raw_i, x3, out, kind, n_threads, isa, lanes):
     n_rows, nb = raw3.shape[0], raw3.shape[1]
     n_groups = (n_rows + ROWS - 1) // ROWS
     n_tg = (x3.shape[0] + lanes - 1) // lanes
-    a = np.empty((n_tg, nb, 260 * lanes + 32 * lanes), dtype=np.uint8)     # a_record(lanes)'s A_REC
+    a = np.empty((n_tg, nb, a_record(lanes)[3]), dtype=np.uint8)
     _pack_activations(x3, a, a.view(np.float32), a.view(np.int32), lanes)
     n_pan = (n_groups + PANEL - 1) // PANEL
     n_ch = token_chunks(n_pan, n_tg, n_threads)

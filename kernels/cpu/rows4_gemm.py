@@ -11,7 +11,9 @@ EPYC VM; with AVX2's 16 vector registers the float accumulators may spill, not m
 the row's int32 vector (IQ4_NL and Q8_0 on AVX2, the sign form: |w| times x signed by w, one more op); then per row one
 subtract, one convert, one multiply (the 8 scale products) and one FMA. ~11 vector ops per 32 (token, row) multiply-adds of a block against ~13 per token and row group in the
 mat-vec kernel's 8-token calls (and ~2.2 cycles per (token, row, block) in q8_0_gemm.py's 8-lane order).
-Every integer and float operation per (token, row) is the mat-vec kernel's, so are the bits (tests).
+Every integer and float operation per (token, row) is the mat-vec kernel's, so are the bits (tests). With AVX-512
+VNNI the tiles may hold 16 tokens a vector instead (512-bit vpdpbusd; isa.GEMM_LANES says where): the same
+operations per token.
 
 Each thread unpacks PANEL groups at a time (codes, the sign form's signed weights, float32 scales: 144 or 272
 bytes a group and block) and multiplies
@@ -42,7 +44,8 @@ def _w_rec(sign: bool) -> int:
 
 
 
-def a_record(lanes: int):
+@njit(cache=True, inline="always")
+def a_record(lanes):
     """Activation record of `lanes` tokens (8, or 16 with 512-bit vectors) and a block, byte offsets (A_X, A_D,
     A_C, A_REC): lane group j (4 activations) of token l at A_X + 4 lanes j + 4 l, the tokens' float32 scales at
     A_D + 4 l, offset x their block sums (int32) at A_C + 4 l; A_REC bytes a record."""
@@ -114,7 +117,7 @@ def _pack_activations(x3, a, a_f32, a_i32, offset, lanes):
     # a uint8 (token groups, blocks, a_record(lanes)'s A_REC); a_f32 / a_i32 the same bytes (a short last group
     # repeats the last token). llama.cpp's Q8_0 rounding (act_quant_ir.q8_0_block).
     n_tok, nb = x3.shape[0], x3.shape[1]
-    a_d, a_c = 32 * lanes, 36 * lanes
+    _, a_d, a_c, _ = a_record(lanes)
     for t in prange(a.shape[0] * lanes):
         g, lane = t // lanes, t % lanes
         tx = min(np.intp(t), n_tok - 1)
@@ -137,7 +140,7 @@ def _make_tile(isa, sign: bool, lanes: int = 8):
     token groups g = g0 and g1 (g1 may equal g0: then its values are stored twice; stores past the last token go
     to the last one: the packing repeated it) and the 4 rows q of panel group i; each weight broadcast serves both
     groups. sign: the panel holds the sign form (|w|, then w); lanes: 8 (256-bit vectors) or 16 (512-bit, VNNI)."""
-    A_X, A_D, A_C, _ = a_record(lanes)
+    A_X, A_D, A_C, _ = a_record.py_func(lanes)
     VI, VF, VB = (ir.VectorType(t, n) for t, n in ((L.I32, lanes), (L.F32, lanes), (L.I8, 4 * lanes)))
     @intrinsic
     def tile(typingctx, pw, i, a, g0, g1, out, r0):
@@ -216,7 +219,7 @@ def _gemm(raw3, x3, out, kind, w_rec, n_threads, isa, lanes):
     # lanes: tokens a vector, 8 (256-bit) or 16 (512-bit: WIDE_BUILT and isa VNNI)
     n_groups, nb = raw3.shape[0] // r4.ROWS, raw3.shape[1]
     n_tg = (x3.shape[0] + lanes - 1) // lanes
-    a = np.empty((n_tg, nb, 40 * lanes), dtype=np.uint8)      # a_record(lanes)'s A_REC
+    a = np.empty((n_tg, nb, a_record(lanes)[3]), dtype=np.uint8)
     _pack_activations(x3, a, a.view(np.float32), a.view(np.int32), r4.offset(kind, isa), lanes)
     n_pan = (n_groups + PANEL - 1) // PANEL
     n_ch = token_chunks(n_pan, n_tg, n_threads)
