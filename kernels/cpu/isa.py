@@ -97,7 +97,7 @@ def choose_gemm_lanes(wide_built: bool, int8_isa: int, cpu_name: str, env) -> tu
 _FEATURES = host_features()
 VNNI_BUILT = vnni_kind(_FEATURES) is not None    # the kernels' VNNI branch is compiled (see the docstring)
 INT8_ISA, _INT8_NAME = choose_isa(_FEATURES, os.environ)
-WIDE_BUILT = VNNI_BUILT and _FEATURES["avx512f"] and _FEATURES["avx512vnni"]   # 512-bit vpdpbusd compiles
+WIDE_BUILT = VNNI_BUILT and all(_FEATURES[f] for f in ("avx512f", "avx512bw", "avx512vnni"))   # 512-bit tiles compile
 GEMM_LANES, _LANES_NOTE = choose_gemm_lanes(WIDE_BUILT, INT8_ISA, host_cpu_name(), os.environ)
 
 

@@ -51,6 +51,16 @@ def avx2(builder, name):
     return builder.module.declare_intrinsic("llvm.x86.avx2." + name, (), ir.FunctionType(res, list(ops)))
 
 
+def madd_i16(builder, a, b):
+    """pmaddwd: <2n x i16> a, b -> <n x i32>, lane i = a[2i] b[2i] + a[2i + 1] b[2i + 1] (exact); n = 8 (AVX2) or
+    16 (AVX-512 BW: llvm.x86.avx512.pmaddw.d.512)."""
+    if a.type.count == 16:
+        return builder.call(avx2(builder, "pmadd.wd"), [a, b])
+    v32w, v16i = ir.VectorType(I16, 32), ir.VectorType(I32, 16)
+    fn = builder.module.declare_intrinsic("llvm.x86.avx512.pmaddw.d.512", (), ir.FunctionType(v16i, [v32w, v32w]))
+    return builder.call(fn, [a, b])
+
+
 def _vpdpbusd(builder, lanes=8):
     """Declared llvm.x86.avx512.vpdpbusd.256: the 256-bit form of both AVX-512 VNNI + VL (EVEX) and AVX-VNNI
     (VEX), encoded by LLVM for the features it compiles for; lanes=16: llvm.x86.avx512.vpdpbusd.512 (AVX-512

@@ -39,7 +39,7 @@ PANEL = 4            # row groups a thread unpacks at a time (16 rows; 35 blocks
 QK = nib.QK
 # Panel record of one row group and block (byte offsets): row q's 256 weights (int8, in order) at W + 256 q; the scale of sub-block s of row q at SC + 16 s + 4 q (int32; 8 sub-blocks of 32
 # weights, Q6_K 16 of 16); row q's float32 d at D + 4 q, 128 C (int32) at C128 + 4 q, float32 dmin at DMIN + 4 q,
-# the mins (int32, Q4_K / Q5_K) at MINS + 16 s + 4 q.
+# the mins (Q4_K / Q5_K) of sub-blocks 2p and 2p + 1 as an int16 pair at MINS + 16 p + 4 q.
 W, SC, D, C128, DMIN, MINS = 0, 1024, 1280, 1296, 1312, 1328
 W_REC = 1456
 
@@ -48,9 +48,10 @@ W_REC = 1456
 def a_record(lanes):
     """Activation record of one token group of `lanes` tokens and block, byte offsets (A_X, A_D, A_B, A_REC): quad
     j of lane (token) l at A_X + 4 lanes j + 4 l (uint8: the Q8_K values + 128), the tokens' float32 scales at
-    A_D + 4 l, the sub-block sums (int32) at A_B + 4 lanes s + 4 l; A_REC bytes a record."""
+    A_D + 4 l, the sums of sub-blocks 2p and 2p + 1 (|sum| <= 32 x 128: int16) as a pair at A_B + 4 lanes p + 4 l;
+    A_REC bytes a record."""
     a_d = 256 * lanes
-    return 0, a_d, a_d + 4 * lanes, a_d + 36 * lanes
+    return 0, a_d, a_d + 4 * lanes, a_d + 20 * lanes
 
 
 # ------------------------------------------------------------------------------------------- panels
@@ -86,7 +87,7 @@ def _weights(kind, src, dst):
 
 
 @njit(cache=True)
-def _unpack_group(kind, raw3, raw_f, raw_i, r0, pw, pw_i, pw_f, gi):
+def _unpack_group(kind, raw3, raw_f, raw_i, r0, pw, pw_i, pw_i16, pw_f, gi):
     """Rows r0 .. r0 + 3 of raw3 (layout `kind`; raw_f / raw_i the same bytes as float32 / int32; rows past the
     last repeat it) into group gi of the panel (pw uint8 (groups, blocks, W_REC), pw_i / pw_f its int32 / float32
     view)."""
@@ -106,14 +107,14 @@ def _unpack_group(kind, raw3, raw_f, raw_i, r0, pw, pw_i, pw_f, gi):
             if kind == nib.Q4K or kind == nib.Q5K:
                 pw_f[gi, b, DMIN // 4 + q] = raw_f[r, b, dmin_o // 4]
                 for s in range(8):
-                    pw_i[gi, b, (MINS + 16 * s) // 4 + q] = np.int32(src[mins_o + s])
+                    pw_i16[gi, b, (MINS + 16 * (s // 2)) // 2 + 2 * q + s % 2] = np.int16(src[mins_o + s])
 
 
 # ------------------------------------------------------------------------------------- activations
 
 @njit(cache=True, parallel=True)
-def _pack_activations(x3, a, a_f32, a_i32, lanes):
-    # a uint8 (token groups, blocks, record of a_record(lanes)), a_f32 / a_i32 the same bytes; a short last group
+def _pack_activations(x3, a, a_f32, a_i16, lanes):
+    # a uint8 (token groups, blocks, record of a_record(lanes)), a_f32 / a_i16 the same bytes; a short last group
     # repeats its last token. llama.cpp's Q8_K rounding (act_quant_ir.q8_k_block).
     n_tok, nb = x3.shape[0], x3.shape[1]
     _, a_d, a_b, _ = a_record(lanes)
@@ -129,7 +130,7 @@ def _pack_activations(x3, a, a_f32, a_i32, lanes):
                 a[g, b, 4 * lanes * (i // 4) + 4 * lane + i % 4] = q[0, b, i]
             a_f32[g, b, a_d // 4 + lane] = d[0, b]
             for s in range(8):
-                a_i32[g, b, (a_b + 4 * lanes * s) // 4 + lane] = bs[0, b, s]
+                a_i16[g, b, (a_b + 4 * lanes * (s // 2)) // 2 + 2 * lane + s % 2] = np.int16(bs[0, b, s])
 
 
 # --------------------------------------------------------------------------------------------- tile
@@ -198,10 +199,11 @@ def _make_tile(isa, n_sub: int, mins: bool, lanes: int = 8):
                         builder.store(builder.fadd(builder.fmul(builder.sitofp(v, VF), sd, flags=L.CONTRACT),
                                                    builder.load(acc[k][q]), flags=L.CONTRACT), acc[k][q])
                         if mins:
-                            m = None
-                            for s in range(8):
-                                t = builder.mul(bcast(pwb, MINS + 16 * s + 4 * q),
-                                                L.load(builder, p, A_B + 4 * lanes * s, VI))
+                            m = None          # sum_s min_s bsum_s: a pmaddwd of int16 pairs a 2 sub-blocks
+                            vw = ir.VectorType(L.I16, 2 * lanes)
+                            for pr in range(4):
+                                t = L.madd_i16(builder, builder.bitcast(bcast(pwb, MINS + 16 * pr + 4 * q), vw),
+                                               builder.bitcast(L.load(builder, p, A_B + 4 * lanes * pr, VI), vw))
                                 m = t if m is None else builder.add(m, t)
                             sm = builder.fmul(bcast(pwb, DMIN + 4 * q, L.F32), da)
                             builder.store(builder.fadd(builder.fmul(builder.sitofp(m, VF), sm, flags=L.CONTRACT),
@@ -259,7 +261,7 @@ def _gemm(raw3, raw_f, raw_i, x3, out, kind, n_threads, isa, lanes):
     n_groups = (n_rows + ROWS - 1) // ROWS
     n_tg = (x3.shape[0] + lanes - 1) // lanes
     a = np.empty((n_tg, nb, a_record(lanes)[3]), dtype=np.uint8)
-    _pack_activations(x3, a, a.view(np.float32), a.view(np.int32), lanes)
+    _pack_activations(x3, a, a.view(np.float32), a.view(np.int16), lanes)
     n_pan = (n_groups + PANEL - 1) // PANEL
     n_ch = token_chunks(n_pan, n_tg, n_threads)
     for item in prange(n_pan * n_ch):
@@ -267,9 +269,9 @@ def _gemm(raw3, raw_f, raw_i, x3, out, kind, n_threads, isa, lanes):
         g0 = p * PANEL
         n_in_pan = min(PANEL, n_groups - g0)
         pw = np.empty((n_in_pan, nb, W_REC), dtype=np.uint8)    # the fields a kind does not use are never read
-        pw_i, pw_f = pw.view(np.int32), pw.view(np.float32)
+        pw_i, pw_i16, pw_f = pw.view(np.int32), pw.view(np.int16), pw.view(np.float32)
         for i in range(n_in_pan):
-            _unpack_group(kind, raw3, raw_f, raw_i, ROWS * (g0 + i), pw, pw_i, pw_f, i)
+            _unpack_group(kind, raw3, raw_f, raw_i, ROWS * (g0 + i), pw, pw_i, pw_i16, pw_f, i)
         tg0, tg1 = n_tg * c // n_ch, n_tg * (c + 1) // n_ch
         for tg in range(tg0, tg1, 2):             # two token groups a tile (the last may repeat: same values)
             for i in range(n_in_pan):
