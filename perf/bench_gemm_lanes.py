@@ -59,20 +59,22 @@ def gemm(qtype, n_in, n_out):
     return f
 
 
-def main():
+def main(argv=None):
+    """Prints the table; returns its rows as (shape, tokens, threads, 8-lane ms, 16-lane ms)."""
     n_cpu = numba.config.NUMBA_NUM_THREADS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, nargs="+", default=sorted({min(2, n_cpu), n_cpu}))
     ap.add_argument("--tokens", type=int, nargs="+", default=[512])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if not isa.WIDE_BUILT:
         raise SystemExit("this CPU has no AVX-512 VNNI (as Numba compiles for it): no 512-bit tiles to compare")
     print(f"CPU (LLVM's name): {isa.host_cpu_name()}; engine's choice: {isa.kernel_family()}")
     print(f"{a.rounds} alternating rounds, wall clock, medians")
     print("| shape | tokens | threads | 8 lanes ms | 16 lanes ms | 16 lanes GOP/s | 8 / 16 |")
     print("|---|---|---|---|---|---|---|")
+    rows = []
     for name in a.shapes:
         qtype, n_in, n_out = SHAPES[name]
         f = gemm(qtype, n_in, n_out)
@@ -95,6 +97,8 @@ def main():
                 gop = 2 * n_tok * n_in * n_out / m16 / 1e9
                 print(f"| {name} | {n_tok} | {n_threads} | {m8 * 1e3:.2f} | {m16 * 1e3:.2f} | {gop:.0f} | "
                       f"{m8 / m16:.2f}x |", flush=True)
+                rows.append((name, n_tok, n_threads, m8, m16))
+    return rows
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ WAITS = {
 REGION_CALLS = 3000
 
 
+@njit(parallel=True)
 def _touch(out, n):
     for i in prange(n):
         out[i * 16] += 1.0              # a cache line per thread
@@ -48,17 +49,14 @@ def _touch(out, n):
 
 def region_us(n_threads: int) -> float:
     """Median µs of an empty parallel region of n_threads (medians of 5 batches of REGION_CALLS calls)."""
-    global _touch
-    if not hasattr(_touch, "py_func"):
-        _touch = njit(parallel=True)(_touch)
-    touch, out = _touch, np.zeros(16 * 64, np.float64)
+    out = np.zeros(16 * 64, np.float64)
     numba.set_num_threads(n_threads)
-    touch(out, n_threads)
+    _touch(out, n_threads)
     batches = []
     for _ in range(5):
         t = time.perf_counter()
         for _ in range(REGION_CALLS):
-            touch(out, n_threads)
+            _touch(out, n_threads)
         batches.append((time.perf_counter() - t) / REGION_CALLS * 1e6)
     return float(np.median(batches))
 
@@ -104,6 +102,7 @@ def main(argv=None):
     ap.add_argument("--waits", default="default,spin")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", default=None, help="a real model (default: a synthetic one of the default model's shapes)")
+    ap.add_argument("--tiny", default=None, help=argparse.SUPPRESS)   # the cache-resident model's file (tests)
     ap.add_argument("--shared", action="store_true", help="time the shared blocks too")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -120,7 +119,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as d:
         sys.path.insert(0, str(Path(__file__).parent))
         from bench_decode_block import write_tiny
-        models = [("24 blocks, cache-resident", str(write_tiny(Path(d) / "tiny24.gguf")))]
+        models = [("24 blocks, cache-resident", a.tiny or str(write_tiny(Path(d) / "tiny24.gguf")))]
         if a.model:
             models.append((Path(a.model).name, a.model))
         else:

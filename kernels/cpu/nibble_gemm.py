@@ -10,7 +10,8 @@ thread's panel, are one broadcast for both token groups; vpdpbusd (pmaddubsw + p
 into the sub-block's int32 vector, which one vpmulld by the sub-block's scale adds to the block's. That is one
 multiply per 32 (token, row) multiply-adds where the mat-vec form needs two (pmaddubsw, then pmaddwd by the
 scale lanes): the 1.5B IQ3_XXS shapes' mat-muls at 512 tokens ran 2.2x faster (docs/cpu.md). Then per row and
-block one subtract, one convert, one multiply (8 scale products) and one FMA; every integer is exact and every
+block one subtract, one convert, one multiply (8 scale products) and one FMA (Q4_K / Q5_K: their mins term by 4
+pmaddwd on int16 pairs of mins and sub-block sums, and one FMA more); every integer is exact and every
 float operation is the mat-vec kernel's per (token, row), so are the bits (tests). With AVX-512 VNNI the tiles may
 hold 16 tokens a vector instead (512-bit vpdpbusd; isa.GEMM_LANES says where): the same operations per token.
 
@@ -89,8 +90,8 @@ def _weights(kind, src, dst):
 @njit(cache=True)
 def _unpack_group(kind, raw3, raw_f, raw_i, r0, pw, pw_i, pw_i16, pw_f, gi):
     """Rows r0 .. r0 + 3 of raw3 (layout `kind`; raw_f / raw_i the same bytes as float32 / int32; rows past the
-    last repeat it) into group gi of the panel (pw uint8 (groups, blocks, W_REC), pw_i / pw_f its int32 / float32
-    view)."""
+    last repeat it) into group gi of the panel (pw uint8 (groups, blocks, W_REC), pw_i / pw_i16 / pw_f its int32 /
+    int16 / float32 views)."""
     n_rows = raw3.shape[0]
     sc_o, d_o, c_o, mins_o, dmin_o = nib.FIELDS[kind]
     n_sub = 16 if kind == nib.Q6K else 8
@@ -199,7 +200,7 @@ def _make_tile(isa, n_sub: int, mins: bool, lanes: int = 8):
                         builder.store(builder.fadd(builder.fmul(builder.sitofp(v, VF), sd, flags=L.CONTRACT),
                                                    builder.load(acc[k][q]), flags=L.CONTRACT), acc[k][q])
                         if mins:
-                            m = None          # sum_s min_s bsum_s: a pmaddwd of int16 pairs a 2 sub-blocks
+                            m = None          # sum_s min_s bsum_s: one pmaddwd a pair of sub-blocks
                             vw = ir.VectorType(L.I16, 2 * lanes)
                             for pr in range(4):
                                 t = L.madd_i16(builder, builder.bitcast(bcast(pwb, MINS + 16 * pr + 4 * q), vw),
