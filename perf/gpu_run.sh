@@ -4,7 +4,9 @@
 # usage: perf/gpu_run.sh [pytest args...]   (env: SKIP_TESTS=1, SKIP_BENCH=1, BENCH_ARGS="--quick",
 #        MODEL_TESTS=1: also the default model's goldens, drafting and server suites on the CUDA backend; the
 #        model must already be in $STRATA_LITE_CACHE, see docs/cuda.md "On the GPU machine"; KERNEL_SUITE=1:
-#        also the pytest-benchmark kernel suite perf/bench_gpu_kernels.py, its JSON in $OUT)
+#        also the pytest-benchmark kernel suite perf/bench_gpu_kernels.py, its JSON in $OUT; HOST_CPU=1: also the
+#        host CPU's kernel choice, 512-bit prompt tiles and thread scaling (perf/bench_gemm_lanes.py,
+#        perf/bench_threads.py; logs in $OUT), the machine's CPU being one of the CPU figures' machines)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/strata-out}; mkdir -p "$OUT"
@@ -50,6 +52,14 @@ if [ -n "${KERNEL_SUITE:-}" ]; then
     --benchmark-only --benchmark-json "$OUT/bench_gpu_kernels.json" > "$OUT/bench_gpu_kernels.log" 2>&1
   krc=$?; [ $rc -eq 0 ] && rc=$krc
   tail -n 30 "$OUT/bench_gpu_kernels.log"
+fi
+if [ -n "${HOST_CPU:-}" ]; then
+  lscpu > "$OUT/lscpu.txt" 2>&1
+  timeout "${HOST_CPU_LIMIT:-400}" python3 "$ROOT/perf/bench_gemm_lanes.py" --threads 2 16 --rounds 5 \
+    > "$OUT/bench_gemm_lanes.log" 2>&1
+  timeout "${HOST_CPU_LIMIT:-400}" python3 "$ROOT/perf/bench_threads.py" --threads 2,4,8,16 --waits default \
+    --rounds 3 --json "$OUT/bench_threads.json" > "$OUT/bench_threads.log" 2>&1
+  tail -n 12 "$OUT/bench_gemm_lanes.log" "$OUT/bench_threads.log"
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   timeout "${BENCH_LIMIT:-1200}" python3 "$ROOT/perf/bench_gpu.py" ${BENCH_ARGS:-} --json "$OUT/bench_gpu.json" \
