@@ -101,6 +101,16 @@ WIDE_BUILT = VNNI_BUILT and all(_FEATURES[f] for f in ("avx512f", "avx512bw", "a
 GEMM_LANES, _LANES_NOTE = choose_gemm_lanes(WIDE_BUILT, INT8_ISA, host_cpu_name(), os.environ)
 
 
+def tile_lanes(isa: int, lanes: int | None) -> int:
+    """Tokens a vector of a prompt GEMM's tiles for a call on path isa: lanes as asked (None: GEMM_LANES on VNNI,
+    else 8); 16 only where the 512-bit VNNI tiles are compiled and isa is VNNI (ValueError otherwise)."""
+    if lanes is None:
+        lanes = GEMM_LANES if isa == VNNI else 8
+    if lanes == 16 and not (WIDE_BUILT and isa == VNNI):
+        raise ValueError("16-lane tiles need AVX-512 VNNI and the VNNI path")
+    return lanes
+
+
 def host_has_avx2() -> bool:
     """True when the CPU Numba compiles for has AVX2 (needed by the llvm.x86.avx2.* intrinsics)."""
     return host_features()["avx2"]

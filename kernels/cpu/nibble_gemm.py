@@ -31,7 +31,7 @@ from . import llvm_ir as L
 from . import nibble_int8 as nib
 from .act_quant_ir import q8_k_block
 from .gemm_work import token_chunks
-from .isa import AVX2, GEMM_LANES, INT8_ISA, VNNI, VNNI_BUILT, WIDE_BUILT
+from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT, WIDE_BUILT, tile_lanes
 
 MIN_TOK = 32         # from here on the GEMM; below, nibble_int8.matvec (crossover 24-32 tokens, docs/cpu.md)
 ROWS = 4             # a tile: 4 rows x 2 groups of `lanes` tokens (the lanes of a vector: 8, or 16 with WIDE)
@@ -287,11 +287,7 @@ def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, table: np.ndarray,
     tokens a vector, 16 (512-bit) only with AVX-512 VNNI and isa VNNI; by default isa.GEMM_LANES on VNNI, else 8."""
     n_rows, nb, nbytes = raw3.shape
     as_f32, as_i32 = (raw3.view(dt).reshape(n_rows, nb, nbytes // 4) for dt in (np.float32, np.int32))
-    if lanes is None:
-        lanes = GEMM_LANES if isa == VNNI else 8
-    if lanes == 16 and not (WIDE_BUILT and isa == VNNI):
-        raise ValueError("16-lane tiles need AVX-512 VNNI and the VNNI path")
-    _gemm(raw3, as_f32, as_i32, x3, out, kind, numba.get_num_threads(), isa, lanes)
+    _gemm(raw3, as_f32, as_i32, x3, out, kind, numba.get_num_threads(), isa, tile_lanes(isa, lanes))
 
 
 def multiply(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, table: np.ndarray, kind: int) -> None:

@@ -33,7 +33,7 @@ from . import llvm_ir as L
 from . import rows4_int8 as r4
 from .act_quant_ir import q8_0_block
 from .gemm_work import token_chunks
-from .isa import AVX2, GEMM_LANES, INT8_ISA, VNNI, VNNI_BUILT, WIDE_BUILT
+from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT, WIDE_BUILT, tile_lanes
 
 MIN_TOK = 16      # from here on the GEMM; below, rows4_int8's mat-vec kernel (8-token calls)
 PANEL = 12        # row groups a thread unpacks at a time (48 rows; 12 x 28 blocks x 144 B = 48 KB at 896 columns)
@@ -241,8 +241,4 @@ def matmul(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray, kind: int, isa: in
     """out (n_tok, n_rows) = x @ W.T, W the interleaved layout of `kind` (rows4_int8's kinds) viewed (n_rows, nb,
     its block bytes), x float32 (n_tok, nb, 32): rows4_int8's mat-vec results, bit for bit. lanes: tokens a
     vector, 16 (512-bit) only with AVX-512 VNNI and isa VNNI; by default isa.GEMM_LANES on VNNI, else 8."""
-    if lanes is None:
-        lanes = GEMM_LANES if isa == VNNI else 8
-    if lanes == 16 and not (WIDE_BUILT and isa == VNNI):
-        raise ValueError("16-lane tiles need AVX-512 VNNI and the VNNI path")
-    _gemm(raw3, x3, out, kind, _w_rec(r4.sign_form(kind, isa)), numba.get_num_threads(), isa, lanes)
+    _gemm(raw3, x3, out, kind, _w_rec(r4.sign_form(kind, isa)), numba.get_num_threads(), isa, tile_lanes(isa, lanes))
