@@ -291,23 +291,25 @@ SMALL_EXPLORE = [("Q6_K", 4096, 14336, False, 16), ("Q6_K", 32000, 4096, False, 
                  ("IQ3_XXS", 2 * 14336, 4096, True, 32)]
 
 
-def launch_rows(cp, copy_bw, shapes, ref_build, launches):
-    """Rows of launches over each (qtype, n_out, n_in, glu, tokens) in shapes: launches(qtype) gives (name,
-    matmul_prequantized keywords, whether the output must be the bits of ref_build's dp4a kernel on the same
-    inputs); the chunk-major copy is timed with each launch."""
+def launch_rows(cp, copy_bw, shapes, launches):
+    """Rows of launches over each (qtype, n_out, n_in, glu, tokens) in shapes: launches(qtype, n_tok, glu) gives
+    (name, matmul_prequantized keywords, None or the build whose dp4a kernel's bits on the same inputs the output
+    must be); the chunk-major copy is timed with each launch."""
     from strata_lite.kernels.cuda import qmatmul as qm
     rows = []
     for qtype, n_out, n_in, glu, n_tok in shapes:
         ws, xq, xd = gemm_inputs(cp, qm, qtype, n_out, n_in, n_tok)
         tiles = qm.ActBuffers(n_tok, n_in, tiles=True)
         out = cp.empty((n_tok, n_out // 2 if glu else n_out), cp.float32)
-        ref = cp.empty_like(out)
-        qm.matmul_prequantized(ws[0], xq, xd, ref, kernel="dp4a", glu=glu, build=ref_build)
-        for name, kw, check in launches(ws[0].qtype):
+        refs = {}
+        for name, kw, ref_build in launches(ws[0].qtype, n_tok, glu):
             def call(w, kw=kw):
                 qm.matmul_prequantized(w, xq, xd, out, glu=glu, tiles=tiles, **kw)
             call(ws[0])
-            same = not check or bool(cp.array_equal(out.view(cp.uint32), ref.view(cp.uint32)))
+            if ref_build is not None and ref_build not in refs:
+                refs[ref_build] = cp.empty_like(out)
+                qm.matmul_prequantized(ws[0], xq, xd, refs[ref_build], kernel="dp4a", glu=glu, build=ref_build)
+            same = ref_build is None or bool(cp.array_equal(out.view(cp.uint32), refs[ref_build].view(cp.uint32)))
             t = timed_in_graph(cp, [lambda w=w: call(w) for w in ws] * 2)
             label = f"{qtype} {n_in}x{n_out}{' GLU' if glu else ''} n={n_tok} {name}"
             label += "" if same else " DIFFERENT BITS"
@@ -320,8 +322,8 @@ def small_explore_rows(cp, copy_bw):
     """--explore: the small-token kernel of the explore build (qmatmul.SMALL_EXPLORE_WARPS) against what `auto`
     takes, each checked bit for bit against the dp4a kernel on the same inputs (chunk-major copy timed with it)."""
     from strata_lite.kernels.cuda import qmatmul as qm
-    return launch_rows(cp, copy_bw, SMALL_EXPLORE, "default", lambda qtype: [("auto *", {}, True)] + [
-        (f"small w{nk}", dict(kernel="small", small=nk, build="explore"), True)
+    return launch_rows(cp, copy_bw, SMALL_EXPLORE, lambda qtype, n_tok, glu: [("auto *", {}, "default")] + [
+        (f"small w{nk}", dict(kernel="small", small=nk, build="explore"), "default")
         for nk in qm.SMALL_EXPLORE_WARPS[qtype]])
 
 
@@ -336,9 +338,18 @@ K4BLOCKS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True,
 
 def k4blocks_rows(cp, copy_bw):
     """--explore: each K4BLOCKS_EXPLORE launch through `auto` in the default build and in the k4blocks build, the
-    latter checked bit for bit against its dp4a kernel (another kernel than auto's from 9 tokens on)."""
-    return launch_rows(cp, copy_bw, K4BLOCKS_EXPLORE, "k4blocks", lambda qtype: [
-        ("default *", dict(build="default"), False), ("k4blocks", dict(build="k4blocks"), True)])
+    latter checked bit for bit against its dp4a kernel (another kernel than auto's from 9 tokens on); one-token
+    launches also through the pipelined kernels (qmatmul.PIPE) of both builds, each checked against its build."""
+    from strata_lite.kernels.cuda import qmatmul as qm
+
+    def launches(qtype, n_tok, glu):
+        rows = [("default *", dict(build="default"), None), ("k4blocks", dict(build="k4blocks"), "k4blocks")]
+        if n_tok == 1:
+            rows += [(f"{label} r{rw} pipelined", dict(variant=(1, rw, qm.PIPE), build=build), ref)
+                     for label, build, ref in (("default", "explore", "default"), ("k4blocks", "k4explore", "k4blocks"))
+                     for rw in ((2, 4) if glu else (1, 2))]
+        return rows
+    return launch_rows(cp, copy_bw, K4BLOCKS_EXPLORE, launches)
 
 
 EXPLORE_KERNELS = [  # launch-bound shapes of the 0.5B model, and decode steps of 16 sequences, for --explore
@@ -594,11 +605,15 @@ def print_breakdown(brows):
         print(f"{label:60s} {step:7.0f} {gpu:7.0f} {inputs:7.0f} {sampling:8.0f}")
 
 
-def synth_models(out_dir, quick):
+def synth_models(out_dir, quick, only=None):
+    """The synthetic GGUF files (made once in out_dir): all three, the first (quick), or those whose
+    "<preset>-<mix>" contains `only`."""
     specs = [("qwen2", "qwen2.5-0.5b", "q4_k_m"), ("llama", "llama-8b-layers", "q4_k_m"),
              ("llama", "llama-8b-layers", "iq3_xxs")]
     if quick:
         specs = specs[:1]
+    if only:
+        specs = [s for s in specs if only in f"{s[1]}-{s[2]}"]
     paths = []
     for arch, preset, mix in specs:
         path = os.path.join(out_dir, f"synth-{preset}-{mix}.gguf")
@@ -676,6 +691,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batched", action="store_true",
                     help="only decode of 1-64 sequences together (runner: three rounds each; engine), beside "
                          "llama.cpp's figures")
+    ap.add_argument("--only", default=None, help="only the synthetic models whose <preset>-<mix> contains this")
+    ap.add_argument("--build", default="default", choices=("default", "k4blocks"),
+                    help="compile every mat-mul of the run as this build of qmatmul.cu / qmatmul_mma.cu (A/B of a "
+                         "build's bits and kernels end to end; kernel_notes.md)")
     ap.add_argument("--contexts", default="4096",
                     help="--batched: comma-separated contexts every sequence decodes at (default 4096)")
     ap.add_argument("--verify-cost", action="store_true",
@@ -690,7 +709,9 @@ def main(argv=None) -> int:
     if len(contexts) != len(parts) or any(c < 64 or c % 64 for c in contexts):
         ap.error(f"--contexts takes comma-separated multiples of 64 (the KV page size), got {args.contexts!r}")
     import cupy as cp
+    from strata_lite.kernels.cuda import qmatmul as qm
     from strata_lite.kernels.cuda.backend import CudaBackend
+    qm.BUILDS["default"], qm.MMA_BUILDS["default"] = qm.BUILDS[args.build], qm.MMA_BUILDS[args.build]
     be = CudaBackend()
     copy_bw = copy_bandwidth(cp)
     if args.explore:
@@ -707,14 +728,14 @@ def main(argv=None) -> int:
             print_gemm(gemm_rows(cp) + float_gemm_rows(cp))
         if args.prompt:
             os.makedirs(args.models, exist_ok=True)
-            for path in synth_models(args.models, args.quick):
+            for path in synth_models(args.models, args.quick, args.only):
                 for label, tps in e2e_rows(path, contexts=()):
                     print(f"{label:60s} {tps:9.0f} tok/s")
         return 0
     if args.decode:
         os.makedirs(args.models, exist_ok=True)
         erows, brows = [], []
-        for path in synth_models(args.models, args.quick):
+        for path in synth_models(args.models, args.quick, args.only):
             erows += e2e_rows(path, contexts=(4096,), paths=("graph", "launch"), rounds=3)
             brows.append(step_breakdown(path))
         print(f"\n{'decode, greedy ids from the step graph or a launch after it':60s} {'tok/s':>9s}")
@@ -726,7 +747,7 @@ def main(argv=None) -> int:
     if args.engine:
         os.makedirs(args.models, exist_ok=True)
         rows = []
-        for path in synth_models(args.models, args.quick):
+        for path in synth_models(args.models, args.quick, args.only):
             rows += e2e_rows(path, contexts=(4096,), batches=(1, 4), n_pp=64)[1:]
             rows += engine_rows(path)
         print(f"\n{'decode, runner level (graph replay + greedy ids) and engine level':60s} {'tok/s':>9s}")
@@ -737,7 +758,7 @@ def main(argv=None) -> int:
     if args.batched:
         os.makedirs(args.models, exist_ok=True)
         rows = []
-        for path in synth_models(args.models, args.quick):
+        for path in synth_models(args.models, args.quick, args.only):
             rows += e2e_rows(path, contexts=contexts, batches=BATCHED, n_pp=64, rounds=3)[1:]   # 3: the spread
             rows += engine_rows(path, slots=(16, 32), rounds=1)
         title = f"decode of many sequences at {', '.join(map(ctx_label, contexts))} context (runner, then engine)"
@@ -759,7 +780,7 @@ def main(argv=None) -> int:
         return 0
     if args.pdl_ab:
         os.makedirs(args.models, exist_ok=True)
-        brows = [step_breakdown(path, programmatic=p) for path in synth_models(args.models, args.quick)
+        brows = [step_breakdown(path, programmatic=p) for path in synth_models(args.models, args.quick, args.only)
                  for p in (False, True, False, True)]
         print_breakdown(brows)
         write_json(args.json, be, step_breakdown=brows)
@@ -768,7 +789,7 @@ def main(argv=None) -> int:
     grows = gemm_rows(cp)
     os.makedirs(args.models, exist_ok=True)
     erows, brows = [], []
-    for path in synth_models(args.models, args.quick):
+    for path in synth_models(args.models, args.quick, args.only):
         erows += e2e_rows(path)
         brows.append(step_breakdown(path))
         erows += engine_rows(path, rounds=1)

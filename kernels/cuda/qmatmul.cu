@@ -224,6 +224,90 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
     }
 }
 
+// One token with the next round's weight loads in flight (kernels mm[glu]_<type>_t1_r<RW>_gp, G = "p"): lane l
+// takes units l, l + 32, ... as mm_q does with G = 1, but the loads of its unit of round j + 1 (Fetch: the raw
+// words, for the types that split them from their decoding) are issued before round j's products, so a
+// warp waits on one round's loads at a time instead of each round's in turn. Each output's arithmetic is
+// mm_q's (TILE 1, G 1) in the same order: the same bits. Token blockIdx.y, as mm_q's grid of one-token tiles.
+template <class T, int RW, bool GLU>
+__device__ __forceinline__ void mm_q1_pipe(const u8* __restrict__ W, int row_bytes, int n_out, int k,
+                                           const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
+                                           const u32* tab) {
+    const int lane = threadIdx.x, t0 = blockIdx.y;
+    int rows[RW];
+    if (!warp_rows<RW, GLU>(n_out, rows)) return;
+    const u8* wr[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) wr[r] = W + (size_t)min(rows[r], n_out - 1) * row_bytes;
+    const int n_units = k / T::UNIT;
+    xq += (size_t)t0 * k;
+    xd += (size_t)t0 * (k / T::XB);
+    constexpr int S = T::S, UPX = T::UPX, OWN = RW >= S ? RW / S : 1;
+    typedef Fetch<T> F;
+    typename F::R cur[RW], nxt[RW];
+    if (lane < n_units)
+#pragma unroll
+        for (int r = 0; r < RW; ++r) F::fetch(wr[r], k, lane, tab, cur[r]);
+    float acc[S == 1 ? RW : OWN];
+#pragma unroll
+    for (int i = 0; i < (S == 1 ? RW : OWN); ++i) acc[i] = 0.0f;
+    for (int ub = 0; ub < n_units; ub += WARP) {
+        const int u = ub + lane;
+        if (u + WARP < n_units)                    // round j + 1's loads first
+#pragma unroll
+            for (int r = 0; r < RW; ++r) F::fetch(wr[r], k, u + WARP, tab, nxt[r]);
+        if constexpr (S == 1) {
+            if (u < n_units) {
+                i32 x[T::NW];
+                T::xload(xq, u, x);
+                const float s = __ldg(xd + u / UPX);
+#pragma unroll
+                for (int r = 0; r < RW; ++r) {
+                    typename T::U v;
+                    F::unpack(cur[r], wr[r], k, u, tab, v);
+                    float a, b;
+                    T::tail(v, T::ints(v, x), s, a, b);
+                    acc[r] = __fmaf_rn(a, b, acc[r]);
+                }
+            }
+        } else {                                   // every lane takes part in the group's shuffles
+            const int uc = min(u, n_units - 1), p = lane % S;
+            const bool adds = u < n_units && p * RW % S == 0;
+            typename T::U v[RW];
+            typename T::I iv[RW];
+            i32 x[T::NW];
+            T::xload(xq, uc, x);
+#pragma unroll
+            for (int r = 0; r < RW; ++r) {
+                F::unpack(cur[r], wr[r], k, uc, tab, v[r]);
+                iv[r] = T::ints(v[r], x);
+            }
+            group_scatter<S, RW>(iv);
+#pragma unroll
+            for (int i = 0; i < OWN; ++i) {
+                const int r = p * RW / S + i;
+                typename T::U q = v[0];            // row r's scales (tail reads no weights)
+#pragma unroll
+                for (int rr = 1; rr < RW; ++rr)
+                    if (r == rr) q = v[rr];
+                float a, b;
+                T::tail(q, iv[i], __ldg(xd + uc / UPX), a, b);
+                if (adds) acc[i] = __fmaf_rn(a, b, acc[i]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < RW; ++r) cur[r] = nxt[r];
+    }
+    if constexpr (S == 1) {
+        float acc1[RW][1];
+#pragma unroll
+        for (int r = 0; r < RW; ++r) acc1[r][0] = acc[r];
+        store_rows<RW, 1, GLU>(o, rows, n_out, n_units, t0, 1, acc1);
+    } else {
+        store_groups<S, RW, 1, GLU>(o, rows, n_out, t0, 1, acc);
+    }
+}
+
 // Up to SK_MAX_TOKENS tokens with more warps per row (split-K): the same sums as mm_q, token by token. A CTA
 // of blockDim.y warps takes row blockIdx.x; warp w decodes the unit rounds w, w + blockDim.y, ... (round j =
 // units 32j .. 32j + 31, unit 32j + l in lane l, as mm_q deals them), dots each unit with every token and
@@ -298,6 +382,17 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         mm_q<T, TILE, RW, G, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                 \
     }
 #define MM_Q_KERNEL(NAME, T, TILE, RW, G) MM_Q_KERNEL_AS(mm, NAME, T, TILE, RW, G, false, __launch_bounds__(256), )
+// mm_q1_pipe's kernels: PREFIX mm or mmglu, one token, RW rows a warp, under a minimum of one CTA an SM (as the
+// two-row one-token kernels)
+#define MM_Q1_PIPE_KERNEL(PREFIX, NAME, T, RW, GLU)                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 1) PREFIX##_##NAME##_t1_r##RW##_gp(                \
+        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
+        const float* __restrict__ xd, int, OUT_PARAMS) {                                                  \
+        GRID_SMEM(T);                                                                                     \
+        load_grid<T>(grid);                                                                               \
+        grid_dependency_sync();                                                                           \
+        mm_q1_pipe<T, RW, GLU>(W, row_bytes, n_out, k, xq, xd, OUT_ARGS, grid);                           \
+    }
 #define MM_Q_GLU_KERNEL(NAME, T, TILE, RW, G)                                                             \
     MM_Q_KERNEL_AS(mmglu, NAME, T, TILE, RW, G, true, __launch_bounds__(256), )
 // CTAs of 256 threads an SM holds: 2048 threads on sm_80 / sm_90 / sm_100, 1536 on sm_86 / sm_87 / sm_89 / sm_120
@@ -331,6 +426,8 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
 #define MM_Q_MORE(NAME, T)                                                                                \
     MM_Q_KERNEL_MB(NAME, T, 1) MM_Q_KERNEL_MB(NAME, T, 6) MM_Q_KERNEL_MB(NAME, T, 8)                      \
     MM_Q_KERNEL_T8_MB(NAME, T, 2)                                                                         \
+    MM_Q1_PIPE_KERNEL(mm, NAME, T, 1, false) MM_Q1_PIPE_KERNEL(mm, NAME, T, 2, false)                    \
+    MM_Q1_PIPE_KERNEL(mmglu, NAME, T, 2, true) MM_Q1_PIPE_KERNEL(mmglu, NAME, T, 4, true)                 \
     MM_Q_KERNEL(NAME, T, 1, 1, 4) MM_Q_KERNEL(NAME, T, 1, 2, 2) MM_Q_KERNEL(NAME, T, 1, 2, 4)             \
     MM_Q_KERNEL(NAME, T, 1, 4, 1)                                                                         \
     MM_Q_KERNEL(NAME, T, 2, 1, 1) MM_Q_KERNEL(NAME, T, 2, 2, 2) MM_Q_KERNEL(NAME, T, 4, 1, 1)             \

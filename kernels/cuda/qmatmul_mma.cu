@@ -308,36 +308,6 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
     store_outputs<NB, GLU>(o, tot, tok0 + tw, n_tok, r0, n_out, g, t);
 }
 
-// A unit's loads apart from their decoding, for the types with such a split (T::R, T::fetch, T::unpack):
-// fetch(row, k, u, tab, R&) issues the loads, unpack(R, row, k, u, tab, U&) decodes them. For the other types
-// fetch does nothing and unpack decodes from the row (loads and all): a unit in flight cost Q8_0 more registers
-// than it gained (small-token kernel 64 -> 80, 4096x14336 at 16 tokens 54.1 -> 61.8 us), Q5_K gained nothing.
-template <class T>
-struct HasFetch {
-    template <class X> __device__ static char test(typename X::R*);   // declarations only: sizeof needs no body
-    template <class X> __device__ static int test(...);
-    static constexpr bool value = sizeof(test<T>(nullptr)) == 1;
-};
-template <class T, bool SPLIT = HasFetch<T>::value>
-struct Fetch {
-    struct R {};
-    static __device__ __forceinline__ void fetch(const u8*, int, int, const u32*, R&) {}
-    static __device__ __forceinline__ void unpack(const R&, const u8* row, int k, int u, const u32* tab,
-                                                  typename T::U& v) {
-        T::decode(row, k, u, tab, v);
-    }
-};
-template <class T>
-struct Fetch<T, true> {
-    typedef typename T::R R;
-    static __device__ __forceinline__ void fetch(const u8* row, int k, int u, const u32*, R& r) {
-        T::fetch(row, k, u, r);
-    }
-    static __device__ __forceinline__ void unpack(const R& r, const u8*, int, int u, const u32*, typename T::U& v) {
-        T::unpack(r, u, v);
-    }
-};
-
 // Small token counts (decode steps of 9-63 sequences, verify steps): mmq's CTAs share decoded units among token
 // tiles, so with one tile most of their warps multiply padding, and each warp keeps one unit's loads in flight.
 // Here a CTA takes 32 rows (GLU: 16 gate and their 16 up rows) by 16 tokens, and its NK warps split the row's

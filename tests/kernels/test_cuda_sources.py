@@ -30,13 +30,13 @@ def test_cu_compiles_with_nvcc(src, tmp_path):
 
 # the benchmark builds (perf/bench_gpu.py --explore / --gemm-explore: qmatmul.BUILDS, MMA_BUILDS), for the H200
 EXPLORE_BUILDS = [("qmatmul.cu", "-DQMM_EXPLORE"), ("qmatmul_mma.cu", "-DMMQ_EXPLORE"), ("qmatmul.cu", "-DK4_S=4"),
-                  ("qmatmul_mma.cu", "-DK4_S=4")]
+                  ("qmatmul_mma.cu", "-DK4_S=4"), ("qmatmul.cu", "-DK4_S=4 -DQMM_EXPLORE")]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.parametrize("name,define", EXPLORE_BUILDS, ids=[f"{n}{d}" for n, d in EXPLORE_BUILDS])
 def test_explore_builds_compile_with_nvcc(name, define, tmp_path):
-    cmd = ["nvcc", "-std=c++17", f"-I{CUDA_DIR}", "-Werror", "all-warnings", define, "-gencode",
+    cmd = ["nvcc", "-std=c++17", f"-I{CUDA_DIR}", "-Werror", "all-warnings", *define.split(), "-gencode",
            "arch=compute_90,code=sm_90", "-c", str(CUDA_DIR / name), "-o", str(tmp_path / "out.o")]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
