@@ -339,14 +339,15 @@ K4BLOCKS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True,
 def k4blocks_rows(cp, copy_bw):
     """--explore: each K4BLOCKS_EXPLORE launch through `auto` in the default build and in the k4blocks build, the
     latter checked bit for bit against its dp4a kernel (another kernel than auto's from 9 tokens on); one-token
-    launches also through the pipelined kernels (qmatmul.PIPE) of both builds, each checked against its build."""
+    launches also through mm_q1's kernels (qmatmul.PIPE, ONE_LOOP) of both builds, each checked against its build."""
     from strata_lite.kernels.cuda import qmatmul as qm
 
     def launches(qtype, n_tok, glu):
         rows = [("default *", dict(build="default"), None), ("k4blocks", dict(build="k4blocks"), "k4blocks")]
         if n_tok == 1:
-            rows += [(f"{label} r{rw} pipelined", dict(variant=(1, rw, qm.PIPE), build=build), ref)
+            rows += [(f"{label} r{rw} {how}", dict(variant=(1, rw, g), build=build), ref)
                      for label, build, ref in (("default", "explore", "default"), ("k4blocks", "k4explore", "k4blocks"))
+                     for g, how in ((qm.PIPE, "pipelined"), (qm.ONE_LOOP, "one loop"))
                      for rw in ((2, 4) if glu else (1, 2))]
         return rows
     return launch_rows(cp, copy_bw, K4BLOCKS_EXPLORE, launches)
@@ -679,6 +680,8 @@ def main(argv=None) -> int:
     ap.add_argument("--explore", action="store_true",
                     help="only the dp4a kernel variants, the explore build's small-token kernels and the k4blocks "
                          "build's Q4_K / Q5_K kernels (kernel_notes.md)")
+    ap.add_argument("--explore-part", default="all", choices=("all", "variants", "small", "k4blocks"),
+                    help="--explore: only this part (the dp4a variants, the small-token kernels, the k4blocks build)")
     ap.add_argument("--gemm", action="store_true", help="only the prompt mat-mul table (* marks the kernel auto takes)")
     ap.add_argument("--gemm-explore", action="store_true", help="only the tensor-core kernel's candidate variants")
     ap.add_argument("--prompt", action="store_true", help="only the synthetic models' 512-token prompt forwards")
@@ -716,9 +719,10 @@ def main(argv=None) -> int:
     copy_bw = copy_bandwidth(cp)
     if args.explore:
         print(f"\n{be.describe()}; copy bandwidth {copy_bw / 1e9:,.0f} GB/s (read + write)")
-        variant_rows(cp, copy_bw)
-        small_explore_rows(cp, copy_bw)
-        k4blocks_rows(cp, copy_bw)
+        parts = {"variants": variant_rows, "small": small_explore_rows, "k4blocks": k4blocks_rows}
+        for name, rows in parts.items():
+            if args.explore_part in ("all", name):
+                rows(cp, copy_bw)
         return 0
     if args.gemm or args.prompt or args.gemm_explore:
         print(f"\n{be.describe()}")

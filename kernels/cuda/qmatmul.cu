@@ -224,13 +224,14 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
     }
 }
 
-// One token with the next round's weight loads in flight (kernels mm[glu]_<type>_t1_r<RW>_gp, G = "p"): lane l
-// takes units l, l + 32, ... as mm_q does with G = 1, but the loads of its unit of round j + 1 (Fetch: the raw
-// words, for the types that split them from their decoding) are issued before round j's products, so a
-// warp waits on one round's loads at a time instead of each round's in turn. Each output's arithmetic is
-// mm_q's (TILE 1, G 1) in the same order: the same bits. Token blockIdx.y, as mm_q's grid of one-token tiles.
-template <class T, int RW, bool GLU>
-__device__ __forceinline__ void mm_q1_pipe(const u8* __restrict__ W, int row_bytes, int n_out, int k,
+// One token a warp's rows, lane l taking units l, l + 32, ... as mm_q does with TILE = G = 1 (kernels
+// mm[glu]_<type>_t1_r<RW>_g<p|s>). PIPE (G = "p"): the loads of the lane's unit of round j + 1 (Fetch: the raw
+// words, for the types that split them from their decoding) are issued before round j's products, so a warp
+// waits on one round's loads at a time instead of each round's in turn; G = "s": the same loop without that.
+// Each output's arithmetic is mm_q's (TILE 1, G 1) in the same order: the same bits. Token blockIdx.y, as
+// mm_q's grid of one-token tiles.
+template <class T, int RW, bool GLU, bool PIPE>
+__device__ __forceinline__ void mm_q1(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                            const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
                                            const u32* tab) {
     const int lane = threadIdx.x, t0 = blockIdx.y;
@@ -243,7 +244,7 @@ __device__ __forceinline__ void mm_q1_pipe(const u8* __restrict__ W, int row_byt
     xq += (size_t)t0 * k;
     xd += (size_t)t0 * (k / T::XB);
     constexpr int S = T::S, UPX = T::UPX, OWN = RW >= S ? RW / S : 1;
-    typedef Fetch<T> F;
+    typedef Fetch<T, PIPE && HasFetch<T>::value> F;
     typename F::R cur[RW], nxt[RW];
     if (lane < n_units)
 #pragma unroll
@@ -382,17 +383,20 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         mm_q<T, TILE, RW, G, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                 \
     }
 #define MM_Q_KERNEL(NAME, T, TILE, RW, G) MM_Q_KERNEL_AS(mm, NAME, T, TILE, RW, G, false, __launch_bounds__(256), )
-// mm_q1_pipe's kernels: PREFIX mm or mmglu, one token, RW rows a warp, under a minimum of one CTA an SM (as the
-// two-row one-token kernels)
-#define MM_Q1_PIPE_KERNEL(PREFIX, NAME, T, RW, GLU)                                                       \
-    extern "C" __global__ void __launch_bounds__(256, 1) PREFIX##_##NAME##_t1_r##RW##_gp(                \
+// mm_q1's kernels: PREFIX mm or mmglu, one token, RW rows a warp, G p (PIPE) or s, under a minimum of one CTA an
+// SM (as the two-row one-token kernels)
+#define MM_Q1_KERNEL(PREFIX, NAME, T, RW, GLU, G, PIPE)                                                   \
+    extern "C" __global__ void __launch_bounds__(256, 1) PREFIX##_##NAME##_t1_r##RW##_g##G(              \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
         const float* __restrict__ xd, int, OUT_PARAMS) {                                                  \
         GRID_SMEM(T);                                                                                     \
         load_grid<T>(grid);                                                                               \
         grid_dependency_sync();                                                                           \
-        mm_q1_pipe<T, RW, GLU>(W, row_bytes, n_out, k, xq, xd, OUT_ARGS, grid);                           \
+        mm_q1<T, RW, GLU, PIPE>(W, row_bytes, n_out, k, xq, xd, OUT_ARGS, grid);                          \
     }
+#define MM_Q1_KERNELS(NAME, T, G, PIPE)                                                                   \
+    MM_Q1_KERNEL(mm, NAME, T, 1, false, G, PIPE) MM_Q1_KERNEL(mm, NAME, T, 2, false, G, PIPE)             \
+    MM_Q1_KERNEL(mmglu, NAME, T, 2, true, G, PIPE) MM_Q1_KERNEL(mmglu, NAME, T, 4, true, G, PIPE)
 #define MM_Q_GLU_KERNEL(NAME, T, TILE, RW, G)                                                             \
     MM_Q_KERNEL_AS(mmglu, NAME, T, TILE, RW, G, true, __launch_bounds__(256), )
 // CTAs of 256 threads an SM holds: 2048 threads on sm_80 / sm_90 / sm_100, 1536 on sm_86 / sm_87 / sm_89 / sm_120
@@ -404,15 +408,23 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
 // The variants the launcher picks from (qmatmul.py dp4a_variant: (TILE, RW, G) by token tile and type). The
 // one-token, one-row kernel asks for a full SM of CTAs (32 registers on an H200); the two-row ones (dense and
 // GLU) for a minimum of one, which lets ptxas give them more registers (sm_90: Q4_K 48 -> 62, IQ3_XXS 44 -> 48)
-// and was faster (qmatmul.py DP4A_TILE1 and DP4A_GLU_ROWS have the figures).
-#define MM_Q_KERNELS(NAME, T)                                                                             \
+// and was faster (qmatmul.py DP4A_TILE1 and DP4A_GLU_ROWS have the figures). T8_BOUNDS: the 8-token four-row
+// kernels' (dense and GLU) bounds: a minimum of 2 CTAs an SM for Q4_K, Q5_K, Q6_K and Q8_0 (T8_MIN2), which caps
+// them at 128 registers (sm_90: Q4_K 159 -> 128, Q5_K 171 -> 128, Q6_K 100 -> 127): on an H100 (2026-12-05,
+// kernel_notes.md, us without / with) Q4_K 4096x14336 at 8 tokens 39.9 / 37.8, gate+up 69.3 / 66.9, Q5_K 49.7 /
+// 43.4, at 16 tokens (two tiles) Q6_K 14336x4096 55.8 / 42.7, 4096x32000 111.0 / 103.1, Q8_0 110.3 / 96.0;
+// IQ3_XXS lost (29.0 / 30.5, gate+up 51.1 / 52.1) and keeps none
+#define T8_MIN2 __launch_bounds__(256, 2)
+#define T8_ANY __launch_bounds__(256)
+#define MM_Q_KERNELS(NAME, T, T8_BOUNDS)                                                                  \
     MM_Q_SK_KERNEL(NAME, T)                                                                               \
     MM_Q_KERNEL_AS(mm, NAME, T, 1, 1, 1, false, __launch_bounds__(256, FULL_SM_CTAS), )                  \
     MM_Q_KERNEL_AS(mm, NAME, T, 1, 2, 1, false, __launch_bounds__(256, 1), )                             \
-    MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1) MM_Q_KERNEL(NAME, T, 8, 4, 1)             \
+    MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1)                                           \
+    MM_Q_KERNEL_AS(mm, NAME, T, 8, 4, 1, false, T8_BOUNDS, )                                             \
     MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 2, 1, true, __launch_bounds__(256, 1), )                            \
     MM_Q_GLU_KERNEL(NAME, T, 2, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 4, 1)                                   \
-    MM_Q_GLU_KERNEL(NAME, T, 8, 4, 1)
+    MM_Q_KERNEL_AS(mmglu, NAME, T, 8, 4, 1, true, T8_BOUNDS, )
 #ifdef QMM_EXPLORE   // perf/bench_gpu.py --explore: the other candidates (qmatmul.py EXPLORE_VARIANTS) of 6 types
 // one-token kernels under a minimum of MB CTAs per SM (fewer registers, so a grid of more CTAs than 132 x 5
 // fits in one wave); kernel names end in _m<MB>
@@ -426,8 +438,7 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
 #define MM_Q_MORE(NAME, T)                                                                                \
     MM_Q_KERNEL_MB(NAME, T, 1) MM_Q_KERNEL_MB(NAME, T, 6) MM_Q_KERNEL_MB(NAME, T, 8)                      \
     MM_Q_KERNEL_T8_MB(NAME, T, 2)                                                                         \
-    MM_Q1_PIPE_KERNEL(mm, NAME, T, 1, false) MM_Q1_PIPE_KERNEL(mm, NAME, T, 2, false)                    \
-    MM_Q1_PIPE_KERNEL(mmglu, NAME, T, 2, true) MM_Q1_PIPE_KERNEL(mmglu, NAME, T, 4, true)                 \
+    MM_Q1_KERNELS(NAME, T, p, true) MM_Q1_KERNELS(NAME, T, s, false)                                      \
     MM_Q_KERNEL(NAME, T, 1, 1, 4) MM_Q_KERNEL(NAME, T, 1, 2, 2) MM_Q_KERNEL(NAME, T, 1, 2, 4)             \
     MM_Q_KERNEL(NAME, T, 1, 4, 1)                                                                         \
     MM_Q_KERNEL(NAME, T, 2, 1, 1) MM_Q_KERNEL(NAME, T, 2, 2, 2) MM_Q_KERNEL(NAME, T, 4, 1, 1)             \
@@ -441,14 +452,14 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
 #define MM_Q_GLU_TILE1_R4(NAME, T) MM_Q_GLU_KERNEL(NAME, T, 1, 4, 1)   // qmatmul.py DP4A_GLU_TILE1
 #endif
 
-MM_Q_KERNELS(q8_0, TQ8_0) MM_Q_MORE(q8_0, TQ8_0)
-MM_Q_KERNELS(q4_0, TQ4_0)
-MM_Q_KERNELS(q5_0, TQ5_0) MM_Q_MORE(q5_0, TQ5_0)
-MM_Q_KERNELS(iq4_nl, TIQ4_NL)
-MM_Q_KERNELS(q4_k, TQ4_K) MM_Q_MORE(q4_k, TQ4_K)
-MM_Q_KERNELS(q5_k, TQ5_K) MM_Q_MORE(q5_k, TQ5_K)
-MM_Q_KERNELS(q6_k, TQ6_K) MM_Q_MORE(q6_k, TQ6_K)
-MM_Q_KERNELS(iq3_xxs, TIQ3_XXS) MM_Q_MORE(iq3_xxs, TIQ3_XXS) MM_Q_GLU_TILE1_R4(iq3_xxs, TIQ3_XXS)
+MM_Q_KERNELS(q8_0, TQ8_0, T8_MIN2) MM_Q_MORE(q8_0, TQ8_0)
+MM_Q_KERNELS(q4_0, TQ4_0, T8_ANY)
+MM_Q_KERNELS(q5_0, TQ5_0, T8_ANY) MM_Q_MORE(q5_0, TQ5_0)
+MM_Q_KERNELS(iq4_nl, TIQ4_NL, T8_ANY)
+MM_Q_KERNELS(q4_k, TQ4_K, T8_MIN2) MM_Q_MORE(q4_k, TQ4_K)
+MM_Q_KERNELS(q5_k, TQ5_K, T8_MIN2) MM_Q_MORE(q5_k, TQ5_K)
+MM_Q_KERNELS(q6_k, TQ6_K, T8_MIN2) MM_Q_MORE(q6_k, TQ6_K)
+MM_Q_KERNELS(iq3_xxs, TIQ3_XXS, T8_ANY) MM_Q_MORE(iq3_xxs, TIQ3_XXS) MM_Q_GLU_TILE1_R4(iq3_xxs, TIQ3_XXS)
 
 // Float weights with float activations: unit = 8 weights (one 16-byte load of f16/bf16, two of f32). Plain
 // loads: measured faster here than __ldg (F16 4096x14336: 31.2 against 34.2 us on an H200).

@@ -455,8 +455,8 @@ def test_k4blocks_build_gives_one_set_of_bits(cp, qm, qtype, n_out, n_in):
     """The k4blocks build (Q4_K / Q5_K blocks summed as integers before one float tail): every token of 16-token
     launches through its dp4a, small-token and tensor-core kernels, and its one-token launches (dp4a and split-K),
     give one set of bits; rows not a multiple of the CTA's rows (dense) or of 2 gate rows (GLU: 19 gate rows), rows
-    of 9, 19 (lanes without a block in the last round) and 16 blocks, with the fused bias and residual add (the
-    pipelined one-token kernels of the k4explore build too); and it matches float64 as the default build does."""
+    of 9, 19 (lanes without a block in the last round) and 16 blocks, with the fused bias and residual add (mm_q1's
+    one-token kernels of the k4explore build too); and it matches float64 as the default build does."""
     w, raw = _weight(qm, qtype, n_out, n_in, seed=70)
     x_host = _x(16, n_in, seed=71)
     xq, xd = _rounded(cp, qm, qtype, x_host)
@@ -478,10 +478,11 @@ def test_k4blocks_build_gives_one_set_of_bits(cp, qm, qtype, n_out, n_in):
         one = cp.full((1, width), np.nan, cp.float32)
         qm.matmul_prequantized(w, xq[:1], xd[:1], one, glu=glu, build=build)
         assert np.array_equal(one.get().view(np.uint32), many["dp4a"][:1].get().view(np.uint32)), glu
-        for rw in (2, 4) if glu else (1, 2):       # the pipelined one-token kernels of the same bits' explore build
-            out = cp.full((1, width), np.nan, cp.float32)
-            qm.matmul_prequantized(w, xq[:1], xd[:1], out, glu=glu, variant=(1, rw, qm.PIPE), build="k4explore")
-            assert np.array_equal(out.get().view(np.uint32), one.get().view(np.uint32)), (glu, rw)
+        for rw in (2, 4) if glu else (1, 2):       # mm_q1's one-token kernels of the same bits' explore build
+            for g in (qm.PIPE, qm.ONE_LOOP):
+                out = cp.full((1, width), np.nan, cp.float32)
+                qm.matmul_prequantized(w, xq[:1], xd[:1], out, glu=glu, variant=(1, rw, g), build="k4explore")
+                assert np.array_equal(out.get().view(np.uint32), one.get().view(np.uint32)), (glu, rw, g)
         if not glu:                                # fused bias and residual add, the dp4a and split-K kernels
             for variant in ((1, 2, 1), "sk"):
                 out = resid.copy()
