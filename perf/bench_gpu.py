@@ -353,6 +353,21 @@ def k4blocks_rows(cp, copy_bw):
     return launch_rows(cp, copy_bw, K4BLOCKS_EXPLORE, launches)
 
 
+# --explore: one-token launches of the superblock types (qmatmul_types.cuh S > 1: IQ3_XXS, Q6_K, and Q4_K / Q5_K
+# in the k4blocks build) through mm_q1's loop (the default) and mm_q's (the mmq_one_token build)
+ONE_TOKEN_AB = [("IQ3_XXS", 14336, 4096, False, 1), ("IQ3_XXS", 4096, 14336, False, 1),
+                ("IQ3_XXS", 28672, 4096, True, 1), ("IQ3_XXS", 6144, 4096, False, 1), ("Q6_K", 14336, 4096, False, 1),
+                ("Q6_K", 4096, 14336, False, 1), ("Q6_K", 896, 4864, False, 1), ("Q6_K", 32000, 4096, False, 1),
+                ("IQ3_XXS", 896, 4864, False, 1)]
+
+
+def one_token_rows(cp, copy_bw):
+    """--explore: ONE_TOKEN_AB through the mmq_one_token build and the default, both checked bit for bit against
+    the default build's dp4a kernel on the same inputs."""
+    return launch_rows(cp, copy_bw, ONE_TOKEN_AB, lambda qtype, n_tok, glu: [
+        ("mm_q loop", dict(build="mmq_one_token"), "default"), ("mm_q1 loop *", dict(build="default"), "default")])
+
+
 EXPLORE_KERNELS = [  # launch-bound shapes of the 0.5B model, and decode steps of 16 sequences, for --explore
     ("Q5_0 896x4864 n=1", "Q5_0", 4864, 896, 1),
     ("IQ3_XXS 4096x14336 n=16", "IQ3_XXS", 14336, 4096, 16),
@@ -680,8 +695,9 @@ def main(argv=None) -> int:
     ap.add_argument("--explore", action="store_true",
                     help="only the dp4a kernel variants, the explore build's small-token kernels and the k4blocks "
                          "build's Q4_K / Q5_K kernels (kernel_notes.md)")
-    ap.add_argument("--explore-part", default="all", choices=("all", "variants", "small", "k4blocks"),
-                    help="--explore: only this part (the dp4a variants, the small-token kernels, the k4blocks build)")
+    ap.add_argument("--explore-part", default="all", choices=("all", "variants", "small", "k4blocks", "one-token"),
+                    help="--explore: only this part (the dp4a variants, the small-token kernels, the k4blocks build, "
+                         "the superblock types' one-token loops)")
     ap.add_argument("--gemm", action="store_true", help="only the prompt mat-mul table (* marks the kernel auto takes)")
     ap.add_argument("--gemm-explore", action="store_true", help="only the tensor-core kernel's candidate variants")
     ap.add_argument("--prompt", action="store_true", help="only the synthetic models' 512-token prompt forwards")
@@ -695,7 +711,7 @@ def main(argv=None) -> int:
                     help="only decode of 1-64 sequences together (runner: three rounds each; engine), beside "
                          "llama.cpp's figures")
     ap.add_argument("--only", default=None, help="only the synthetic models whose <preset>-<mix> contains this")
-    ap.add_argument("--build", default="default", choices=("default", "k4blocks"),
+    ap.add_argument("--build", default="default", choices=("default", "k4blocks", "mmq_one_token"),
                     help="compile every mat-mul of the run as this build of qmatmul.cu / qmatmul_mma.cu (A/B of a "
                          "build's bits and kernels end to end; kernel_notes.md)")
     ap.add_argument("--contexts", default="4096",
@@ -719,7 +735,8 @@ def main(argv=None) -> int:
     copy_bw = copy_bandwidth(cp)
     if args.explore:
         print(f"\n{be.describe()}; copy bandwidth {copy_bw / 1e9:,.0f} GB/s (read + write)")
-        parts = {"variants": variant_rows, "small": small_explore_rows, "k4blocks": k4blocks_rows}
+        parts = {"variants": variant_rows, "small": small_explore_rows, "k4blocks": k4blocks_rows,
+                 "one-token": one_token_rows}
         for name, rows in parts.items():
             if args.explore_part in ("all", name):
                 rows(cp, copy_bw)

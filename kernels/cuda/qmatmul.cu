@@ -128,8 +128,96 @@ __device__ __forceinline__ void store_groups(const Out& o, const int* rows, int 
     put_rows<RW, GLU>(o, rows, n_out, t0, nt, fold_res[w]);
 }
 
+// One token a warp's rows, lane l taking units l, l + 32, ... as mm_q does with TILE = G = 1 (kernels
+// mm[glu]_<type>_t1_r<RW>_g<p|s>). PIPE (G = "p"): the loads of the lane's unit of round j + 1 (Fetch: the raw
+// words, for the types that split them from their decoding) are issued before round j's products, so a warp
+// waits on one round's loads at a time instead of each round's in turn; G = "s": the same loop without that.
+// Each output's arithmetic is mm_q's (TILE 1, G 1) in the same order: the same bits. Token blockIdx.y, as
+// mm_q's grid of one-token tiles.
+template <class T, int RW, bool GLU, bool PIPE>
+__device__ __forceinline__ void mm_q1(const u8* __restrict__ W, int row_bytes, int n_out, int k,
+                                           const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
+                                           const u32* tab) {
+    const int lane = threadIdx.x, t0 = blockIdx.y;
+    int rows[RW];
+    if (!warp_rows<RW, GLU>(n_out, rows)) return;
+    const u8* wr[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) wr[r] = W + (size_t)min(rows[r], n_out - 1) * row_bytes;
+    const int n_units = k / T::UNIT;
+    xq += (size_t)t0 * k;
+    xd += (size_t)t0 * (k / T::XB);
+    constexpr int S = T::S, UPX = T::UPX, OWN = RW >= S ? RW / S : 1;
+    typedef Fetch<T, PIPE && HasFetch<T>::value> F;
+    typename F::R cur[RW], nxt[RW];
+    if (lane < n_units)
+#pragma unroll
+        for (int r = 0; r < RW; ++r) F::fetch(wr[r], k, lane, tab, cur[r]);
+    float acc[S == 1 ? RW : OWN];
+#pragma unroll
+    for (int i = 0; i < (S == 1 ? RW : OWN); ++i) acc[i] = 0.0f;
+    for (int ub = 0; ub < n_units; ub += WARP) {
+        const int u = ub + lane;
+        if (u + WARP < n_units)                    // round j + 1's loads first
+#pragma unroll
+            for (int r = 0; r < RW; ++r) F::fetch(wr[r], k, u + WARP, tab, nxt[r]);
+        if constexpr (S == 1) {
+            if (u < n_units) {
+                i32 x[T::NW];
+                T::xload(xq, u, x);
+                const float s = __ldg(xd + u / UPX);
+#pragma unroll
+                for (int r = 0; r < RW; ++r) {
+                    typename T::U v;
+                    F::unpack(cur[r], wr[r], k, u, tab, v);
+                    float a, b;
+                    T::tail(v, T::ints(v, x), s, a, b);
+                    acc[r] = __fmaf_rn(a, b, acc[r]);
+                }
+            }
+        } else {                                   // every lane takes part in the group's shuffles
+            const int uc = min(u, n_units - 1), p = lane % S;
+            const bool adds = u < n_units && p * RW % S == 0;
+            typename T::U v[RW];
+            typename T::I iv[RW];
+            i32 x[T::NW];
+            T::xload(xq, uc, x);
+#pragma unroll
+            for (int r = 0; r < RW; ++r) {
+                F::unpack(cur[r], wr[r], k, uc, tab, v[r]);
+                iv[r] = T::ints(v[r], x);
+            }
+            group_scatter<S, RW>(iv);
+#pragma unroll
+            for (int i = 0; i < OWN; ++i) {
+                const int r = p * RW / S + i;
+                typename T::U q = v[0];            // row r's scales (tail reads no weights)
+#pragma unroll
+                for (int rr = 1; rr < RW; ++rr)
+                    if (r == rr) q = v[rr];
+                float a, b;
+                T::tail(q, iv[i], __ldg(xd + uc / UPX), a, b);
+                if (adds) acc[i] = __fmaf_rn(a, b, acc[i]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < RW; ++r) cur[r] = nxt[r];
+    }
+    if constexpr (S == 1) {
+        float acc1[RW][1];
+#pragma unroll
+        for (int r = 0; r < RW; ++r) acc1[r][0] = acc[r];
+        store_rows<RW, 1, GLU>(o, rows, n_out, n_units, t0, 1, acc1);
+    } else {
+        store_groups<S, RW, 1, GLU>(o, rows, n_out, t0, 1, acc);
+    }
+}
+
 // W (n_out, row_bytes) u8 rows of blocks; xq (n_tok, k) int8 with 16-byte aligned rows; xd (n_tok, k / XB)
 // f32. grid (cdiv(warps, blockDim.y), cdiv(n_tok, TILE)), block (32, warps per CTA).
+// One token and G = 1 with S > 1 goes through mm_q1's loop instead, which measured faster (H200, 2026-12-05,
+// kernel_notes.md: Q4_K 4096x14336 of the k4blocks build 14.3 -> 11.4 us, IQ3_XXS ...); the build
+// "mmq_one_token" (-DQMM_MMQ_ONE_TOKEN) keeps this one for A/B runs.
 // S > 1: every lane runs every round and dots every token slot of the tile (past the tile's last token, the
 // last token again: the shuffles take the whole warp); lanes past the row's last unit decode nothing and add
 // nothing (rows hold whole superblocks, so whole groups are past it). A unit's NV integer parts are
@@ -138,6 +226,12 @@ template <class T, int TILE, int RW, int G, bool GLU>
 __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                      const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
                                      const Out& o, const u32* tab) {
+#ifndef QMM_MMQ_ONE_TOKEN
+    if constexpr (TILE == 1 && G == 1 && T::S > 1) {   // superblocks of several units: mm_q1's loop (same bits)
+        mm_q1<T, RW, GLU, false>(W, row_bytes, n_out, k, xq, xd, o, tab);
+        return;
+    }
+#endif
     const int lane = threadIdx.x, t0 = blockIdx.y * TILE, nt = min(TILE, n_tok - t0);
     int rows[RW];
     if (!warp_rows<RW, GLU>(n_out, rows)) return;
@@ -221,91 +315,6 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
             }
         }
         store_groups<S, RW, TILE, GLU>(o, rows, n_out, t0, nt, acc);
-    }
-}
-
-// One token a warp's rows, lane l taking units l, l + 32, ... as mm_q does with TILE = G = 1 (kernels
-// mm[glu]_<type>_t1_r<RW>_g<p|s>). PIPE (G = "p"): the loads of the lane's unit of round j + 1 (Fetch: the raw
-// words, for the types that split them from their decoding) are issued before round j's products, so a warp
-// waits on one round's loads at a time instead of each round's in turn; G = "s": the same loop without that.
-// Each output's arithmetic is mm_q's (TILE 1, G 1) in the same order: the same bits. Token blockIdx.y, as
-// mm_q's grid of one-token tiles.
-template <class T, int RW, bool GLU, bool PIPE>
-__device__ __forceinline__ void mm_q1(const u8* __restrict__ W, int row_bytes, int n_out, int k,
-                                           const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
-                                           const u32* tab) {
-    const int lane = threadIdx.x, t0 = blockIdx.y;
-    int rows[RW];
-    if (!warp_rows<RW, GLU>(n_out, rows)) return;
-    const u8* wr[RW];
-#pragma unroll
-    for (int r = 0; r < RW; ++r) wr[r] = W + (size_t)min(rows[r], n_out - 1) * row_bytes;
-    const int n_units = k / T::UNIT;
-    xq += (size_t)t0 * k;
-    xd += (size_t)t0 * (k / T::XB);
-    constexpr int S = T::S, UPX = T::UPX, OWN = RW >= S ? RW / S : 1;
-    typedef Fetch<T, PIPE && HasFetch<T>::value> F;
-    typename F::R cur[RW], nxt[RW];
-    if (lane < n_units)
-#pragma unroll
-        for (int r = 0; r < RW; ++r) F::fetch(wr[r], k, lane, tab, cur[r]);
-    float acc[S == 1 ? RW : OWN];
-#pragma unroll
-    for (int i = 0; i < (S == 1 ? RW : OWN); ++i) acc[i] = 0.0f;
-    for (int ub = 0; ub < n_units; ub += WARP) {
-        const int u = ub + lane;
-        if (u + WARP < n_units)                    // round j + 1's loads first
-#pragma unroll
-            for (int r = 0; r < RW; ++r) F::fetch(wr[r], k, u + WARP, tab, nxt[r]);
-        if constexpr (S == 1) {
-            if (u < n_units) {
-                i32 x[T::NW];
-                T::xload(xq, u, x);
-                const float s = __ldg(xd + u / UPX);
-#pragma unroll
-                for (int r = 0; r < RW; ++r) {
-                    typename T::U v;
-                    F::unpack(cur[r], wr[r], k, u, tab, v);
-                    float a, b;
-                    T::tail(v, T::ints(v, x), s, a, b);
-                    acc[r] = __fmaf_rn(a, b, acc[r]);
-                }
-            }
-        } else {                                   // every lane takes part in the group's shuffles
-            const int uc = min(u, n_units - 1), p = lane % S;
-            const bool adds = u < n_units && p * RW % S == 0;
-            typename T::U v[RW];
-            typename T::I iv[RW];
-            i32 x[T::NW];
-            T::xload(xq, uc, x);
-#pragma unroll
-            for (int r = 0; r < RW; ++r) {
-                F::unpack(cur[r], wr[r], k, uc, tab, v[r]);
-                iv[r] = T::ints(v[r], x);
-            }
-            group_scatter<S, RW>(iv);
-#pragma unroll
-            for (int i = 0; i < OWN; ++i) {
-                const int r = p * RW / S + i;
-                typename T::U q = v[0];            // row r's scales (tail reads no weights)
-#pragma unroll
-                for (int rr = 1; rr < RW; ++rr)
-                    if (r == rr) q = v[rr];
-                float a, b;
-                T::tail(q, iv[i], __ldg(xd + uc / UPX), a, b);
-                if (adds) acc[i] = __fmaf_rn(a, b, acc[i]);
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < RW; ++r) cur[r] = nxt[r];
-    }
-    if constexpr (S == 1) {
-        float acc1[RW][1];
-#pragma unroll
-        for (int r = 0; r < RW; ++r) acc1[r][0] = acc[r];
-        store_rows<RW, 1, GLU>(o, rows, n_out, n_units, t0, 1, acc1);
-    } else {
-        store_groups<S, RW, 1, GLU>(o, rows, n_out, t0, 1, acc);
     }
 }
 

@@ -116,10 +116,12 @@ PIPE, ONE_LOOP = "p", "s"
 # "k4blocks": Q4_K / Q5_K with the integer sums of a 256-weight block before one float tail (qmatmul_types.cuh
 # K4_S; other bits than the default build's, the same in all of its kernels). H200, 2026-12-05 (kernel_notes.md,
 # "Q4_K block sums"), 8B-layer Q4_K shapes: 16 tokens 21-25% faster, one token 0-25% slower, so not the default
-# "k4explore": both (the explore build's kernels with the k4blocks build's bits)
+# "k4explore": both (the explore build's kernels with the k4blocks build's bits); "mmq_one_token": one-token
+# kernels of the superblock types through mm_q's own loop instead of mm_q1's (qmatmul.cu; the same bits)
 BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",), "k4blocks": ("-DK4_S=4",),
-          "k4explore": ("-DK4_S=4", "-DQMM_EXPLORE")}
-MMA_BUILDS = {"default": (), "explore": ("-DMMQ_EXPLORE",), "k4blocks": ("-DK4_S=4",)}   # the same, qmatmul_mma.cu
+          "k4explore": ("-DK4_S=4", "-DQMM_EXPLORE"), "mmq_one_token": ("-DQMM_MMQ_ONE_TOKEN",)}
+MMA_BUILDS = {"default": (), "explore": ("-DMMQ_EXPLORE",), "k4blocks": ("-DK4_S=4",),   # the same, qmatmul_mma.cu
+              "k4explore": ("-DK4_S=4", "-DMMQ_EXPLORE"), "mmq_one_token": ()}
 EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2),
                     (16, 1, 1), (16, 2, 1), (1, 1, PIPE), (1, 2, PIPE), (1, 1, ONE_LOOP), (1, 2, ONE_LOOP)]
