@@ -215,9 +215,11 @@ __device__ __forceinline__ void mm_q1(const u8* __restrict__ W, int row_bytes, i
 
 // W (n_out, row_bytes) u8 rows of blocks; xq (n_tok, k) int8 with 16-byte aligned rows; xd (n_tok, k / XB)
 // f32. grid (cdiv(warps, blockDim.y), cdiv(n_tok, TILE)), block (32, warps per CTA).
-// One token and G = 1 with S > 1 goes through mm_q1's loop instead, which measured faster (H200, 2026-12-05,
-// kernel_notes.md: Q4_K 4096x14336 of the k4blocks build 14.3 -> 11.4 us, IQ3_XXS ...); the build
-// "mmq_one_token" (-DQMM_MMQ_ONE_TOKEN) keeps this one for A/B runs.
+// One token and G = 1 with S > 1 (dense, or GLU of one row pair) goes through mm_q1's loop instead, which
+// measured faster on an H200 (2026-12-05, kernel_notes.md, us): IQ3_XXS 4096x14336 17.7 -> 17.0, 14336x4096 19.3
+// -> 17.7, Q6_K 4096x14336 17.1 -> 15.6, 14336x4096 19.6 -> 17.3, 4096x32000 32.4 -> 30.5; the k4blocks build's
+// Q4_K 4096x14336 14.3 -> 11.4, gate+up one pair 23.0 -> 20.4. IQ3_XXS's GLU kernel of two pairs lost (28.4 ->
+// 32.8) and keeps this loop. The build "mmq_one_token" (-DQMM_MMQ_ONE_TOKEN) keeps it everywhere, for A/B runs.
 // S > 1: every lane runs every round and dots every token slot of the tile (past the tile's last token, the
 // last token again: the shuffles take the whole warp); lanes past the row's last unit decode nothing and add
 // nothing (rows hold whole superblocks, so whole groups are past it). A unit's NV integer parts are
@@ -227,7 +229,7 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
                                      const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
                                      const Out& o, const u32* tab) {
 #ifndef QMM_MMQ_ONE_TOKEN
-    if constexpr (TILE == 1 && G == 1 && T::S > 1) {   // superblocks of several units: mm_q1's loop (same bits)
+    if constexpr (TILE == 1 && G == 1 && T::S > 1 && !(GLU && RW > 2)) {   // mm_q1's loop (same bits)
         mm_q1<T, RW, GLU, false>(W, row_bytes, n_out, k, xq, xd, o, tab);
         return;
     }
