@@ -362,10 +362,14 @@ ONE_TOKEN_AB = [("IQ3_XXS", 14336, 4096, False, 1), ("IQ3_XXS", 4096, 14336, Fal
 
 
 def one_token_rows(cp, copy_bw):
-    """--explore: ONE_TOKEN_AB through the mmq_one_token build and the default, both checked bit for bit against
-    the default build's dp4a kernel on the same inputs."""
+    """--explore: ONE_TOKEN_AB through the mmq_one_token build, the default, and the explore build's mm_q1 kernels
+    of other rows a warp (RW) and bounds (a minimum of one CTA an SM), all checked bit for bit against the default
+    build's dp4a kernel on the same inputs."""
+    from strata_lite.kernels.cuda import qmatmul as qm
     return launch_rows(cp, copy_bw, ONE_TOKEN_AB, lambda qtype, n_tok, glu: [
-        ("mm_q loop", dict(build="mmq_one_token"), "default"), ("mm_q1 loop *", dict(build="default"), "default")])
+        ("mm_q loop", dict(build="mmq_one_token"), "default"), ("auto *", dict(build="default"), "default")] + [
+        (f"mm_q1 r{rw} g{g} min 1", dict(variant=(1, rw, g), build="explore"), "default")
+        for rw in ((2, 4) if glu else (1, 2)) for g in (qm.ONE_LOOP, qm.PIPE)])
 
 
 EXPLORE_KERNELS = [  # launch-bound shapes of the 0.5B model, and decode steps of 16 sequences, for --explore
