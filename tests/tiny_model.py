@@ -21,7 +21,13 @@ def _byte_level_vocab() -> list[str]:
 
 
 def random_blocks(rng, qtype: QT, n_rows: int, n_cols: int) -> np.ndarray:
-    """uint8 (n_rows, row_nbytes) of random blocks whose f16 scales are small finite numbers."""
+    """uint8 (n_rows, row_nbytes) of random blocks whose f16 scales are small finite numbers (float types: small
+    finite values)."""
+    if qtype in (QT.F32, QT.F16, QT.BF16):
+        v = (0.05 * rng.standard_normal((n_rows, n_cols))).astype(np.float32)
+        if qtype == QT.BF16:
+            return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        return v.astype(np.float16 if qtype == QT.F16 else np.float32).view(np.uint8)
     elems, nbytes = GGML_QUANT_SIZES[qtype]
     n_blocks = n_rows * n_cols // elems
     raw = rng.integers(0, 256, size=(n_blocks, nbytes), dtype=np.uint8)

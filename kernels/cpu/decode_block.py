@@ -13,9 +13,10 @@ compares logits bit for bit): batch invariance and the llama.cpp goldens carry o
 
 Which blocks take it (DecodeBlock.build): every matrix in a layout the int8 mat-vec kernels read (4-row
 interleaved Q5_0 / Q4_0 / IQ4_NL / Q8_0, the IQ3_XXS / Q4_K / Q5_K / Q6_K repackings, Q8_0 / Q5_0 / Q4_0 /
-IQ4_NL in their own blocks) and attention's float q.k path (the default). Other blocks (the float kernels of
-CPUs without AVX2 or STRATA_LITE_INT8=0, F16 / BF16 / F32 matrices, STRATA_LITE_ATTN_QK=int8 / int16), steps
-of more than MAX_TOK tokens and forwards with an observer (the imatrix) take the per-call path.
+IQ4_NL in their own blocks) or F16 / BF16 in the file's rows (half_matvec.py), and attention's float q.k path
+(the default). Other blocks (the float kernels of CPUs without AVX2 or STRATA_LITE_INT8=0, F32 matrices,
+STRATA_LITE_ATTN_QK=int8 / int16; with STRATA_LITE_DECODE_BLOCK=shared, F16 / BF16 ones too), steps of more
+than MAX_TOK tokens and forwards with an observer (the imatrix) take the per-call path.
 """
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ import ctypes
 
 import numba
 import numpy as np
+from gguf import GGMLQuantizationType as QType
 from numba import njit
 
-from . import nibble_int8, q8_0_int8, rows4_int8
+from . import half_matvec, nibble_int8, q8_0_int8, rows4_int8
 from .attention import _CHUNK_KEYS, _KERNELS, _LOG2E, _TILE_Q, _attn_merge, _plan, qk_path, split_states
 from .elementwise import _NO_SCALE, _inv_freq, _rmsnorm_ser, _silu_mul_ser
 from .iq3_int8 import CODE_TABLE
@@ -33,13 +35,13 @@ from .isa import INT8_ISA
 from .q4_k_int8 import _NO_TABLE
 from .q8_0_int8 import Q8_0_KIND
 from .qmatmul import _INT8_KIND
-from .repack import IQ3_I8, INT8_LAYOUTS, Q4K_I8, Q5K_I8, Q6K_I8, ROWS4_LAYOUTS, PackedWeight
+from .repack import GGML, IQ3_I8, INT8_LAYOUTS, Q4K_I8, Q5K_I8, Q6K_I8, ROWS4_LAYOUTS, PackedWeight
 from .rope_store import _serial as _rope_kv_store
 
 MAX_TOK = 8            # tokens a call: every kernel below then takes its mat-vec form (the GEMMs start at 16)
 
-# how a matrix slot is multiplied (column _MM of a block's spec)
-ABSENT, ROWS4, NIBBLE, OWN_BLOCKS = -1, 0, 1, 2
+# how a matrix slot is multiplied (column _MM of a block's spec); HALF's kind: 1 for BF16, 0 for F16
+ABSENT, ROWS4, NIBBLE, OWN_BLOCKS, HALF = -1, 0, 1, 2, 3
 _MM, _KIND, _SMALL, _N_OUT, _BIAS = range(5)
 # the slots: q/k/v projections (one fused matrix, q+k and v, or q, k and v), attn_output, gate_up (or gate),
 # up (when not fused), ffn_down
@@ -62,12 +64,22 @@ def matrix_route(w):
         return NIBBLE, _NIBBLE_KIND[w.layout], CODE_TABLE if w.layout == IQ3_I8 else _NO_TABLE
     if w.layout not in INT8_LAYOUTS and w.int8:
         return OWN_BLOCKS, _INT8_KIND.get(w.qtype, Q8_0_KIND), _NO_TABLE
+    if w.layout == GGML and w.qtype in _HALF_KIND and half_matvec.fits(w.n_in):
+        return HALF, _HALF_KIND[w.qtype], _NO_TABLE
     return None
+
+
+_HALF_KIND = {QType.F16: 0, QType.BF16: 1}
+
+
+def block_raw(w, how: int) -> np.ndarray:
+    """The uint8 (n_out, blocks, block bytes) view of w's rows a block's slot holds (HALF: one block a row)."""
+    return w.raw.reshape(w.n_out, 1, w.raw.shape[1]) if how == HALF else w.raw3
 
 
 # the kernels a block's matrices take, as bits: a block function is compiled with only those (make_block), since
 # Numba compiles every callee a function names and links it in (~7-16 s each on a 2-core machine)
-R4_PARALLEL, R4_SERIAL, NIBBLE_ANY, OWN_PARALLEL, OWN_SERIAL = 1, 2, 4, 8, 16
+R4_PARALLEL, R4_SERIAL, NIBBLE_ANY, OWN_PARALLEL, OWN_SERIAL, HALF_ANY = 1, 2, 4, 8, 16, 32
 
 
 def route_bit(how: int, small: bool) -> int:
@@ -75,6 +87,8 @@ def route_bit(how: int, small: bool) -> int:
     form for small matrices)."""
     if how == NIBBLE:
         return NIBBLE_ANY
+    if how == HALF:
+        return HALF_ANY
     if how == ROWS4:
         return R4_SERIAL if small else R4_PARALLEL
     return OWN_SERIAL if small else OWN_PARALLEL
@@ -135,7 +149,7 @@ def _make_block(routes: int):
     closure's contents: a jitted function in it would make every process compile again), and the branches
     of routes not taken are pruned before their callees are typed."""
     r4_par, r4_ser, nib = bool(routes & R4_PARALLEL), bool(routes & R4_SERIAL), bool(routes & NIBBLE_ANY)
-    own_par, own_ser = bool(routes & OWN_PARALLEL), bool(routes & OWN_SERIAL)
+    own_par, own_ser, half = bool(routes & OWN_PARALLEL), bool(routes & OWN_SERIAL), bool(routes & HALF_ANY)
 
     @njit(cache=True)
     def _block(x, spec, raws, tables, biases, norms, eps, qk_norm, n_heads, n_kv_heads, head_dim,
@@ -155,6 +169,9 @@ def _make_block(routes: int):
             if how == NIBBLE:
                 if nib:
                     nibble_int8.matvec(raw3, x3, out, tables[s], kind)
+            elif how == HALF:                      # raw3 (n_out, 1, 2 n_in): the file's F16 / BF16 rows
+                if half:
+                    half_matvec._mv(raw3.reshape(raw3.shape[0], raw3.shape[2]).view(np.uint16), x, out, kind == 1)
             elif how == ROWS4:
                 if small:
                     if r4_ser:
@@ -269,9 +286,11 @@ class DecodeBlock:
             if route is None:
                 return None
             how, kind, table = route
+            if shared and how == HALF:              # the shared block's phases split int8 rows only
+                return None
             routes |= route_bit(how, w.small)
             specs[s] = (how, kind, int(bool(w.small)), w.n_out, int(bias is not None))
-            raws[s], tables[s] = _writable(w.raw3, np.uint8), _writable(table, np.int8)
+            raws[s], tables[s] = _writable(block_raw(w, how), np.uint8), _writable(table, np.int8)
         if qk_norm and (layer.attn_q_norm is None or layer.attn_k_norm is None):
             return None
         norms = tuple(_writable(_NO_VECTOR if v is None else v, np.float32)

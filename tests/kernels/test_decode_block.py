@@ -1,10 +1,10 @@
 """The CPU's one-call decoder block (kernels/cpu/decode_block.py) and its work-sharing form
 (kernels/cpu/decode_block_shared.py, STRATA_LITE_DECODE_BLOCK=shared) against the per-call path they replace for
 steps of up to MAX_TOK tokens: logits bit for bit, for every matrix route (4-row interleaved, nibble
-repackings, own blocks; serial and parallel mat-vecs), q/k/v fused or split, with biases, q/k norms and K
-smoothing, one sequence or several in a step, a key range split over threads, and the shared block's workers
-run one after another. And which blocks it takes: none where a matrix has no int8 mat-vec kernel, where the
-attention q.k path is not the float one, or where STRATA_LITE_DECODE_BLOCK=0."""
+repackings, own blocks, F16 / BF16 rows; serial and parallel mat-vecs), q/k/v fused or split, with biases,
+q/k norms and K smoothing, one sequence or several in a step, a key range split over threads, and the shared
+block's workers run one after another. And which blocks it takes: none where a matrix has no int8 or half
+mat-vec kernel, where the attention q.k path is not the float one, or where STRATA_LITE_DECODE_BLOCK=0."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
@@ -152,11 +152,30 @@ def test_shared_block_workers_one_after_another(models, monkeypatch):
         numba.set_num_threads(before)
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered in cast")     # random F16 bits include NaNs
+@pytest.mark.parametrize("qtype,other", [(QT.F16, QT.Q8_0), (QT.BF16, QT.F16)], ids=["f16, v q8_0", "bf16, down f16"])
+def test_half_blocks_give_the_per_call_bits(tmp_path, qtype, other, monkeypatch):
+    """F16 / BF16 matrices (half_matvec's kernel) in the one-call block, beside an int8 one or each other; the
+    shared block leaves such blocks on the per-call path."""
+    path = tmp_path / "half.gguf"
+    write_tiny_model(path, qtype=qtype, qtype_of={"attn_v" if other == QT.Q8_0 else "ffn_down": other})
+    llm = LLM(str(path), backend="cpu", n_ctx=256)
+    assert all(layer.compiled is not None for layer in _layers(llm))
+    ids = np.random.default_rng(6).integers(0, llm.config.n_vocab, 160).astype(np.int32)
+    llm.eval(ids[:150], 0, [149])
+    pos = 150
+    for n in (1, MAX_TOK, 1):
+        fused, per_call = _logits_both_ways(llm, Batch.single(ids[pos:pos + n], pos, llm._pages))
+        assert np.isfinite(fused).all()
+        np.testing.assert_array_equal(fused, per_call)
+        pos += n
+    monkeypatch.setenv("STRATA_LITE_DECODE_BLOCK", "shared")
+    assert all(layer.compiled is None for layer in _layers(LLM(str(path), backend="cpu", n_ctx=64)))
+
+
 def test_blocks_it_does_not_take(models, tmp_path, monkeypatch):
-    f16 = tmp_path / "f16.gguf"
-    write_tiny_model(f16, qtype=QT.F16)
-    assert all(layer.compiled is None for layer in _layers(LLM(str(f16), backend="cpu", n_ctx=64)))
+    f32 = tmp_path / "f32.gguf"
+    write_tiny_model(f32, qtype=QT.F32)
+    assert all(layer.compiled is None for layer in _layers(LLM(str(f32), backend="cpu", n_ctx=64)))
     path = str(models["q4_k, down q6_k"])          # head_dim 64: the int8 q.k path applies
     monkeypatch.setenv("STRATA_LITE_ATTN_QK", "int8")
     assert all(layer.compiled is None for layer in _layers(LLM(path, backend="cpu", n_ctx=64)))
