@@ -339,7 +339,8 @@ K4BLOCKS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True,
 def k4blocks_rows(cp, copy_bw):
     """--explore: each K4BLOCKS_EXPLORE launch through `auto` in the default build and in the k4blocks build, the
     latter checked bit for bit against its dp4a kernel (another kernel than auto's from 9 tokens on); one-token
-    launches also through mm_q1's kernels (qmatmul.PIPE, ONE_LOOP) of both builds, each checked against its build."""
+    launches also through mm_q1's kernels (qmatmul.PIPE, ONE_LOOP) of both builds, 8- and 16-token ones through
+    mm_q_tok's (PER_TOKEN), each checked against its build."""
     from strata_lite.kernels.cuda import qmatmul as qm
 
     def launches(qtype, n_tok, glu):
@@ -349,6 +350,9 @@ def k4blocks_rows(cp, copy_bw):
                      for label, build, ref in (("default", "explore", "default"), ("k4blocks", "k4explore", "k4blocks"))
                      for g, how in ((qm.PIPE, "pipelined"), (qm.ONE_LOOP, "one loop"))
                      for rw in ((2, 4) if glu else (1, 2))]
+        if n_tok in (8, 16):                       # 8-token tiles with the integer parts scattered token by token
+            rows += [(f"{label} t8 r4 per token", dict(variant=(8, 4, qm.PER_TOKEN), build=build), ref)
+                     for label, build, ref in (("default", "explore", "default"), ("k4blocks", "k4explore", "k4blocks"))]
         return rows
     return launch_rows(cp, copy_bw, K4BLOCKS_EXPLORE, launches)
 

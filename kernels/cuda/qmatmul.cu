@@ -320,6 +320,85 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
     }
 }
 
+#ifdef QMM_EXPLORE
+// mm_q's superblock loop (S > 1) with each token's integer parts reduce-scattered over the group before the next
+// token's (kernels mm[glu]_<type>_t<TILE>_r<RW>_gt, explore build): RW values a step instead of RW * TILE, so a
+// lane holds one token's RW integer parts at a time instead of the tile's (mm_q: 64 registers of them for Q4_K
+// at 8 tokens and 4 rows, 128 registers and a spill in all). Lane p of a group owns rows p * RW / S ..
+// (OWN of them) of every token; each output's arithmetic is mm_q's in the same order (the same bits). S = 1
+// types run mm_q itself (their lanes fold in another order).
+template <class T, int TILE, int RW, bool GLU>
+__device__ __forceinline__ void mm_q_tok(const u8* __restrict__ W, int row_bytes, int n_out, int k,
+                                         const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
+                                         const Out& o, const u32* tab) {
+    constexpr int S = T::S, UPX = T::UPX, OWN = RW >= S ? RW / S : 1, NV = RW * TILE, NG = WARP / S;
+    if constexpr (S == 1) {
+        mm_q<T, TILE, RW, 1, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, o, tab);
+    } else {
+        const int lane = threadIdx.x, t0 = blockIdx.y * TILE, nt = min(TILE, n_tok - t0), p = lane % S;
+        int rows[RW];
+        if (!warp_rows<RW, GLU>(n_out, rows)) return;
+        const u8* wr[RW];
+#pragma unroll
+        for (int r = 0; r < RW; ++r) wr[r] = W + (size_t)min(rows[r], n_out - 1) * row_bytes;
+        const int n_units = k / T::UNIT, n_xd = k / T::XB;
+        float acc[TILE][OWN];
+#pragma unroll
+        for (int t = 0; t < TILE; ++t)
+#pragma unroll
+            for (int i = 0; i < OWN; ++i) acc[t][i] = 0.0f;
+        for (int ub = 0; ub < n_units; ub += WARP) {
+            const bool has = ub + lane < n_units, adds = has && p * RW % S == 0;
+            const int u = min(ub + lane, n_units - 1);
+            typename T::U v[RW];
+            if (has)
+#pragma unroll
+                for (int r = 0; r < RW; ++r) T::decode(wr[r], k, u, tab, v[r]);
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                const int tt = t0 + min(t, nt - 1);
+                i32 x[T::NW];
+                T::xload(xq + (size_t)tt * k, u, x);
+                typename T::I iv[RW];
+#pragma unroll
+                for (int r = 0; r < RW; ++r) iv[r] = T::ints(v[r], x);
+                group_scatter<S, RW>(iv);
+                const float xs = __ldg(xd + (size_t)tt * n_xd + u / UPX);
+#pragma unroll
+                for (int i = 0; i < OWN; ++i) {
+                    const int r = p * RW / S + i;
+                    typename T::U q = v[0];        // row r's scales (tail reads no weights)
+#pragma unroll
+                    for (int rr = 1; rr < RW; ++rr)
+                        if (r == rr) q = v[rr];
+                    float a, b;
+                    T::tail(q, iv[i], xs, a, b);
+                    if (adds) acc[t][i] = __fmaf_rn(a, b, acc[t][i]);
+                }
+            }
+        }
+        // the groups' sums left to right, as store_groups adds them (value t * RW + r: token t0 + t, row rows[r])
+        __shared__ float group_part[MM_WARPS][NV][NG];
+        __shared__ float fold_res[MM_WARPS][NV];
+        const int w = threadIdx.y;
+        if (p * RW % S == 0)
+#pragma unroll
+            for (int t = 0; t < TILE; ++t)
+#pragma unroll
+                for (int i = 0; i < OWN; ++i) group_part[w][t * RW + p * RW / S + i][lane / S] = acc[t][i];
+        __syncwarp();
+        if (lane < NV) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int gi = 0; gi < NG; ++gi) sum = __fadd_rn(sum, group_part[w][lane][gi]);
+            fold_res[w][lane] = sum;
+        }
+        __syncwarp();
+        put_rows<RW, GLU>(o, rows, n_out, t0, nt, fold_res[w]);
+    }
+}
+#endif
+
 // Up to SK_MAX_TOKENS tokens with more warps per row (split-K): the same sums as mm_q, token by token. A CTA
 // of blockDim.y warps takes row blockIdx.x; warp w decodes the unit rounds w, w + blockDim.y, ... (round j =
 // units 32j .. 32j + 31, unit 32j + l in lane l, as mm_q deals them), dots each unit with every token and
@@ -450,6 +529,8 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     MM_Q_KERNEL_MB(NAME, T, 1) MM_Q_KERNEL_MB(NAME, T, 6) MM_Q_KERNEL_MB(NAME, T, 8)                      \
     MM_Q_KERNEL_T8_MB(NAME, T, 2)                                                                         \
     MM_Q1_KERNELS(NAME, T, p, true) MM_Q1_KERNELS(NAME, T, s, false)                                      \
+    MM_Q_TOK_KERNEL(mm, NAME, T, 8, 4, false, T8_MIN2) MM_Q_TOK_KERNEL(mmglu, NAME, T, 8, 4, true, T8_MIN2)    \
+    MM_Q_TOK_KERNEL(mm, NAME, T, 4, 2, false, __launch_bounds__(256))                                     \
     MM_Q_KERNEL(NAME, T, 1, 1, 4) MM_Q_KERNEL(NAME, T, 1, 2, 2) MM_Q_KERNEL(NAME, T, 1, 2, 4)             \
     MM_Q_KERNEL(NAME, T, 1, 4, 1)                                                                         \
     MM_Q_KERNEL(NAME, T, 2, 1, 1) MM_Q_KERNEL(NAME, T, 2, 2, 2) MM_Q_KERNEL(NAME, T, 4, 1, 1)             \
@@ -458,6 +539,16 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     MM_Q_GLU_KERNEL(NAME, T, 1, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 2, 1)    \
     MM_Q_GLU_KERNEL(NAME, T, 8, 2, 1)
 #define MM_Q_GLU_TILE1_R4(NAME, T)   // in MM_Q_MORE already
+// mm_q_tok's kernels: TILE tokens, RW rows a warp (GLU: RW / 2 row pairs), G = t, under BOUNDS
+#define MM_Q_TOK_KERNEL(PREFIX, NAME, T, TILE, RW, GLU, BOUNDS)                                           \
+    extern "C" __global__ void BOUNDS PREFIX##_##NAME##_t##TILE##_r##RW##_gt(                             \
+        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
+        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
+        GRID_SMEM(T);                                                                                     \
+        load_grid<T>(grid);                                                                               \
+        grid_dependency_sync();                                                                           \
+        mm_q_tok<T, TILE, RW, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                \
+    }
 #else
 #define MM_Q_MORE(NAME, T)
 #define MM_Q_GLU_TILE1_R4(NAME, T) MM_Q_GLU_KERNEL(NAME, T, 1, 4, 1)   // qmatmul.py DP4A_GLU_TILE1

@@ -111,8 +111,9 @@ NARROW_MIN_CTAS = 896
 
 # perf/bench_gpu.py --explore: a build of qmatmul.cu with more (tile, RW, G) candidates; G = PIPE: one token with
 # the next round's weight loads in flight (qmatmul.cu mm_q1, kernels ..._t1_r<RW>_gp), G = ONE_LOOP: the same
-# loop without them (..._gs)
-PIPE, ONE_LOOP = "p", "s"
+# loop without them (..._gs); G = PER_TOKEN: the superblock types' integer parts reduce-scattered token by token
+# (qmatmul.cu mm_q_tok, kernels ..._gt; not yet run on a GPU)
+PIPE, ONE_LOOP, PER_TOKEN = "p", "s", "t"
 # "k4blocks": Q4_K / Q5_K with the integer sums of a 256-weight block before one float tail (qmatmul_types.cuh
 # K4_S; other bits than the default build's, the same in all of its kernels). H200, 2026-12-05 (kernel_notes.md,
 # "Q4_K block sums"), 8B-layer Q4_K shapes: 16 tokens 21-25% faster, one token 0-25% slower, so not the default
@@ -124,9 +125,10 @@ MMA_BUILDS = {"default": (), "explore": ("-DMMQ_EXPLORE",), "k4blocks": ("-DK4_S
               "k4explore": ("-DK4_S=4", "-DMMQ_EXPLORE"), "mmq_one_token": ()}
 EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2),
-                    (16, 1, 1), (16, 2, 1), (1, 1, PIPE), (1, 2, PIPE), (1, 1, ONE_LOOP), (1, 2, ONE_LOOP)]
+                    (16, 1, 1), (16, 2, 1), (1, 1, PIPE), (1, 2, PIPE), (1, 1, ONE_LOOP), (1, 2, ONE_LOOP),
+                    (4, 2, PER_TOKEN), (8, 4, PER_TOKEN)]
 EXPLORE_GLU_VARIANTS = [(1, 4, 1), (2, 2, 1), (4, 2, 1), (8, 2, 1), (1, 2, PIPE), (1, 4, PIPE), (1, 2, ONE_LOOP),
-                        (1, 4, ONE_LOOP)]   # (tile, RW, G) of GLU kernels there
+                        (1, 4, ONE_LOOP), (8, 4, PER_TOKEN)]   # (tile, RW, G) of GLU kernels there
 # (tile, RW, G, MB): kernels of the explore build (dense and GLU) under __launch_bounds__(256, MB); a minimum of
 # 1 changes ptxas's register targets as well (Q4_K 4096x14336: 62 registers). The 8-token four-row kernels under a
 # minimum of 2 (sm_90: Q4_K 159 -> 128 registers, 48-72 bytes spilled, so two CTAs an SM instead of one;

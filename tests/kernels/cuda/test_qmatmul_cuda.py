@@ -456,7 +456,8 @@ def test_k4blocks_build_gives_one_set_of_bits(cp, qm, qtype, n_out, n_in):
     launches through its dp4a, small-token and tensor-core kernels, and its one-token launches (dp4a and split-K),
     give one set of bits; rows not a multiple of the CTA's rows (dense) or of 2 gate rows (GLU: 19 gate rows), rows
     of 9, 19 (lanes without a block in the last round) and 16 blocks, with the fused bias and residual add (mm_q1's
-    one-token kernels of the k4explore build too); and it matches float64 as the default build does."""
+    one-token and mm_q_tok's 8-token kernels of the k4explore build too); and it matches float64 as the default
+    build does."""
     w, raw = _weight(qm, qtype, n_out, n_in, seed=70)
     x_host = _x(16, n_in, seed=71)
     xq, xd = _rounded(cp, qm, qtype, x_host)
@@ -473,6 +474,9 @@ def test_k4blocks_build_gives_one_set_of_bits(cp, qm, qtype, n_out, n_in):
             qm.matmul_prequantized(w, xq, xd, many[kernel], glu=glu, kernel=kernel, build=build)
         for kernel in ("small", "mma"):
             assert np.array_equal(many[kernel].get().view(np.uint32), many["dp4a"].get().view(np.uint32)), kernel
+        tok = cp.full((16, width), np.nan, cp.float32)  # 8-token tiles, integer parts scattered token by token
+        qm.matmul_prequantized(w, xq, xd, tok, glu=glu, variant=(8, 4, qm.PER_TOKEN), build="k4explore")
+        assert np.array_equal(tok.get().view(np.uint32), many["dp4a"].get().view(np.uint32)), ("per token", glu)
         if not glu:
             _check_vs_float64(qtype, raw, x_host, many["dp4a"].get())
         one = cp.full((1, width), np.nan, cp.float32)
