@@ -136,8 +136,8 @@ __device__ __forceinline__ void store_groups(const Out& o, const int* rows, int 
 // mm_q's grid of one-token tiles.
 template <class T, int RW, bool GLU, bool PIPE>
 __device__ __forceinline__ void mm_q1(const u8* __restrict__ W, int row_bytes, int n_out, int k,
-                                           const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
-                                           const u32* tab) {
+                                      const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
+                                      const u32* tab) {
     const int lane = threadIdx.x, t0 = blockIdx.y;
     int rows[RW];
     if (!warp_rows<RW, GLU>(n_out, rows)) return;
