@@ -1,7 +1,8 @@
 """F16 / BF16 weights against float32 activations for decode-sized calls (up to MATVEC_MAX_TOK tokens): each
 output is one row's dot product with one token, 16 weights at a time converted to float32 in registers
 (F16: the hardware conversion, `vcvtph2ps` under F16C / AVX-512; BF16: a shift into the float's high half),
-fused multiply-adds into 16 lanes, then the lanes' fixed halving sum. Weights are read once per call from
+fused multiply-adds into 16 lanes, then the lanes' fixed halving sum; long rows go 4 at a time through one
+loop (each activation load serves the 4), which changes no row's arithmetic. Weights are read once per call from
 their file layout (2 bytes each, no float32 copy): the decode of an F16 model is then bound by the bytes it
 reads, where the tile path (dequantize to float32, then BLAS) spent ~1 ns a weight converting.
 
@@ -18,38 +19,53 @@ from numba.extending import intrinsic
 from . import llvm_ir as L
 
 LANES = 16                       # weights per step (one 32-byte load)
+# Rows of at least LONG_ROW weights go ROW_GROUP at a time through one loop (each x load serves them all, and
+# the rows' fma chains interleave); shorter rows one at a time. 2-core EPYC VM (AVX-512), 2 threads, F16, GB/s
+# of weights, one row / two / four (2026-12-05): 24 distinct 896 x 4864 matrices at 1 / 4 / 8 tokens 29.4 /
+# 28.8 / 30.7, 11.2 / 15.9 / 18.0, 6.6 / 10.1 / 11.1; rows of 896 weights (19,456 x 896 and 1,152 x 896) at one
+# token 35.9 / 24.4 / 22.7 and 31.2 / 22.2 / 20.5 (several short rows at once defeat the streaming prefetch)
+ROW_GROUP = 4
+LONG_ROW = 2048
 _V16F = ir.VectorType(L.F32, LANES)
 _V16H = ir.VectorType(ir.HalfType(), LANES)
 _V16I = ir.VectorType(L.I32, LANES)
 
 
-def _make_dot(bf16: bool):
+def _make_dot_rows(bf16: bool, rows: int):
     @intrinsic
-    def dot(typingctx, w, r, x, t):
-        """sum over k of float32(w[r, k]) * x[t, k]: w uint16 (n_out, k) F16 or BF16 bits, x float32 (n_tok, k),
-        C-contiguous, k a multiple of LANES."""
-        if not (L.c_arrays((w, types.uint16, 2), (x, types.float32, 2))
-                and isinstance(r, types.Integer) and isinstance(t, types.Integer)):
+    def dot_rows(typingctx, w, r0, x, t, out):
+        """out[t, r0 + j] = sum over k of float32(w[r0 + j, k]) * x[t, k] for j < rows: w uint16 (n_out, k) F16 or
+        BF16 bits, x float32 (n_tok, k), out float32 (n_tok, n_out), C-contiguous, k a multiple of LANES. Each
+        row is its own fma chain over k in order (then the lanes' halving sum), so a row's bits do not depend
+        on `rows`; one load of x serves every row."""
+        if not (L.c_arrays((w, types.uint16, 2), (x, types.float32, 2), (out, types.float32, 2))
+                and isinstance(r0, types.Integer) and isinstance(t, types.Integer)):
             return None
-        sig = types.float32(w, types.intp, x, types.intp)
+        sig = types.void(w, types.intp, x, types.intp, out)
 
         def codegen(context, builder, signature, args):
-            (pw, wstr, wshape), (px, xstr, _) = (L.array_arg(context, builder, signature.args[k], args[k])
-                                                 for k in (0, 2))
-            wrow = builder.gep(pw, [builder.mul(args[1], wstr[0])])
+            (pw, wstr, wshape), (px, xstr, _), (po, ostr, _) = (
+                L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2, 4))
+            wrows = [builder.gep(pw, [builder.mul(builder.add(args[1], L.const(j)), wstr[0])]) for j in range(rows)]
             xrow = builder.gep(px, [builder.mul(args[3], xstr[0])])
-            acc = cgutils.alloca_once_value(builder, ir.Constant(_V16F, [0.0] * LANES))
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(_V16F, [0.0] * LANES)) for _ in range(rows)]
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F] * 3),
                                                  "llvm.fma.v16f32")
             with cgutils.for_range(builder, builder.sdiv(wshape[1], L.const(LANES))) as loop:
                 i = loop.index
-                wf = _widen(builder, L.load(builder, wrow, builder.mul(i, L.const(2 * LANES)), L.V16W), bf16)
                 xv = L.load(builder, xrow, builder.mul(i, L.const(4 * LANES)), _V16F)
-                builder.store(builder.call(fma, [wf, xv, builder.load(acc)]), acc)
-            return L.hsum(builder, builder.load(acc))
+                for j in range(rows):
+                    wf = _widen(builder, L.load(builder, wrows[j], builder.mul(i, L.const(2 * LANES)), L.V16W), bf16)
+                    builder.store(builder.call(fma, [wf, xv, builder.load(accs[j])]), accs[j])
+            orow = builder.gep(po, [builder.mul(args[3], ostr[0])])
+            for j in range(rows):
+                off = builder.mul(builder.add(args[1], L.const(j)), L.const(4))
+                builder.store(L.hsum(builder, builder.load(accs[j])),
+                              builder.bitcast(builder.gep(orow, [off]), L.F32.as_pointer()))
+            return context.get_dummy_value()
 
         return sig, codegen
-    return dot
+    return dot_rows
 
 
 def _widen(builder, bits, bf16: bool):
@@ -84,8 +100,8 @@ def _make_row_to_f32(bf16: bool):
     return row_to_f32
 
 
-_dot_f16 = _make_dot(False)
-_dot_bf16 = _make_dot(True)
+_dot_f16, _dot4_f16 = _make_dot_rows(False, 1), _make_dot_rows(False, ROW_GROUP)
+_dot_bf16, _dot4_bf16 = _make_dot_rows(True, 1), _make_dot_rows(True, ROW_GROUP)
 _row_f16 = _make_row_to_f32(False)
 _row_bf16 = _make_row_to_f32(True)
 
@@ -107,10 +123,32 @@ def to_f32(raw: np.ndarray, bf16: bool, out: np.ndarray) -> None:
 
 
 @njit(parallel=True, cache=True)
-def _mv(w, x, out, bf16):
-    for r in prange(w.shape[0]):
+def _mv_rows(w, x, out, bf16, group):
+    """out = x @ W.T, rows in groups of `group` (1 or ROW_GROUP) a call of the dot, the last rows one by one."""
+    n_groups = w.shape[0] // group
+    for g in prange(n_groups):
         for t in range(x.shape[0]):
-            out[t, r] = _dot_bf16(w, r, x, t) if bf16 else _dot_f16(w, r, x, t)
+            if group == ROW_GROUP:
+                if bf16:
+                    _dot4_bf16(w, g * group, x, t, out)
+                else:
+                    _dot4_f16(w, g * group, x, t, out)
+            elif bf16:
+                _dot_bf16(w, g, x, t, out)
+            else:
+                _dot_f16(w, g, x, t, out)
+    for r in range(n_groups * group, w.shape[0]):
+        for t in range(x.shape[0]):
+            if bf16:
+                _dot_bf16(w, r, x, t, out)
+            else:
+                _dot_f16(w, r, x, t, out)
+
+
+@njit(cache=True)
+def _mv(w, x, out, bf16):
+    """out = x @ W.T for w uint16 (n_out, n_in) bits: rows of LONG_ROW or more weights in groups of ROW_GROUP."""
+    _mv_rows(w, x, out, bf16, ROW_GROUP if w.shape[1] >= LONG_ROW else 1)
 
 
 def fits(n_in: int) -> bool:

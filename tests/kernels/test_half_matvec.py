@@ -26,7 +26,7 @@ def _weights(rng, qtype, n_out, n_in):
 
 
 @pytest.mark.parametrize("qtype", [QT.F16, QT.BF16])
-@pytest.mark.parametrize("n_out,n_in", [(37, 896), (300, 4864), (5, 16)])
+@pytest.mark.parametrize("n_out,n_in", [(37, 896), (300, 4864), (37, 2048), (5, 16)])
 def test_against_float64_and_batch_invariant(qtype, n_out, n_in):
     rng = np.random.default_rng(n_out)
     raw, ref_w = _weights(rng, qtype, n_out, n_in)
@@ -39,6 +39,22 @@ def test_against_float64_and_batch_invariant(qtype, n_out, n_in):
         part = np.empty((hi - lo, n_out), np.float32)
         hm.matvec(raw, qtype == QT.BF16, x[lo:hi].copy(), part)
         np.testing.assert_array_equal(part, out[lo:hi])
+
+
+@pytest.mark.parametrize("qtype", [QT.F16, QT.BF16])
+def test_row_groups_change_no_bits(qtype):
+    """Rows one at a time or ROW_GROUP at a time through one loop (the last rows alone): the same bits, at 1-8
+    tokens, on either side of LONG_ROW."""
+    rng = np.random.default_rng(11)
+    for n_out, n_in in [(hm.ROW_GROUP * 5 + 3, 896), (hm.ROW_GROUP * 3 + 1, hm.LONG_ROW)]:
+        raw, _ = _weights(rng, qtype, n_out, n_in)
+        w = raw.view(np.uint16)
+        for n_tok in (1, 3, MATVEC_MAX_TOK):
+            x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+            one, grouped = (np.full((n_tok, n_out), np.nan, np.float32) for _ in range(2))
+            hm._mv_rows(w, x, one, qtype == QT.BF16, 1)
+            hm._mv_rows(w, x, grouped, qtype == QT.BF16, hm.ROW_GROUP)
+            np.testing.assert_array_equal(grouped, one)
 
 
 @pytest.mark.parametrize("qtype", [QT.F16, QT.BF16])
