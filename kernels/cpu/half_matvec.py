@@ -1,8 +1,9 @@
 """F16 / BF16 weights against float32 activations for decode-sized calls (up to MATVEC_MAX_TOK tokens): each
 output is one row's dot product with one token, 16 weights at a time converted to float32 in registers
 (F16: the hardware conversion, `vcvtph2ps` under F16C / AVX-512; BF16: a shift into the float's high half),
-fused multiply-adds into 16 lanes, then the lanes' fixed halving sum; long rows go 4 at a time through one
-loop (each activation load serves the 4), which changes no row's arithmetic. Weights are read once per call from
+fused multiply-adds into 16 lanes (short rows: two accumulators, steps taken in turn), then the accumulators'
+and the lanes' fixed halving sum; long rows go 4 at a time through one loop (each activation load serves the
+4), which changes no row's arithmetic. Weights are read once per call from
 their file layout (2 bytes each, no float32 copy): the decode of an F16 model is then bound by the bytes it
 reads, where the tile path (dequantize to float32, then BLAS) spent ~1 ns a weight converting.
 
@@ -26,18 +27,24 @@ LANES = 16                       # weights per step (one 32-byte load)
 # token 35.9 / 24.4 / 22.7 and 31.2 / 22.2 / 20.5 (several short rows at once defeat the streaming prefetch)
 ROW_GROUP = 4
 LONG_ROW = 2048
+# Short rows, one at a time, keep SHORT_CHAINS accumulators (a single fma chain holds a thread to ~4 cycles a
+# 16-weight step): same VM, rows of 896, GB/s with one / two / four chains, two runs: 19,456 x 896 33.2 / 35.6 /
+# 35.8 and 43.4 / 59.8 / 58.3, 1,152 x 896 29.7 / 32.6 / 32.5 and 30.0 / 40.6 / 37.1, 151,936 x 896 34.3 / 36.9 /
+# 36.7 and 34.4 / 36.5 / 36.5
+SHORT_CHAINS = 2
 _V16F = ir.VectorType(L.F32, LANES)
 _V16H = ir.VectorType(ir.HalfType(), LANES)
 _V16I = ir.VectorType(L.I32, LANES)
 
 
-def _make_dot_rows(bf16: bool, rows: int):
+def _make_dot_rows(bf16: bool, rows: int, chains: int = 1):
     @intrinsic
     def dot_rows(typingctx, w, r0, x, t, out):
         """out[t, r0 + j] = sum over k of float32(w[r0 + j, k]) * x[t, k] for j < rows: w uint16 (n_out, k) F16 or
-        BF16 bits, x float32 (n_tok, k), out float32 (n_tok, n_out), C-contiguous, k a multiple of LANES. Each
-        row is its own fma chain over k in order (then the lanes' halving sum), so a row's bits do not depend
-        on `rows`; one load of x serves every row."""
+        BF16 bits, x float32 (n_tok, k), out float32 (n_tok, n_out), C-contiguous, k a multiple of LANES. A row's
+        16-weight steps go round-robin into `chains` accumulators (steps past the last whole round into the
+        first ones, in order), which are then added pairwise and the lanes halved: a fixed order for a row of k
+        weights, whatever `rows` is (one load of x serves every row)."""
         if not (L.c_arrays((w, types.uint16, 2), (x, types.float32, 2), (out, types.float32, 2))
                 and isinstance(r0, types.Integer) and isinstance(t, types.Integer)):
             return None
@@ -48,20 +55,33 @@ def _make_dot_rows(bf16: bool, rows: int):
                 L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2, 4))
             wrows = [builder.gep(pw, [builder.mul(builder.add(args[1], L.const(j)), wstr[0])]) for j in range(rows)]
             xrow = builder.gep(px, [builder.mul(args[3], xstr[0])])
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(_V16F, [0.0] * LANES)) for _ in range(rows)]
+            accs = [[cgutils.alloca_once_value(builder, ir.Constant(_V16F, [0.0] * LANES)) for _ in range(chains)]
+                    for _ in range(rows)]
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16F, [_V16F] * 3),
                                                  "llvm.fma.v16f32")
-            with cgutils.for_range(builder, builder.sdiv(wshape[1], L.const(LANES))) as loop:
-                i = loop.index
+
+            def step(i, c):                     # 16 weights of every row into chain c
                 xv = L.load(builder, xrow, builder.mul(i, L.const(4 * LANES)), _V16F)
                 for j in range(rows):
                     wf = _widen(builder, L.load(builder, wrows[j], builder.mul(i, L.const(2 * LANES)), L.V16W), bf16)
-                    builder.store(builder.call(fma, [wf, xv, builder.load(accs[j])]), accs[j])
+                    builder.store(builder.call(fma, [wf, xv, builder.load(accs[j][c])]), accs[j][c])
+
+            steps = builder.sdiv(wshape[1], L.const(LANES))
+            rounds = builder.sdiv(steps, L.const(chains))
+            with cgutils.for_range(builder, rounds) as loop:
+                for c in range(chains):
+                    step(builder.add(builder.mul(loop.index, L.const(chains)), L.const(c)), c)
+            if chains > 1:
+                base = builder.mul(rounds, L.const(chains))
+                with cgutils.for_range(builder, builder.sub(steps, base)) as loop:
+                    step(builder.add(base, loop.index), 0)
             orow = builder.gep(po, [builder.mul(args[3], ostr[0])])
             for j in range(rows):
+                vs = [builder.load(a) for a in accs[j]]
+                while len(vs) > 1:
+                    vs = [builder.fadd(vs[k], vs[k + 1]) for k in range(0, len(vs), 2)]
                 off = builder.mul(builder.add(args[1], L.const(j)), L.const(4))
-                builder.store(L.hsum(builder, builder.load(accs[j])),
-                              builder.bitcast(builder.gep(orow, [off]), L.F32.as_pointer()))
+                builder.store(L.hsum(builder, vs[0]), builder.bitcast(builder.gep(orow, [off]), L.F32.as_pointer()))
             return context.get_dummy_value()
 
         return sig, codegen
@@ -100,8 +120,10 @@ def _make_row_to_f32(bf16: bool):
     return row_to_f32
 
 
+# long rows: ROW_GROUP rows a loop (one chain each) and the last rows alone; short rows: SHORT_CHAINS chains a row
 _dot_f16, _dot4_f16 = _make_dot_rows(False, 1), _make_dot_rows(False, ROW_GROUP)
 _dot_bf16, _dot4_bf16 = _make_dot_rows(True, 1), _make_dot_rows(True, ROW_GROUP)
+_short_f16, _short_bf16 = _make_dot_rows(False, 1, SHORT_CHAINS), _make_dot_rows(True, 1, SHORT_CHAINS)
 _row_f16 = _make_row_to_f32(False)
 _row_bf16 = _make_row_to_f32(True)
 
@@ -123,20 +145,22 @@ def to_f32(raw: np.ndarray, bf16: bool, out: np.ndarray) -> None:
 
 
 @njit(parallel=True, cache=True)
-def _mv_rows(w, x, out, bf16, group):
-    """out = x @ W.T, rows in groups of `group` (1 or ROW_GROUP) a call of the dot, the last rows one by one."""
+def _mv_rows(w, x, out, bf16, long_rows):
+    """out = x @ W.T: long_rows, rows ROW_GROUP at a time through one loop and the last rows one by one, each row
+    one chain; else rows one at a time in SHORT_CHAINS chains."""
+    group = ROW_GROUP if long_rows else 1
     n_groups = w.shape[0] // group
     for g in prange(n_groups):
         for t in range(x.shape[0]):
-            if group == ROW_GROUP:
+            if long_rows:
                 if bf16:
                     _dot4_bf16(w, g * group, x, t, out)
                 else:
                     _dot4_f16(w, g * group, x, t, out)
             elif bf16:
-                _dot_bf16(w, g, x, t, out)
+                _short_bf16(w, g, x, t, out)
             else:
-                _dot_f16(w, g, x, t, out)
+                _short_f16(w, g, x, t, out)
     for r in range(n_groups * group, w.shape[0]):
         for t in range(x.shape[0]):
             if bf16:
@@ -147,8 +171,8 @@ def _mv_rows(w, x, out, bf16, group):
 
 @njit(cache=True)
 def _mv(w, x, out, bf16):
-    """out = x @ W.T for w uint16 (n_out, n_in) bits: rows of LONG_ROW or more weights in groups of ROW_GROUP."""
-    _mv_rows(w, x, out, bf16, ROW_GROUP if w.shape[1] >= LONG_ROW else 1)
+    """out = x @ W.T for w uint16 (n_out, n_in) bits (rows of LONG_ROW or more weights: long_rows)."""
+    _mv_rows(w, x, out, bf16, w.shape[1] >= LONG_ROW)
 
 
 def fits(n_in: int) -> bool:
