@@ -116,7 +116,9 @@ NARROW_MIN_CTAS = 896
 PIPE, ONE_LOOP, PER_TOKEN = "p", "s", "t"
 # "k4blocks": Q4_K / Q5_K with the integer sums of a 256-weight block before one float tail (qmatmul_types.cuh
 # K4_S; other bits than the default build's, the same in all of its kernels). H200, 2026-12-05 (kernel_notes.md,
-# "Q4_K block sums"), 8B-layer Q4_K shapes: 16 tokens 21-25% faster, one token 0-25% slower, so not the default
+# "Q4_K block sums", "One-token loops"), 8B-layer Q4_K shapes: 16 tokens 21-25% faster, 8 tokens 10-14% slower,
+# one token level with the default since mm_q1; end to end 16 sequences 10% faster, 1 and 8 sequences 7-9%
+# slower, so not the default
 # "k4explore": both (the explore build's kernels with the k4blocks build's bits); "mmq_one_token": one-token
 # kernels of the superblock types through mm_q's own loop instead of mm_q1's (qmatmul.cu; the same bits)
 BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",), "k4blocks": ("-DK4_S=4",),

@@ -429,6 +429,8 @@ struct TIQ3_XXS : TBase<32, 256, 8> {
 // fetch(row, k, u, tab, R&) issues the loads, unpack(R, row, k, u, tab, U&) decodes them. For the other types
 // fetch does nothing and unpack decodes from the row (loads and all): a unit in flight cost Q8_0 more registers
 // than it gained (small-token kernel 64 -> 80, 4096x14336 at 16 tokens 54.1 -> 61.8 us), Q5_K gained nothing.
+// Users: the small-token kernel (qmatmul_mma.cu) and the explore build's pipelined one-token kernels (qmatmul.cu
+// mm_q1, which had no gain from it: perf/kernel_notes.md, "One-token loops").
 template <class T>
 struct HasFetch {
     template <class X> __device__ static char test(typename X::R*);   // declarations only: sizeof needs no body
