@@ -48,6 +48,7 @@ _MM, _KIND, _SMALL, _N_OUT, _BIAS = range(5)
 _PROJ, _O, _GATE, _UP, _DOWN = 0, 3, 4, 5, 6
 _N_SLOTS = 7
 _NIBBLE_KIND = {IQ3_I8: nibble_int8.IQ3, Q4K_I8: nibble_int8.Q4K, Q5K_I8: nibble_int8.Q5K, Q6K_I8: nibble_int8.Q6K}
+_HALF_KIND = {QType.F16: 0, QType.BF16: 1}
 _NO_MATRIX = np.zeros((1, 1, 1), np.uint8)
 _NO_VECTOR = np.zeros(1, np.float32)
 _FLOAT_ATTENTION = _KERNELS["float"]
@@ -67,9 +68,6 @@ def matrix_route(w):
     if w.layout == GGML and w.qtype in _HALF_KIND and half_matvec.fits(w.n_in):
         return HALF, _HALF_KIND[w.qtype], _NO_TABLE
     return None
-
-
-_HALF_KIND = {QType.F16: 0, QType.BF16: 1}
 
 
 def block_raw(w, how: int) -> np.ndarray:

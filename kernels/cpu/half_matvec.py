@@ -3,9 +3,9 @@ output is one row's dot product with one token, 16 weights at a time converted t
 (F16: the hardware conversion, `vcvtph2ps` under F16C / AVX-512; BF16: a shift into the float's high half),
 fused multiply-adds into 16 lanes (short rows: two accumulators, steps taken in turn), then the accumulators'
 and the lanes' fixed halving sum; long rows go 4 at a time through one loop (each activation load serves the
-4), which changes no row's arithmetic. Weights are read once per call from
-their file layout (2 bytes each, no float32 copy): the decode of an F16 model is then bound by the bytes it
-reads, where the tile path (dequantize to float32, then BLAS) spent ~1 ns a weight converting.
+4), which changes no row's arithmetic. Weights are read once per call from their file layout (2 bytes each,
+no float32 copy): the decode of an F16 model is then bound by the bytes it reads, where the tile path
+(dequantize to float32, then BLAS) spent ~1 ns a weight converting.
 
 The order of each output's float operations depends on its row and token only, never on the token count
 of the call (up to MATVEC_MAX_TOK; longer prompt chunks take the tile path, docs/bounds.md). The same
