@@ -107,6 +107,23 @@ __device__ __forceinline__ void group_scatter(I* v) {
 // Superblocks of S > 1 units: after group_scatter the lane at position p of group gi owns OWN of the warp's NV
 // values (acc[o]: value p * NV / S + o; for NV < S only the value's first lane adds); the output of value v
 // is ((0 + group 0's sum) + group 1's) + ..., the groups' sums passed through shared memory.
+// After each value's owners wrote part[v][gi] (group gi's sum of value v = t * RW + r): value v's output is
+// ((0 + part[v][0]) + part[v][1]) + ..., through res (this warp's NV floats of shared memory), then put_rows.
+template <int NV, int NG, int RW, bool GLU>
+__device__ __forceinline__ void fold_groups(const Out& o, const int* rows, int n_out, int t0, int nt,
+                                            const float (*part)[NG], float* res) {
+    const int lane = threadIdx.x;
+    __syncwarp();
+    if (lane < NV) {
+        float s = 0.0f;
+#pragma unroll
+        for (int gi = 0; gi < NG; ++gi) s = __fadd_rn(s, part[lane][gi]);
+        res[lane] = s;
+    }
+    __syncwarp();
+    put_rows<RW, GLU>(o, rows, n_out, t0, nt, res);
+}
+
 template <int S, int RW, int TILE, bool GLU>
 __device__ __forceinline__ void store_groups(const Out& o, const int* rows, int n_out, int t0, int nt,
                                              const float* acc) {
@@ -117,15 +134,7 @@ __device__ __forceinline__ void store_groups(const Out& o, const int* rows, int 
     if (p * NV % S == 0)
 #pragma unroll
         for (int i = 0; i < OWN; ++i) group_part[w][p * NV / S + i][lane / S] = acc[i];
-    __syncwarp();
-    if (lane < NV) {
-        float s = 0.0f;
-#pragma unroll
-        for (int gi = 0; gi < NG; ++gi) s = __fadd_rn(s, group_part[w][lane][gi]);
-        fold_res[w][lane] = s;
-    }
-    __syncwarp();
-    put_rows<RW, GLU>(o, rows, n_out, t0, nt, fold_res[w]);
+    fold_groups<NV, NG, RW, GLU>(o, rows, n_out, t0, nt, group_part[w], fold_res[w]);
 }
 
 // One token a warp's rows, lane l taking units l, l + 32, ... as mm_q does with TILE = G = 1 (kernels
@@ -377,7 +386,7 @@ __device__ __forceinline__ void mm_q_tok(const u8* __restrict__ W, int row_bytes
                 }
             }
         }
-        // the groups' sums left to right, as store_groups adds them (value t * RW + r: token t0 + t, row rows[r])
+        // the groups' sums left to right, as store_groups adds them (fold_groups)
         __shared__ float group_part[MM_WARPS][NV][NG];
         __shared__ float fold_res[MM_WARPS][NV];
         const int w = threadIdx.y;
@@ -386,15 +395,7 @@ __device__ __forceinline__ void mm_q_tok(const u8* __restrict__ W, int row_bytes
             for (int t = 0; t < TILE; ++t)
 #pragma unroll
                 for (int i = 0; i < OWN; ++i) group_part[w][t * RW + p * RW / S + i][lane / S] = acc[t][i];
-        __syncwarp();
-        if (lane < NV) {
-            float sum = 0.0f;
-#pragma unroll
-            for (int gi = 0; gi < NG; ++gi) sum = __fadd_rn(sum, group_part[w][lane][gi]);
-            fold_res[w][lane] = sum;
-        }
-        __syncwarp();
-        put_rows<RW, GLU>(o, rows, n_out, t0, nt, fold_res[w]);
+        fold_groups<NV, NG, RW, GLU>(o, rows, n_out, t0, nt, group_part[w], fold_res[w]);
     }
 }
 #endif
