@@ -21,8 +21,6 @@ than MAX_TOK tokens and forwards with an observer (the imatrix) take the per-cal
 from __future__ import annotations
 
 import ctypes
-import hashlib
-from pathlib import Path
 
 import numba
 import numpy as np
@@ -136,20 +134,6 @@ def _attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
 _BLOCKS = {}      # routes -> the block function compiled for them
 
 
-def _kernel_sources() -> str:
-    """A digest of this package's kernel sources (kernels/cpu/*.py). Numba keys a cached function on its own
-    file and its closure's values, not on the files of the functions it calls and links in: the block
-    functions hold this digest in their closure, so that editing any kernel they call compiles them again
-    instead of loading a block with the old kernel in it (docs/cpu.md, "Numba's cache and edited kernels")."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-_SOURCES = _kernel_sources()
-
-
 def make_block(routes: int):
     """The block function for matrices taking the routes in `routes` (route_bit), made once a process."""
     fn = _BLOCKS.get(routes)
@@ -159,12 +143,11 @@ def make_block(routes: int):
 
 
 def _make_block(routes: int):
-    """_block for the routes in the bit set `routes`. The closure holds only bools and the kernel sources' digest
-    (Numba's cache key hashes a closure's contents: a jitted function in it would make every process compile
-    again), and the branches of routes not taken are pruned before their callees are typed."""
+    """_block for the routes in the bit set `routes`. The closure holds only bools (Numba's cache key hashes a
+    closure's contents: a jitted function in it would make every process compile again), and the branches of
+    routes not taken are pruned before their callees are typed."""
     r4_par, r4_ser, nib = bool(routes & R4_PARALLEL), bool(routes & R4_SERIAL), bool(routes & NIBBLE_ANY)
     own_par, own_ser, half = bool(routes & OWN_PARALLEL), bool(routes & OWN_SERIAL), bool(routes & HALF_ANY)
-    sources = _SOURCES                              # in the closure: part of the cache key (_kernel_sources)
 
     @njit(cache=True)
     def _block(x, spec, raws, tables, biases, norms, eps, qk_norm, n_heads, n_kv_heads, head_dim,
@@ -201,8 +184,6 @@ def _make_block(routes: int):
                     q8_0_int8.mv_avx2(raw3, x3, out, kind, isa)
             return out
 
-        if len(sources) == 0:                      # never: names the digest, so the closure holds it
-            return
         n = x.shape[0]
         q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
         h = _rmsnorm(x, norms[0], eps)
