@@ -327,32 +327,43 @@ def small_explore_rows(cp, copy_bw):
         for nk in qm.SMALL_EXPLORE_WARPS[qtype]])
 
 
-# --explore: Q4_K / Q5_K shapes of the 8B-layer (and 0.5B) models for the k4blocks build against the default:
-# (qtype, n_out, n_in, glu, tokens)
+# --explore: Q4_K / Q5_K shapes of the 8B-layer (and 0.5B) models for the k4blocks build against the default, and
+# the other superblock types' few-token tiles (mm_q against mm_q_tok): (qtype, n_out, n_in, glu, tokens)
 K4BLOCKS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True, 1), ("Q4_K", 4096, 14336, False, 1),
                     ("Q4_K", 4096, 4096, False, 1), ("Q4_K", 896, 4864, False, 1), ("Q5_K", 14336, 4096, False, 1),
-                    ("Q4_K", 14336, 4096, False, 8), ("Q4_K", 28672, 4096, True, 8), ("Q4_K", 14336, 4096, False, 16),
+                    ("Q4_K", 14336, 4096, False, 2), ("Q4_K", 14336, 4096, False, 4), ("Q4_K", 28672, 4096, True, 4),
+                    ("Q4_K", 14336, 4096, False, 8), ("Q4_K", 28672, 4096, True, 8), ("Q4_K", 4096, 14336, False, 8),
+                    ("Q5_K", 14336, 4096, False, 8), ("Q4_K", 14336, 4096, False, 16),
                     ("Q4_K", 28672, 4096, True, 16), ("Q4_K", 4096, 14336, False, 16), ("Q4_K", 4096, 4096, False, 16),
-                    ("Q4_K", 28672, 4096, True, 32), ("Q4_K", 14336, 4096, False, 512)]
+                    ("Q4_K", 28672, 4096, True, 32), ("Q4_K", 14336, 4096, False, 512),
+                    ("IQ3_XXS", 14336, 4096, False, 4), ("IQ3_XXS", 14336, 4096, False, 8),
+                    ("IQ3_XXS", 28672, 4096, True, 8), ("IQ3_XXS", 4096, 14336, False, 8),
+                    ("Q6_K", 4096, 14336, False, 4), ("Q6_K", 4096, 14336, False, 8), ("Q6_K", 32000, 4096, False, 8)]
 
 
 def k4blocks_rows(cp, copy_bw):
-    """--explore: each K4BLOCKS_EXPLORE launch through `auto` in the default build and in the k4blocks build, the
-    latter checked bit for bit against its dp4a kernel (another kernel than auto's from 9 tokens on); one-token
-    launches also through mm_q1's kernels (qmatmul.PIPE, ONE_LOOP) of both builds, 8- and 16-token ones through
-    mm_q_tok's (PER_TOKEN), each checked against its build."""
+    """--explore: each K4BLOCKS_EXPLORE launch through `auto` in the default build and (Q4_K / Q5_K) in the
+    k4blocks build, checked bit for bit against its build's dp4a kernel; one-token Q4_K / Q5_K launches also
+    through mm_q1's kernels (qmatmul.PIPE, ONE_LOOP) of both builds; launches of 2-16 tokens through the 4- or
+    8-token tile of mm_q and of mm_q_tok (PER_TOKEN) in the k4blocks build (Q4_K / Q5_K) or the default build
+    (the other types, whose superblocks span lanes in both)."""
     from strata_lite.kernels.cuda import qmatmul as qm
 
     def launches(qtype, n_tok, glu):
-        rows = [("default *", dict(build="default"), None), ("k4blocks", dict(build="k4blocks"), "k4blocks")]
-        if n_tok == 1:
+        k4 = qtype in (qm.QType.Q4_K, qm.QType.Q5_K)
+        rows = [("default *", dict(build="default"), "default")]
+        rows += [("k4blocks *", dict(build="k4blocks"), "k4blocks")] if k4 else []
+        if n_tok == 1 and k4:
             rows += [(f"{label} r{rw} {how}", dict(variant=(1, rw, g), build=build), ref)
                      for label, build, ref in (("default", "explore", "default"), ("k4blocks", "k4explore", "k4blocks"))
                      for g, how in ((qm.PIPE, "pipelined"), (qm.ONE_LOOP, "one loop"))
                      for rw in ((2, 4) if glu else (1, 2))]
-        if n_tok in (8, 16):                       # 8-token tiles with the integer parts scattered token by token
-            rows += [(f"{label} t8 r4 per token", dict(variant=(8, 4, qm.PER_TOKEN), build=build), ref)
-                     for label, build, ref in (("default", "explore", "default"), ("k4blocks", "k4explore", "k4blocks"))]
+        if 2 <= n_tok <= 16:
+            tile = 8 if n_tok >= 8 else 4
+            rw = qm.DP4A_GLU_ROWS[tile] if glu else qm.DP4A_VARIANTS[tile][0]
+            build = "k4blocks" if k4 else "default"
+            rows += [(f"{build} t{tile} r{rw} {how}", dict(variant=(tile, rw, g), build=build), build)
+                     for g, how in ((1, "mm_q"), (qm.PER_TOKEN, "per token"))]
         return rows
     return launch_rows(cp, copy_bw, K4BLOCKS_EXPLORE, launches)
 
@@ -372,6 +383,8 @@ def one_token_rows(cp, copy_bw):
     from strata_lite.kernels.cuda import qmatmul as qm
     return launch_rows(cp, copy_bw, ONE_TOKEN_AB, lambda qtype, n_tok, glu: [
         ("mm_q loop", dict(build="mmq_one_token"), "default"), ("auto *", dict(build="default"), "default")] + [
+        (f"mm_q1 r{rw} (the default build's kernel)", dict(variant=(1, rw, 1), build="default"), "default")
+        for rw in ((4,) if glu else (1, 2))] + [
         (f"mm_q1 r{rw} g{g} min 1", dict(variant=(1, rw, g), build="explore"), "default")
         for rw in ((2, 4) if glu else (1, 2)) for g in (qm.ONE_LOOP, qm.PIPE)])
 

@@ -224,11 +224,12 @@ __device__ __forceinline__ void mm_q1(const u8* __restrict__ W, int row_bytes, i
 
 // W (n_out, row_bytes) u8 rows of blocks; xq (n_tok, k) int8 with 16-byte aligned rows; xd (n_tok, k / XB)
 // f32. grid (cdiv(warps, blockDim.y), cdiv(n_tok, TILE)), block (32, warps per CTA).
-// One token and G = 1 with S > 1 (dense, or GLU of one row pair) goes through mm_q1's loop instead, which
-// measured faster on an H200 (2026-12-05, kernel_notes.md, us): IQ3_XXS 4096x14336 17.7 -> 17.0, 14336x4096 19.3
-// -> 17.7, Q6_K 4096x14336 17.1 -> 15.6, 14336x4096 19.6 -> 17.3, 4096x32000 32.4 -> 30.5; the k4blocks build's
-// Q4_K 4096x14336 14.3 -> 11.4, gate+up one pair 23.0 -> 20.4. IQ3_XXS's GLU kernel of two pairs lost (28.4 ->
-// 32.8) and keeps this loop. The build "mmq_one_token" (-DQMM_MMQ_ONE_TOKEN) keeps it everywhere, for A/B runs.
+// One token and G = 1 with S > 1 goes through mm_q1's loop instead, which measured faster on an H200
+// (2026-12-05, kernel_notes.md, us): IQ3_XXS 4096x14336 17.7 -> 17.0, 14336x4096 19.3 -> 17.7, Q6_K 4096x14336
+// 17.1 -> 15.6, 14336x4096 19.6 -> 17.3, 4096x32000 32.4 -> 30.5; the k4blocks build's Q4_K 4096x14336 14.3 ->
+// 11.4, gate+up one pair 23.0 -> 20.4. IQ3_XXS's GLU kernel of two pairs lost at 40 registers (H200 28.4 -> 32.8)
+// and gained under a minimum of one CTA an SM (59 registers; H100 29.6 -> 26.9), which its kernel now asks for.
+// The build "mmq_one_token" (-DQMM_MMQ_ONE_TOKEN) keeps this loop everywhere, for A/B runs.
 // S > 1: every lane runs every round and dots every token slot of the tile (past the tile's last token, the
 // last token again: the shuffles take the whole warp); lanes past the row's last unit decode nothing and add
 // nothing (rows hold whole superblocks, so whole groups are past it). A unit's NV integer parts are
@@ -238,7 +239,7 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
                                      const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
                                      const Out& o, const u32* tab) {
 #ifndef QMM_MMQ_ONE_TOKEN
-    if constexpr (TILE == 1 && G == 1 && T::S > 1 && !(GLU && RW > 2)) {   // mm_q1's loop (same bits)
+    if constexpr (TILE == 1 && G == 1 && T::S > 1) {   // mm_q1's loop (same bits)
         mm_q1<T, RW, GLU, false>(W, row_bytes, n_out, k, xq, xd, o, tab);
         return;
     }
@@ -329,9 +330,8 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
     }
 }
 
-#ifdef QMM_EXPLORE
 // mm_q's superblock loop (S > 1) with each token's integer parts reduce-scattered over the group before the next
-// token's (kernels mm[glu]_<type>_t<TILE>_r<RW>_gt, explore build): RW values a step instead of RW * TILE, so a
+// token's (kernels mm[glu]_<type>_t<TILE>_r<RW>_gt, qmatmul.py PER_TOKEN_TILES): RW values a step instead of RW * TILE, so a
 // lane holds one token's RW integer parts at a time instead of the tile's (mm_q: 64 registers of them for Q4_K
 // at 8 tokens and 4 rows, 128 registers and a spill in all). Lane p of a group owns rows p * RW / S ..
 // (OWN of them) of every token; each output's arithmetic is mm_q's in the same order (the same bits). S = 1
@@ -398,7 +398,6 @@ __device__ __forceinline__ void mm_q_tok(const u8* __restrict__ W, int row_bytes
         fold_groups<NV, NG, RW, GLU>(o, rows, n_out, t0, nt, group_part[w], fold_res[w]);
     }
 }
-#endif
 
 // Up to SK_MAX_TOKENS tokens with more warps per row (split-K): the same sums as mm_q, token by token. A CTA
 // of blockDim.y warps takes row blockIdx.x; warp w decodes the unit rounds w, w + blockDim.y, ... (round j =
@@ -530,8 +529,6 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     MM_Q_KERNEL_MB(NAME, T, 1) MM_Q_KERNEL_MB(NAME, T, 6) MM_Q_KERNEL_MB(NAME, T, 8)                      \
     MM_Q_KERNEL_T8_MB(NAME, T, 2)                                                                         \
     MM_Q1_KERNELS(NAME, T, p, true) MM_Q1_KERNELS(NAME, T, s, false)                                      \
-    MM_Q_TOK_KERNEL(mm, NAME, T, 8, 4, false, T8_MIN2) MM_Q_TOK_KERNEL(mmglu, NAME, T, 8, 4, true, T8_MIN2)    \
-    MM_Q_TOK_KERNEL(mm, NAME, T, 4, 2, false, __launch_bounds__(256))                                     \
     MM_Q_KERNEL(NAME, T, 1, 1, 4) MM_Q_KERNEL(NAME, T, 1, 2, 2) MM_Q_KERNEL(NAME, T, 1, 2, 4)             \
     MM_Q_KERNEL(NAME, T, 1, 4, 1)                                                                         \
     MM_Q_KERNEL(NAME, T, 2, 1, 1) MM_Q_KERNEL(NAME, T, 2, 2, 2) MM_Q_KERNEL(NAME, T, 4, 1, 1)             \
@@ -540,7 +537,13 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     MM_Q_GLU_KERNEL(NAME, T, 1, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 2, 1)    \
     MM_Q_GLU_KERNEL(NAME, T, 8, 2, 1)
 #define MM_Q_GLU_TILE1_R4(NAME, T)   // in MM_Q_MORE already
-// mm_q_tok's kernels: TILE tokens, RW rows a warp (GLU: RW / 2 row pairs), G = t, under BOUNDS
+#else
+#define MM_Q_MORE(NAME, T)
+#define MM_Q_GLU_TILE1_R4(NAME, T)   /* qmatmul.py DP4A_GLU_TILE1 */                                       \
+    MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 4, 1, true, __launch_bounds__(256, 1), )
+#endif
+// mm_q_tok's kernels: TILE tokens, RW rows a warp (GLU: RW / 2 row pairs), G = t, under BOUNDS; built for the
+// superblock types (the explore build: for Q8_0 and Q5_0 too, where they are mm_q's kernels under other names)
 #define MM_Q_TOK_KERNEL(PREFIX, NAME, T, TILE, RW, GLU, BOUNDS)                                           \
     extern "C" __global__ void BOUNDS PREFIX##_##NAME##_t##TILE##_r##RW##_gt(                             \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
@@ -550,10 +553,10 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         grid_dependency_sync();                                                                           \
         mm_q_tok<T, TILE, RW, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                \
     }
-#else
-#define MM_Q_MORE(NAME, T)
-#define MM_Q_GLU_TILE1_R4(NAME, T) MM_Q_GLU_KERNEL(NAME, T, 1, 4, 1)   // qmatmul.py DP4A_GLU_TILE1
-#endif
+#define MM_Q_TOK_KERNELS(NAME, T)                                                                         \
+    MM_Q_TOK_KERNEL(mm, NAME, T, 8, 4, false, T8_MIN2) MM_Q_TOK_KERNEL(mmglu, NAME, T, 8, 4, true, T8_MIN2)    \
+    MM_Q_TOK_KERNEL(mm, NAME, T, 4, 2, false, __launch_bounds__(256))                                     \
+    MM_Q_TOK_KERNEL(mmglu, NAME, T, 4, 4, true, __launch_bounds__(256))
 
 MM_Q_KERNELS(q8_0, TQ8_0, T8_MIN2) MM_Q_MORE(q8_0, TQ8_0)
 MM_Q_KERNELS(q4_0, TQ4_0, T8_ANY)
@@ -563,6 +566,11 @@ MM_Q_KERNELS(q4_k, TQ4_K, T8_MIN2) MM_Q_MORE(q4_k, TQ4_K)
 MM_Q_KERNELS(q5_k, TQ5_K, T8_MIN2) MM_Q_MORE(q5_k, TQ5_K)
 MM_Q_KERNELS(q6_k, TQ6_K, T8_MIN2) MM_Q_MORE(q6_k, TQ6_K)
 MM_Q_KERNELS(iq3_xxs, TIQ3_XXS, T8_ANY) MM_Q_MORE(iq3_xxs, TIQ3_XXS) MM_Q_GLU_TILE1_R4(iq3_xxs, TIQ3_XXS)
+MM_Q_TOK_KERNELS(q4_k, TQ4_K) MM_Q_TOK_KERNELS(q5_k, TQ5_K) MM_Q_TOK_KERNELS(q6_k, TQ6_K)
+MM_Q_TOK_KERNELS(iq3_xxs, TIQ3_XXS)
+#ifdef QMM_EXPLORE
+MM_Q_TOK_KERNELS(q8_0, TQ8_0) MM_Q_TOK_KERNELS(q5_0, TQ5_0)
+#endif
 
 // Float weights with float activations: unit = 8 weights (one 16-byte load of f16/bf16, two of f32). Plain
 // loads: measured faster here than __ldg (F16 4096x14336: 31.2 against 34.2 us on an H200).

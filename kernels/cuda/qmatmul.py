@@ -62,7 +62,8 @@ DP4A_VARIANTS = {1: (2, 1), 2: (2, 1), 4: (2, 1), 8: (4, 1)}
 # (the one-pair kernel under a minimum of one CTA an SM, as the dense one: Q4_K 20.1 -> 19.2 us, 2026-12-04)
 DP4A_GLU_ROWS = {1: 2, 2: 4, 4: 4, 8: 4}
 # ... except IQ3_XXS at one token in its grouped device layout: two pairs (2026-12-04: 31.0 -> 28.4 us; one pair
-# under the bound of one CTA: 30.6)
+# under the bound of one CTA: 30.6), on mm_q1's loop under a minimum of one CTA an SM (H100 2026-12-05: 29.6 ->
+# 26.9 us)
 DP4A_GLU_TILE1 = {QType.IQ3_XXS: 4}
 # One token over few, long rows: the split-K kernel mmsk_<type> (WARPS_PER_CTA warps per row, the same
 # bits as the dp4a kernel; qmatmul.cu mm_q_sk) where the matrix has at most SPLIT_K_MAX_ROWS rows and its
@@ -112,8 +113,17 @@ NARROW_MIN_CTAS = 896
 # perf/bench_gpu.py --explore: a build of qmatmul.cu with more (tile, RW, G) candidates; G = PIPE: one token with
 # the next round's weight loads in flight (qmatmul.cu mm_q1, kernels ..._t1_r<RW>_gp), G = ONE_LOOP: the same
 # loop without them (..._gs); G = PER_TOKEN: the superblock types' integer parts reduce-scattered token by token
-# (qmatmul.cu mm_q_tok, kernels ..._gt; not yet run on a GPU)
+# (qmatmul.cu mm_q_tok, kernels ..._gt, built in every build for Q4_K, Q5_K, Q6_K and IQ3_XXS)
 PIPE, ONE_LOOP, PER_TOKEN = "p", "s", "t"
+# token tiles whose launches take mm_q_tok's kernel (same RW as DP4A_VARIANTS / DP4A_GLU_ROWS; the same bits as
+# mm_q's). In the default build Q4_K and Q5_K have one unit a superblock, so there it is mm_q's own loop. H100
+# (2026-12-05, kernel_notes.md), the k4blocks build's Q4_K at 8 tokens, mm_q / mm_q_tok (default build's mm_q):
+# 4096x14336 41.8 / 33.3 (38.2), gate+up 4096x2x14336 75.9 / 60.3 (67.7) us
+PER_TOKEN_TILES = {QType.Q4_K: (8,), QType.Q5_K: (8,)}
+# the types built with mm_q_tok's kernels (4-token tiles: RW 2 dense, 4 GLU; 8-token tiles: RW 4) in every build
+PER_TOKEN_TYPES = frozenset({QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ3_XXS})
+PER_TOKEN_VARIANTS = ((4, 2, PER_TOKEN), (8, 4, PER_TOKEN))
+PER_TOKEN_GLU_VARIANTS = ((4, 4, PER_TOKEN), (8, 4, PER_TOKEN))
 # "k4blocks": Q4_K / Q5_K with the integer sums of a 256-weight block before one float tail (qmatmul_types.cuh
 # K4_S; other bits than the default build's, the same in all of its kernels). H200, 2026-12-05 (kernel_notes.md,
 # "Q4_K block sums", "One-token loops"), 8B-layer Q4_K shapes: 16 tokens 21-25% faster, 8 tokens 10-14% slower,
@@ -130,7 +140,7 @@ EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4
                     (16, 1, 1), (16, 2, 1), (1, 1, PIPE), (1, 2, PIPE), (1, 1, ONE_LOOP), (1, 2, ONE_LOOP),
                     (4, 2, PER_TOKEN), (8, 4, PER_TOKEN)]
 EXPLORE_GLU_VARIANTS = [(1, 4, 1), (2, 2, 1), (4, 2, 1), (8, 2, 1), (1, 2, PIPE), (1, 4, PIPE), (1, 2, ONE_LOOP),
-                        (1, 4, ONE_LOOP), (8, 4, PER_TOKEN)]   # (tile, RW, G) of GLU kernels there
+                        (1, 4, ONE_LOOP), (8, 4, PER_TOKEN), (4, 4, PER_TOKEN)]   # (tile, RW, G) of GLU kernels there
 # (tile, RW, G, MB): kernels of the explore build (dense and GLU) under __launch_bounds__(256, MB); a minimum of
 # 1 changes ptxas's register targets as well (Q4_K 4096x14336: 62 registers). The 8-token four-row kernels under a
 # minimum of 2 (sm_90: Q4_K 159 -> 128 registers, 48-72 bytes spilled, so two CTAs an SM instead of one;
@@ -152,6 +162,8 @@ XBLOCK = {"q8_0": 32, "q8_k": 256}   # activations per scale
 
 def dp4a_variant(qtype, tile: int, glu: bool = False) -> tuple[int, int, int]:
     """(tile, RW, G) of the dp4a kernel for a launch whose token tile is `tile` (GLU: RW gate and up rows)."""
+    if tile in PER_TOKEN_TILES.get(QType(int(qtype)), ()):
+        return tile, (DP4A_GLU_ROWS[tile] if glu else DP4A_VARIANTS[tile][0]), PER_TOKEN
     if glu:
         rows = DP4A_GLU_TILE1.get(QType(int(qtype)), DP4A_GLU_ROWS[1]) if tile == 1 else DP4A_GLU_ROWS[tile]
         return tile, rows, 1

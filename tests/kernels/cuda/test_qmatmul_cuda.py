@@ -369,7 +369,9 @@ def test_every_dp4a_variant_gives_the_same_bits(cp, qm, qtype):
     ref = cp.full((16, n_out), np.nan, cp.float32)
     qm.matmul_prequantized(w, xq, xd, ref, kernel="dp4a")
     ref = ref.get()
-    default = sorted({qm.dp4a_variant(t, tile) for t in QUANT_TYPES for tile in qm.TOKEN_TILES})
+    default = {qm.dp4a_variant(t, tile) for t in QUANT_TYPES for tile in qm.TOKEN_TILES}
+    default = sorted({v for v in default if v[2] != qm.PER_TOKEN}
+                     | set(qm.PER_TOKEN_VARIANTS if qtype in qm.PER_TOKEN_TYPES else ()), key=str)
     for build, variants in (("default", default), ("explore", qm.EXPLORE_VARIANTS + qm.EXPLORE_MB_VARIANTS)):
         for variant in variants:
             for n in sorted({1, variant[0], 8, 16}):
@@ -394,7 +396,8 @@ def test_every_glu_variant_gives_the_same_bits(cp, qm, qtype):
     ref = cp.full((16, n_out // 2), np.nan, cp.float32)
     qm.matmul_prequantized(w, xq, xd, ref, kernel="dp4a", glu=True)
     ref = ref.get()
-    default = sorted({qm.dp4a_variant(qtype, tile, glu=True) for tile in qm.TOKEN_TILES})
+    default = sorted({qm.dp4a_variant(qtype, tile, glu=True) for tile in qm.TOKEN_TILES}
+                     | set(qm.PER_TOKEN_GLU_VARIANTS if qtype in qm.PER_TOKEN_TYPES else ()), key=str)
     for build, variants in (("default", default), ("explore", qm.EXPLORE_GLU_VARIANTS + qm.EXPLORE_MB_VARIANTS)):
         for variant in variants:
             for n in sorted({1, variant[0], 8, 16}):
@@ -456,8 +459,8 @@ def test_k4blocks_build_gives_one_set_of_bits(cp, qm, qtype, n_out, n_in):
     launches through its dp4a, small-token and tensor-core kernels, and its one-token launches (dp4a and split-K),
     give one set of bits; rows not a multiple of the CTA's rows (dense) or of 2 gate rows (GLU: 19 gate rows), rows
     of 9, 19 (lanes without a block in the last round) and 16 blocks, with the fused bias and residual add (mm_q1's
-    one-token and mm_q_tok's 8-token kernels of the k4explore build too); and it matches float64 as the default
-    build does."""
+    one-token kernels of the k4explore build and mm_q_tok's 4- and 8-token kernels too); and it matches float64
+    as the default build does."""
     w, raw = _weight(qm, qtype, n_out, n_in, seed=70)
     x_host = _x(16, n_in, seed=71)
     xq, xd = _rounded(cp, qm, qtype, x_host)
@@ -474,9 +477,10 @@ def test_k4blocks_build_gives_one_set_of_bits(cp, qm, qtype, n_out, n_in):
             qm.matmul_prequantized(w, xq, xd, many[kernel], glu=glu, kernel=kernel, build=build)
         for kernel in ("small", "mma"):
             assert np.array_equal(many[kernel].get().view(np.uint32), many["dp4a"].get().view(np.uint32)), kernel
-        tok = cp.full((16, width), np.nan, cp.float32)  # 8-token tiles, integer parts scattered token by token
-        qm.matmul_prequantized(w, xq, xd, tok, glu=glu, variant=(8, 4, qm.PER_TOKEN), build="k4explore")
-        assert np.array_equal(tok.get().view(np.uint32), many["dp4a"].get().view(np.uint32)), ("per token", glu)
+        for variant in (qm.PER_TOKEN_GLU_VARIANTS if glu else qm.PER_TOKEN_VARIANTS):   # integer parts token by token
+            tok = cp.full((16, width), np.nan, cp.float32)
+            qm.matmul_prequantized(w, xq, xd, tok, glu=glu, variant=variant, build=build)
+            assert np.array_equal(tok.get().view(np.uint32), many["dp4a"].get().view(np.uint32)), (variant, glu)
         if not glu:
             _check_vs_float64(qtype, raw, x_host, many["dp4a"].get())
         one = cp.full((1, width), np.nan, cp.float32)
