@@ -327,9 +327,10 @@ def small_explore_rows(cp, copy_bw):
         for nk in qm.SMALL_EXPLORE_WARPS[qtype]])
 
 
-# --explore: Q4_K / Q5_K shapes of the 8B-layer (and 0.5B) models for the k4blocks build against the default, and
-# the other superblock types' few-token tiles (mm_q against mm_q_tok): (qtype, n_out, n_in, glu, tokens)
-K4BLOCKS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True, 1), ("Q4_K", 4096, 14336, False, 1),
+# --explore: Q4_K / Q5_K shapes of the 8B-layer (and 0.5B) models in the default build (block sums) against the
+# unit_tails build, and the superblock types' few-token tiles (mm_q against mm_q_tok): (qtype, n_out, n_in, glu,
+# tokens)
+BUILDS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True, 1), ("Q4_K", 4096, 14336, False, 1),
                     ("Q4_K", 4096, 4096, False, 1), ("Q4_K", 896, 4864, False, 1), ("Q5_K", 14336, 4096, False, 1),
                     ("Q4_K", 14336, 4096, False, 2), ("Q4_K", 14336, 4096, False, 4), ("Q4_K", 28672, 4096, True, 4),
                     ("Q4_K", 14336, 4096, False, 8), ("Q4_K", 28672, 4096, True, 8), ("Q4_K", 4096, 14336, False, 8),
@@ -341,35 +342,31 @@ K4BLOCKS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True,
                     ("Q6_K", 4096, 14336, False, 4), ("Q6_K", 4096, 14336, False, 8), ("Q6_K", 32000, 4096, False, 8)]
 
 
-def k4blocks_rows(cp, copy_bw):
-    """--explore: each K4BLOCKS_EXPLORE launch through `auto` in the default build and (Q4_K / Q5_K) in the
-    k4blocks build, checked bit for bit against its build's dp4a kernel; one-token Q4_K / Q5_K launches also
-    through mm_q1's kernels (qmatmul.PIPE, ONE_LOOP) of both builds; launches of 2-16 tokens through the 4- or
-    8-token tile of mm_q and of mm_q_tok (PER_TOKEN) in the k4blocks build (Q4_K / Q5_K) or the default build
-    (the other types, whose superblocks span lanes in both)."""
+def builds_rows(cp, copy_bw):
+    """--explore: each BUILDS_EXPLORE launch through `auto` in the default build and (Q4_K / Q5_K) in the
+    unit_tails build, checked bit for bit against its build's dp4a kernel; one-token Q4_K / Q5_K launches also
+    through the explore build's mm_q1 kernels (qmatmul.PIPE, ONE_LOOP); launches of 2-16 tokens through the 4- or
+    8-token tile of mm_q and of mm_q_tok (PER_TOKEN)."""
     from strata_lite.kernels.cuda import qmatmul as qm
 
     def launches(qtype, n_tok, glu):
         k4 = qtype in (qm.QType.Q4_K, qm.QType.Q5_K)
         rows = [("default *", dict(build="default"), "default")]
-        rows += [("k4blocks *", dict(build="k4blocks"), "k4blocks")] if k4 else []
+        rows += [("unit_tails *", dict(build="unit_tails"), "unit_tails")] if k4 else []
         if n_tok == 1 and k4:
-            rows += [(f"{label} r{rw} {how}", dict(variant=(1, rw, g), build=build), ref)
-                     for label, build, ref in (("default", "explore", "default"), ("k4blocks", "k4explore", "k4blocks"))
+            rows += [(f"r{rw} {how}", dict(variant=(1, rw, g), build="explore"), "default")
                      for g, how in ((qm.PIPE, "pipelined"), (qm.ONE_LOOP, "one loop"))
                      for rw in ((2, 4) if glu else (1, 2))]
         if 2 <= n_tok <= 16:
             tile = 8 if n_tok >= 8 else 4
             rw = qm.DP4A_GLU_ROWS[tile] if glu else qm.DP4A_VARIANTS[tile][0]
-            build = "k4blocks" if k4 else "default"
-            rows += [(f"{build} t{tile} r{rw} {how}", dict(variant=(tile, rw, g), build=build), build)
+            rows += [(f"t{tile} r{rw} {how}", dict(variant=(tile, rw, g)), "default")
                      for g, how in ((1, "mm_q"), (qm.PER_TOKEN, "per token"))]
         return rows
-    return launch_rows(cp, copy_bw, K4BLOCKS_EXPLORE, launches)
+    return launch_rows(cp, copy_bw, BUILDS_EXPLORE, launches)
 
 
-# --explore: one-token launches of the superblock types (qmatmul_types.cuh S > 1: IQ3_XXS, Q6_K, and Q4_K / Q5_K
-# in the k4blocks build) through mm_q1's loop (the default) and mm_q's (the mmq_one_token build)
+# --explore: one-token launches of the superblock types (qmatmul_types.cuh S > 1: IQ3_XXS, Q6_K, Q4_K, Q5_K) through mm_q1's loop (the default) and mm_q's (the mmq_one_token build)
 ONE_TOKEN_AB = [("IQ3_XXS", 14336, 4096, False, 1), ("IQ3_XXS", 4096, 14336, False, 1),
                 ("IQ3_XXS", 28672, 4096, True, 1), ("IQ3_XXS", 6144, 4096, False, 1), ("Q6_K", 14336, 4096, False, 1),
                 ("Q6_K", 4096, 14336, False, 1), ("Q6_K", 896, 4864, False, 1), ("Q6_K", 32000, 4096, False, 1),
@@ -714,11 +711,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="one model, fewer kernels")
     ap.add_argument("--json", default=None, help="also write every figure to this file")
     ap.add_argument("--explore", action="store_true",
-                    help="only the dp4a kernel variants, the explore build's small-token kernels and the k4blocks "
+                    help="only the dp4a kernel variants, the explore build's small-token kernels and the unit_tails "
                          "build's Q4_K / Q5_K kernels (kernel_notes.md)")
-    ap.add_argument("--explore-part", default="all", choices=("all", "variants", "small", "k4blocks", "one-token"),
-                    help="--explore: only this part (the dp4a variants, the small-token kernels, the k4blocks build, "
-                         "the superblock types' one-token loops)")
+    ap.add_argument("--explore-part", default="all", choices=("all", "variants", "small", "builds", "one-token"),
+                    help="--explore: only this part (the dp4a variants, the small-token kernels, the Q4_K builds and "
+                         "few-token tiles, the superblock types' one-token loops)")
     ap.add_argument("--gemm", action="store_true", help="only the prompt mat-mul table (* marks the kernel auto takes)")
     ap.add_argument("--gemm-explore", action="store_true", help="only the tensor-core kernel's candidate variants")
     ap.add_argument("--prompt", action="store_true", help="only the synthetic models' 512-token prompt forwards")
@@ -732,7 +729,7 @@ def main(argv=None) -> int:
                     help="only decode of 1-64 sequences together (runner: three rounds each; engine), beside "
                          "llama.cpp's figures")
     ap.add_argument("--only", default=None, help="only the synthetic models whose <preset>-<mix> contains this")
-    ap.add_argument("--build", default="default", choices=("default", "k4blocks", "mmq_one_token"),
+    ap.add_argument("--build", default="default", choices=("default", "unit_tails", "mmq_one_token"),
                     help="compile every mat-mul of the run as this build of qmatmul.cu / qmatmul_mma.cu (A/B of a "
                          "build's bits and kernels end to end; kernel_notes.md)")
     ap.add_argument("--contexts", default="4096",
@@ -756,7 +753,7 @@ def main(argv=None) -> int:
     copy_bw = copy_bandwidth(cp)
     if args.explore:
         print(f"\n{be.describe()}; copy bandwidth {copy_bw / 1e9:,.0f} GB/s (read + write)")
-        parts = {"variants": variant_rows, "small": small_explore_rows, "k4blocks": k4blocks_rows,
+        parts = {"variants": variant_rows, "small": small_explore_rows, "builds": builds_rows,
                  "one-token": one_token_rows}
         for name, rows in parts.items():
             if args.explore_part in ("all", name):

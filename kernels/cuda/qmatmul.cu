@@ -226,8 +226,8 @@ __device__ __forceinline__ void mm_q1(const u8* __restrict__ W, int row_bytes, i
 // f32. grid (cdiv(warps, blockDim.y), cdiv(n_tok, TILE)), block (32, warps per CTA).
 // One token and G = 1 with S > 1 goes through mm_q1's loop instead, which measured faster on an H200
 // (2026-12-05, kernel_notes.md, us): IQ3_XXS 4096x14336 17.7 -> 17.0, 14336x4096 19.3 -> 17.7, Q6_K 4096x14336
-// 17.1 -> 15.6, 14336x4096 19.6 -> 17.3, 4096x32000 32.4 -> 30.5; the k4blocks build's Q4_K 4096x14336 14.3 ->
-// 11.4, gate+up one pair 23.0 -> 20.4. IQ3_XXS's GLU kernel of two pairs lost at 40 registers (H200 28.4 -> 32.8)
+// 17.1 -> 15.6, 14336x4096 19.6 -> 17.3, 4096x32000 32.4 -> 30.5; Q4_K (block sums) 4096x14336 14.3 -> 11.4,
+// gate+up one pair 23.0 -> 20.4. IQ3_XXS's GLU kernel of two pairs lost at 40 registers (H200 28.4 -> 32.8)
 // and gained under a minimum of one CTA an SM (59 registers; H100 29.6 -> 26.9), which its kernel now asks for.
 // The build "mmq_one_token" (-DQMM_MMQ_ONE_TOKEN) keeps this loop everywhere, for A/B runs.
 // S > 1: every lane runs every round and dots every token slot of the tile (past the tile's last token, the

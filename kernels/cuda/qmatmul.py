@@ -115,26 +115,33 @@ NARROW_MIN_CTAS = 896
 # loop without them (..._gs); G = PER_TOKEN: the superblock types' integer parts reduce-scattered token by token
 # (qmatmul.cu mm_q_tok, kernels ..._gt, built in every build for Q4_K, Q5_K, Q6_K and IQ3_XXS)
 PIPE, ONE_LOOP, PER_TOKEN = "p", "s", "t"
-# token tiles whose launches take mm_q_tok's kernel (same RW as DP4A_VARIANTS / DP4A_GLU_ROWS; the same bits as
-# mm_q's). In the default build Q4_K and Q5_K have one unit a superblock, so there it is mm_q's own loop. H100
-# (2026-12-05, kernel_notes.md), the k4blocks build's Q4_K at 8 tokens, mm_q / mm_q_tok (default build's mm_q):
-# 4096x14336 41.8 / 33.3 (38.2), gate+up 4096x2x14336 75.9 / 60.3 (67.7) us
-PER_TOKEN_TILES = {QType.Q4_K: (8,), QType.Q5_K: (8,)}
+# (token tile, GLU) of launches that take mm_q_tok's kernel (the same RW as DP4A_VARIANTS / DP4A_GLU_ROWS, the same
+# bits as mm_q's). H100 (2026-12-05, kernel_notes.md, "Block sums as the default"), Q4_K, mm_q / mm_q_tok, us:
+# 8 tokens 4096x14336 42.9 / 33.4, 14336x4096 56.4 / 46.4, gate+up 4096x2x14336 76.1 / 59.3, Q5_K 45.5 / 36.8; 4
+# tokens gate+up 43.1 / 38.0, dense 29.9 / 30.8 (so dense 4-token tiles keep mm_q). Q5_K's 4-token GLU tile
+# follows Q4_K's (the same loop and unit; not timed alone).
+PER_TOKEN_TILES = {QType.Q4_K: {(8, False), (8, True), (4, True)}, QType.Q5_K: {(8, False), (8, True), (4, True)}}
 # the types built with mm_q_tok's kernels (4-token tiles: RW 2 dense, 4 GLU; 8-token tiles: RW 4) in every build
 PER_TOKEN_TYPES = frozenset({QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ3_XXS})
 PER_TOKEN_VARIANTS = ((4, 2, PER_TOKEN), (8, 4, PER_TOKEN))
 PER_TOKEN_GLU_VARIANTS = ((4, 4, PER_TOKEN), (8, 4, PER_TOKEN))
-# "k4blocks": Q4_K / Q5_K with the integer sums of a 256-weight block before one float tail (qmatmul_types.cuh
-# K4_S; other bits than the default build's, the same in all of its kernels). H200, 2026-12-05 (kernel_notes.md,
-# "Q4_K block sums", "One-token loops"), 8B-layer Q4_K shapes: 16 tokens 21-25% faster, 8 tokens 10-14% slower,
-# one token level with the default since mm_q1; end to end 16 sequences 10% faster, 1 and 8 sequences 7-9%
-# slower, so not the default
-# "k4explore": both (the explore build's kernels with the k4blocks build's bits); "mmq_one_token": one-token
-# kernels of the superblock types through mm_q's own loop instead of mm_q1's (qmatmul.cu; the same bits)
-BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",), "k4blocks": ("-DK4_S=4",),
-          "k4explore": ("-DK4_S=4", "-DQMM_EXPLORE"), "mmq_one_token": ("-DQMM_MMQ_ONE_TOKEN",)}
-MMA_BUILDS = {"default": (), "explore": ("-DMMQ_EXPLORE",), "k4blocks": ("-DK4_S=4",),   # the same, qmatmul_mma.cu
-              "k4explore": ("-DK4_S=4", "-DMMQ_EXPLORE"), "mmq_one_token": ()}
+# One token over at most ONE_ROW_MAX_ROWS rows (dense): the types whose superblocks span lanes (Q4_K, Q5_K, Q6_K,
+# IQ3_XXS) take one row a warp (mm_q1's loop), twice the warps of two rows, ahead of split-K. H100 (2026-12-05),
+# 896 rows of 4864 weights (the 0.5B shape's down projection), what they took before / one row a warp: IQ3_XXS
+# 8.3 / 4.6 us, Q6_K (split-K) 4.7 / 3.8, Q4_K 4.2 / 3.6; at 4,096 and 6,144 rows two rows stay faster (Q4_K
+# 4096x4096 4.9 / 5.3, IQ3_XXS 4096x6144 8.7 / 10.3).
+ONE_ROW_MAX_ROWS = 2048
+# builds of qmatmul.cu / qmatmul_mma.cu (nvcc / NVRTC defines). "default": Q4_K / Q5_K summed as integers over
+# their 256-weight blocks before one float tail (qmatmul_types.cuh K4_S = 4, as ggml's own dot); "unit_tails":
+# each 64-weight unit its own float tail (K4_S = 1: other bits, the same in all of its kernels; the default until
+# 2026-12-05, kept for A/B runs: one-token kernels level, 8-token ones 12-22% and 16-token ones 20-25% slower, 64
+# sequences end to end 4-5% faster; kernel_notes.md, "Block sums as the default"). "explore": the default's bits
+# with more kernel variants (perf/bench_gpu.py --explore); "mmq_one_token": one-token kernels of the superblock
+# types through mm_q's own loop instead of mm_q1's (qmatmul.cu; the same bits)
+BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",), "unit_tails": ("-DK4_S=1",),
+          "mmq_one_token": ("-DQMM_MMQ_ONE_TOKEN",)}
+MMA_BUILDS = {"default": (), "explore": ("-DMMQ_EXPLORE",), "unit_tails": ("-DK4_S=1",),   # the same, qmatmul_mma.cu
+              "mmq_one_token": ()}
 EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2),
                     (16, 1, 1), (16, 2, 1), (1, 1, PIPE), (1, 2, PIPE), (1, 1, ONE_LOOP), (1, 2, ONE_LOOP),
@@ -160,10 +167,14 @@ _UNIT = {QType.Q4_K: 64, QType.Q5_K: 64, QType.F32: 8, QType.F16: 8, QType.BF16:
 XBLOCK = {"q8_0": 32, "q8_k": 256}   # activations per scale
 
 
-def dp4a_variant(qtype, tile: int, glu: bool = False) -> tuple[int, int, int]:
-    """(tile, RW, G) of the dp4a kernel for a launch whose token tile is `tile` (GLU: RW gate and up rows)."""
-    if tile in PER_TOKEN_TILES.get(QType(int(qtype)), ()):
+def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None) -> tuple[int, int, int]:
+    """(tile, RW, G) of the dp4a kernel for a launch whose token tile is `tile` (GLU: RW gate and up rows) over
+    n_out rows (None: many)."""
+    qtype = QType(int(qtype))
+    if (tile, glu) in PER_TOKEN_TILES.get(qtype, ()):
         return tile, (DP4A_GLU_ROWS[tile] if glu else DP4A_VARIANTS[tile][0]), PER_TOKEN
+    if tile == 1 and not glu and n_out is not None and n_out <= ONE_ROW_MAX_ROWS and qtype in PER_TOKEN_TYPES:
+        return 1, 1, 1
     if glu:
         rows = DP4A_GLU_TILE1.get(QType(int(qtype)), DP4A_GLU_ROWS[1]) if tile == 1 else DP4A_GLU_ROWS[tile]
         return tile, rows, 1
@@ -178,8 +189,11 @@ def _split_k_smem(qtype, n_in: int, n_tok: int = 1) -> int:
 
 
 def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
-    """Whether a launch takes the split-K kernel (1..SPLIT_K_AUTO_TOKENS tokens, few long rows; never GLU)."""
+    """Whether a launch takes the split-K kernel (1..SPLIT_K_AUTO_TOKENS tokens, few long rows; never GLU; one
+    token of a type that takes one row a warp there instead, dp4a_variant)."""
     rounds = _split_k_smem(qtype, n_in) // (32 * 8)
+    if n_tok == 1 and not glu and n_out <= ONE_ROW_MAX_ROWS and QType(int(qtype)) in PER_TOKEN_TYPES:
+        return False
     return (1 <= n_tok <= min(SPLIT_K_AUTO_TOKENS, SPLIT_K_MAX_TOKENS) and not glu and n_out <= SPLIT_K_MAX_ROWS
             and rounds >= SPLIT_K_MIN_ROUNDS and _split_k_smem(qtype, n_in, n_tok) <= SPLIT_K_SMEM)
 
@@ -476,7 +490,7 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
                              f"{SPLIT_K_SMEM // 8} (token, unit) pairs")
         launch(CU, f"mmsk_{name}", (w.n_out,), (32, WARPS_PER_CTA), args, shared_mem=smem, options=BUILDS[build])
         return
-    tile, rw, g, *mb = variant if variant is not None else dp4a_variant(w.qtype, _tile(n), glu)
+    tile, rw, g, *mb = variant if variant is not None else dp4a_variant(w.qtype, _tile(n), glu, w.n_out)
     kname = f"{'mmglu' if glu else 'mm'}_{name}_t{tile}_r{rw}_g{g}" + "".join(f"_m{b}" for b in mb)
     warps = cdiv(w.n_out // 2, rw // 2) if glu else cdiv(w.n_out, rw)
     launch(CU, kname, (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)), (32, WARPS_PER_CTA), args,

@@ -402,7 +402,7 @@ __device__ __forceinline__ void mmqs(const u8* __restrict__ W, int row_bytes, in
 // MINB: CTAs per SM the register allocation must allow (0: the compiler's choice). For the types with
 // superblock sums of 8 units (IQ3_XXS, Q6_K) 4 x 4 takes 3, the CTAs its shared memory allows: the compiler then
 // keeps more products in flight (IQ3_XXS 4096 x 14336 at 512 tokens 435 -> 381-384 us on an H200; Q4_K and Q8_0
-// measured 1.6-2.4% slower with it, Q4_K with block sums (the k4blocks build) 495 -> 525 us: 168 registers and
+// measured 1.6-2.4% slower with it, Q4_K with block sums 495 -> 525 us: 168 registers and
 // spills); IQ3_XXS's 2 x 4 takes 8 (128 registers instead of 149: 128 tokens 175 -> 134 us, 64 tokens 89 -> 96;
 // perf/kernel_notes.md)
 #define MMQ_KERNEL(NAME, T, NW, NB, GLU, PREFIX, MINB, SUFFIX)                                            \

@@ -128,8 +128,8 @@ __device__ __forceinline__ void lookup16(u32 q, const u32* t, u32& lo, u32& hi) 
 // small-token kernel can have one unit's loads in flight while it multiplies another (qmatmul_mma.cu Fetch).
 // A superblock is S units that share the row's scale d and the activations' scale xd: IQ3_XXS and Q6_K take
 // their 256-weight blocks' 8 units (S = XB / UNIT; ggml's own dot sums a block's sub-blocks as integers too),
-// Q4_K and Q5_K each unit of 64 weights (K4_S: their blocks' 4 units in the k4blocks build; the two integer
-// parts a pair, I2), the 32-weight types S = 1 (nothing to share). The kernels add a superblock's integer
+// Q4_K and Q5_K their blocks' 4 units of 64 weights (K4_S; each unit alone in the unit_tails build; the two
+// integer parts a pair, I2), the 32-weight types S = 1 (nothing to share). The kernels add a superblock's integer
 // parts, in any order (exact), and apply the float tail once. Every mat-mul kernel shares that tail,
 // so the dp4a kernels (qmatmul.cu) and the tensor-core ones (qmatmul_mma.cu) round alike. MMA says how the
 // tensor-core kernel gets the integers: MMA_ONE (one 32-weight dot, scaled by mma_int), MMA_K4 (two 32-weight
@@ -150,11 +150,12 @@ __device__ __forceinline__ i32 shfl_xor(i32 v, int m) { return __shfl_xor_sync(0
 __device__ __forceinline__ I2 shfl_xor(I2 v, int m) {
     return I2{__shfl_xor_sync(0xffffffffu, v.sc, m), __shfl_xor_sync(0xffffffffu, v.mn, m)};
 }
-// Units of 64 weights a Q4_K / Q5_K superblock sums as integers before its float tail: 1 (each unit its own
-// tail), or 4 (the 256-weight block, as ggml's own dot does) in the "k4blocks" build (qmatmul.py BUILDS), whose
-// kernels give their own bits, the same in every kernel of that build (perf/kernel_notes.md, "Q4_K block sums")
+// Units of 64 weights a Q4_K / Q5_K superblock sums as integers before its float tail: 4 (the 256-weight block,
+// as ggml's own dot does), or 1 (each unit its own tail) in the "unit_tails" build (qmatmul.py BUILDS), whose
+// kernels give their own bits, the same in every kernel of that build (perf/kernel_notes.md, "Q4_K block sums",
+// "Block sums as the default")
 #ifndef K4_S
-#define K4_S 1
+#define K4_S 4
 #endif
 template <int UNIT_, int XB_, int NW_>
 struct TBase {

@@ -9,8 +9,8 @@ import pytest
 from gguf import GGMLQuantizationType as QType
 
 from strata_lite.kernels.cuda.qmatmul import (MMA_MIDDLE, MMA_MIN_TOKENS, MMA_NARROW, MMA_VARIANTS, MMA_WIDEST,
-                                              TOKEN_TILES, dp4a_variant, matmul, mma_smem, small_variant, split_k,
-                                              tensor_core_variant)
+                                              ONE_ROW_MAX_ROWS, PER_TOKEN, TOKEN_TILES, dp4a_variant, matmul,
+                                              mma_smem, small_variant, split_k, tensor_core_variant)
 
 
 def test_the_prompt_kernel_choice_starts_at_mma_min_tokens():
@@ -69,7 +69,8 @@ def test_split_k_only_for_few_tokens_over_few_long_rows(monkeypatch):
     from gguf import GGMLQuantizationType as QType
     from strata_lite.kernels.cuda import qmatmul
     for n in (1, 2, 4):                                          # decode and verify steps of up to 4 tokens
-        assert split_k(QType.Q6_K, 896, 4864, n, False) and split_k(QType.Q5_0, 896, 4864, n, False)
+        assert split_k(QType.Q5_0, 896, 4864, n, False)
+        assert split_k(QType.Q6_K, 896, 4864, n, False) == (n > 1)   # one token: one row a warp instead
     monkeypatch.setattr(qmatmul, "SPLIT_K_AUTO_TOKENS", 1)
     assert not split_k(QType.Q6_K, 896, 4864, 2, False)          # the launcher's limit is honoured
     monkeypatch.setattr(qmatmul, "SPLIT_K_AUTO_TOKENS", 8)
@@ -111,11 +112,29 @@ def test_glu_warps_take_gate_up_pairs_by_tokens_and_type():
     """The dp4a GLU kernels: one gate row and its up row per warp at one token, two pairs from 2 tokens (each
     activation load then serves four rows; measured faster there, slower at one token for Q4_K), and two pairs
     at one token for IQ3_XXS (measured faster in its grouped layout)."""
-    for qtype in (QType.Q4_K, QType.Q5_0):
+    assert [dp4a_variant(QType.Q5_0, tile, glu=True) for tile in TOKEN_TILES] == \
+        [(1, 2, 1), (2, 4, 1), (4, 4, 1), (8, 4, 1)]
+    for qtype in (QType.Q4_K, QType.Q5_K):                     # 4- and 8-token tiles: token by token (mm_q_tok)
         assert [dp4a_variant(qtype, tile, glu=True) for tile in TOKEN_TILES] == \
-            [(1, 2, 1), (2, 4, 1), (4, 4, 1), (8, 4, 1)]
+            [(1, 2, 1), (2, 4, 1), (4, 4, PER_TOKEN), (8, 4, PER_TOKEN)]
     assert [dp4a_variant(QType.IQ3_XXS, tile, glu=True) for tile in TOKEN_TILES] == \
         [(1, 4, 1), (2, 4, 1), (4, 4, 1), (8, 4, 1)]
+
+
+def test_dense_dp4a_kernels_by_tokens_rows_and_type():
+    """Dense launches: Q4_K / Q5_K 8-token tiles token by token (4-token ones measured faster on mm_q's loop);
+    one token over at most ONE_ROW_MAX_ROWS rows one row a warp for the types whose superblocks span lanes, two
+    over more rows; the 32-weight types as before."""
+    for qtype in (QType.Q4_K, QType.Q5_K):
+        assert [dp4a_variant(qtype, tile) for tile in TOKEN_TILES] == \
+            [(1, 2, 1), (2, 2, 1), (4, 2, 1), (8, 4, PER_TOKEN)]
+    for qtype in (QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ3_XXS):
+        assert dp4a_variant(qtype, 1, n_out=896) == dp4a_variant(qtype, 1, n_out=ONE_ROW_MAX_ROWS) == (1, 1, 1)
+    assert dp4a_variant(QType.IQ3_XXS, 1, n_out=ONE_ROW_MAX_ROWS + 1) == (1, 2, 1)
+    assert dp4a_variant(QType.Q6_K, 1, n_out=4096) == (1, 1, 1)     # DP4A_TILE1: one row at any size
+    assert dp4a_variant(QType.Q8_0, 1, n_out=896) == (1, 2, 1)
+    assert dp4a_variant(QType.Q5_0, 1, n_out=896) == (1, 1, 1)
+    assert dp4a_variant(QType.Q4_K, 1, glu=True, n_out=896) == (1, 2, 1)
 
 
 def test_float_row_tiles_are_refused_outside_the_explore_build():

@@ -452,21 +452,21 @@ def test_split_k_equals_one_warp_per_row(cp, qm, qtype, n_out, n_in, n_tok):
 
 
 
+@pytest.mark.parametrize("build", ["default", "unit_tails"])
 @pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q5_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_out,n_in", [(37, 2304), (6, 4864), (2 * 19, 4096)])
-def test_k4blocks_build_gives_one_set_of_bits(cp, qm, qtype, n_out, n_in):
-    """The k4blocks build (Q4_K / Q5_K blocks summed as integers before one float tail): every token of 16-token
-    launches through its dp4a, small-token and tensor-core kernels, and its one-token launches (dp4a and split-K),
-    give one set of bits; rows not a multiple of the CTA's rows (dense) or of 2 gate rows (GLU: 19 gate rows), rows
-    of 9, 19 (lanes without a block in the last round) and 16 blocks, with the fused bias and residual add (mm_q1's
-    one-token kernels of the k4explore build and mm_q_tok's 4- and 8-token kernels too); and it matches float64
-    as the default build does."""
+def test_q4_k_builds_give_one_set_of_bits_each(cp, qm, qtype, n_out, n_in, build):
+    """Each build's Q4_K / Q5_K kernels (the default: blocks summed as integers before one float tail;
+    unit_tails: each 64-weight unit its own tail): every token of 16-token launches through its dp4a, small-token
+    and tensor-core kernels, and its one-token launches (dp4a and split-K), give one set of bits; rows not a
+    multiple of the CTA's rows (dense) or of 2 gate rows (GLU: 19 gate rows), rows of 9, 19 (lanes without a block
+    in the last round) and 16 blocks, with the fused bias and residual add (mm_q_tok's 4- and 8-token kernels too,
+    and for the default build mm_q1's one-token kernels of the explore build); and each matches float64."""
     w, raw = _weight(qm, qtype, n_out, n_in, seed=70)
     x_host = _x(16, n_in, seed=71)
     xq, xd = _rounded(cp, qm, qtype, x_host)
     bias = cp.asarray(_x(1, n_out, seed=72)[0])
     resid = cp.asarray(_x(1, n_out, seed=73))
-    build = "k4blocks"
     for glu in (False, True):
         if glu and n_out % 2:
             continue
@@ -486,10 +486,10 @@ def test_k4blocks_build_gives_one_set_of_bits(cp, qm, qtype, n_out, n_in):
         one = cp.full((1, width), np.nan, cp.float32)
         qm.matmul_prequantized(w, xq[:1], xd[:1], one, glu=glu, build=build)
         assert np.array_equal(one.get().view(np.uint32), many["dp4a"][:1].get().view(np.uint32)), glu
-        for rw in (2, 4) if glu else (1, 2):       # mm_q1's one-token kernels of the same bits' explore build
-            for g in (qm.PIPE, qm.ONE_LOOP):
+        for rw in (2, 4) if glu and build == "default" else (1, 2) if build == "default" else ():
+            for g in (qm.PIPE, qm.ONE_LOOP):       # mm_q1's one-token kernels of the explore build (the same bits)
                 out = cp.full((1, width), np.nan, cp.float32)
-                qm.matmul_prequantized(w, xq[:1], xd[:1], out, glu=glu, variant=(1, rw, g), build="k4explore")
+                qm.matmul_prequantized(w, xq[:1], xd[:1], out, glu=glu, variant=(1, rw, g), build="explore")
                 assert np.array_equal(out.get().view(np.uint32), one.get().view(np.uint32)), (glu, rw, g)
         if not glu:                                # fused bias and residual add, the dp4a and split-K kernels
             for variant in ((1, 2, 1), "sk"):
