@@ -659,9 +659,11 @@ def synth_models(out_dir, quick, only=None):
 
 
 GEMM_EXPLORE = [("IQ3_XXS", 14336, 4096, 512), ("Q4_K", 14336, 4096, 512), ("Q6_K", 14336, 4096, 512),
-                ("Q8_0", 14336, 4096, 512), ("IQ3_XXS", 14336, 4096, 64)]
+                ("Q8_0", 14336, 4096, 512), ("IQ3_XXS", 14336, 4096, 64), ("Q4_K", 14336, 4096, 64),
+                ("Q4_K", 4096, 14336, 64)]
 # (kernel name suffix, warps, n8 tiles per warp) of qmatmul_mma.cu built with -DMMQ_EXPLORE
-MMA_EXPLORE = [("w4_n4", 4, 4), ("w4_n2", 4, 2), ("w2_n2", 2, 2), ("w8_n2", 8, 2)]
+MMA_EXPLORE = [("w4_n4", 4, 4), ("w4_n2", 4, 2), ("w2_n2", 2, 2), ("w8_n2", 8, 2), ("w2_n4", 2, 4),
+               ("w2_n4_m6", 2, 4)]
 
 
 def gemm_explore_rows(cp):
@@ -732,6 +734,9 @@ def main(argv=None) -> int:
     ap.add_argument("--build", default="default", choices=("default", "unit_tails", "mmq_one_token"),
                     help="compile every mat-mul of the run as this build of qmatmul.cu / qmatmul_mma.cu (A/B of a "
                          "build's bits and kernels end to end; kernel_notes.md)")
+    ap.add_argument("--one-row-max", type=int, default=None,
+                    help="one-token launches over at most this many rows take one row a warp (qmatmul."
+                         "ONE_ROW_MAX_ROWS; 0: never), for A/B runs of that choice")
     ap.add_argument("--contexts", default="4096",
                     help="--batched: comma-separated contexts every sequence decodes at (default 4096)")
     ap.add_argument("--verify-cost", action="store_true",
@@ -749,6 +754,8 @@ def main(argv=None) -> int:
     from strata_lite.kernels.cuda import qmatmul as qm
     from strata_lite.kernels.cuda.backend import CudaBackend
     qm.BUILDS["default"], qm.MMA_BUILDS["default"] = qm.BUILDS[args.build], qm.MMA_BUILDS[args.build]
+    if args.one_row_max is not None:
+        qm.ONE_ROW_MAX_ROWS = args.one_row_max
     be = CudaBackend()
     copy_bw = copy_bandwidth(cp)
     if args.explore:

@@ -444,10 +444,12 @@ struct SmallG {
     }
 #define MMQS_KERNELS(NAME, T) MMQS_KERNEL(NAME, T, 4, false, mmqs) MMQS_KERNEL(NAME, T, 4, true, mmqsglu) \
     MMQS_KERNEL(NAME, T, 8, false, mmqs) MMQS_KERNEL(NAME, T, 8, true, mmqsglu)
-#ifdef MMQ_EXPLORE   // perf/bench_gpu.py --gemm-explore: candidates beside the default kernels
+#ifdef MMQ_EXPLORE   // perf/bench_gpu.py --gemm-explore: candidates beside the default kernels (_m6: the 2 x 4
+                     // variant under a minimum of 6 CTAs an SM, 168 registers: sm_90 Q4_K / Q5_K with block sums
+                     // 211 -> 168 registers and 216 bytes spilled, the occupancy of their per-unit build)
 #define MMQ_KERNELS(NAME, T) MMQ_DEFAULT(NAME, T) \
     MMQ_KERNEL(NAME, T, 4, 2, false, mmq, 0, ) MMQ_KERNEL(NAME, T, 2, 2, false, mmq, 0, ) \
-    MMQ_KERNEL(NAME, T, 8, 2, false, mmq, 0, )
+    MMQ_KERNEL(NAME, T, 8, 2, false, mmq, 0, ) MMQ_KERNEL(NAME, T, 2, 4, false, mmq, 6, _m6)
 #else
 #define MMQ_KERNELS(NAME, T) MMQ_DEFAULT(NAME, T)
 #endif
