@@ -60,9 +60,10 @@ PRESETS = {p.name: p for p in (
 # mix name -> llama.cpp `general.file_type` (enum llama_ftype). "q4_k_m", "q5_k_m" and "iq3_xxs" are mixes;
 # the others put every matrix in one type ("iq3_xxs-pure": the --pure IQ3_XXS of `strata-lite quantize`;
 # "q4_k" / "q5_k" are labelled llama.cpp's Q4_K_S / Q5_K_S, the nearest file types).
-MIXES = {"q4_k_m": 15, "q5_k_m": 17, "iq3_xxs": 23, "f16": 1, "q8_0": 7, "q4_k": 14, "q5_k": 16, "q6_k": 18,
-         "iq3_xxs-pure": 23}
-_PURE = {"f16": QType.F16, "q8_0": QType.Q8_0, "q4_k": QType.Q4_K, "q5_k": QType.Q5_K, "q6_k": QType.Q6_K,
+MIXES = {"q4_k_m": 15, "q5_k_m": 17, "iq3_xxs": 23, "f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q4_0": 2,
+         "q5_0": 8, "iq4_nl": 25, "q4_k": 14, "q5_k": 16, "q6_k": 18, "iq3_xxs-pure": 23}
+_PURE = {"f32": QType.F32, "f16": QType.F16, "bf16": QType.BF16, "q8_0": QType.Q8_0, "q4_0": QType.Q4_0,
+         "q5_0": QType.Q5_0, "iq4_nl": QType.IQ4_NL, "q4_k": QType.Q4_K, "q5_k": QType.Q5_K, "q6_k": QType.Q6_K,
          "iq3_xxs-pure": QType.IQ3_XXS}
 _K_M_BASE = {"q4_k_m": QType.Q4_K, "q5_k_m": QType.Q5_K}
 

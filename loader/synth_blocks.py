@@ -53,7 +53,7 @@ class BlockLayout:
     patch: Callable | None = None  # (rng, raw3) -> None: sets sub-block scales in place
 
 
-# One entry per generated type (F16/F32 are drawn as floats, see random_matrix).
+# One entry per generated type (F16 / BF16 / F32 are drawn as floats, see random_matrix).
 LAYOUTS: dict[QType, BlockLayout] = {
     QType.Q8_0: BlockLayout(0, signed_d=True),
     QType.Q5_0: BlockLayout(0, signed_d=True),
@@ -65,7 +65,7 @@ LAYOUTS: dict[QType, BlockLayout] = {
     QType.Q6_K: BlockLayout(208, signed_d=False, patch=_q6_k_scales),
 }
 
-GENERATED_QTYPES = frozenset(LAYOUTS) | {QType.F16, QType.F32}
+GENERATED_QTYPES = frozenset(LAYOUTS) | {QType.F16, QType.BF16, QType.F32}
 
 
 def _random_blocks(rng, qtype: QType, n_blocks: int, d: np.ndarray) -> np.ndarray:
@@ -95,11 +95,15 @@ def random_matrix(rng, qtype: QType, n_out: int, n_in: int, std: float | None = 
     (default 1/sqrt(n_in)). n_in must be a multiple of the type's block size."""
     qtype = QType(qtype)
     std = 1.0 / np.sqrt(n_in) if std is None else float(std)
-    if qtype in (QType.F16, QType.F32):
+    if qtype in (QType.F16, QType.BF16, QType.F32):
         # uniform in [-a, a) with a = sqrt(3) * std (twice as fast to draw as normal values)
         w = rng.random((n_out, n_in), dtype=np.float32)
         w -= np.float32(0.5)
         w *= np.float32(2 * np.sqrt(3) * std)
+        if qtype == QType.BF16:     # the top 16 bits, rounded to nearest even (finite values only)
+            bits = w.view(np.uint32)
+            bits += np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+            return (bits >> np.uint32(16)).astype(np.uint16).view(np.uint8)
         return w.astype(np.float16 if qtype == QType.F16 else np.float32).view(np.uint8)
     if qtype not in LAYOUTS:
         names = ", ".join(sorted(t.name for t in GENERATED_QTYPES))

@@ -226,8 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--preset", required=True, help="model shapes: qwen2.5-0.5b, qwen2.5-1.5b, llama-8b-layers")
     sy.add_argument("--arch", default=None, help="architecture: qwen2, qwen3, llama (default: the preset's)")
     sy.add_argument("--quant", default="q4_k_m",
-                    help="type mix: q4_k_m, q5_k_m, iq3_xxs, or one type for every matrix: f16, q8_0, q4_k, q5_k, "
-                         "q6_k, iq3_xxs-pure")
+                    help="type mix: q4_k_m, q5_k_m, iq3_xxs, or one type for every matrix: f32, f16, bf16, q8_0, "
+                         "q4_0, q5_0, iq4_nl, q4_k, q5_k, q6_k, iq3_xxs-pure")
     sy.add_argument("--seed", type=int, default=0)
     sy.add_argument("--blocks", type=int, default=None, help="number of blocks (default: the preset's)")
     sy.add_argument("--out", "-o", required=True, help="output GGUF file")

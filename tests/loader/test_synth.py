@@ -137,14 +137,17 @@ def test_full_preset_plans():
 
 @pytest.mark.parametrize("mix,qtype,arch", [("f16", QT.F16, "qwen3"), ("q8_0", QT.Q8_0, "llama"),
                                             ("q4_k", QT.Q4_K, "qwen2"), ("q6_k", QT.Q6_K, "qwen2"),
-                                            ("iq3_xxs-pure", QT.IQ3_XXS, "qwen2")])
+                                            ("iq3_xxs-pure", QT.IQ3_XXS, "qwen2"), ("f32", QT.F32, "qwen2"),
+                                            ("bf16", QT.BF16, "llama"), ("q4_0", QT.Q4_0, "qwen2"),
+                                            ("q5_0", QT.Q5_0, "llama"), ("iq4_nl", QT.IQ4_NL, "qwen2")])
 def test_pure_types_forward(tmp_path, mix, qtype, arch):
     path = tmp_path / f"tiny-{mix}.gguf"
     report = synth_model(path, TINY, arch=arch, quant=mix, progress=False)
     gf = GGUFFile(path)
     assert gf.metadata["general.architecture"] == arch
     assert {i.qtype for i in gf.tensors.values() if len(i.shape) == 2} == {qtype}
-    assert report.by_type[qtype.name][0] == 2 + 7 * TINY.n_layers
+    vectors = sum(len(i.shape) == 1 for i in gf.tensors.values()) if qtype == QT.F32 else 0   # norms, biases
+    assert report.by_type[qtype.name][0] == 2 + 7 * TINY.n_layers + vectors
     from strata_lite.api import LLM
     llm = LLM(str(path), backend="cpu", n_ctx=64)
     ids = llm.tokenize("the quick brown fox jumps over the lazy dog")
