@@ -1,6 +1,7 @@
-"""F16 / BF16 weights against float32 activations for decode-sized calls (up to MATVEC_MAX_TOK tokens): each
-output is one row's dot product with one token, 16 weights at a time converted to float32 in registers
-(F16: the hardware conversion, `vcvtph2ps` under F16C / AVX-512; BF16: a shift into the float's high half),
+"""F16 / BF16 (and F32) weights against float32 activations for decode-sized calls (up to MATVEC_MAX_TOK
+tokens): each output is one row's dot product with one token, 16 weights at a time converted to float32 in
+registers (F16: the hardware conversion, `vcvtph2ps` under F16C / AVX-512; BF16: a shift into the float's high
+half; F32 rows, matvec_f32, are loaded as they are),
 fused multiply-adds into 16 lanes (short rows: two accumulators, steps taken in turn), then the accumulators'
 and the lanes' fixed halving sum; long rows go 4 at a time through one loop (each activation load serves the
 4), which changes no row's arithmetic. Weights are read once per call from their file layout (2 bytes each,
@@ -41,14 +42,17 @@ def _make_dot_rows(bf16: bool, rows: int, chains: int = 1):
     @intrinsic
     def dot_rows(typingctx, w, r0, x, t, out):
         """out[t, r0 + j] = sum over k of float32(w[r0 + j, k]) * x[t, k] for j < rows: w uint16 (n_out, k) F16 or
-        BF16 bits, x float32 (n_tok, k), out float32 (n_tok, n_out), C-contiguous, k a multiple of LANES. A row's
-        16-weight steps go round-robin into `chains` accumulators (steps past the last whole round into the
-        first ones, in order), which are then added pairwise and the lanes halved: a fixed order for a row of k
-        weights, whatever `rows` is (one load of x serves every row)."""
-        if not (L.c_arrays((w, types.uint16, 2), (x, types.float32, 2), (out, types.float32, 2))
+        BF16 bits (bf16), or float32 (F32 rows, loaded as they are; bf16 plays no part), x float32 (n_tok, k),
+        out float32 (n_tok, n_out), C-contiguous, k a multiple of LANES. A row's 16-weight steps go round-robin
+        into `chains` accumulators (steps past the last whole round into the first ones, in order), which are
+        then added pairwise and the lanes halved: a fixed order for a row of k weights, whatever `rows` is (one
+        load of x serves every row)."""
+        if not ((L.c_arrays((w, types.uint16, 2)) or L.c_arrays((w, types.float32, 2)))
+                and L.c_arrays((x, types.float32, 2), (out, types.float32, 2))
                 and isinstance(r0, types.Integer) and isinstance(t, types.Integer)):
             return None
         sig = types.void(w, types.intp, x, types.intp, out)
+        f32 = w.dtype == types.float32
 
         def codegen(context, builder, signature, args):
             (pw, wstr, wshape), (px, xstr, _), (po, ostr, _) = (
@@ -63,7 +67,11 @@ def _make_dot_rows(bf16: bool, rows: int, chains: int = 1):
             def step(i, c):                     # 16 weights of every row into chain c
                 xv = L.load(builder, xrow, builder.mul(i, L.const(4 * LANES)), _V16F)
                 for j in range(rows):
-                    wf = _widen(builder, L.load(builder, wrows[j], builder.mul(i, L.const(2 * LANES)), L.V16W), bf16)
+                    if f32:
+                        wf = L.load(builder, wrows[j], builder.mul(i, L.const(4 * LANES)), _V16F)
+                    else:
+                        wf = _widen(builder, L.load(builder, wrows[j], builder.mul(i, L.const(2 * LANES)), L.V16W),
+                                    bf16)
                     builder.store(builder.call(fma, [wf, xv, builder.load(accs[j][c])]), accs[j][c])
 
             steps = builder.sdiv(wshape[1], L.const(LANES))
@@ -184,4 +192,10 @@ def matvec(raw: np.ndarray, bf16: bool, x: np.ndarray, out: np.ndarray) -> None:
     """out (n_tok, n_out) = x (n_tok, n_in) @ W.T for raw (n_out, 2 * n_in) uint8 rows of F16 (bf16 False) or
     BF16 values; x float32 C-contiguous, fits(n_in)."""
     _mv(np.asarray(raw).view(np.uint16), x, out, bf16)
+
+
+def matvec_f32(raw: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """The same for raw (n_out, 4 * n_in) uint8 rows of F32 values: each row's 16-weight steps in the order the
+    16-bit rows take (fits(n_in))."""
+    _mv(np.asarray(raw).view(np.float32), x, out, False)
 

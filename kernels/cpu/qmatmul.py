@@ -5,7 +5,8 @@ Two paths, chosen by the number of tokens:
     over the weights per call (each row stays in L1 while the tokens are looped over).
   * otherwise: dequantize a tile of rows into a float32 scratch buffer (dequant.py, Numba-parallel)
     and multiply it with BLAS (numpy.matmul); the whole matrix is never materialized.
-F32 weights go straight to BLAS; F16 / BF16 take half_matvec.py up to MATVEC_MAX_TOK tokens, the tile path above.
+F16 / BF16 / F32 weights take half_matvec.py up to MATVEC_MAX_TOK tokens; longer calls: F32 straight to BLAS, F16 /
+BF16 the tile path above.
 """
 import ctypes
 import glob
@@ -73,7 +74,9 @@ def qmatmul(qtype, raw: np.ndarray, n_cols: int, x: np.ndarray, out: np.ndarray)
     n_tok = x.shape[0]
     if n_tok == 0 or raw.shape[0] == 0:
         return
-    if qtype == QType.F32:
+    if qtype == QType.F32 and n_tok <= MATVEC_MAX_TOK and half_matvec.fits(n_cols):
+        half_matvec.matvec_f32(raw, x, out)
+    elif qtype == QType.F32:
         np.matmul(x, raw.view(np.float32).T, out=out)
     elif qtype in _HALF and n_tok <= MATVEC_MAX_TOK and half_matvec.fits(n_cols):
         half_matvec.matvec(raw, qtype == QType.BF16, x, out)
@@ -124,6 +127,8 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
             mv.mv_q8_0_serial(w.raw3, x3, out, F16_TABLE, QK)
         else:
             mv.mv_q8_0(w.raw3, x3, out, F16_TABLE, QK)
+    elif qtype == QType.F32 and n_tok <= MATVEC_MAX_TOK and half_matvec.fits(w.n_in):
+        half_matvec.matvec_f32(w.raw, x, out)
     elif qtype == QType.F32:
         np.matmul(x, w.raw.view(np.float32).T, out=out)
     elif qtype in _HALF and n_tok <= MATVEC_MAX_TOK and half_matvec.fits(w.n_in):

@@ -1,4 +1,4 @@
-"""F16 / BF16 weights in decode-sized calls (kernels/cpu/half_matvec.py): against float64, the same bits for a
+"""F16 / BF16 / F32 weights in decode-sized calls (kernels/cpu/half_matvec.py): against float64, the same bits for a
 token whatever else shares the call (1-8 tokens), through qmatmul's entry points, and rows that are not whole
 16-weight steps left to the tile path."""
 import numpy as np
@@ -14,8 +14,10 @@ REL_TOL = 2e-6
 
 
 def _weights(rng, qtype, n_out, n_in):
-    """(raw uint8 (n_out, 2 n_in), the same values as float64)"""
+    """(raw uint8 (n_out, 2 n_in) (F32: 4 n_in), the same values as float64)"""
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    if qtype == QT.F32:
+        return w.view(np.uint8).reshape(n_out, 4 * n_in), w.astype(np.float64)
     if qtype == QT.BF16:
         bits = (w.view(np.uint32) >> 16).astype(np.uint16)
         values = (bits.astype(np.uint32) << 16).view(np.float32)
@@ -25,30 +27,42 @@ def _weights(rng, qtype, n_out, n_in):
     return bits.view(np.uint8).reshape(n_out, 2 * n_in), values.astype(np.float64)
 
 
-@pytest.mark.parametrize("qtype", [QT.F16, QT.BF16])
+def _matvec(qtype, raw, x, out):
+    if qtype == QT.F32:
+        hm.matvec_f32(raw, x, out)
+    else:
+        hm.matvec(raw, qtype == QT.BF16, x, out)
+
+
+def _rows(qtype, raw):
+    """The kernel's view of raw rows: uint16 bits, or float32 values."""
+    return raw.view(np.float32 if qtype == QT.F32 else np.uint16)
+
+
+@pytest.mark.parametrize("qtype", [QT.F16, QT.BF16, QT.F32])
 @pytest.mark.parametrize("n_out,n_in", [(37, 896), (300, 4864), (37, 2048), (5, 16)])
 def test_against_float64_and_batch_invariant(qtype, n_out, n_in):
     rng = np.random.default_rng(n_out)
     raw, ref_w = _weights(rng, qtype, n_out, n_in)
     x = rng.standard_normal((MATVEC_MAX_TOK, n_in)).astype(np.float32)
     out = np.empty((MATVEC_MAX_TOK, n_out), np.float32)
-    hm.matvec(raw, qtype == QT.BF16, x, out)
+    _matvec(qtype, raw, x, out)
     ref = x.astype(np.float64) @ ref_w.T
     assert np.abs(out - ref).max() <= REL_TOL * np.abs(ref).max()
     for lo, hi in [(0, 1), (3, 4), (1, 3), (2, 8)]:
         part = np.empty((hi - lo, n_out), np.float32)
-        hm.matvec(raw, qtype == QT.BF16, x[lo:hi].copy(), part)
+        _matvec(qtype, raw, x[lo:hi].copy(), part)
         np.testing.assert_array_equal(part, out[lo:hi])
 
 
-@pytest.mark.parametrize("qtype", [QT.F16, QT.BF16])
+@pytest.mark.parametrize("qtype", [QT.F16, QT.BF16, QT.F32])
 def test_row_groups_change_no_bits(qtype):
     """Long rows ROW_GROUP at a time through one loop give each row the bits it has alone (a one-row matrix: the
     last-rows path), at 1-8 tokens; short rows' chains give the same bits in any call."""
     rng = np.random.default_rng(11)
     for n_out, n_in in [(hm.ROW_GROUP * 3 + 1, hm.LONG_ROW), (hm.ROW_GROUP * 2 + 3, 896 + 16)]:
         raw, _ = _weights(rng, qtype, n_out, n_in)
-        w = raw.view(np.uint16)
+        w = _rows(qtype, raw)
         for n_tok in (1, 3, MATVEC_MAX_TOK):
             x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
             whole = np.full((n_tok, n_out), np.nan, np.float32)
@@ -59,7 +73,7 @@ def test_row_groups_change_no_bits(qtype):
                 np.testing.assert_array_equal(alone[:, 0], whole[:, r])
 
 
-@pytest.mark.parametrize("qtype", [QT.F16, QT.BF16])
+@pytest.mark.parametrize("qtype", [QT.F16, QT.BF16, QT.F32])
 def test_qmatmul_and_the_backend_take_it(qtype):
     """Up to MATVEC_MAX_TOK tokens both entry points give the kernel's bits; a row of 904 weights (not whole
     steps) and a 20-token chunk take the tile path, within float32 rounding of float64."""
@@ -77,7 +91,7 @@ def test_qmatmul_and_the_backend_take_it(qtype):
         np.testing.assert_array_equal(be.qmatmul(be.upload_weight(W()), x), out)
         if hm.fits(n_in) and n_tok <= MATVEC_MAX_TOK:
             direct = np.empty_like(out)
-            hm.matvec(raw, qtype == QT.BF16, x, direct)
+            _matvec(qtype, raw, x, direct)
             np.testing.assert_array_equal(out, direct)
         ref = x.astype(np.float64) @ ref_w.T
         assert np.abs(out - ref).max() <= REL_TOL * np.abs(ref).max()
