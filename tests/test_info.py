@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from strata_lite.kernels.cpu.isa import REPORTED, choose_isa, host_features, kernel_family
+from strata_lite.kernels.cpu.isa import BF16_NOTE, REPORTED, choose_isa, host_features, kernel_family
 
 
 def test_info_command_reports_cpu_kernels_gpu_and_cache():
@@ -25,7 +25,7 @@ def test_kernel_family_follows_the_environment(monkeypatch):
                                else "float kernels (this CPU has no AVX2)")
     monkeypatch.delenv("STRATA_LITE_INT8")
     int8 = choose_isa(host_features(), os.environ)[1]       # AVX2 or VNNI: tests/kernels/test_cpu_isa.py
-    assert kernel_family() == (int8 if host_features()["avx2"] else "float kernels (this CPU has no AVX2)")
+    assert kernel_family() == (int8 + BF16_NOTE if host_features()["avx2"] else "float kernels (this CPU has no AVX2)")
     assert set(host_features()) == set(REPORTED)
 
 

@@ -26,7 +26,8 @@ import os
 log = logging.getLogger("strata_lite.cpu")
 
 # the extensions worth reporting: what the kernels use (avx2, fma, f16c; VNNI where present) and wider ones
-REPORTED = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni", "amx-int8")
+REPORTED = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512bf16", "avxvnni",
+            "amx-int8")
 AVX2, VNNI = 0, 1                 # the int8 kernels' `isa` argument
 ISA_ENV = "STRATA_LITE_CPU_ISA"   # unset, "auto" or "vnni": VNNI where the CPU has it; "avx2": the AVX2 path
 
@@ -121,10 +122,15 @@ def int8_enabled() -> bool:
     return host_has_avx2() and os.environ.get("STRATA_LITE_INT8", "1") != "0"
 
 
+BF16_ENV = "STRATA_LITE_BF16_GEMM"   # "0": BF16 prompt chunks keep the float32 tile path (A/B runs)
+BF16_DOT = _FEATURES["avx512bf16"] and os.environ.get(BF16_ENV, "1") != "0"   # bf16_gemm.py takes BF16 chunks
+BF16_NOTE = "; BF16 prompt chunks by vdpbf16ps" if BF16_DOT else ""
+
+
 def kernel_family() -> str:
     """One line naming the CPU kernels in use and why."""
     if int8_enabled():
-        return _INT8_NAME + _LANES_NOTE
+        return _INT8_NAME + _LANES_NOTE + BF16_NOTE
     if not host_has_avx2():
         return "float kernels (this CPU has no AVX2)"
     return "float kernels (STRATA_LITE_INT8=0)"
