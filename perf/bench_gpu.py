@@ -366,7 +366,8 @@ def builds_rows(cp, copy_bw):
     return launch_rows(cp, copy_bw, BUILDS_EXPLORE, launches)
 
 
-# --explore: one-token launches of the superblock types (qmatmul_types.cuh S > 1: IQ3_XXS, Q6_K, Q4_K, Q5_K) through mm_q1's loop (the default) and mm_q's (the mmq_one_token build)
+# --explore: one-token launches of the superblock types (qmatmul_types.cuh S > 1: IQ3_XXS, Q6_K, Q4_K, Q5_K)
+# through mm_q1's loop (the default) and mm_q's (the mmq_one_token build)
 ONE_TOKEN_AB = [("IQ3_XXS", 14336, 4096, False, 1), ("IQ3_XXS", 4096, 14336, False, 1),
                 ("IQ3_XXS", 28672, 4096, True, 1), ("IQ3_XXS", 6144, 4096, False, 1), ("Q6_K", 14336, 4096, False, 1),
                 ("Q6_K", 4096, 14336, False, 1), ("Q6_K", 896, 4864, False, 1), ("Q6_K", 32000, 4096, False, 1),

@@ -331,11 +331,11 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
 }
 
 // mm_q's superblock loop (S > 1) with each token's integer parts reduce-scattered over the group before the next
-// token's (kernels mm[glu]_<type>_t<TILE>_r<RW>_gt, qmatmul.py PER_TOKEN_TILES): RW values a step instead of RW * TILE, so a
-// lane holds one token's RW integer parts at a time instead of the tile's (mm_q: 64 registers of them for Q4_K
-// at 8 tokens and 4 rows, 128 registers and a spill in all). Lane p of a group owns rows p * RW / S ..
-// (OWN of them) of every token; each output's arithmetic is mm_q's in the same order (the same bits). S = 1
-// types run mm_q itself (their lanes fold in another order).
+// token's (kernels mm[glu]_<type>_t<TILE>_r<RW>_gt, qmatmul.py PER_TOKEN_TILES): RW values a step instead of
+// RW * TILE, so a lane holds one token's RW integer parts at a time instead of the tile's (mm_q: 64 registers of
+// them for Q4_K at 8 tokens and 4 rows, 128 registers and a spill in all). Lane p of a group owns rows
+// p * RW / S .. (OWN of them) of every token; each output's arithmetic is mm_q's in the same order (the same
+// bits). S = 1 types run mm_q itself (their lanes fold in another order).
 template <class T, int TILE, int RW, bool GLU>
 __device__ __forceinline__ void mm_q_tok(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                          const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,

@@ -134,8 +134,8 @@ ONE_ROW_MAX_ROWS = 2048
 # builds of qmatmul.cu / qmatmul_mma.cu (nvcc / NVRTC defines). "default": Q4_K / Q5_K summed as integers over
 # their 256-weight blocks before one float tail (qmatmul_types.cuh K4_S = 4, as ggml's own dot); "unit_tails":
 # each 64-weight unit its own float tail (K4_S = 1: other bits, the same in all of its kernels; the default until
-# 2026-12-05, kept for A/B runs: one-token kernels level, 8-token ones 12-22% and 16-token ones 20-25% slower, 64
-# sequences end to end 4-5% faster; kernel_notes.md, "Block sums as the default"). "explore": the default's bits
+# 2026-12-05, kept for A/B runs: one-token kernels level, 8-token ones 14-19% and 16-token ones 20-25% slower, 64
+# sequences end to end 4-6% faster; kernel_notes.md, "Block sums as the default"). "explore": the default's bits
 # with more kernel variants (perf/bench_gpu.py --explore); "mmq_one_token": one-token kernels of the superblock
 # types through mm_q's own loop instead of mm_q1's (qmatmul.cu; the same bits)
 BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",), "unit_tails": ("-DK4_S=1",),
@@ -176,9 +176,9 @@ def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None) 
     if tile == 1 and not glu and n_out is not None and n_out <= ONE_ROW_MAX_ROWS and qtype in PER_TOKEN_TYPES:
         return 1, 1, 1
     if glu:
-        rows = DP4A_GLU_TILE1.get(QType(int(qtype)), DP4A_GLU_ROWS[1]) if tile == 1 else DP4A_GLU_ROWS[tile]
+        rows = DP4A_GLU_TILE1.get(qtype, DP4A_GLU_ROWS[1]) if tile == 1 else DP4A_GLU_ROWS[tile]
         return tile, rows, 1
-    rw, g = DP4A_TILE1.get(QType(int(qtype)), DP4A_VARIANTS[1]) if tile == 1 else DP4A_VARIANTS[tile]
+    rw, g = DP4A_TILE1.get(qtype, DP4A_VARIANTS[1]) if tile == 1 else DP4A_VARIANTS[tile]
     return tile, rw, g
 
 
