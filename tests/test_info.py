@@ -21,7 +21,7 @@ def test_info_command_reports_cpu_kernels_gpu_and_cache():
 
 def test_kernel_family_follows_the_environment(monkeypatch):
     monkeypatch.setenv("STRATA_LITE_INT8", "0")
-    assert kernel_family() == ("float kernels (STRATA_LITE_INT8=0)" if host_features()["avx2"]
+    assert kernel_family() == ("float kernels (STRATA_LITE_INT8=0)" + BF16_NOTE if host_features()["avx2"]
                                else "float kernels (this CPU has no AVX2)")
     monkeypatch.delenv("STRATA_LITE_INT8")
     int8 = choose_isa(host_features(), os.environ)[1]       # AVX2 or VNNI: tests/kernels/test_cpu_isa.py

@@ -133,7 +133,7 @@ def kernel_family() -> str:
         return _INT8_NAME + _LANES_NOTE + BF16_NOTE
     if not host_has_avx2():
         return "float kernels (this CPU has no AVX2)"
-    return "float kernels (STRATA_LITE_INT8=0)"
+    return "float kernels (STRATA_LITE_INT8=0)" + BF16_NOTE
 
 
 _logged = False
