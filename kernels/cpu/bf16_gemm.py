@@ -11,8 +11,8 @@ of a call go in chunks of CHUNK_TOKENS so that their BF16 copy stays in L2 while
 The order of each output's operations depends on its row length only (the steps in order into one
 accumulator, then the halving sum), not on the tile or the call's token count: a token's outputs are the same
 bits in any prompt chunk of more than MATVEC_MAX_TOK tokens. Decode-sized calls keep half_matvec.py (float32
-activations), so a token's logits differ in the last bits between a prompt chunk and a decode step, as they did
-when prompt chunks went through BLAS (docs/bounds.md).
+activations), so a token's outputs differ between a prompt chunk and a decode step by the activations' BF16
+rounding (relative 2^-9 a value at most; with BLAS they differed in the summation order: docs/bounds.md).
 
 Without AVX512_BF16 (BUILT False) nothing here is compiled: LLVM cannot emit vdpbf16ps for such a target, and
 Numba compiles a function on its first call, which qmatmul.py makes only where BUILT.
