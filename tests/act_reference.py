@@ -24,9 +24,20 @@ def ref_q8_k(x):
     return (np.minimum(127, np.rint(iscale * b)) * s).reshape(x.shape)
 
 
-def round_like_ggml(qtype, x):
+def ref_bf16(x):
+    """x rounded to BF16 values (to nearest, ties to even), as float32."""
+    b = np.asarray(x, dtype=np.float32).view(np.uint32)
+    return (((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)) << np.uint32(16)).view(
+        np.float32)
+
+
+def round_like_ggml(qtype, x, bf16_chunk: bool = False):
+    """x as the mat-mul of a qtype weight sees it; bf16_chunk: a BF16 weight's chunk on the CPU's BF16 dot
+    products (kernels/cpu/bf16_gemm.py takes), whose activations are rounded to BF16 as ggml's are."""
     if qtype in Q8_0_WEIGHTS:
         return ref_q8_0(x)
     if qtype in Q8_K_WEIGHTS:
         return ref_q8_k(x)
+    if qtype == QT.BF16 and bf16_chunk:
+        return ref_bf16(x)
     return x

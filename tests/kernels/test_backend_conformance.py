@@ -59,6 +59,14 @@ def weight(qtype, raw, n_in, name="blk.0.ffn_up.weight"):
 
 # ----------------------------------------------------------------------------- dense ops
 
+def _bf16_chunk(be, n_tok: int, n_in: int) -> bool:
+    """Whether a BF16 call of n_tok tokens takes the CPU's BF16 dot products (activations rounded to BF16)."""
+    from strata_lite.kernels.cpu import bf16_gemm
+    from strata_lite.kernels.cpu.backend import CpuBackend
+    from strata_lite.kernels.cpu.qmatmul import MATVEC_MAX_TOK
+    return isinstance(be, CpuBackend) and n_tok > MATVEC_MAX_TOK and bf16_gemm.takes(n_in)
+
+
 @pytest.mark.parametrize("n_tok", [1, 5, 40])
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_qmatmul(be, qtype, n_tok):
@@ -66,7 +74,7 @@ def test_qmatmul(be, qtype, n_tok):
     raw = random_rows(qtype, 37, 512, seed=n_tok)
     x = np.random.default_rng(n_tok).standard_normal((n_tok, 512), dtype=np.float32)
     w64 = gguf.quants.dequantize(raw, qtype).astype(np.float64)
-    xr = round_like_ggml(qtype, x).astype(np.float64)
+    xr = round_like_ggml(qtype, x, bf16_chunk=_bf16_chunk(be, n_tok, 512)).astype(np.float64)
     want, scale = xr @ w64.T, np.abs(xr) @ np.abs(w64).T
     w = be.upload_weight(weight(qtype, raw, 512))
     out = poisoned(be, (n_tok, 37))

@@ -1,6 +1,7 @@
 """qmatmul vs a float64 reference, for every supported type and both paths (fused matvec, tile+BLAS).
 
-Tolerance: both paths compute in float32 (x is NOT re-quantized to int8), so the only error is float32
+Tolerance: both paths compute in float32 (x is NOT re-quantized to int8; BF16 chunks on the CPU's BF16 dot
+products round x to BF16, as the reference then does), so the only error is float32
 rounding of the products/sums: |err| <= n_cols * 2**-24 * sum_k |W_rk x_tk| in the worst case, about
 sqrt(n_cols) * 2**-24 of it in practice. We allow 1e-4 * (|W| @ |x|) elementwise (~50x the
 typical rounding error at these sizes, far below the O(1) relative error of any indexing/scale bug).
@@ -10,6 +11,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
 
+from act_reference import round_like_ggml
+from strata_lite.kernels.cpu import bf16_gemm
 from strata_lite.kernels.cpu import qmatmul as qm
 from strata_lite.kernels.cpu.qmatmul import qmatmul
 from strata_lite.kernels.qtypes import SUPPORTED_QTYPES, block_geometry, row_nbytes
@@ -27,8 +30,10 @@ def _check_against_reference(qtype, n_out, n_cols, n_tok, seed=0):
     raw = random_rows(qtype, n_out, n_cols, seed=seed)
     x = np.random.default_rng(seed + 1).standard_normal((n_tok, n_cols), dtype=np.float32)
     w64 = gguf.quants.dequantize(raw, qtype).astype(np.float64)
-    ref = x.astype(np.float64) @ w64.T
-    scale = np.abs(x.astype(np.float64)) @ np.abs(w64).T
+    bf16_chunk = qtype == QType.BF16 and n_tok > qm.MATVEC_MAX_TOK and bf16_gemm.takes(n_cols)
+    x64 = round_like_ggml(qtype, x, bf16_chunk=True).astype(np.float64) if bf16_chunk else x.astype(np.float64)
+    ref = x64 @ w64.T
+    scale = np.abs(x64) @ np.abs(w64).T
     out = np.full((n_tok, n_out), np.nan, dtype=np.float32)
     qmatmul(qtype, raw, n_cols, x, out)
     err = np.abs(out - ref)
