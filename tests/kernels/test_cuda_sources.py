@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from strata_lite.kernels.cuda.qmatmul import BUILDS, MMA_BUILDS
+
 CUDA_DIR = Path(__file__).resolve().parents[2] / "kernels" / "cuda"
 SOURCES = sorted(CUDA_DIR.glob("*.cu"))
 ARCHS = ("sm_90", "sm_86", "sm_89", "sm_120")
@@ -28,9 +30,10 @@ def test_cu_compiles_with_nvcc(src, tmp_path):
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
 
 
-# the benchmark builds (perf/bench_gpu.py --explore / --gemm-explore: qmatmul.BUILDS, MMA_BUILDS), for the H200
-EXPLORE_BUILDS = [("qmatmul.cu", "-DQMM_EXPLORE"), ("qmatmul_mma.cu", "-DMMQ_EXPLORE"), ("qmatmul.cu", "-DK4_S=4"),
-                  ("qmatmul_mma.cu", "-DK4_S=4"), ("qmatmul.cu", "-DK4_S=4 -DQMM_EXPLORE")]
+# the other builds (perf/bench_gpu.py --explore / --gemm-explore / --build: qmatmul.BUILDS, MMA_BUILDS), for sm_90
+EXPLORE_BUILDS = sorted({(name, " ".join(defines))
+                         for name, builds in (("qmatmul.cu", BUILDS), ("qmatmul_mma.cu", MMA_BUILDS))
+                         for defines in builds.values() if defines})
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
