@@ -5,7 +5,7 @@ half; F32 rows, matvec_f32, are loaded as they are),
 fused multiply-adds into 16 lanes (short rows: two accumulators, steps taken in turn), then the accumulators'
 and the lanes' fixed halving sum; long rows go 4 at a time through one loop (each activation load serves the
 4), which changes no row's arithmetic. Weights are read once per call from their file layout (2 bytes each,
-no float32 copy): the decode of an F16 model is then bound by the bytes it reads, where the tile path
+F32 4; no float32 copy): the decode of an F16 model is then bound by the bytes it reads, where the tile path
 (dequantize to float32, then BLAS) spent ~1 ns a weight converting.
 
 The order of each output's float operations depends on its row and token only, never on the token count

@@ -137,6 +137,27 @@ __device__ __forceinline__ void store_groups(const Out& o, const int* rows, int 
     fold_groups<NV, NG, RW, GLU>(o, rows, n_out, t0, nt, group_part[w], fold_res[w]);
 }
 
+// One token's step after group_scatter<S, RW>(iv) for the lane at position p of its group: acc[i] += the float
+// tail of row p * RW / S + i's integer part iv[i] (its scales from v, the decoded units of the warp's RW rows; xs
+// the activations' scale), for the OWN values the lane owns; only where adds (the lane's unit is in the row and
+// it is its value's first owner).
+template <class T, int S, int RW>
+__device__ __forceinline__ void add_owned_tails(const typename T::U* v, const typename T::I* iv, int p, float xs,
+                                                bool adds, float* acc) {
+    constexpr int OWN = RW >= S ? RW / S : 1;
+#pragma unroll
+    for (int i = 0; i < OWN; ++i) {
+        const int r = p * RW / S + i;
+        typename T::U q = v[0];                    // row r's scales (tail reads no weights)
+#pragma unroll
+        for (int rr = 1; rr < RW; ++rr)
+            if (r == rr) q = v[rr];
+        float a, b;
+        T::tail(q, iv[i], xs, a, b);
+        if (adds) acc[i] = __fmaf_rn(a, b, acc[i]);
+    }
+}
+
 // One token a warp's rows, lane l taking units l, l + 32, ... as mm_q does with TILE = G = 1 (kernels
 // mm[glu]_<type>_t1_r<RW>_g<p|s>). PIPE (G = "p"): the loads of the lane's unit of round j + 1 (Fetch: the raw
 // words, for the types that split them from their decoding) are issued before round j's products, so a warp
@@ -197,17 +218,7 @@ __device__ __forceinline__ void mm_q1(const u8* __restrict__ W, int row_bytes, i
                 iv[r] = T::ints(v[r], x);
             }
             group_scatter<S, RW>(iv);
-#pragma unroll
-            for (int i = 0; i < OWN; ++i) {
-                const int r = p * RW / S + i;
-                typename T::U q = v[0];            // row r's scales (tail reads no weights)
-#pragma unroll
-                for (int rr = 1; rr < RW; ++rr)
-                    if (r == rr) q = v[rr];
-                float a, b;
-                T::tail(q, iv[i], __ldg(xd + uc / UPX), a, b);
-                if (adds) acc[i] = __fmaf_rn(a, b, acc[i]);
-            }
+            add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + uc / UPX), adds, acc);
         }
 #pragma unroll
         for (int r = 0; r < RW; ++r) cur[r] = nxt[r];
@@ -372,18 +383,7 @@ __device__ __forceinline__ void mm_q_tok(const u8* __restrict__ W, int row_bytes
 #pragma unroll
                 for (int r = 0; r < RW; ++r) iv[r] = T::ints(v[r], x);
                 group_scatter<S, RW>(iv);
-                const float xs = __ldg(xd + (size_t)tt * n_xd + u / UPX);
-#pragma unroll
-                for (int i = 0; i < OWN; ++i) {
-                    const int r = p * RW / S + i;
-                    typename T::U q = v[0];        // row r's scales (tail reads no weights)
-#pragma unroll
-                    for (int rr = 1; rr < RW; ++rr)
-                        if (r == rr) q = v[rr];
-                    float a, b;
-                    T::tail(q, iv[i], xs, a, b);
-                    if (adds) acc[t][i] = __fmaf_rn(a, b, acc[t][i]);
-                }
+                add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + (size_t)tt * n_xd + u / UPX), adds, acc[t]);
             }
         }
         // the groups' sums left to right, as store_groups adds them (fold_groups)
