@@ -376,15 +376,22 @@ ONE_TOKEN_AB = [("IQ3_XXS", 14336, 4096, False, 1), ("IQ3_XXS", 4096, 14336, Fal
 
 def one_token_rows(cp, copy_bw):
     """--explore: ONE_TOKEN_AB through the mmq_one_token build, the default, and the explore build's mm_q1 kernels
-    of other rows a warp (RW) and bounds (a minimum of one CTA an SM), all checked bit for bit against the default
-    build's dp4a kernel on the same inputs."""
+    of other rows a warp (RW) and bounds (a minimum of one CTA an SM; IQ3_XXS: its full-group loop, qmatmul.cu
+    mm_q1_iq3, under a minimum of 6 and 8 as well, against mm_q1's generic loop), all checked bit for bit against
+    the mmq_one_token build's dp4a kernel (mm_q's own loop) on the same inputs."""
     from strata_lite.kernels.cuda import qmatmul as qm
-    return launch_rows(cp, copy_bw, ONE_TOKEN_AB, lambda qtype, n_tok, glu: [
-        ("mm_q loop", dict(build="mmq_one_token"), "default"), ("auto *", dict(build="default"), "default")] + [
-        (f"mm_q1 r{rw} (the default build's kernel)", dict(variant=(1, rw, 1), build="default"), "default")
-        for rw in ((4,) if glu else (1, 2))] + [
-        (f"mm_q1 r{rw} g{g} min 1", dict(variant=(1, rw, g), build="explore"), "default")
-        for rw in ((2, 4) if glu else (1, 2)) for g in (qm.ONE_LOOP, qm.PIPE)])
+
+    def launches(qtype, n_tok, glu):
+        rows = [("mm_q loop", dict(build="mmq_one_token"), "mmq_one_token"),
+                ("auto *", dict(build="default"), "mmq_one_token")]
+        rows += [(f"r{rw} (the default build's kernel)", dict(variant=(1, rw, 1), build="default"), "mmq_one_token")
+                 for rw in ((4,) if glu else (1, 2))]
+        rows += [(f"mm_q1 r{rw} g{g} min 1", dict(variant=(1, rw, g), build="explore"), "mmq_one_token")
+                 for rw in ((2, 4) if glu else (1, 2)) for g in (qm.ONE_LOOP, qm.PIPE)]
+        if qtype == qm.QType.IQ3_XXS:
+            rows += [(f"r2 min {mb}", dict(variant=(1, 2, 1, mb), build="explore"), "mmq_one_token") for mb in (6, 8)]
+        return rows
+    return launch_rows(cp, copy_bw, ONE_TOKEN_AB, launches)
 
 
 EXPLORE_KERNELS = [  # launch-bound shapes of the 0.5B model, and decode steps of 16 sequences, for --explore

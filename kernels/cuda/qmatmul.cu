@@ -233,6 +233,98 @@ __device__ __forceinline__ void mm_q1(const u8* __restrict__ W, int row_bytes, i
     }
 }
 
+// The integer dot of one IQ3_XXS sub-block (32 weights: grid indices q, sign-and-scale word aux) with its 32
+// activations x, before its scale: sum of grid * sign * x, the value TIQ3_XXS::decode + dot8w give. The signs go
+// in by a second dp4a against byte masks: for a negative weight (g ^ 0xff) + 1 = -g (0 < g < 128), so the sum is
+// dp4a(g ^ m, x) - dp4a(m, x) where m's bytes are 0xff (-1) at the negative weights. A mask is one multiply of
+// the 7 sign bits (bit i lands at the top of byte i; 7-bit inputs make no carries) and prmt's sign-replicating
+// mode; the eighth sign, the parity of the seven (ksigns_iq2xs), is added at bit 31 of the second multiply.
+__device__ __forceinline__ i32 iq3_dot(uint2 q, u32 aux, const i32* x, const u32* grid) {
+    i32 s = 0, t = 0;
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        const u32 sg = (aux >> (7 * l)) & 127u;
+        u32 m0, m1;
+        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m0) : "r"(sg * 0x10204080u), "r"(0u), "r"(0xba98u));
+        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m1) : "r"(sg * 0x00020408u + ((u32)__popc(sg) << 31)), "r"(0u),
+            "r"(0xba98u));
+        const u32 qq = (l < 2 ? q.x : q.y) >> (16 * (l & 1));   // grid indices of weights 8l..8l+3, 8l+4..8l+7
+        s = __dp4a((i32)(grid[qq & 0xffu] ^ m0), x[2 * l], s);
+        s = __dp4a((i32)(grid[(qq >> 8) & 0xffu] ^ m1), x[2 * l + 1], s);
+        t = __dp4a((i32)m0, x[2 * l], t);
+        t = __dp4a((i32)m1, x[2 * l + 1], t);
+    }
+    return s - t;
+}
+
+// IQ3_XXS, one token: mm_q1's work split and arithmetic (the same bits: each block's integer part exact, its
+// float tail in the same lane and order), with the loop written for the device layout's full groups of 8
+// blocks (kernels/cuda/layouts.py, 784 bytes: grid indices 8 x 64 | sign-and-scale words 8 x 32 | d's 8 x 2).
+// Round h of group g holds units 64g + 32h + lane, i.e. blocks 8g + 4h + lane / 8, sub-block lane % 8: the
+// lane's fields lie at fixed offsets from the group (8 lane + 256 h, 512 + 4 lane + 128 h, 768 + 2 (lane / 8) +
+// 8 h), so a group costs one pointer step a row instead of mm_q1's per-unit group / block / plane arithmetic
+// (~55 instructions a row pair, perf/kernel_notes.md). A row's last group of fewer than 8 blocks (k not a
+// multiple of 2048) goes through mm_q1's own rounds.
+template <int RW, bool GLU>
+__device__ __forceinline__ void mm_q1_iq3(const u8* __restrict__ W, int row_bytes, int n_out, int k,
+                                          const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
+                                          const u32* grid) {
+    typedef TIQ3_XXS T;
+    constexpr int S = T::S, OWN = RW >= S ? RW / S : 1;
+    const int lane = threadIdx.x, t0 = blockIdx.y, p = lane % S;
+    int rows[RW];
+    if (!warp_rows<RW, GLU>(n_out, rows)) return;
+    const int nb = k >> 8, n_full = nb >> 3, n_units = k / T::UNIT;
+    const bool owner = p * RW % S == 0;
+    const u8* gq[RW];                              // the lane's grid indices in group 0, round 0
+#pragma unroll
+    for (int r = 0; r < RW; ++r) gq[r] = W + (size_t)min(rows[r], n_out - 1) * row_bytes + 8 * lane;
+    const int aux_off = 512 - 4 * lane, d_off = 768 + 2 * (lane >> 3) - 8 * lane;   // from gq
+    xq += (size_t)t0 * k;
+    xd += (size_t)t0 * nb;
+    float acc[OWN];
+#pragma unroll
+    for (int i = 0; i < OWN; ++i) acc[i] = 0.0f;
+    for (int g = 0; g < n_full; ++g) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            i32 x[T::NW];
+            T::xload(xq, 64 * g + 32 * h + lane, x);
+            T::U v[RW];
+            i32 iv[RW];
+#pragma unroll
+            for (int r = 0; r < RW; ++r) {
+                const u8* f = gq[r] + 784 * g;
+                const uint2 q = __ldg((const uint2*)(f + 256 * h));
+                const u32 aux = ldw((const unsigned int*)(f + aux_off + 128 * h));
+                v[r].d4 = __fmul_rn(ldf16(f + d_off + 8 * h), 0.25f);
+                v[r].ls = 2 * (i32)(aux >> 28) + 1;
+                iv[r] = v[r].ls * iq3_dot(q, aux, x, grid);
+            }
+            group_scatter<S, RW>(iv);
+            add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + 8 * g + 4 * h + (lane >> 3)), owner, acc);
+        }
+    }
+    const u8* wr[RW];                              // the last group, r < 8 blocks: mm_q1's rounds
+#pragma unroll
+    for (int r = 0; r < RW; ++r) wr[r] = gq[r] - 8 * lane;
+    for (int ub = 64 * n_full; ub < n_units; ub += WARP) {
+        const int u = ub + lane, uc = min(u, n_units - 1);
+        const bool adds = u < n_units && owner;
+        T::U v[RW];
+        i32 iv[RW], x[T::NW];
+        T::xload(xq, uc, x);
+#pragma unroll
+        for (int r = 0; r < RW; ++r) {
+            T::decode(wr[r], k, uc, grid, v[r]);
+            iv[r] = T::ints(v[r], x);
+        }
+        group_scatter<S, RW>(iv);
+        add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + uc / T::UPX), adds, acc);
+    }
+    store_groups<S, RW, 1, GLU>(o, rows, n_out, t0, 1, acc);
+}
+
 // W (n_out, row_bytes) u8 rows of blocks; xq (n_tok, k) int8 with 16-byte aligned rows; xd (n_tok, k / XB)
 // f32. grid (cdiv(warps, blockDim.y), cdiv(n_tok, TILE)), block (32, warps per CTA).
 // One token and G = 1 with S > 1 goes through mm_q1's loop instead, which measured faster on an H200
@@ -251,7 +343,10 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
                                      const Out& o, const u32* tab) {
 #ifndef QMM_MMQ_ONE_TOKEN
     if constexpr (TILE == 1 && G == 1 && T::S > 1) {   // mm_q1's loop (same bits)
-        mm_q1<T, RW, GLU, false>(W, row_bytes, n_out, k, xq, xd, o, tab);
+        if constexpr (T::GRID)                     // IQ3_XXS
+            mm_q1_iq3<RW, GLU>(W, row_bytes, n_out, k, xq, xd, o, tab);
+        else
+            mm_q1<T, RW, GLU, false>(W, row_bytes, n_out, k, xq, xd, o, tab);
         return;
     }
 #endif
