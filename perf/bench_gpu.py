@@ -384,6 +384,7 @@ def one_token_rows(cp, copy_bw):
     def launches(qtype, n_tok, glu):
         rows = [("mm_q loop", dict(build="mmq_one_token"), "mmq_one_token"),
                 ("auto *", dict(build="default"), "mmq_one_token")]
+        rows += [("rounds not unrolled", dict(build="iq3_rounds1"), "mmq_one_token")] if qtype == qm.QType.IQ3_XXS else []
         rows += [(f"r{rw} (the default build's kernel)", dict(variant=(1, rw, 1), build="default"), "mmq_one_token")
                  for rw in ((4,) if glu else (1, 2))]
         rows += [(f"mm_q1 r{rw} g{g} min 1", dict(variant=(1, rw, g), build="explore"), "mmq_one_token")

@@ -265,6 +265,12 @@ __device__ __forceinline__ i32 iq3_dot(uint2 q, u32 aux, const i32* x, const u32
 // 8 h), so a group costs one pointer step a row instead of mm_q1's per-unit group / block / plane arithmetic
 // (~55 instructions a row pair, perf/kernel_notes.md). A row's last group of fewer than 8 blocks (k not a
 // multiple of 2048) goes through mm_q1's own rounds.
+// A group's two rounds unrolled (2: both rounds' loads in flight, sm_90: 75 registers for two rows, 117 for two
+// GLU pairs) or not (1: 64 / 71; the build "iq3_rounds1")
+#ifndef IQ3_ROUNDS_UNROLL
+#define IQ3_ROUNDS_UNROLL 2
+#endif
+constexpr int IQ3_ROUNDS = IQ3_ROUNDS_UNROLL;
 template <int RW, bool GLU>
 __device__ __forceinline__ void mm_q1_iq3(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                           const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
@@ -286,7 +292,7 @@ __device__ __forceinline__ void mm_q1_iq3(const u8* __restrict__ W, int row_byte
 #pragma unroll
     for (int i = 0; i < OWN; ++i) acc[i] = 0.0f;
     for (int g = 0; g < n_full; ++g) {
-#pragma unroll
+#pragma unroll IQ3_ROUNDS
         for (int h = 0; h < 2; ++h) {
             i32 x[T::NW];
             T::xload(xq, 64 * g + 32 * h + lane, x);

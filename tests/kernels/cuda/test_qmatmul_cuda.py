@@ -520,7 +520,7 @@ def test_iq3_xxs_one_token_group_loop(cp, qm, n_out, n_in):
         qm.matmul_prequantized(w, xq, xd, many, glu=glu, kernel="dp4a")
         if not glu:
             _check_vs_float64(QType.IQ3_XXS, raw, x_host, many.get())
-        launches = [dict(build="mmq_one_token"), {}]
+        launches = [dict(build="mmq_one_token"), {}, dict(build="iq3_rounds1")]
         launches += [dict(variant=(1, rw, 1)) for rw in ((2, 4) if glu else (1, 2))]
         launches += [dict(variant=(1, 2, 1, mb), build="explore") for mb in (1, 6, 8)]
         for t in (0, 7, 15):
