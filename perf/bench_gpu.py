@@ -376,21 +376,20 @@ ONE_TOKEN_AB = [("IQ3_XXS", 14336, 4096, False, 1), ("IQ3_XXS", 4096, 14336, Fal
 
 def one_token_rows(cp, copy_bw):
     """--explore: ONE_TOKEN_AB through the mmq_one_token build, the default, and the explore build's mm_q1 kernels
-    of other rows a warp (RW) and bounds (a minimum of one CTA an SM; IQ3_XXS: its full-group loop, qmatmul.cu
-    mm_q1_iq3, under a minimum of 6 and 8 as well, against mm_q1's generic loop), all checked bit for bit against
-    the mmq_one_token build's dp4a kernel (mm_q's own loop) on the same inputs."""
+    of other rows a warp (RW) and bounds (a minimum of one CTA an SM), and for IQ3_XXS the iq3_groups builds' loop
+    over whole groups (qmatmul.cu mm_q1_iq3), all checked bit for bit against the mmq_one_token build's dp4a
+    kernel (mm_q's own loop) on the same inputs."""
     from strata_lite.kernels.cuda import qmatmul as qm
 
     def launches(qtype, n_tok, glu):
         rows = [("mm_q loop", dict(build="mmq_one_token"), "mmq_one_token"),
                 ("auto *", dict(build="default"), "mmq_one_token")]
-        rows += [("rounds not unrolled", dict(build="iq3_rounds1"), "mmq_one_token")] if qtype == qm.QType.IQ3_XXS else []
+        rows += [(f"{b} build", dict(build=b), "mmq_one_token")
+                 for b in ("iq3_groups", "iq3_groups_rounds1")] if qtype == qm.QType.IQ3_XXS else []
         rows += [(f"r{rw} (the default build's kernel)", dict(variant=(1, rw, 1), build="default"), "mmq_one_token")
                  for rw in ((4,) if glu else (1, 2))]
         rows += [(f"mm_q1 r{rw} g{g} min 1", dict(variant=(1, rw, g), build="explore"), "mmq_one_token")
                  for rw in ((2, 4) if glu else (1, 2)) for g in (qm.ONE_LOOP, qm.PIPE)]
-        if qtype == qm.QType.IQ3_XXS:
-            rows += [(f"r2 min {mb}", dict(variant=(1, 2, 1, mb), build="explore"), "mmq_one_token") for mb in (6, 8)]
         return rows
     return launch_rows(cp, copy_bw, ONE_TOKEN_AB, launches)
 
@@ -740,7 +739,8 @@ def main(argv=None) -> int:
                     help="only decode of 1-64 sequences together (runner: three rounds each; engine), beside "
                          "llama.cpp's figures")
     ap.add_argument("--only", default=None, help="only the synthetic models whose <preset>-<mix> contains this")
-    ap.add_argument("--build", default="default", choices=("default", "unit_tails", "mmq_one_token"),
+    ap.add_argument("--build", default="default", choices=("default", "unit_tails", "mmq_one_token", "iq3_groups",
+                                                            "iq3_groups_rounds1"),
                     help="compile every mat-mul of the run as this build of qmatmul.cu / qmatmul_mma.cu (A/B of a "
                          "build's bits and kernels end to end; kernel_notes.md)")
     ap.add_argument("--one-row-max", type=int, default=None,

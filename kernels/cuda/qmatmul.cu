@@ -265,12 +265,17 @@ __device__ __forceinline__ i32 iq3_dot(uint2 q, u32 aux, const i32* x, const u32
 // 8 h), so a group costs one pointer step a row instead of mm_q1's per-unit group / block / plane arithmetic
 // (~55 instructions a row pair, perf/kernel_notes.md). A row's last group of fewer than 8 blocks (k not a
 // multiple of 2048) goes through mm_q1's own rounds.
-// A group's two rounds unrolled (2: both rounds' loads in flight, sm_90: 75 registers for two rows, 117 for two
-// GLU pairs) or not (1: 64 / 71; the build "iq3_rounds1")
+// Built with -DQMM_IQ3_GROUPS (qmatmul.py BUILDS "iq3_groups", "iq3_groups_rounds1"): not yet timed on a GPU, so the
+// default build keeps mm_q1's loop for IQ3_XXS. IQ3_ROUNDS_UNROLL: a group's two rounds unrolled (2: both rounds'
+// loads in flight; sm_90: 75 registers for two rows, 117 for two GLU pairs) or not (1: 64 / 71).
+#ifdef QMM_IQ3_GROUPS
+#define IQ3_GROUPS true
+#else
+#define IQ3_GROUPS false
+#endif
 #ifndef IQ3_ROUNDS_UNROLL
 #define IQ3_ROUNDS_UNROLL 2
 #endif
-constexpr int IQ3_ROUNDS = IQ3_ROUNDS_UNROLL;
 template <int RW, bool GLU>
 __device__ __forceinline__ void mm_q1_iq3(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                           const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
@@ -291,8 +296,9 @@ __device__ __forceinline__ void mm_q1_iq3(const u8* __restrict__ W, int row_byte
     float acc[OWN];
 #pragma unroll
     for (int i = 0; i < OWN; ++i) acc[i] = 0.0f;
+    constexpr int ROUNDS_UNROLL = IQ3_ROUNDS_UNROLL;
     for (int g = 0; g < n_full; ++g) {
-#pragma unroll IQ3_ROUNDS
+#pragma unroll ROUNDS_UNROLL
         for (int h = 0; h < 2; ++h) {
             i32 x[T::NW];
             T::xload(xq, 64 * g + 32 * h + lane, x);
@@ -349,7 +355,7 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
                                      const Out& o, const u32* tab) {
 #ifndef QMM_MMQ_ONE_TOKEN
     if constexpr (TILE == 1 && G == 1 && T::S > 1) {   // mm_q1's loop (same bits)
-        if constexpr (T::GRID)                     // IQ3_XXS
+        if constexpr (T::GRID && IQ3_GROUPS)       // IQ3_XXS
             mm_q1_iq3<RW, GLU>(W, row_bytes, n_out, k, xq, xd, o, tab);
         else
             mm_q1<T, RW, GLU, false>(W, row_bytes, n_out, k, xq, xd, o, tab);

@@ -137,12 +137,14 @@ ONE_ROW_MAX_ROWS = 2048
 # 2026-12-05, kept for A/B runs: one-token kernels level, 8-token ones 14-19% and 16-token ones 20-25% slower, 64
 # sequences end to end 4-6% faster; kernel_notes.md, "Block sums as the default"). "explore": the default's bits
 # with more kernel variants (perf/bench_gpu.py --explore); "mmq_one_token": one-token kernels of the superblock
-# types through mm_q's own loop instead of mm_q1's (qmatmul.cu; the same bits); "iq3_rounds1": IQ3_XXS's one-token
-# full-group loop without its two rounds unrolled (fewer registers; the same bits)
+# types through mm_q's own loop instead of mm_q1's (qmatmul.cu; the same bits); "iq3_groups": IQ3_XXS's one-token
+# launches through a loop over whole groups of 8 blocks (qmatmul.cu mm_q1_iq3; the same bits; not yet timed on a
+# GPU), "iq3_groups_rounds1" the same without its two rounds unrolled (fewer registers)
 BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",), "unit_tails": ("-DK4_S=1",),
-          "mmq_one_token": ("-DQMM_MMQ_ONE_TOKEN",), "iq3_rounds1": ("-DIQ3_ROUNDS_UNROLL=1",)}
+          "mmq_one_token": ("-DQMM_MMQ_ONE_TOKEN",), "iq3_groups": ("-DQMM_IQ3_GROUPS",),
+          "iq3_groups_rounds1": ("-DQMM_IQ3_GROUPS", "-DIQ3_ROUNDS_UNROLL=1")}
 MMA_BUILDS = {"default": (), "explore": ("-DMMQ_EXPLORE",), "unit_tails": ("-DK4_S=1",),   # the same, qmatmul_mma.cu
-              "mmq_one_token": (), "iq3_rounds1": ()}
+              "mmq_one_token": (), "iq3_groups": (), "iq3_groups_rounds1": ()}
 EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2),
                     (16, 1, 1), (16, 2, 1), (1, 1, PIPE), (1, 2, PIPE), (1, 1, ONE_LOOP), (1, 2, ONE_LOOP),

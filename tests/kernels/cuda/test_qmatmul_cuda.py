@@ -504,11 +504,11 @@ def test_q4_k_builds_give_one_set_of_bits_each(cp, qm, qtype, n_out, n_in, build
 
 @pytest.mark.parametrize("n_out,n_in", [(37, 2048), (2 * 19, 4096), (37, 4352), (6, 1792), (2 * 5, 14336)])
 def test_iq3_xxs_one_token_group_loop(cp, qm, n_out, n_in):
-    """IQ3_XXS one-token launches (qmatmul.cu mm_q1_iq3: full groups of 8 blocks at fixed offsets, a last group of
-    fewer through mm_q1's rounds) give, for every token alone, the bits of mm_q's own one-token loop (the
-    mmq_one_token build) and of 16-token launches: rows of exactly one group, two, two and one block, fewer than
-    8 blocks, seven groups; one row a warp, two, and (GLU) one and two row pairs, the explore build's kernels
-    under minima of 1, 6 and 8 CTAs an SM; with the fused bias and residual add."""
+    """IQ3_XXS one-token launches of the default build (mm_q1's loop) and of the iq3_groups builds (qmatmul.cu
+    mm_q1_iq3: full groups of 8 blocks at fixed offsets, a last group of fewer through mm_q1's rounds; its two
+    rounds unrolled or not) give, for every token alone, the bits of mm_q's own one-token loop (the mmq_one_token
+    build) and of 16-token launches: rows of exactly one group, two, two and one block, fewer than 8 blocks, seven
+    groups; one row a warp, two, and (GLU) one and two row pairs; with the fused bias and residual add."""
     w, raw = _weight(qm, QType.IQ3_XXS, n_out, n_in, seed=80)
     x_host = _x(16, n_in, seed=81)
     xq, xd = _rounded(cp, qm, QType.IQ3_XXS, x_host)
@@ -520,9 +520,9 @@ def test_iq3_xxs_one_token_group_loop(cp, qm, n_out, n_in):
         qm.matmul_prequantized(w, xq, xd, many, glu=glu, kernel="dp4a")
         if not glu:
             _check_vs_float64(QType.IQ3_XXS, raw, x_host, many.get())
-        launches = [dict(build="mmq_one_token"), {}, dict(build="iq3_rounds1")]
-        launches += [dict(variant=(1, rw, 1)) for rw in ((2, 4) if glu else (1, 2))]
-        launches += [dict(variant=(1, 2, 1, mb), build="explore") for mb in (1, 6, 8)]
+        launches = [dict(build="mmq_one_token"), {}]
+        launches += [dict(variant=(1, rw, 1), build=b) for rw in ((2, 4) if glu else (1, 2))
+                     for b in ("default", "iq3_groups", "iq3_groups_rounds1")]
         for t in (0, 7, 15):
             for kw in launches:
                 one = cp.full((1, width), np.nan, cp.float32)
@@ -531,6 +531,6 @@ def test_iq3_xxs_one_token_group_loop(cp, qm, n_out, n_in):
     bias = cp.asarray(_x(1, n_out, seed=82)[0])
     resid = cp.asarray(_x(1, n_out, seed=83))
     out, ref = resid.copy(), resid.copy()
-    qm.matmul_prequantized(w, xq[:1], xd[:1], out, bias=bias, accumulate=True, variant=(1, 2, 1))
+    qm.matmul_prequantized(w, xq[:1], xd[:1], out, bias=bias, accumulate=True, variant=(1, 2, 1), build="iq3_groups")
     qm.matmul_prequantized(w, xq[:1], xd[:1], ref, bias=bias, accumulate=True, build="mmq_one_token")
     assert np.array_equal(out.get().view(np.uint32), ref.get().view(np.uint32))
