@@ -297,6 +297,9 @@ __device__ __forceinline__ void mm_q1_iq3(const u8* __restrict__ W, int row_byte
 #pragma unroll
     for (int i = 0; i < OWN; ++i) acc[i] = 0.0f;
     constexpr int ROUNDS_UNROLL = IQ3_ROUNDS_UNROLL;
+    const u8* f[RW];                               // the lane's grid indices in group g
+#pragma unroll
+    for (int r = 0; r < RW; ++r) f[r] = gq[r];
     for (int g = 0; g < n_full; ++g) {
 #pragma unroll ROUNDS_UNROLL
         for (int h = 0; h < 2; ++h) {
@@ -306,16 +309,17 @@ __device__ __forceinline__ void mm_q1_iq3(const u8* __restrict__ W, int row_byte
             i32 iv[RW];
 #pragma unroll
             for (int r = 0; r < RW; ++r) {
-                const u8* f = gq[r] + 784 * g;
-                const uint2 q = __ldg((const uint2*)(f + 256 * h));
-                const u32 aux = ldw((const unsigned int*)(f + aux_off + 128 * h));
-                v[r].d4 = __fmul_rn(ldf16(f + d_off + 8 * h), 0.25f);
+                const uint2 q = __ldg((const uint2*)(f[r] + 256 * h));
+                const u32 aux = ldw((const unsigned int*)(f[r] + aux_off + 128 * h));
+                v[r].d4 = __fmul_rn(ldf16(f[r] + d_off + 8 * h), 0.25f);
                 v[r].ls = 2 * (i32)(aux >> 28) + 1;
                 iv[r] = v[r].ls * iq3_dot(q, aux, x, grid);
             }
             group_scatter<S, RW>(iv);
             add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + 8 * g + 4 * h + (lane >> 3)), owner, acc);
         }
+#pragma unroll
+        for (int r = 0; r < RW; ++r) f[r] += 784;
     }
     const u8* wr[RW];                              // the last group, r < 8 blocks: mm_q1's rounds
 #pragma unroll
