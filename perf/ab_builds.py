@@ -1,10 +1,13 @@
-"""A/B of kernel builds end to end on the GPU: `perf/bench_gpu.py --batched` run in its own process per build,
-the builds alternating for several rounds (so the card's and the host's drift falls on both alike), then one
-table of every row's tok/s per build (the range over the rounds and their three inner rounds) and the ratio of
-the medians against the first build.
+"""A/B of kernel builds (or other bench arguments) end to end on the GPU: `perf/bench_gpu.py --batched` run in
+its own process per arm, the arms alternating for several rounds (so the card's and the host's drift falls on
+all alike), then one table of every row's tok/s per arm (the range over the rounds and their three inner rounds)
+and the ratio of the medians against the first arm.
 
 usage: python perf/ab_builds.py --builds default,iq3_groups [--rounds 2] [--only 8b-layers-iq3_xxs]
            [--contexts 512] [--one-row-max N] [--bench perf/bench_gpu.py]
+       python perf/ab_builds.py --arm "" --arm "--one-row-max 0" [--only qwen2.5-0.5b ...]
+
+An arm is a build (--builds: each arm is `--build B`) or a string of bench_gpu.py arguments (--arm, repeated).
 
 Each run writes its rows with --json into a temporary folder; a run that fails is reported with its last
 output lines and leaves its build's cells empty for that round.
@@ -30,9 +33,10 @@ def row_key(label: str) -> str:
     return _PER_RUN.sub("", label)
 
 
-def run_once(bench: str, build: str, extra: list[str], json_path: str) -> tuple[list[tuple[str, float]], str]:
-    """One bench process for `build` -> (its batched rows (label, tok/s), the tail of its output on failure)."""
-    cmd = [sys.executable, bench, "--batched", "--build", build, "--json", json_path, *extra]
+def run_once(bench: str, arm: list[str], extra: list[str], json_path: str) -> tuple[list[tuple[str, float]], str]:
+    """One bench process with an arm's arguments -> (its batched rows (label, tok/s), the tail of its output on
+    failure)."""
+    cmd = [sys.executable, bench, "--batched", *arm, "--json", json_path, *extra]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0 or not os.path.exists(json_path):
         tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-12:])
@@ -43,8 +47,8 @@ def run_once(bench: str, build: str, extra: list[str], json_path: str) -> tuple[
 
 
 def table(builds: list[str], results: dict[str, dict[str, list[float]]]) -> list[str]:
-    """Lines of the comparison: per row label, each build's min-max over its runs and the ratio of its median
-    to the first build's."""
+    """Lines of the comparison: per row label, each arm's min-max over its runs and the ratio of its median
+    to the first arm's."""
     labels: list[str] = []
     for b in builds:
         for label in results[b]:
@@ -66,16 +70,24 @@ def table(builds: list[str], results: dict[str, dict[str, list[float]]]) -> list
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--builds", required=True, help="comma-separated qmatmul.BUILDS names; the first is the base")
+    ap.add_argument("--builds", default=None, help="comma-separated qmatmul.BUILDS names; the first is the base")
+    ap.add_argument("--arm", action="append", default=None,
+                    help="bench_gpu.py arguments of one arm (repeat; the first is the base), instead of --builds")
     ap.add_argument("--rounds", type=int, default=2, help="processes per build, alternating (default 2)")
     ap.add_argument("--bench", default=os.path.join(HERE, "bench_gpu.py"), help="the benchmark script")
     ap.add_argument("--only", default=None, help="bench_gpu.py --only")
     ap.add_argument("--contexts", default=None, help="bench_gpu.py --contexts")
     ap.add_argument("--one-row-max", default=None, help="bench_gpu.py --one-row-max")
     args = ap.parse_args(argv)
-    builds = [b for b in args.builds.split(",") if b]
+    if (args.builds is None) == (args.arm is None):
+        ap.error("give --builds or --arm, not both")
+    if args.builds is not None:
+        arms = {b: ["--build", b] for b in args.builds.split(",") if b}
+    else:
+        arms = {a.strip() or "(as given)": a.split() for a in args.arm}
+    builds = list(arms)
     if len(builds) < 2 or args.rounds < 1:
-        ap.error("--builds takes two or more builds, --rounds at least 1")
+        ap.error("two or more different arms (builds) are needed, --rounds at least 1")
     extra = []
     for flag, value in (("--only", args.only), ("--contexts", args.contexts), ("--one-row-max", args.one_row_max)):
         if value is not None:
@@ -85,13 +97,13 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
             for b in builds:
-                rows, err = run_once(args.bench, b, extra, os.path.join(tmp, f"{b}-{rnd}.json"))
+                rows, err = run_once(args.bench, arms[b], extra, os.path.join(tmp, f"{builds.index(b)}-{rnd}.json"))
                 if err:
                     failures += 1
-                    print(f"round {rnd + 1}, build {b}: {err}", flush=True)
+                    print(f"round {rnd + 1}, arm {b}: {err}", flush=True)
                 for label, rate in rows:
                     results[b].setdefault(label, []).append(rate)
-                print(f"round {rnd + 1}, build {b}: {len(rows)} rows", flush=True)
+                print(f"round {rnd + 1}, arm {b}: {len(rows)} rows", flush=True)
     print("\n".join(table(builds, results)))
     return 1 if failures else 0
 

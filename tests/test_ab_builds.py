@@ -11,14 +11,15 @@ PERF = os.path.join(os.path.dirname(__file__), "..", "perf")
 FAKE = textwrap.dedent('''
     import json, sys
     a = sys.argv[1:]
-    build, out = a[a.index("--build") + 1], a[a.index("--json") + 1]
+    build = a[a.index("--build") + 1] if "--build" in a else "default"
+    out = a[a.index("--json") + 1]
     with open(sys.argv[0] + ".args", "a") as f:
         f.write(json.dumps(a) + "\\n")
     with open(sys.argv[0] + ".log", "a") as f:
         f.write(build + "\\n")
     if build == "broken":
         print("no such kernel"); sys.exit(3)
-    base = {"default": 100.0, "fast": 150.0}[build]
+    base = {"default": 100.0, "fast": 150.0}[build] * (2 if "--one-row-max" in a else 1)
     rows = [["m.gguf decode batch 1 ctx 512 round %d" % r, base + r] for r in (1, 2, 3)]
     rows.append(["m.gguf engine decode 16 slots, every first token by 0.%d1 s" % len(build), 10 * base])
     json.dump({"device": "fake", "batched": rows}, open(out, "w"))
@@ -28,7 +29,8 @@ FAKE = textwrap.dedent('''
 def _run(tmp_path, builds, *extra):
     bench = tmp_path / "fake_bench.py"
     bench.write_text(FAKE)
-    r = subprocess.run([sys.executable, os.path.join(PERF, "ab_builds.py"), "--builds", builds, "--rounds", "2",
+    arms = ["--builds", builds] if builds else []
+    r = subprocess.run([sys.executable, os.path.join(PERF, "ab_builds.py"), *arms, "--rounds", "2",
                         "--bench", str(bench), *extra], capture_output=True, text=True, timeout=120)
     order = (tmp_path / "fake_bench.py.log").read_text().split()
     return r, order
@@ -59,6 +61,19 @@ def test_bench_arguments_are_passed_on(tmp_path):
 def test_a_failed_run_is_reported(tmp_path):
     r, order = _run(tmp_path, "default,broken")
     assert r.returncode == 1
-    assert "build broken" in r.stdout and "exited 3" in r.stdout and "no such kernel" in r.stdout
+    assert "arm broken" in r.stdout and "exited 3" in r.stdout and "no such kernel" in r.stdout
     line = next(line for line in r.stdout.splitlines() if line.startswith("m.gguf decode batch 1 ctx 512"))
     assert line.split()[-2:] == ["-", "-"]
+
+
+def test_arms_of_other_arguments(tmp_path):
+    """--arm gives each arm its own bench arguments (here the same build with and without --one-row-max)."""
+    r, order = _run(tmp_path, None, "--arm", "", "--arm", "--one-row-max 0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = [json.loads(line) for line in (tmp_path / "fake_bench.py.args").read_text().splitlines()]
+    assert ["--one-row-max" in a for a in runs] == [False, True, False, True]
+    decode = next(line for line in r.stdout.splitlines() if line.startswith("m.gguf decode batch 1 ctx 512"))
+    assert decode.split()[-1] == "1.980"          # medians 202 / 102
+    bad = subprocess.run([sys.executable, os.path.join(PERF, "ab_builds.py"), "--builds", "a,b", "--arm", "x"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "not both" in bad.stderr
