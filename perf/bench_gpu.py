@@ -343,8 +343,9 @@ BUILDS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True, 1
 
 
 def builds_rows(cp, copy_bw):
-    """--explore: each BUILDS_EXPLORE launch through `auto` in the default build and (Q4_K / Q5_K) in the
-    unit_tails build, checked bit for bit against its build's dp4a kernel; one-token Q4_K / Q5_K launches also
+    """--explore: each BUILDS_EXPLORE launch through `auto` in the default build, (Q4_K / Q5_K) in the unit_tails
+    build and (IQ3_XXS) in the iq3_groups build, checked bit for bit against its build's (iq3_groups: the
+    default's) dp4a kernel; one-token Q4_K / Q5_K launches also
     through the explore build's mm_q1 kernels (qmatmul.PIPE, ONE_LOOP); launches of 2-16 tokens through the 4- or
     8-token tile of mm_q and of mm_q_tok (PER_TOKEN)."""
     from strata_lite.kernels.cuda import qmatmul as qm
@@ -353,6 +354,7 @@ def builds_rows(cp, copy_bw):
         k4 = qtype in (qm.QType.Q4_K, qm.QType.Q5_K)
         rows = [("default *", dict(build="default"), "default")]
         rows += [("unit_tails *", dict(build="unit_tails"), "unit_tails")] if k4 else []
+        rows += [("iq3_groups *", dict(build="iq3_groups"), "default")] if qtype == qm.QType.IQ3_XXS else []
         if n_tok == 1 and k4:
             rows += [(f"r{rw} {how}", dict(variant=(1, rw, g), build="explore"), "default")
                      for g, how in ((qm.PIPE, "pipelined"), (qm.ONE_LOOP, "one loop"))

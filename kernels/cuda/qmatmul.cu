@@ -233,21 +233,44 @@ __device__ __forceinline__ void mm_q1(const u8* __restrict__ W, int row_bytes, i
     }
 }
 
+// After per-token folds (mm_q_tok, mm_q_iq3): the lane at position p of group gi holds acc[t * OWN + i], group gi's
+// sum of row p * RW / S + i for token t0 + t (OWN = max(RW / S, 1)); the groups' sums are added left to right, as
+// store_groups adds them (fold_groups), and put_rows writes tokens t < nt.
+template <int S, int TILE, int RW, bool GLU>
+__device__ __forceinline__ void store_tok_groups(const Out& o, const int* rows, int n_out, int t0, int nt,
+                                                 const float* acc) {
+    constexpr int OWN = RW >= S ? RW / S : 1, NV = RW * TILE, NG = WARP / S;
+    __shared__ float group_part[MM_WARPS][NV][NG];
+    __shared__ float fold_res[MM_WARPS][NV];
+    const int lane = threadIdx.x, p = lane % S, w = threadIdx.y;
+    if (p * RW % S == 0)
+#pragma unroll
+        for (int t = 0; t < TILE; ++t)
+#pragma unroll
+            for (int i = 0; i < OWN; ++i) group_part[w][t * RW + p * RW / S + i][lane / S] = acc[t * OWN + i];
+    fold_groups<NV, NG, RW, GLU>(o, rows, n_out, t0, nt, group_part[w], fold_res[w]);
+}
+
+// The byte masks of IQ3_XXS sign group l (weights 8l .. 8l + 7) of a sub-block's sign-and-scale word: byte j of
+// m0 (m1) is 0xff where weight 8l + j (8l + 4 + j) is negative. One multiply each puts sign bit i at the top of
+// byte i (7-bit inputs make no carries) for prmt's sign-replicating mode; the eighth sign, the parity of the
+// seven (ksigns_iq2xs), is added at bit 31 of the second.
+__device__ __forceinline__ void iq3_masks(u32 aux, int l, u32& m0, u32& m1) {
+    const u32 sg = (aux >> (7 * l)) & 127u;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m0) : "r"(sg * 0x10204080u), "r"(0u), "r"(0xba98u));
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m1) : "r"(sg * 0x00020408u + ((u32)__popc(sg) << 31)), "r"(0u),
+        "r"(0xba98u));
+}
 // The integer dot of one IQ3_XXS sub-block (32 weights: grid indices q, sign-and-scale word aux) with its 32
 // activations x, before its scale: sum of grid * sign * x, the value TIQ3_XXS::decode + dot8w give. The signs go
-// in by a second dp4a against byte masks: for a negative weight (g ^ 0xff) + 1 = -g (0 < g < 128), so the sum is
-// dp4a(g ^ m, x) - dp4a(m, x) where m's bytes are 0xff (-1) at the negative weights. A mask is one multiply of
-// the 7 sign bits (bit i lands at the top of byte i; 7-bit inputs make no carries) and prmt's sign-replicating
-// mode; the eighth sign, the parity of the seven (ksigns_iq2xs), is added at bit 31 of the second multiply.
+// in by a second dp4a against the byte masks: for a negative weight (g ^ 0xff) + 1 = -g (0 < g < 128), so the sum
+// is dp4a(g ^ m, x) - dp4a(m, x) (m's 0xff bytes are -1). One token: 20 instructions a sign group.
 __device__ __forceinline__ i32 iq3_dot(uint2 q, u32 aux, const i32* x, const u32* grid) {
     i32 s = 0, t = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        const u32 sg = (aux >> (7 * l)) & 127u;
         u32 m0, m1;
-        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m0) : "r"(sg * 0x10204080u), "r"(0u), "r"(0xba98u));
-        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m1) : "r"(sg * 0x00020408u + ((u32)__popc(sg) << 31)), "r"(0u),
-            "r"(0xba98u));
+        iq3_masks(aux, l, m0, m1);
         const u32 qq = (l < 2 ? q.x : q.y) >> (16 * (l & 1));   // grid indices of weights 8l..8l+3, 8l+4..8l+7
         s = __dp4a((i32)(grid[qq & 0xffu] ^ m0), x[2 * l], s);
         s = __dp4a((i32)(grid[(qq >> 8) & 0xffu] ^ m1), x[2 * l + 1], s);
@@ -256,18 +279,31 @@ __device__ __forceinline__ i32 iq3_dot(uint2 q, u32 aux, const i32* x, const u32
     }
     return s - t;
 }
+// The same sub-block's signed weights (TIQ3_XXS::decode's w), for kernels that dot them with several tokens
+__device__ __forceinline__ void iq3_weights(uint2 q, u32 aux, const u32* grid, u32* w) {
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        u32 m0, m1;
+        iq3_masks(aux, l, m0, m1);
+        const u32 qq = (l < 2 ? q.x : q.y) >> (16 * (l & 1));
+        w[2 * l] = (grid[qq & 0xffu] ^ m0) + (m0 & 0x01010101u);
+        w[2 * l + 1] = (grid[(qq >> 8) & 0xffu] ^ m1) + (m1 & 0x01010101u);
+    }
+}
 
-// IQ3_XXS, one token: mm_q1's work split and arithmetic (the same bits: each block's integer part exact, its
-// float tail in the same lane and order), with the loop written for the device layout's full groups of 8
-// blocks (kernels/cuda/layouts.py, 784 bytes: grid indices 8 x 64 | sign-and-scale words 8 x 32 | d's 8 x 2).
-// Round h of group g holds units 64g + 32h + lane, i.e. blocks 8g + 4h + lane / 8, sub-block lane % 8: the
-// lane's fields lie at fixed offsets from the group (8 lane + 256 h, 512 + 4 lane + 128 h, 768 + 2 (lane / 8) +
-// 8 h), so a group costs one pointer step a row instead of mm_q1's per-unit group / block / plane arithmetic
-// (~55 instructions a row pair, perf/kernel_notes.md). A row's last group of fewer than 8 blocks (k not a
-// multiple of 2048) goes through mm_q1's own rounds.
+// IQ3_XXS, TILE tokens: mm_q1's (one token) and mm_q_tok's (per-token folds) work split and arithmetic (the same
+// bits: each block's integer part exact, its float tail in the same lane and order), with the loop written for
+// the device layout's full groups of 8 blocks (kernels/cuda/layouts.py, 784 bytes: grid indices 8 x 64 |
+// sign-and-scale words 8 x 32 | d's 8 x 2). Round h of group g holds units 64g + 32h + lane, i.e. blocks 8g + 4h
+// + lane / 8, sub-block lane % 8: the lane's fields lie at fixed offsets from the group (8 lane + 256 h, 512 + 4
+// lane + 128 h, 768 + 2 (lane / 8) + 8 h), so a group costs one pointer step a row instead of the per-unit group /
+// block / plane arithmetic of TIQ3_XXS::decode (~55 instructions a row pair, perf/kernel_notes.md). One token
+// dots each sub-block by iq3_dot; more tokens decode it once (iq3_weights) and dot it with each. A row's last
+// group of fewer than 8 blocks (k not a multiple of 2048) goes through TIQ3_XXS::decode.
 // Built with -DQMM_IQ3_GROUPS (qmatmul.py BUILDS "iq3_groups", "iq3_groups_rounds1"): not yet timed on a GPU, so the
-// default build keeps mm_q1's loop for IQ3_XXS. IQ3_ROUNDS_UNROLL: a group's two rounds unrolled (2: both rounds'
-// loads in flight; sm_90: 75 registers for two rows, 117 for two GLU pairs) or not (1: 64 / 71).
+// default build keeps mm_q1's / mm_q's loops for IQ3_XXS. IQ3_ROUNDS_UNROLL: a group's two rounds unrolled at one
+// token (2: both rounds' loads in flight; sm_90: 75 registers for two rows, 117 for two GLU pairs) or not (1: 64 /
+// 71); tiles of more tokens never unroll them (unrolled, the 8-token four-row tile took 136 registers).
 #ifdef QMM_IQ3_GROUPS
 #define IQ3_GROUPS true
 #else
@@ -276,69 +312,72 @@ __device__ __forceinline__ i32 iq3_dot(uint2 q, u32 aux, const i32* x, const u32
 #ifndef IQ3_ROUNDS_UNROLL
 #define IQ3_ROUNDS_UNROLL 2
 #endif
-template <int RW, bool GLU>
-__device__ __forceinline__ void mm_q1_iq3(const u8* __restrict__ W, int row_bytes, int n_out, int k,
-                                          const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
-                                          const u32* grid) {
+template <int TILE, int RW, bool GLU>
+__device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes, int n_out, int k,
+                                         const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
+                                         const Out& o, const u32* grid) {
     typedef TIQ3_XXS T;
     constexpr int S = T::S, OWN = RW >= S ? RW / S : 1;
-    const int lane = threadIdx.x, t0 = blockIdx.y, p = lane % S;
+    const int lane = threadIdx.x, t0 = blockIdx.y * TILE, nt = min(TILE, n_tok - t0), p = lane % S;
     int rows[RW];
     if (!warp_rows<RW, GLU>(n_out, rows)) return;
     const int nb = k >> 8, n_full = nb >> 3, n_units = k / T::UNIT;
     const bool owner = p * RW % S == 0;
-    const u8* gq[RW];                              // the lane's grid indices in group 0, round 0
+    const u8* f[RW];                               // the lane's grid indices in group g, round 0
 #pragma unroll
-    for (int r = 0; r < RW; ++r) gq[r] = W + (size_t)min(rows[r], n_out - 1) * row_bytes + 8 * lane;
-    const int aux_off = 512 - 4 * lane, d_off = 768 + 2 * (lane >> 3) - 8 * lane;   // from gq
-    xq += (size_t)t0 * k;
-    xd += (size_t)t0 * nb;
-    float acc[OWN];
+    for (int r = 0; r < RW; ++r) f[r] = W + (size_t)min(rows[r], n_out - 1) * row_bytes + 8 * lane;
+    const int aux_off = 512 - 4 * lane, d_off = 768 + 2 * (lane >> 3) - 8 * lane;   // from f
+    float acc[TILE * OWN];
 #pragma unroll
-    for (int i = 0; i < OWN; ++i) acc[i] = 0.0f;
-    constexpr int ROUNDS_UNROLL = IQ3_ROUNDS_UNROLL;
-    const u8* f[RW];                               // the lane's grid indices in group g
-#pragma unroll
-    for (int r = 0; r < RW; ++r) f[r] = gq[r];
+    for (int i = 0; i < TILE * OWN; ++i) acc[i] = 0.0f;
+    constexpr int ROUNDS_UNROLL = TILE == 1 ? IQ3_ROUNDS_UNROLL : 1;   // more tokens: registers enough
     for (int g = 0; g < n_full; ++g) {
 #pragma unroll ROUNDS_UNROLL
         for (int h = 0; h < 2; ++h) {
-            i32 x[T::NW];
-            T::xload(xq, 64 * g + 32 * h + lane, x);
+            const int u = 64 * g + 32 * h + lane, b = 8 * g + 4 * h + (lane >> 3);
             T::U v[RW];
-            i32 iv[RW];
+            uint2 q[RW];
+            u32 aux[RW];
 #pragma unroll
             for (int r = 0; r < RW; ++r) {
-                const uint2 q = __ldg((const uint2*)(f[r] + 256 * h));
-                const u32 aux = ldw((const unsigned int*)(f[r] + aux_off + 128 * h));
+                q[r] = __ldg((const uint2*)(f[r] + 256 * h));
+                aux[r] = ldw((const unsigned int*)(f[r] + aux_off + 128 * h));
                 v[r].d4 = __fmul_rn(ldf16(f[r] + d_off + 8 * h), 0.25f);
-                v[r].ls = 2 * (i32)(aux >> 28) + 1;
-                iv[r] = v[r].ls * iq3_dot(q, aux, x, grid);
+                v[r].ls = 2 * (i32)(aux[r] >> 28) + 1;
+                if (TILE > 1) iq3_weights(q[r], aux[r], grid, v[r].w);
             }
-            group_scatter<S, RW>(iv);
-            add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + 8 * g + 4 * h + (lane >> 3)), owner, acc);
+#pragma unroll
+            for (int t = 0; t < TILE; ++t) {
+                const int tt = t0 + min(t, nt - 1);
+                i32 x[T::NW], iv[RW];
+                T::xload(xq + (size_t)tt * k, u, x);
+#pragma unroll
+                for (int r = 0; r < RW; ++r) iv[r] = TILE == 1 ? v[r].ls * iq3_dot(q[r], aux[r], x, grid) : T::ints(v[r], x);
+                group_scatter<S, RW>(iv);
+                add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + (size_t)tt * nb + b), owner, acc + t * OWN);
+            }
         }
 #pragma unroll
         for (int r = 0; r < RW; ++r) f[r] += 784;
     }
-    const u8* wr[RW];                              // the last group, r < 8 blocks: mm_q1's rounds
-#pragma unroll
-    for (int r = 0; r < RW; ++r) wr[r] = gq[r] - 8 * lane;
-    for (int ub = 64 * n_full; ub < n_units; ub += WARP) {
+    for (int ub = 64 * n_full; ub < n_units; ub += WARP) {   // the last group, r < 8 blocks
         const int u = ub + lane, uc = min(u, n_units - 1);
         const bool adds = u < n_units && owner;
         T::U v[RW];
-        i32 iv[RW], x[T::NW];
-        T::xload(xq, uc, x);
 #pragma unroll
-        for (int r = 0; r < RW; ++r) {
-            T::decode(wr[r], k, uc, grid, v[r]);
-            iv[r] = T::ints(v[r], x);
+        for (int r = 0; r < RW; ++r) T::decode(f[r] - 784 * n_full - 8 * lane, k, uc, grid, v[r]);
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) {
+            const int tt = t0 + min(t, nt - 1);
+            i32 x[T::NW], iv[RW];
+            T::xload(xq + (size_t)tt * k, uc, x);
+#pragma unroll
+            for (int r = 0; r < RW; ++r) iv[r] = T::ints(v[r], x);
+            group_scatter<S, RW>(iv);
+            add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + (size_t)tt * nb + uc / T::UPX), adds, acc + t * OWN);
         }
-        group_scatter<S, RW>(iv);
-        add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + uc / T::UPX), adds, acc);
     }
-    store_groups<S, RW, 1, GLU>(o, rows, n_out, t0, 1, acc);
+    store_tok_groups<S, TILE, RW, GLU>(o, rows, n_out, t0, nt, acc);
 }
 
 // W (n_out, row_bytes) u8 rows of blocks; xq (n_tok, k) int8 with 16-byte aligned rows; xd (n_tok, k / XB)
@@ -358,11 +397,12 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
                                      const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
                                      const Out& o, const u32* tab) {
 #ifndef QMM_MMQ_ONE_TOKEN
+    if constexpr (T::GRID && IQ3_GROUPS && G == 1) {   // IQ3_XXS's loop over whole groups (same bits)
+        mm_q_iq3<TILE, RW, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, o, tab);
+        return;
+    }
     if constexpr (TILE == 1 && G == 1 && T::S > 1) {   // mm_q1's loop (same bits)
-        if constexpr (T::GRID && IQ3_GROUPS)       // IQ3_XXS
-            mm_q1_iq3<RW, GLU>(W, row_bytes, n_out, k, xq, xd, o, tab);
-        else
-            mm_q1<T, RW, GLU, false>(W, row_bytes, n_out, k, xq, xd, o, tab);
+        mm_q1<T, RW, GLU, false>(W, row_bytes, n_out, k, xq, xd, o, tab);
         return;
     }
 #endif
@@ -462,7 +502,7 @@ template <class T, int TILE, int RW, bool GLU>
 __device__ __forceinline__ void mm_q_tok(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                          const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
                                          const Out& o, const u32* tab) {
-    constexpr int S = T::S, UPX = T::UPX, OWN = RW >= S ? RW / S : 1, NV = RW * TILE, NG = WARP / S;
+    constexpr int S = T::S, UPX = T::UPX, OWN = RW >= S ? RW / S : 1;
     if constexpr (S == 1) {
         mm_q<T, TILE, RW, 1, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, o, tab);
     } else {
@@ -497,16 +537,7 @@ __device__ __forceinline__ void mm_q_tok(const u8* __restrict__ W, int row_bytes
                 add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + (size_t)tt * n_xd + u / UPX), adds, acc[t]);
             }
         }
-        // the groups' sums left to right, as store_groups adds them (fold_groups)
-        __shared__ float group_part[MM_WARPS][NV][NG];
-        __shared__ float fold_res[MM_WARPS][NV];
-        const int w = threadIdx.y;
-        if (p * RW % S == 0)
-#pragma unroll
-            for (int t = 0; t < TILE; ++t)
-#pragma unroll
-                for (int i = 0; i < OWN; ++i) group_part[w][t * RW + p * RW / S + i][lane / S] = acc[t][i];
-        fold_groups<NV, NG, RW, GLU>(o, rows, n_out, t0, nt, group_part[w], fold_res[w]);
+        store_tok_groups<S, TILE, RW, GLU>(o, rows, n_out, t0, nt, acc[0]);
     }
 }
 

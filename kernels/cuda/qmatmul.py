@@ -137,9 +137,10 @@ ONE_ROW_MAX_ROWS = 2048
 # 2026-12-05, kept for A/B runs: one-token kernels level, 8-token ones 14-19% and 16-token ones 20-25% slower, 64
 # sequences end to end 4-6% faster; kernel_notes.md, "Block sums as the default"). "explore": the default's bits
 # with more kernel variants (perf/bench_gpu.py --explore); "mmq_one_token": one-token kernels of the superblock
-# types through mm_q's own loop instead of mm_q1's (qmatmul.cu; the same bits); "iq3_groups": IQ3_XXS's one-token
-# launches through a loop over whole groups of 8 blocks (qmatmul.cu mm_q1_iq3; the same bits; not yet timed on a
-# GPU), "iq3_groups_rounds1" the same without its two rounds unrolled (fewer registers)
+# types through mm_q's own loop instead of mm_q1's (qmatmul.cu; the same bits); "iq3_groups": IQ3_XXS's dp4a
+# launches of 1-8 tokens (not the per-token variants) through a loop over whole groups of 8 blocks (qmatmul.cu
+# mm_q_iq3; the same bits; not yet timed on a GPU), "iq3_groups_rounds1" the same without a group's two rounds
+# unrolled at one token (fewer registers)
 BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",), "unit_tails": ("-DK4_S=1",),
           "mmq_one_token": ("-DQMM_MMQ_ONE_TOKEN",), "iq3_groups": ("-DQMM_IQ3_GROUPS",),
           "iq3_groups_rounds1": ("-DQMM_IQ3_GROUPS", "-DIQ3_ROUNDS_UNROLL=1")}

@@ -503,34 +503,43 @@ def test_q4_k_builds_give_one_set_of_bits_each(cp, qm, qtype, n_out, n_in, build
 
 
 @pytest.mark.parametrize("n_out,n_in", [(37, 2048), (2 * 19, 4096), (37, 4352), (6, 1792), (2 * 5, 14336)])
-def test_iq3_xxs_one_token_group_loop(cp, qm, n_out, n_in):
-    """IQ3_XXS one-token launches of the default build (mm_q1's loop) and of the iq3_groups builds (qmatmul.cu
-    mm_q1_iq3: full groups of 8 blocks at fixed offsets, a last group of fewer through mm_q1's rounds; its two
-    rounds unrolled or not) give, for every token alone, the bits of mm_q's own one-token loop (the mmq_one_token
-    build) and of 16-token launches: rows of exactly one group, two, two and one block, fewer than 8 blocks, seven
-    groups; one row a warp, two, and (GLU) one and two row pairs; with the fused bias and residual add."""
+def test_iq3_xxs_group_loop_builds(cp, qm, n_out, n_in):
+    """The iq3_groups builds' IQ3_XXS mat-muls (qmatmul.cu mm_q_iq3: full groups of 8 blocks at fixed offsets, a
+    last group of fewer through TIQ3_XXS::decode; one token by iq3_dot, more by iq3_weights; a group's two rounds
+    unrolled or not) give the default build's bits: every dp4a variant of the default build (one token: one and
+    two rows, one and two GLU row pairs; 2-, 4- and 8-token tiles) at 1, its tile, 8 and 16 tokens, and single
+    tokens through mm_q's own one-token loop (the mmq_one_token build); rows of exactly one group, two, two and
+    one block, fewer than 8 blocks, seven groups; with the fused bias and residual add."""
     w, raw = _weight(qm, QType.IQ3_XXS, n_out, n_in, seed=80)
     x_host = _x(16, n_in, seed=81)
     xq, xd = _rounded(cp, qm, QType.IQ3_XXS, x_host)
+    builds = ("iq3_groups", "iq3_groups_rounds1")
     for glu in (False, True):
         if glu and n_out % 2:
             continue
         width = n_out // 2 if glu else n_out
-        many = cp.full((16, width), np.nan, cp.float32)
-        qm.matmul_prequantized(w, xq, xd, many, glu=glu, kernel="dp4a")
+        ref = cp.full((16, width), np.nan, cp.float32)
+        qm.matmul_prequantized(w, xq, xd, ref, glu=glu, kernel="dp4a")
+        ref = ref.get()
         if not glu:
-            _check_vs_float64(QType.IQ3_XXS, raw, x_host, many.get())
-        launches = [dict(build="mmq_one_token"), {}]
-        launches += [dict(variant=(1, rw, 1), build=b) for rw in ((2, 4) if glu else (1, 2))
-                     for b in ("default", "iq3_groups", "iq3_groups_rounds1")]
+            _check_vs_float64(QType.IQ3_XXS, raw, x_host, ref)
+        variants = ([(1, 2, 1), (1, 4, 1), (2, 4, 1), (4, 4, 1), (8, 4, 1)] if glu
+                    else [(1, 1, 1), (1, 2, 1), (2, 2, 1), (4, 2, 1), (8, 4, 1)])
+        for build in builds:
+            for variant in variants:
+                for n in sorted({1, variant[0], 8, 16}):
+                    out = cp.full((n, width), np.nan, cp.float32)
+                    qm.matmul_prequantized(w, xq[:n], xd[:n], out, glu=glu, variant=variant, build=build)
+                    assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (glu, build, variant, n)
         for t in (0, 7, 15):
-            for kw in launches:
+            for kw in [dict(build="mmq_one_token")] + [dict(build=b) for b in builds]:
                 one = cp.full((1, width), np.nan, cp.float32)
                 qm.matmul_prequantized(w, xq[t:t + 1], xd[t:t + 1], one, glu=glu, **kw)
-                assert np.array_equal(one.get().view(np.uint32), many[t:t + 1].get().view(np.uint32)), (glu, t, kw)
+                assert np.array_equal(one.get().view(np.uint32), ref[t:t + 1].view(np.uint32)), (glu, t, kw)
     bias = cp.asarray(_x(1, n_out, seed=82)[0])
-    resid = cp.asarray(_x(1, n_out, seed=83))
-    out, ref = resid.copy(), resid.copy()
-    qm.matmul_prequantized(w, xq[:1], xd[:1], out, bias=bias, accumulate=True, variant=(1, 2, 1), build="iq3_groups")
-    qm.matmul_prequantized(w, xq[:1], xd[:1], ref, bias=bias, accumulate=True, build="mmq_one_token")
-    assert np.array_equal(out.get().view(np.uint32), ref.get().view(np.uint32))
+    resid = cp.asarray(_x(3, n_out, seed=83))
+    for n in (1, 3):
+        out, want = resid[:n].copy(), resid[:n].copy()
+        qm.matmul_prequantized(w, xq[:n], xd[:n], out, bias=bias, accumulate=True, build="iq3_groups")
+        qm.matmul_prequantized(w, xq[:n], xd[:n], want, bias=bias, accumulate=True, build="mmq_one_token")
+        assert np.array_equal(out.get().view(np.uint32), want.get().view(np.uint32)), n
