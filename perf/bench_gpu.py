@@ -379,7 +379,7 @@ ONE_TOKEN_AB = [("IQ3_XXS", 14336, 4096, False, 1), ("IQ3_XXS", 4096, 14336, Fal
 def one_token_rows(cp, copy_bw):
     """--explore: ONE_TOKEN_AB through the mmq_one_token build, the default, and the explore build's mm_q1 kernels
     of other rows a warp (RW) and bounds (a minimum of one CTA an SM), and for IQ3_XXS the iq3_groups builds' loop
-    over whole groups (qmatmul.cu mm_q1_iq3), all checked bit for bit against the mmq_one_token build's dp4a
+    over whole groups (qmatmul.cu mm_q_iq3), all checked bit for bit against the mmq_one_token build's dp4a
     kernel (mm_q's own loop) on the same inputs."""
     from strata_lite.kernels.cuda import qmatmul as qm
 
