@@ -352,7 +352,8 @@ __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes
                 i32 x[T::NW], iv[RW];
                 T::xload(xq + (size_t)tt * k, u, x);
 #pragma unroll
-                for (int r = 0; r < RW; ++r) iv[r] = TILE == 1 ? v[r].ls * iq3_dot(q[r], aux[r], x, grid) : T::ints(v[r], x);
+                for (int r = 0; r < RW; ++r)
+                    iv[r] = TILE == 1 ? v[r].ls * iq3_dot(q[r], aux[r], x, grid) : T::ints(v[r], x);
                 group_scatter<S, RW>(iv);
                 add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + (size_t)tt * nb + b), owner, acc + t * OWN);
             }
