@@ -291,6 +291,32 @@ __device__ __forceinline__ void iq3_weights(uint2 q, u32 aux, const u32* grid, u
     }
 }
 
+// One sub-block of RW rows (unit u, block b of its row) against every token of the tile: its RW integer parts
+// (RAW: from the raw fields q, aux by iq3_dot, one token; else from the decoded weights v), reduce-scattered over
+// the block's lanes, and the lane's owned float tails added to acc + t * OWN where adds (mm_q_iq3).
+template <int TILE, int RW, bool RAW>
+__device__ __forceinline__ void iq3_tokens(const TIQ3_XXS::U* v, const uint2* q, const u32* aux, const u32* grid,
+                                           const i8* xq, const float* xd, int k, int t0, int nt, int u, int b,
+                                           int p, bool adds, float* acc) {
+    typedef TIQ3_XXS T;
+    constexpr int S = T::S, OWN = RW >= S ? RW / S : 1;
+#pragma unroll
+    for (int t = 0; t < TILE; ++t) {
+        const int tt = t0 + min(t, nt - 1);
+        i32 x[T::NW], iv[RW];
+        T::xload(xq + (size_t)tt * k, u, x);
+#pragma unroll
+        for (int r = 0; r < RW; ++r) {
+            if constexpr (RAW)
+                iv[r] = v[r].ls * iq3_dot(q[r], aux[r], x, grid);
+            else
+                iv[r] = T::ints(v[r], x);
+        }
+        group_scatter<S, RW>(iv);
+        add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + (size_t)tt * (k >> 8) + b), adds, acc + t * OWN);
+    }
+}
+
 // IQ3_XXS, TILE tokens: mm_q1's (one token) and mm_q_tok's (per-token folds) work split and arithmetic (the same
 // bits: each block's integer part exact, its float tail in the same lane and order), with the loop written for
 // the device layout's full groups of 8 blocks (kernels/cuda/layouts.py, 784 bytes: grid indices 8 x 64 |
@@ -346,17 +372,7 @@ __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes
                 v[r].ls = 2 * (i32)(aux[r] >> 28) + 1;
                 if (TILE > 1) iq3_weights(q[r], aux[r], grid, v[r].w);
             }
-#pragma unroll
-            for (int t = 0; t < TILE; ++t) {
-                const int tt = t0 + min(t, nt - 1);
-                i32 x[T::NW], iv[RW];
-                T::xload(xq + (size_t)tt * k, u, x);
-#pragma unroll
-                for (int r = 0; r < RW; ++r)
-                    iv[r] = TILE == 1 ? v[r].ls * iq3_dot(q[r], aux[r], x, grid) : T::ints(v[r], x);
-                group_scatter<S, RW>(iv);
-                add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + (size_t)tt * nb + b), owner, acc + t * OWN);
-            }
+            iq3_tokens<TILE, RW, TILE == 1>(v, q, aux, grid, xq, xd, k, t0, nt, u, b, p, owner, acc);
         }
 #pragma unroll
         for (int r = 0; r < RW; ++r) f[r] += 784;
@@ -367,16 +383,7 @@ __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes
         T::U v[RW];
 #pragma unroll
         for (int r = 0; r < RW; ++r) T::decode(f[r] - 784 * n_full - 8 * lane, k, uc, grid, v[r]);
-#pragma unroll
-        for (int t = 0; t < TILE; ++t) {
-            const int tt = t0 + min(t, nt - 1);
-            i32 x[T::NW], iv[RW];
-            T::xload(xq + (size_t)tt * k, uc, x);
-#pragma unroll
-            for (int r = 0; r < RW; ++r) iv[r] = T::ints(v[r], x);
-            group_scatter<S, RW>(iv);
-            add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + (size_t)tt * nb + uc / T::UPX), adds, acc + t * OWN);
-        }
+        iq3_tokens<TILE, RW, false>(v, nullptr, nullptr, grid, xq, xd, k, t0, nt, uc, uc / T::UPX, p, adds, acc);
     }
     store_tok_groups<S, TILE, RW, GLU>(o, rows, n_out, t0, nt, acc);
 }
