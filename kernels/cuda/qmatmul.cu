@@ -261,6 +261,13 @@ __device__ __forceinline__ void iq3_masks(u32 aux, int l, u32& m0, u32& m1) {
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m1) : "r"(sg * 0x00020408u + ((u32)__popc(sg) << 31)), "r"(0u),
         "r"(0xba98u));
 }
+// The grid words of sign group l's weights 8l .. 8l + 3 (g0) and 8l + 4 .. 8l + 7 (g1), from the sub-block's 8
+// grid indices q
+__device__ __forceinline__ void iq3_grid(uint2 q, int l, const u32* grid, u32& g0, u32& g1) {
+    const u32 qq = (l < 2 ? q.x : q.y) >> (16 * (l & 1));
+    g0 = grid[qq & 0xffu];
+    g1 = grid[(qq >> 8) & 0xffu];
+}
 // The integer dot of one IQ3_XXS sub-block (32 weights: grid indices q, sign-and-scale word aux) with its 32
 // activations x, before its scale: sum of grid * sign * x, the value TIQ3_XXS::decode + dot8w give. The signs go
 // in by a second dp4a against the byte masks: for a negative weight (g ^ 0xff) + 1 = -g (0 < g < 128), so the sum
@@ -269,11 +276,11 @@ __device__ __forceinline__ i32 iq3_dot(uint2 q, u32 aux, const i32* x, const u32
     i32 s = 0, t = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        u32 m0, m1;
+        u32 m0, m1, g0, g1;
         iq3_masks(aux, l, m0, m1);
-        const u32 qq = (l < 2 ? q.x : q.y) >> (16 * (l & 1));   // grid indices of weights 8l..8l+3, 8l+4..8l+7
-        s = __dp4a((i32)(grid[qq & 0xffu] ^ m0), x[2 * l], s);
-        s = __dp4a((i32)(grid[(qq >> 8) & 0xffu] ^ m1), x[2 * l + 1], s);
+        iq3_grid(q, l, grid, g0, g1);
+        s = __dp4a((i32)(g0 ^ m0), x[2 * l], s);
+        s = __dp4a((i32)(g1 ^ m1), x[2 * l + 1], s);
         t = __dp4a((i32)m0, x[2 * l], t);
         t = __dp4a((i32)m1, x[2 * l + 1], t);
     }
@@ -283,11 +290,11 @@ __device__ __forceinline__ i32 iq3_dot(uint2 q, u32 aux, const i32* x, const u32
 __device__ __forceinline__ void iq3_weights(uint2 q, u32 aux, const u32* grid, u32* w) {
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        u32 m0, m1;
+        u32 m0, m1, g0, g1;
         iq3_masks(aux, l, m0, m1);
-        const u32 qq = (l < 2 ? q.x : q.y) >> (16 * (l & 1));
-        w[2 * l] = (grid[qq & 0xffu] ^ m0) + (m0 & 0x01010101u);
-        w[2 * l + 1] = (grid[(qq >> 8) & 0xffu] ^ m1) + (m1 & 0x01010101u);
+        iq3_grid(q, l, grid, g0, g1);
+        w[2 * l] = (g0 ^ m0) + (m0 & 0x01010101u);
+        w[2 * l + 1] = (g1 ^ m1) + (m1 & 0x01010101u);
     }
 }
 

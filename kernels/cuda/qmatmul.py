@@ -171,13 +171,19 @@ _UNIT = {QType.Q4_K: 64, QType.Q5_K: 64, QType.F32: 8, QType.F16: 8, QType.BF16:
 XBLOCK = {"q8_0": 32, "q8_k": 256}   # activations per scale
 
 
+def _one_row(qtype, n_tok: int, glu: bool, n_out: int | None) -> bool:
+    """Whether a launch of n_tok tokens over n_out rows (None: many) takes one row a warp (ONE_ROW_MAX_ROWS)."""
+    return (n_tok == 1 and not glu and n_out is not None and n_out <= ONE_ROW_MAX_ROWS
+            and QType(int(qtype)) in PER_TOKEN_TYPES)
+
+
 def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None) -> tuple[int, int, int]:
     """(tile, RW, G) of the dp4a kernel for a launch whose token tile is `tile` (GLU: RW gate and up rows) over
     n_out rows (None: many)."""
     qtype = QType(int(qtype))
     if (tile, glu) in PER_TOKEN_TILES.get(qtype, ()):
         return tile, (DP4A_GLU_ROWS[tile] if glu else DP4A_VARIANTS[tile][0]), PER_TOKEN
-    if tile == 1 and not glu and n_out is not None and n_out <= ONE_ROW_MAX_ROWS and qtype in PER_TOKEN_TYPES:
+    if _one_row(qtype, tile, glu, n_out):
         return 1, 1, 1
     if glu:
         rows = DP4A_GLU_TILE1.get(qtype, DP4A_GLU_ROWS[1]) if tile == 1 else DP4A_GLU_ROWS[tile]
@@ -196,7 +202,7 @@ def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
     """Whether a launch takes the split-K kernel (1..SPLIT_K_AUTO_TOKENS tokens, few long rows; never GLU; one
     token of a type that takes one row a warp there instead, dp4a_variant)."""
     rounds = _split_k_smem(qtype, n_in) // (32 * 8)
-    if n_tok == 1 and not glu and n_out <= ONE_ROW_MAX_ROWS and QType(int(qtype)) in PER_TOKEN_TYPES:
+    if _one_row(qtype, n_tok, glu, n_out):
         return False
     return (1 <= n_tok <= min(SPLIT_K_AUTO_TOKENS, SPLIT_K_MAX_TOKENS) and not glu and n_out <= SPLIT_K_MAX_ROWS
             and rounds >= SPLIT_K_MIN_ROUNDS and _split_k_smem(qtype, n_in, n_tok) <= SPLIT_K_SMEM)
