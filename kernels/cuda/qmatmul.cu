@@ -337,10 +337,25 @@ __device__ __forceinline__ void iq3_tokens(const TIQ3_XXS::U* v, const uint2* q,
 // default build keeps mm_q1's / mm_q's loops for IQ3_XXS. IQ3_ROUNDS_UNROLL: a group's two rounds unrolled at one
 // token (2: both rounds' loads in flight; sm_90: 75 registers for two rows, 117 for two GLU pairs) or not (1: 64 /
 // 71); tiles of more tokens never unroll them (unrolled, the 8-token four-row tile took 136 registers).
+// IQ3_T1_MIN / IQ3_GLU1_MIN: the minimum CTAs an SM of IQ3_XXS's one-token kernels (two rows / two GLU pairs),
+// IQ3_T8_MIN of its 8-token tiles (0: none). The loop over groups takes more registers (sm_90 unbounded: 78 / 109
+// / 138 against 56 / 63 / 100 for mm_q1's / mm_q's loops), which costs CTAs an SM on grids larger than one wave.
 #ifdef QMM_IQ3_GROUPS
 #define IQ3_GROUPS true
+#ifndef IQ3_T1_MIN
+#define IQ3_T1_MIN 4
+#endif
+#ifndef IQ3_GLU1_MIN
+#define IQ3_GLU1_MIN 4
+#endif
+#ifndef IQ3_T8_MIN
+#define IQ3_T8_MIN 2
+#endif
 #else
 #define IQ3_GROUPS false
+#define IQ3_T1_MIN 1
+#define IQ3_GLU1_MIN 1
+#define IQ3_T8_MIN 0
 #endif
 #ifndef IQ3_ROUNDS_UNROLL
 #define IQ3_ROUNDS_UNROLL 2
@@ -663,13 +678,18 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
 // IQ3_XXS lost (29.0 / 30.5, gate+up 51.1 / 52.1) and keeps none
 #define T8_MIN2 __launch_bounds__(256, 2)
 #define T8_ANY __launch_bounds__(256)
-#define MM_Q_KERNELS(NAME, T, T8_BOUNDS)                                                                  \
+#if IQ3_T8_MIN > 0
+#define IQ3_T8_BOUNDS __launch_bounds__(256, IQ3_T8_MIN)
+#else
+#define IQ3_T8_BOUNDS T8_ANY
+#endif
+#define MM_Q_KERNELS(NAME, T, T1_MIN, T8_BOUNDS)                                                          \
     MM_Q_SK_KERNEL(NAME, T)                                                                               \
     MM_Q_KERNEL_AS(mm, NAME, T, 1, 1, 1, false, __launch_bounds__(256, FULL_SM_CTAS), )                  \
-    MM_Q_KERNEL_AS(mm, NAME, T, 1, 2, 1, false, __launch_bounds__(256, 1), )                             \
+    MM_Q_KERNEL_AS(mm, NAME, T, 1, 2, 1, false, __launch_bounds__(256, T1_MIN), )                        \
     MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1)                                           \
     MM_Q_KERNEL_AS(mm, NAME, T, 8, 4, 1, false, T8_BOUNDS, )                                             \
-    MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 2, 1, true, __launch_bounds__(256, 1), )                            \
+    MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 2, 1, true, __launch_bounds__(256, T1_MIN), )                       \
     MM_Q_GLU_KERNEL(NAME, T, 2, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 4, 1)                                   \
     MM_Q_KERNEL_AS(mmglu, NAME, T, 8, 4, 1, true, T8_BOUNDS, )
 #ifdef QMM_EXPLORE   // perf/bench_gpu.py --explore: the other candidates (qmatmul.py EXPLORE_VARIANTS) of 6 types
@@ -693,11 +713,11 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     MM_Q_KERNEL(NAME, T, 8, 2, 2) MM_Q_KERNEL(NAME, T, 16, 1, 1) MM_Q_KERNEL(NAME, T, 16, 2, 1)             \
     MM_Q_GLU_KERNEL(NAME, T, 1, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 2, 1)    \
     MM_Q_GLU_KERNEL(NAME, T, 8, 2, 1)
-#define MM_Q_GLU_TILE1_R4(NAME, T)   // in MM_Q_MORE already
+#define MM_Q_GLU_TILE1_R4(NAME, T, MIN)   // in MM_Q_MORE already
 #else
 #define MM_Q_MORE(NAME, T)
-#define MM_Q_GLU_TILE1_R4(NAME, T)   /* qmatmul.py DP4A_GLU_TILE1 */                                       \
-    MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 4, 1, true, __launch_bounds__(256, 1), )
+#define MM_Q_GLU_TILE1_R4(NAME, T, MIN)   /* qmatmul.py DP4A_GLU_TILE1 */                                  \
+    MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 4, 1, true, __launch_bounds__(256, MIN), )
 #endif
 // mm_q_tok's kernels: TILE tokens, RW rows a warp (GLU: RW / 2 row pairs), G = t, under BOUNDS; built for the
 // superblock types (the explore build: for Q8_0 and Q5_0 too, where they are mm_q's kernels under other names)
@@ -715,14 +735,15 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     MM_Q_TOK_KERNEL(mm, NAME, T, 4, 2, false, __launch_bounds__(256))                                     \
     MM_Q_TOK_KERNEL(mmglu, NAME, T, 4, 4, true, __launch_bounds__(256))
 
-MM_Q_KERNELS(q8_0, TQ8_0, T8_MIN2) MM_Q_MORE(q8_0, TQ8_0)
-MM_Q_KERNELS(q4_0, TQ4_0, T8_ANY)
-MM_Q_KERNELS(q5_0, TQ5_0, T8_ANY) MM_Q_MORE(q5_0, TQ5_0)
-MM_Q_KERNELS(iq4_nl, TIQ4_NL, T8_ANY)
-MM_Q_KERNELS(q4_k, TQ4_K, T8_MIN2) MM_Q_MORE(q4_k, TQ4_K)
-MM_Q_KERNELS(q5_k, TQ5_K, T8_MIN2) MM_Q_MORE(q5_k, TQ5_K)
-MM_Q_KERNELS(q6_k, TQ6_K, T8_MIN2) MM_Q_MORE(q6_k, TQ6_K)
-MM_Q_KERNELS(iq3_xxs, TIQ3_XXS, T8_ANY) MM_Q_MORE(iq3_xxs, TIQ3_XXS) MM_Q_GLU_TILE1_R4(iq3_xxs, TIQ3_XXS)
+MM_Q_KERNELS(q8_0, TQ8_0, 1, T8_MIN2) MM_Q_MORE(q8_0, TQ8_0)
+MM_Q_KERNELS(q4_0, TQ4_0, 1, T8_ANY)
+MM_Q_KERNELS(q5_0, TQ5_0, 1, T8_ANY) MM_Q_MORE(q5_0, TQ5_0)
+MM_Q_KERNELS(iq4_nl, TIQ4_NL, 1, T8_ANY)
+MM_Q_KERNELS(q4_k, TQ4_K, 1, T8_MIN2) MM_Q_MORE(q4_k, TQ4_K)
+MM_Q_KERNELS(q5_k, TQ5_K, 1, T8_MIN2) MM_Q_MORE(q5_k, TQ5_K)
+MM_Q_KERNELS(q6_k, TQ6_K, 1, T8_MIN2) MM_Q_MORE(q6_k, TQ6_K)
+MM_Q_KERNELS(iq3_xxs, TIQ3_XXS, IQ3_T1_MIN, IQ3_T8_BOUNDS) MM_Q_MORE(iq3_xxs, TIQ3_XXS)
+MM_Q_GLU_TILE1_R4(iq3_xxs, TIQ3_XXS, IQ3_GLU1_MIN)
 MM_Q_TOK_KERNELS(q4_k, TQ4_K) MM_Q_TOK_KERNELS(q5_k, TQ5_K) MM_Q_TOK_KERNELS(q6_k, TQ6_K)
 MM_Q_TOK_KERNELS(iq3_xxs, TIQ3_XXS)
 #ifdef QMM_EXPLORE
