@@ -673,12 +673,12 @@ GEMM_EXPLORE = [("IQ3_XXS", 14336, 4096, 512), ("Q4_K", 14336, 4096, 512), ("Q6_
                 ("Q4_K", 4096, 14336, 64)]
 # (kernel name suffix, warps, n8 tiles per warp) of qmatmul_mma.cu built with -DMMQ_EXPLORE
 MMA_EXPLORE = [("w4_n4", 4, 4), ("w4_n2", 4, 2), ("w2_n2", 2, 2), ("w8_n2", 8, 2), ("w2_n4", 2, 4),
-               ("w2_n4_m6", 2, 4)]
+               ("w2_n4_m6", 2, 4), ("w4_n1", 4, 1)]
 
 
 def gemm_explore_rows(cp):
-    """--gemm-explore: the tensor-core kernel's candidate variants, each checked bit for bit against the
-    default build's widest kernel on the same inputs."""
+    """--gemm-explore: the tensor-core kernel's candidate variants and what `auto` takes (its chunk-major copy
+    timed with it), each checked bit for bit against the default build's widest kernel on the same inputs."""
     from strata_lite.kernels.cuda import qmatmul as qm
     from strata_lite.kernels.cuda.runtime import cdiv, launch
     rows = []
@@ -700,6 +700,12 @@ def gemm_explore_rows(cp):
             t = timed_in_graph(cp, [lambda w=w: call(w) for w in ws] * 2)
             label = f"{qtype} {n_in}x{n_out} n={n_tok} {suffix}" + ("" if same else " DIFFERENT BITS")
             rows.append((label, t * 1e6, 2 * n_out * n_in * n_tok / t / 1e12, None))
+        tiles = qm.ActBuffers(n_tok, n_in, tiles=True)
+        qm.matmul_prequantized(ws[0], xq, xd, out, tiles=tiles)
+        same = bool(cp.array_equal(out.view(cp.uint32), ref.view(cp.uint32)))
+        t = timed_in_graph(cp, [lambda w=w: qm.matmul_prequantized(w, xq, xd, out, tiles=tiles) for w in ws] * 2)
+        label = f"{qtype} {n_in}x{n_out} n={n_tok} auto *" + ("" if same else " DIFFERENT BITS")
+        rows.append((label, t * 1e6, 2 * n_out * n_in * n_tok / t / 1e12, None))
         del ws
     return rows
 
