@@ -3,9 +3,9 @@ its own process per arm, the arms alternating for several rounds (so the card's 
 all alike), then one table of every row's tok/s per arm (the range over the rounds and their three inner rounds)
 and the ratio of the medians against the first arm.
 
-usage: python perf/ab_builds.py --builds default,iq3_groups [--rounds 2] [--only 8b-layers-iq3_xxs]
+usage: python perf/ab_builds.py --builds default,unit_tails [--rounds 2] [--only 8b-layers-q4_k_m]
            [--contexts 512] [--one-row-max N] [--bench perf/bench_gpu.py]
-       python perf/ab_builds.py --arm "" --arm "--one-row-max 0" [--only qwen2.5-0.5b ...]
+       python perf/ab_builds.py --arm "" --arm "--iq3-groups off" [--only 8b-layers-iq3_xxs ...]
 
 An arm is a build (--builds: each arm is `--build B`) or a string of bench_gpu.py arguments (--arm, repeated).
 

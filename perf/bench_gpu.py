@@ -344,8 +344,8 @@ BUILDS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True, 1
 
 def builds_rows(cp, copy_bw):
     """--explore: each BUILDS_EXPLORE launch through `auto` in the default build, (Q4_K / Q5_K) in the unit_tails
-    build and (IQ3_XXS) in the iq3_groups build, checked bit for bit against its build's (iq3_groups: the
-    default's) dp4a kernel; one-token Q4_K / Q5_K launches also
+    build and (IQ3_XXS, at most 8 tokens) through the loop over whole groups (qmatmul.IQ3_GROUPS), checked bit for
+    bit against its build's dp4a kernel; one-token Q4_K / Q5_K launches also
     through the explore build's mm_q1 kernels (qmatmul.PIPE, ONE_LOOP); launches of 2-16 tokens through the 4- or
     8-token tile of mm_q and of mm_q_tok (PER_TOKEN)."""
     from strata_lite.kernels.cuda import qmatmul as qm
@@ -354,7 +354,10 @@ def builds_rows(cp, copy_bw):
         k4 = qtype in (qm.QType.Q4_K, qm.QType.Q5_K)
         rows = [("default *", dict(build="default"), "default")]
         rows += [("unit_tails *", dict(build="unit_tails"), "unit_tails")] if k4 else []
-        rows += [("iq3_groups *", dict(build="iq3_groups"), "default")] if qtype == qm.QType.IQ3_XXS else []
+        if qtype == qm.QType.IQ3_XXS and n_tok <= 8:
+            tile = qm._tile(n_tok)
+            rw = 4 if glu else qm.DP4A_VARIANTS[tile][0]
+            rows += [(f"t{tile} r{rw} groups", dict(variant=(tile, rw, qm.IQ3_GROUPS)), "default")]
         if n_tok == 1 and k4:
             rows += [(f"r{rw} {how}", dict(variant=(1, rw, g), build="explore"), "default")
                      for g, how in ((qm.PIPE, "pipelined"), (qm.ONE_LOOP, "one loop"))
@@ -378,16 +381,16 @@ ONE_TOKEN_AB = [("IQ3_XXS", 14336, 4096, False, 1), ("IQ3_XXS", 4096, 14336, Fal
 
 def one_token_rows(cp, copy_bw):
     """--explore: ONE_TOKEN_AB through the mmq_one_token build, the default, and the explore build's mm_q1 kernels
-    of other rows a warp (RW) and bounds (a minimum of one CTA an SM), and for IQ3_XXS the iq3_groups builds' loop
-    over whole groups (qmatmul.cu mm_q_iq3), all checked bit for bit against the mmq_one_token build's dp4a
+    of other rows a warp (RW) and bounds (a minimum of one CTA an SM), and for IQ3_XXS the loop over whole groups
+    (qmatmul.cu mm_q_iq3, qmatmul.IQ3_GROUPS), all checked bit for bit against the mmq_one_token build's dp4a
     kernel (mm_q's own loop) on the same inputs."""
     from strata_lite.kernels.cuda import qmatmul as qm
 
     def launches(qtype, n_tok, glu):
-        rows = [("mm_q loop", dict(build="mmq_one_token"), "mmq_one_token"),
+        rows = [("mm_q loop", dict(build="mmq_one_token", variant=qm.dp4a_variant(qtype, 1, glu)), "mmq_one_token"),
                 ("auto *", dict(build="default"), "mmq_one_token")]
-        rows += [(f"{b} build", dict(build=b), "mmq_one_token")
-                 for b in ("iq3_groups", "iq3_groups_rounds1")] if qtype == qm.QType.IQ3_XXS else []
+        rows += ([("groups", dict(variant=(1, 4 if glu else 2, qm.IQ3_GROUPS)), "mmq_one_token")]
+                 if qtype == qm.QType.IQ3_XXS else [])
         rows += [(f"r{rw} (the default build's kernel)", dict(variant=(1, rw, 1), build="default"), "mmq_one_token")
                  for rw in ((4,) if glu else (1, 2))]
         rows += [(f"mm_q1 r{rw} g{g} min 1", dict(variant=(1, rw, g), build="explore"), "mmq_one_token")
@@ -747,13 +750,15 @@ def main(argv=None) -> int:
                     help="only decode of 1-64 sequences together (runner: three rounds each; engine), beside "
                          "llama.cpp's figures")
     ap.add_argument("--only", default=None, help="only the synthetic models whose <preset>-<mix> contains this")
-    ap.add_argument("--build", default="default", choices=("default", "unit_tails", "mmq_one_token", "iq3_groups",
-                                                            "iq3_groups_rounds1"),
+    ap.add_argument("--build", default="default", choices=("default", "unit_tails", "mmq_one_token"),
                     help="compile every mat-mul of the run as this build of qmatmul.cu / qmatmul_mma.cu (A/B of a "
                          "build's bits and kernels end to end; kernel_notes.md)")
     ap.add_argument("--one-row-max", type=int, default=None,
                     help="one-token launches over at most this many rows take one row a warp (qmatmul."
                          "ONE_ROW_MAX_ROWS; 0: never), for A/B runs of that choice")
+    ap.add_argument("--iq3-groups", choices=("auto", "off"), default="auto",
+                    help="off: no IQ3_XXS launch takes the loop over whole groups (qmatmul.IQ3_GROUPS_CTAS_PER_SM), "
+                         "for A/B runs of that choice")
     ap.add_argument("--contexts", default="4096",
                     help="--batched: comma-separated contexts every sequence decodes at (default 4096)")
     ap.add_argument("--verify-cost", action="store_true",
@@ -773,6 +778,8 @@ def main(argv=None) -> int:
     qm.BUILDS["default"], qm.MMA_BUILDS["default"] = qm.BUILDS[args.build], qm.MMA_BUILDS[args.build]
     if args.one_row_max is not None:
         qm.ONE_ROW_MAX_ROWS = args.one_row_max
+    if args.iq3_groups == "off":
+        qm.IQ3_GROUPS_CTAS_PER_SM = {}
     be = CudaBackend()
     copy_bw = copy_bandwidth(cp)
     if args.explore:

@@ -23,7 +23,6 @@ Host/device placement: arrays are cupy (device); sizes, scale and max_keys are h
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,11 +97,6 @@ def _head_tile(group: int, head_dim: int) -> int:
 CTAS_PER_SM = 4             # split-parallel CTAs resident per SM that split_stride aims for
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_id: int) -> int:
-    return int(runtime.cupy().cuda.Device(device_id).attributes["MultiProcessorCount"])
-
-
 def split_stride(n_items: int, n_group: int, n_sm: int) -> int:
     """Z, the CTAs per (token, kv head, head tile) of a split-parallel launch: all n_group groups (one CTA
     each) while the n_items = tokens x kv heads x tiles x n_group work items fit CTAS_PER_SM per SM, else
@@ -164,7 +158,7 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     looped = n_tok > ws.split_tokens or n_split == 1
     qscale = np.float32(float(scale) * _LOG2E)
     n_group = runtime.cdiv(n_split, group_splits(n_split, n_kv * n_ht))
-    z = 1 if looped else split_stride(n_tok * n_kv * n_ht * n_group, n_group, _sm_count(q.device.id))
+    z = 1 if looped else split_stride(n_tok * n_kv * n_ht * n_group, n_group, runtime.sm_count(q.device.id))
     runtime.launch(_CU, f"attn_d{hd}_h{ht}" + ("_looped" if looped else ""), (n_tok, n_kv * n_ht, z), (_THREADS,),
                    (q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, out,
                     ws.acc, ws.ml, qscale, np.int32(n_heads), np.int32(n_kv), np.int32(group), np.int32(n_ht),

@@ -333,28 +333,22 @@ __device__ __forceinline__ void iq3_tokens(const TIQ3_XXS::U* v, const uint2* q,
 // block / plane arithmetic of TIQ3_XXS::decode (~55 instructions a row pair, perf/kernel_notes.md). One token
 // dots each sub-block by iq3_dot; more tokens decode it once (iq3_weights) and dot it with each. A row's last
 // group of fewer than 8 blocks (k not a multiple of 2048) goes through TIQ3_XXS::decode.
-// Built with -DQMM_IQ3_GROUPS (qmatmul.py BUILDS "iq3_groups", "iq3_groups_rounds1"): not yet timed on a GPU, so the
-// default build keeps mm_q1's / mm_q's loops for IQ3_XXS. IQ3_ROUNDS_UNROLL: a group's two rounds unrolled at one
-// token (2: both rounds' loads in flight; sm_90: 75 registers for two rows, 117 for two GLU pairs) or not (1: 64 /
-// 71); tiles of more tokens never unroll them (unrolled, the 8-token four-row tile took 136 registers).
-// IQ3_T1_MIN / IQ3_GLU1_MIN: the minimum CTAs an SM of IQ3_XXS's one-token kernels (two rows / two GLU pairs),
-// IQ3_T8_MIN of its 8-token tiles (0: none). The loop over groups takes more registers (sm_90 unbounded: 78 / 109
-// / 138 against 56 / 63 / 100 for mm_q1's / mm_q's loops), which costs CTAs an SM on grids larger than one wave.
-#ifdef QMM_IQ3_GROUPS
-#define IQ3_GROUPS true
+// Kernels mm[glu]_iq3_xxs_t<TILE>_r<RW>_gw (qmatmul.py IQ3_GROUPS: dense launches over few rows, where the
+// grid fits one wave; H100, 2026-12-05, kernel_notes.md). IQ3_ROUNDS_UNROLL: a group's two rounds unrolled at
+// one token (2: both rounds' loads in flight; sm_90: 78 registers for two rows, 109 for two GLU pairs) or not
+// (1: 64 / 71); tiles of more tokens never unroll them (unrolled, the 8-token four-row tile took 136
+// registers). More registers than mm_q1's / mm_q's loops (56 / 63 / 100 for the two-row, two-pair and 8-token
+// kernels), so fewer CTAs an SM: on a grid of several waves the loop lost (4096x14336: level at one token, 28%
+// slower at 8), on one wave it gained (14336x4096: 18% at one token, 7% at 8). IQ3_T1_MIN / IQ3_GLU1_MIN /
+// IQ3_T8_MIN: the kernels' minimum CTAs an SM (one token, two rows / two GLU pairs; 8-token tiles, 0: none)
+// for builds that try others (perf/bench_gpu.py --explore).
 #ifndef IQ3_T1_MIN
-#define IQ3_T1_MIN 4
+#define IQ3_T1_MIN 1
 #endif
 #ifndef IQ3_GLU1_MIN
-#define IQ3_GLU1_MIN 4
+#define IQ3_GLU1_MIN 1
 #endif
 #ifndef IQ3_T8_MIN
-#define IQ3_T8_MIN 2
-#endif
-#else
-#define IQ3_GROUPS false
-#define IQ3_T1_MIN 1
-#define IQ3_GLU1_MIN 1
 #define IQ3_T8_MIN 0
 #endif
 #ifndef IQ3_ROUNDS_UNROLL
@@ -427,10 +421,6 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
                                      const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
                                      const Out& o, const u32* tab) {
 #ifndef QMM_MMQ_ONE_TOKEN
-    if constexpr (T::GRID && IQ3_GROUPS && G == 1) {   // IQ3_XXS's loop over whole groups (same bits)
-        mm_q_iq3<TILE, RW, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, o, tab);
-        return;
-    }
     if constexpr (TILE == 1 && G == 1 && T::S > 1) {   // mm_q1's loop (same bits)
         mm_q1<T, RW, GLU, false>(W, row_bytes, n_out, k, xq, xd, o, tab);
         return;
@@ -683,13 +673,13 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
 #else
 #define IQ3_T8_BOUNDS T8_ANY
 #endif
-#define MM_Q_KERNELS(NAME, T, T1_MIN, T8_BOUNDS)                                                          \
+#define MM_Q_KERNELS(NAME, T, T8_BOUNDS)                                                                  \
     MM_Q_SK_KERNEL(NAME, T)                                                                               \
     MM_Q_KERNEL_AS(mm, NAME, T, 1, 1, 1, false, __launch_bounds__(256, FULL_SM_CTAS), )                  \
-    MM_Q_KERNEL_AS(mm, NAME, T, 1, 2, 1, false, __launch_bounds__(256, T1_MIN), )                        \
+    MM_Q_KERNEL_AS(mm, NAME, T, 1, 2, 1, false, __launch_bounds__(256, 1), )                             \
     MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1)                                           \
     MM_Q_KERNEL_AS(mm, NAME, T, 8, 4, 1, false, T8_BOUNDS, )                                             \
-    MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 2, 1, true, __launch_bounds__(256, T1_MIN), )                       \
+    MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 2, 1, true, __launch_bounds__(256, 1), )                            \
     MM_Q_GLU_KERNEL(NAME, T, 2, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 4, 1)                                   \
     MM_Q_KERNEL_AS(mmglu, NAME, T, 8, 4, 1, true, T8_BOUNDS, )
 #ifdef QMM_EXPLORE   // perf/bench_gpu.py --explore: the other candidates (qmatmul.py EXPLORE_VARIANTS) of 6 types
@@ -713,11 +703,11 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     MM_Q_KERNEL(NAME, T, 8, 2, 2) MM_Q_KERNEL(NAME, T, 16, 1, 1) MM_Q_KERNEL(NAME, T, 16, 2, 1)             \
     MM_Q_GLU_KERNEL(NAME, T, 1, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 2, 1)    \
     MM_Q_GLU_KERNEL(NAME, T, 8, 2, 1)
-#define MM_Q_GLU_TILE1_R4(NAME, T, MIN)   // in MM_Q_MORE already
+#define MM_Q_GLU_TILE1_R4(NAME, T)   // in MM_Q_MORE already
 #else
 #define MM_Q_MORE(NAME, T)
-#define MM_Q_GLU_TILE1_R4(NAME, T, MIN)   /* qmatmul.py DP4A_GLU_TILE1 */                                  \
-    MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 4, 1, true, __launch_bounds__(256, MIN), )
+#define MM_Q_GLU_TILE1_R4(NAME, T)   /* qmatmul.py DP4A_GLU_TILE1 */                                       \
+    MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 4, 1, true, __launch_bounds__(256, 1), )
 #endif
 // mm_q_tok's kernels: TILE tokens, RW rows a warp (GLU: RW / 2 row pairs), G = t, under BOUNDS; built for the
 // superblock types (the explore build: for Q8_0 and Q5_0 too, where they are mm_q's kernels under other names)
@@ -730,20 +720,34 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         grid_dependency_sync();                                                                           \
         mm_q_tok<T, TILE, RW, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                \
     }
+// mm_q_iq3's kernels (IQ3_XXS's loop over whole groups): PREFIX mm or mmglu, TILE tokens, RW rows a warp (GLU:
+// RW / 2 row pairs), named ..._gw, under BOUNDS
+#define MM_IQ3_KERNEL(PREFIX, TILE, RW, GLU, BOUNDS)                                                      \
+    extern "C" __global__ void BOUNDS PREFIX##_iq3_xxs_t##TILE##_r##RW##_gw(                             \
+        const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
+        const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
+        GRID_SMEM(TIQ3_XXS);                                                                              \
+        load_grid<TIQ3_XXS>(grid);                                                                        \
+        grid_dependency_sync();                                                                           \
+        mm_q_iq3<TILE, RW, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                   \
+    }
 #define MM_Q_TOK_KERNELS(NAME, T)                                                                         \
     MM_Q_TOK_KERNEL(mm, NAME, T, 8, 4, false, T8_MIN2) MM_Q_TOK_KERNEL(mmglu, NAME, T, 8, 4, true, T8_MIN2)    \
     MM_Q_TOK_KERNEL(mm, NAME, T, 4, 2, false, __launch_bounds__(256))                                     \
     MM_Q_TOK_KERNEL(mmglu, NAME, T, 4, 4, true, __launch_bounds__(256))
 
-MM_Q_KERNELS(q8_0, TQ8_0, 1, T8_MIN2) MM_Q_MORE(q8_0, TQ8_0)
-MM_Q_KERNELS(q4_0, TQ4_0, 1, T8_ANY)
-MM_Q_KERNELS(q5_0, TQ5_0, 1, T8_ANY) MM_Q_MORE(q5_0, TQ5_0)
-MM_Q_KERNELS(iq4_nl, TIQ4_NL, 1, T8_ANY)
-MM_Q_KERNELS(q4_k, TQ4_K, 1, T8_MIN2) MM_Q_MORE(q4_k, TQ4_K)
-MM_Q_KERNELS(q5_k, TQ5_K, 1, T8_MIN2) MM_Q_MORE(q5_k, TQ5_K)
-MM_Q_KERNELS(q6_k, TQ6_K, 1, T8_MIN2) MM_Q_MORE(q6_k, TQ6_K)
-MM_Q_KERNELS(iq3_xxs, TIQ3_XXS, IQ3_T1_MIN, IQ3_T8_BOUNDS) MM_Q_MORE(iq3_xxs, TIQ3_XXS)
-MM_Q_GLU_TILE1_R4(iq3_xxs, TIQ3_XXS, IQ3_GLU1_MIN)
+MM_Q_KERNELS(q8_0, TQ8_0, T8_MIN2) MM_Q_MORE(q8_0, TQ8_0)
+MM_Q_KERNELS(q4_0, TQ4_0, T8_ANY)
+MM_Q_KERNELS(q5_0, TQ5_0, T8_ANY) MM_Q_MORE(q5_0, TQ5_0)
+MM_Q_KERNELS(iq4_nl, TIQ4_NL, T8_ANY)
+MM_Q_KERNELS(q4_k, TQ4_K, T8_MIN2) MM_Q_MORE(q4_k, TQ4_K)
+MM_Q_KERNELS(q5_k, TQ5_K, T8_MIN2) MM_Q_MORE(q5_k, TQ5_K)
+MM_Q_KERNELS(q6_k, TQ6_K, T8_MIN2) MM_Q_MORE(q6_k, TQ6_K)
+MM_Q_KERNELS(iq3_xxs, TIQ3_XXS, T8_ANY) MM_Q_MORE(iq3_xxs, TIQ3_XXS) MM_Q_GLU_TILE1_R4(iq3_xxs, TIQ3_XXS)
+MM_IQ3_KERNEL(mm, 1, 2, false, __launch_bounds__(256, IQ3_T1_MIN)) MM_IQ3_KERNEL(mm, 2, 2, false, T8_ANY)
+MM_IQ3_KERNEL(mm, 4, 2, false, T8_ANY) MM_IQ3_KERNEL(mm, 8, 4, false, IQ3_T8_BOUNDS)
+MM_IQ3_KERNEL(mmglu, 1, 4, true, __launch_bounds__(256, IQ3_GLU1_MIN)) MM_IQ3_KERNEL(mmglu, 2, 4, true, T8_ANY)
+MM_IQ3_KERNEL(mmglu, 4, 4, true, T8_ANY) MM_IQ3_KERNEL(mmglu, 8, 4, true, IQ3_T8_BOUNDS)
 MM_Q_TOK_KERNELS(q4_k, TQ4_K) MM_Q_TOK_KERNELS(q5_k, TQ5_K) MM_Q_TOK_KERNELS(q6_k, TQ6_K)
 MM_Q_TOK_KERNELS(iq3_xxs, TIQ3_XXS)
 #ifdef QMM_EXPLORE

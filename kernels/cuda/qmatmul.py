@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as QType
 from ..cpu.act_quant import Q8_0_ACT, Q8_K_ACT
 from ..qtypes import check_supported, row_nbytes
 from .layouts import device_row_bytes, to_device
-from .runtime import cdiv, cupy, launch
+from .runtime import cdiv, cupy, launch, sm_count
 
 CU = "qmatmul.cu"
 CU_MMA = "qmatmul_mma.cu"
@@ -131,21 +131,28 @@ PER_TOKEN_GLU_VARIANTS = ((4, 4, PER_TOKEN), (8, 4, PER_TOKEN))
 # 8.3 / 4.6 us, Q6_K (split-K) 4.7 / 3.8, Q4_K 4.2 / 3.6; at 4,096 and 6,144 rows two rows stay faster (Q4_K
 # 4096x4096 4.9 / 5.3, IQ3_XXS 4096x6144 8.7 / 10.3).
 ONE_ROW_MAX_ROWS = 2048
+# IQ3_XXS dense launches of one tile of tokens over more than ONE_ROW_MAX_ROWS rows take the loop over the device
+# layout's whole groups of 8 blocks (qmatmul.cu mm_q_iq3, kernels ..._gw; the same bits) where their CTAs fit one
+# wave at IQ3_GROUPS_CTAS_PER_SM[tile] an SM: fewer instructions a weight but more registers (sm_90: one token 78
+# against 56, 4-token tiles 64 against 56, 8-token tiles 138 against 100), so fewer CTAs an SM, which lost on
+# larger grids. H100 (132 SMs; 2026-12-05, kernel_notes.md, "IQ3_XXS loop over whole groups on an H100"), us,
+# mm_q1's / mm_q's loop against it (row length x rows): one token 14336x4096 17.8 / 14.5, 4096x6144 8.6 / 7.4,
+# 4096x14336 (896 CTAs) 17.2 / 17.2, gate+up 4096x2x14336 26.9 / 31.0; 4 tokens 14336x4096 24.8 / 21.9; 8 tokens
+# 14336x4096 32.5 / 30.3, 4096x14336 (448 CTAs) 28.9 / 36.9, gate+up 50.4 / 48.3. GLU launches and 2-token tiles
+# keep their loops.
+IQ3_GROUPS = "w"
+IQ3_GROUPS_CTAS_PER_SM = {1: 3, 4: 4, 8: 1}
 # builds of qmatmul.cu / qmatmul_mma.cu (nvcc / NVRTC defines). "default": Q4_K / Q5_K summed as integers over
 # their 256-weight blocks before one float tail (qmatmul_types.cuh K4_S = 4, as ggml's own dot); "unit_tails":
 # each 64-weight unit its own float tail (K4_S = 1: other bits, the same in all of its kernels; the default until
 # 2026-12-05, kept for A/B runs: one-token kernels level, 8-token ones 14-19% and 16-token ones 20-25% slower, 64
 # sequences end to end 4-6% faster; kernel_notes.md, "Block sums as the default"). "explore": the default's bits
 # with more kernel variants (perf/bench_gpu.py --explore); "mmq_one_token": one-token kernels of the superblock
-# types through mm_q's own loop instead of mm_q1's (qmatmul.cu; the same bits); "iq3_groups": IQ3_XXS's dp4a
-# launches of 1-8 tokens (not the per-token variants) through a loop over whole groups of 8 blocks (qmatmul.cu
-# mm_q_iq3; the same bits; not yet timed on a GPU), "iq3_groups_rounds1" the same without a group's two rounds
-# unrolled at one token (fewer registers)
+# types through mm_q's own loop instead of mm_q1's (qmatmul.cu; the same bits)
 BUILDS = {"default": (), "explore": ("-DQMM_EXPLORE",), "unit_tails": ("-DK4_S=1",),
-          "mmq_one_token": ("-DQMM_MMQ_ONE_TOKEN",), "iq3_groups": ("-DQMM_IQ3_GROUPS",),
-          "iq3_groups_rounds1": ("-DQMM_IQ3_GROUPS", "-DIQ3_ROUNDS_UNROLL=1")}
+          "mmq_one_token": ("-DQMM_MMQ_ONE_TOKEN",)}
 MMA_BUILDS = {"default": (), "explore": ("-DMMQ_EXPLORE",), "unit_tails": ("-DK4_S=1",),   # the same, qmatmul_mma.cu
-              "mmq_one_token": (), "iq3_groups": (), "iq3_groups_rounds1": ()}
+              "mmq_one_token": ()}
 EXPLORE_VARIANTS = [(1, 1, 1), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4), (1, 4, 1), (2, 1, 1), (2, 2, 1),
                     (2, 2, 2), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (8, 4, 1), (8, 2, 2),
                     (16, 1, 1), (16, 2, 1), (1, 1, PIPE), (1, 2, PIPE), (1, 1, ONE_LOOP), (1, 2, ONE_LOOP),
@@ -177,14 +184,18 @@ def _one_row(qtype, n_tok: int, glu: bool, n_out: int | None) -> bool:
             and QType(int(qtype)) in PER_TOKEN_TYPES)
 
 
-def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None) -> tuple[int, int, int]:
-    """(tile, RW, G) of the dp4a kernel for a launch whose token tile is `tile` (GLU: RW gate and up rows) over
-    n_out rows (None: many)."""
+def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None, n_tok: int | None = None,
+                 n_sm: int | None = None) -> tuple[int, int, int]:
+    """(tile, RW, G) of the dp4a kernel for a launch of n_tok tokens (None: several tiles) whose token tile is
+    `tile` (GLU: RW gate and up rows) over n_out rows (None: many) on a device of n_sm SMs (None: unknown)."""
     qtype = QType(int(qtype))
     if (tile, glu) in PER_TOKEN_TILES.get(qtype, ()):
         return tile, (DP4A_GLU_ROWS[tile] if glu else DP4A_VARIANTS[tile][0]), PER_TOKEN
     if _one_row(qtype, tile, glu, n_out):
         return 1, 1, 1
+    if (qtype == QType.IQ3_XXS and not glu and None not in (n_out, n_tok, n_sm) and n_tok <= tile
+            and cdiv(n_out, DP4A_VARIANTS[tile][0] * WARPS_PER_CTA) <= n_sm * IQ3_GROUPS_CTAS_PER_SM.get(tile, 0)):
+        return tile, DP4A_VARIANTS[tile][0], IQ3_GROUPS
     if glu:
         rows = DP4A_GLU_TILE1.get(qtype, DP4A_GLU_ROWS[1]) if tile == 1 else DP4A_GLU_ROWS[tile]
         return tile, rows, 1
@@ -500,7 +511,8 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
                              f"{SPLIT_K_SMEM // 8} (token, unit) pairs")
         launch(CU, f"mmsk_{name}", (w.n_out,), (32, WARPS_PER_CTA), args, shared_mem=smem, options=BUILDS[build])
         return
-    tile, rw, g, *mb = variant if variant is not None else dp4a_variant(w.qtype, _tile(n), glu, w.n_out)
+    tile, rw, g, *mb = variant if variant is not None else dp4a_variant(w.qtype, _tile(n), glu, w.n_out, n,
+                                                                       sm_count(w.raw.device.id))
     kname = f"{'mmglu' if glu else 'mm'}_{name}_t{tile}_r{rw}_g{g}" + "".join(f"_m{b}" for b in mb)
     warps = cdiv(w.n_out // 2, rw // 2) if glu else cdiv(w.n_out, rw)
     launch(CU, kname, (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)), (32, WARPS_PER_CTA), args,

@@ -100,6 +100,12 @@ def programmatic_launches(on: bool = True):
         _programmatic[0] = before
 
 
+@functools.lru_cache(maxsize=None)
+def sm_count(device_id: int) -> int:
+    """The device's streaming multiprocessors."""
+    return int(cupy().cuda.Device(device_id).attributes["MultiProcessorCount"])
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
 
-from strata_lite.kernels.cuda.qmatmul import (MMA_MIDDLE, MMA_MIN_TOKENS, MMA_NARROW, MMA_VARIANTS, MMA_WIDEST,
-                                              ONE_ROW_MAX_ROWS, PER_TOKEN, TOKEN_TILES, dp4a_variant, matmul,
-                                              mma_smem, small_variant, split_k, tensor_core_variant)
+from strata_lite.kernels.cuda.qmatmul import (IQ3_GROUPS, MMA_MIDDLE, MMA_MIN_TOKENS, MMA_NARROW, MMA_VARIANTS,
+                                              MMA_WIDEST, ONE_ROW_MAX_ROWS, PER_TOKEN, TOKEN_TILES, dp4a_variant,
+                                              matmul, mma_smem, small_variant, split_k, tensor_core_variant)
 
 
 def test_the_prompt_kernel_choice_starts_at_mma_min_tokens():
@@ -135,6 +135,25 @@ def test_dense_dp4a_kernels_by_tokens_rows_and_type():
     assert dp4a_variant(QType.Q8_0, 1, n_out=896) == (1, 2, 1)
     assert dp4a_variant(QType.Q5_0, 1, n_out=896) == (1, 1, 1)
     assert dp4a_variant(QType.Q4_K, 1, glu=True, n_out=896) == (1, 2, 1)
+
+
+def test_iq3_xxs_group_loop_where_its_ctas_fit_one_wave():
+    """IQ3_XXS dense launches of one token tile over more than ONE_ROW_MAX_ROWS rows take the loop over whole
+    groups where their CTAs fit one wave at IQ3_GROUPS_CTAS_PER_SM (an H100's 132 SMs: the 8B shapes measured to
+    gain, 4096 and 6144 rows at one token, 4096 rows at 4 and 8 tokens; not 14336 rows, GLU, several tiles of
+    tokens, 2-token tiles, or an unknown device)."""
+    def pick(tile, n_out, n_tok, glu=False, n_sm=132, qtype=QType.IQ3_XXS):
+        return dp4a_variant(qtype, tile, glu=glu, n_out=n_out, n_tok=n_tok, n_sm=n_sm)
+    assert pick(1, 4096, 1) == pick(1, 6144, 1) == (1, 2, IQ3_GROUPS)
+    assert pick(4, 4096, 3) == (4, 2, IQ3_GROUPS) and pick(8, 4096, 8) == (8, 4, IQ3_GROUPS)
+    assert pick(1, 14336, 1) == (1, 2, 1) and pick(8, 14336, 8) == (8, 4, 1)
+    assert pick(1, ONE_ROW_MAX_ROWS, 1) == (1, 1, 1)                 # one row a warp first
+    assert pick(8, 4096, 16) == (8, 4, 1)                            # two tiles of tokens: two waves
+    assert pick(2, 4096, 2) == (2, 2, 1) and pick(1, 2 * 6144, 1, glu=True) == (1, 4, 1)
+    assert pick(1, 6144, 1, n_sm=None) == (1, 2, 1) and pick(1, 6144, 1, n_sm=28) == (1, 2, 1)
+    assert pick(1, 4096, 1, qtype=QType.Q4_K) == (1, 2, 1)
+    # the boundary: a wave of 132 SMs x 3 CTAs of 8 warps x 2 rows holds 6,336 rows
+    assert pick(1, 132 * 3 * 16, 1) == (1, 2, IQ3_GROUPS) and pick(1, 132 * 3 * 16 + 1, 1) == (1, 2, 1)
 
 
 def test_float_row_tiles_are_refused_outside_the_explore_build():

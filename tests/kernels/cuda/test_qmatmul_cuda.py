@@ -503,36 +503,36 @@ def test_q4_k_builds_give_one_set_of_bits_each(cp, qm, qtype, n_out, n_in, build
 
 
 @pytest.mark.parametrize("n_out,n_in", [(37, 2048), (2 * 19, 4096), (37, 4352), (6, 1792), (2 * 5, 14336)])
-def test_iq3_xxs_group_loop_builds(cp, qm, n_out, n_in):
-    """The iq3_groups builds' IQ3_XXS mat-muls (qmatmul.cu mm_q_iq3: full groups of 8 blocks at fixed offsets, a
-    last group of fewer through TIQ3_XXS::decode; one token by iq3_dot, more by iq3_weights; a group's two rounds
-    unrolled or not) give the default build's bits: every dp4a variant of the default build (one token: one and
-    two rows, one and two GLU row pairs; 2-, 4- and 8-token tiles) at 1, its tile, 8 and 16 tokens, and single
-    tokens through mm_q's own one-token loop (the mmq_one_token build); rows of exactly one group, two, two and
-    one block, fewer than 8 blocks, seven groups; with the fused bias and residual add."""
+def test_iq3_xxs_group_loop(cp, qm, n_out, n_in):
+    """IQ3_XXS's loop over whole groups (qmatmul.cu mm_q_iq3, kernels ..._gw: full groups of 8 blocks at fixed
+    offsets, a last group of fewer through TIQ3_XXS::decode; one token by iq3_dot, more by iq3_weights) gives
+    mm_q1's / mm_q's bits: every ..._gw kernel (one token: two rows, two GLU row pairs; 2-, 4- and 8-token tiles)
+    at 1, its tile, 8 and 16 tokens, against the default dp4a kernels and single tokens through mm_q's own
+    one-token loop (the mmq_one_token build); rows of exactly one group, two, two and one block, fewer than 8
+    blocks, seven groups; with the fused bias and residual add."""
     w, raw = _weight(qm, QType.IQ3_XXS, n_out, n_in, seed=80)
     x_host = _x(16, n_in, seed=81)
     xq, xd = _rounded(cp, qm, QType.IQ3_XXS, x_host)
-    builds = ("iq3_groups", "iq3_groups_rounds1")
+    groups = qm.IQ3_GROUPS
     for glu in (False, True):
         if glu and n_out % 2:
             continue
         width = n_out // 2 if glu else n_out
         ref = cp.full((16, width), np.nan, cp.float32)
-        qm.matmul_prequantized(w, xq, xd, ref, glu=glu, kernel="dp4a")
+        qm.matmul_prequantized(w, xq, xd, ref, glu=glu, kernel="dp4a", variant=(8, 4, 1))
         ref = ref.get()
         if not glu:
             _check_vs_float64(QType.IQ3_XXS, raw, x_host, ref)
-        variants = ([(1, 2, 1), (1, 4, 1), (2, 4, 1), (4, 4, 1), (8, 4, 1)] if glu
-                    else [(1, 1, 1), (1, 2, 1), (2, 2, 1), (4, 2, 1), (8, 4, 1)])
-        for build in builds:
-            for variant in variants:
-                for n in sorted({1, variant[0], 8, 16}):
-                    out = cp.full((n, width), np.nan, cp.float32)
-                    qm.matmul_prequantized(w, xq[:n], xd[:n], out, glu=glu, variant=variant, build=build)
-                    assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (glu, build, variant, n)
+        variants = [(1, 4, groups), (2, 4, groups), (4, 4, groups), (8, 4, groups)] if glu else \
+            [(1, 2, groups), (2, 2, groups), (4, 2, groups), (8, 4, groups)]
+        for variant in variants:
+            for n in sorted({1, variant[0], 8, 16}):
+                out = cp.full((n, width), np.nan, cp.float32)
+                qm.matmul_prequantized(w, xq[:n], xd[:n], out, glu=glu, variant=variant)
+                assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (glu, variant, n)
         for t in (0, 7, 15):
-            for kw in [dict(build="mmq_one_token")] + [dict(build=b) for b in builds]:
+            for kw in (dict(build="mmq_one_token", variant=qm.dp4a_variant(QType.IQ3_XXS, 1, glu)),
+                       dict(variant=(1, 4 if glu else 2, groups))):
                 one = cp.full((1, width), np.nan, cp.float32)
                 qm.matmul_prequantized(w, xq[t:t + 1], xd[t:t + 1], one, glu=glu, **kw)
                 assert np.array_equal(one.get().view(np.uint32), ref[t:t + 1].view(np.uint32)), (glu, t, kw)
@@ -540,6 +540,22 @@ def test_iq3_xxs_group_loop_builds(cp, qm, n_out, n_in):
     resid = cp.asarray(_x(3, n_out, seed=83))
     for n in (1, 3):
         out, want = resid[:n].copy(), resid[:n].copy()
-        qm.matmul_prequantized(w, xq[:n], xd[:n], out, bias=bias, accumulate=True, build="iq3_groups")
-        qm.matmul_prequantized(w, xq[:n], xd[:n], want, bias=bias, accumulate=True, build="mmq_one_token")
+        qm.matmul_prequantized(w, xq[:n], xd[:n], out, bias=bias, accumulate=True, variant=(qm._tile(n), 2, groups))
+        qm.matmul_prequantized(w, xq[:n], xd[:n], want, bias=bias, accumulate=True, build="mmq_one_token",
+                               variant=(qm._tile(n), 2, 1))
         assert np.array_equal(out.get().view(np.uint32), want.get().view(np.uint32)), n
+
+
+def test_iq3_xxs_auto_takes_the_group_loop_on_one_wave(cp, qm):
+    """`auto` sends an IQ3_XXS launch of one token over 4,096 rows to the group loop on a card of 86+ SMs
+    (dp4a_variant's rule; the H100 / H200 have 132) and gives the bits of mm_q1's loop."""
+    n_out, n_in = 4096, 2048
+    w, _ = _weight(qm, QType.IQ3_XXS, n_out, n_in, seed=84)
+    xq, xd = _rounded(cp, qm, QType.IQ3_XXS, _x(1, n_in, seed=85))
+    n_sm = qm.sm_count(w.raw.device.id)
+    expect = (1, 2, qm.IQ3_GROUPS) if n_sm * qm.IQ3_GROUPS_CTAS_PER_SM[1] * 16 >= n_out else (1, 2, 1)
+    assert qm.dp4a_variant(QType.IQ3_XXS, 1, False, n_out, 1, n_sm) == expect
+    out, ref = (cp.full((1, n_out), np.nan, cp.float32) for _ in range(2))
+    qm.matmul_prequantized(w, xq, xd, out)
+    qm.matmul_prequantized(w, xq, xd, ref, variant=(1, 2, 1))
+    assert np.array_equal(out.get().view(np.uint32), ref.get().view(np.uint32))
