@@ -358,6 +358,8 @@ def builds_rows(cp, copy_bw):
             tile = qm._tile(n_tok)
             rw = 4 if glu else qm.DP4A_VARIANTS[tile][0]
             rows += [(f"t{tile} r{rw} groups", dict(variant=(tile, rw, qm.IQ3_GROUPS)), "default")]
+            rows += [(f"t{tile} r{rw} groups m{v[3]}", dict(variant=v, build="explore"), "default")
+                     for v in qm.EXPLORE_IQ3_GROUPS_MB[glu] if v[0] == tile]
         if n_tok == 1 and k4:
             rows += [(f"r{rw} {how}", dict(variant=(1, rw, g), build="explore"), "default")
                      for g, how in ((qm.PIPE, "pipelined"), (qm.ONE_LOOP, "one loop"))
@@ -389,8 +391,10 @@ def one_token_rows(cp, copy_bw):
     def launches(qtype, n_tok, glu):
         rows = [("mm_q loop", dict(build="mmq_one_token", variant=qm.dp4a_variant(qtype, 1, glu)), "mmq_one_token"),
                 ("auto *", dict(build="default"), "mmq_one_token")]
-        rows += ([("groups", dict(variant=(1, 4 if glu else 2, qm.IQ3_GROUPS)), "mmq_one_token")]
-                 if qtype == qm.QType.IQ3_XXS else [])
+        if qtype == qm.QType.IQ3_XXS:
+            rows += [("groups", dict(variant=(1, 4 if glu else 2, qm.IQ3_GROUPS)), "mmq_one_token")]
+            rows += [(f"groups m{v[3]}", dict(variant=v, build="explore"), "mmq_one_token")
+                     for v in qm.EXPLORE_IQ3_GROUPS_MB[glu] if v[0] == 1]
         rows += [(f"r{rw} (the default build's kernel)", dict(variant=(1, rw, 1), build="default"), "mmq_one_token")
                  for rw in ((4,) if glu else (1, 2))]
         rows += [(f"mm_q1 r{rw} g{g} min 1", dict(variant=(1, rw, g), build="explore"), "mmq_one_token")

@@ -334,26 +334,14 @@ __device__ __forceinline__ void iq3_tokens(const TIQ3_XXS::U* v, const uint2* q,
 // dots each sub-block by iq3_dot; more tokens decode it once (iq3_weights) and dot it with each. A row's last
 // group of fewer than 8 blocks (k not a multiple of 2048) goes through TIQ3_XXS::decode.
 // Kernels mm[glu]_iq3_xxs_t<TILE>_r<RW>_gw (qmatmul.py IQ3_GROUPS: dense launches over few rows, where the
-// grid fits one wave; H100, 2026-12-05, kernel_notes.md). IQ3_ROUNDS_UNROLL: a group's two rounds unrolled at
-// one token (2: both rounds' loads in flight; sm_90: 78 registers for two rows, 109 for two GLU pairs) or not
-// (1: 64 / 71); tiles of more tokens never unroll them (unrolled, the 8-token four-row tile took 136
-// registers). More registers than mm_q1's / mm_q's loops (56 / 63 / 100 for the two-row, two-pair and 8-token
+// grid fits one wave; H100, 2026-12-05, kernel_notes.md). A group's two rounds are unrolled at one token (both
+// rounds' loads in flight; sm_90: 78 registers for two rows, 109 for two GLU pairs; not unrolled, 64 / 71
+// registers measured 14336x4096 16.7 against 14.5 us); tiles of more tokens never unroll them (unrolled, the
+// 8-token four-row tile took 136 registers). More registers than mm_q1's / mm_q's loops (56 / 63 / 100 for the two-row, two-pair and 8-token
 // kernels), so fewer CTAs an SM: on a grid of several waves the loop lost (4096x14336: level at one token, 28%
-// slower at 8), on one wave it gained (14336x4096: 18% at one token, 7% at 8). IQ3_T1_MIN / IQ3_GLU1_MIN /
-// IQ3_T8_MIN: the kernels' minimum CTAs an SM (one token, two rows / two GLU pairs; 8-token tiles, 0: none)
-// for builds that try others (perf/bench_gpu.py --explore).
-#ifndef IQ3_T1_MIN
-#define IQ3_T1_MIN 1
-#endif
-#ifndef IQ3_GLU1_MIN
-#define IQ3_GLU1_MIN 1
-#endif
-#ifndef IQ3_T8_MIN
-#define IQ3_T8_MIN 0
-#endif
-#ifndef IQ3_ROUNDS_UNROLL
-#define IQ3_ROUNDS_UNROLL 2
-#endif
+// slower at 8), on one wave it gained (14336x4096: 18% at one token, 7% at 8). The explore build also has them
+// under a minimum of 4 CTAs an SM (one token; sm_90: 64 registers, no spill) and 2 (8 tokens: 128, 32 bytes
+// spilled), names ending in _m4 / _m2.
 template <int TILE, int RW, bool GLU>
 __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                          const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
@@ -372,7 +360,7 @@ __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes
     float acc[TILE * OWN];
 #pragma unroll
     for (int i = 0; i < TILE * OWN; ++i) acc[i] = 0.0f;
-    constexpr int ROUNDS_UNROLL = TILE == 1 ? IQ3_ROUNDS_UNROLL : 1;   // more tokens: registers enough
+    constexpr int ROUNDS_UNROLL = TILE == 1 ? 2 : 1;   // more tokens: registers enough
     for (int g = 0; g < n_full; ++g) {
 #pragma unroll ROUNDS_UNROLL
         for (int h = 0; h < 2; ++h) {
@@ -668,11 +656,6 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
 // IQ3_XXS lost (29.0 / 30.5, gate+up 51.1 / 52.1) and keeps none
 #define T8_MIN2 __launch_bounds__(256, 2)
 #define T8_ANY __launch_bounds__(256)
-#if IQ3_T8_MIN > 0
-#define IQ3_T8_BOUNDS __launch_bounds__(256, IQ3_T8_MIN)
-#else
-#define IQ3_T8_BOUNDS T8_ANY
-#endif
 #define MM_Q_KERNELS(NAME, T, T8_BOUNDS)                                                                  \
     MM_Q_SK_KERNEL(NAME, T)                                                                               \
     MM_Q_KERNEL_AS(mm, NAME, T, 1, 1, 1, false, __launch_bounds__(256, FULL_SM_CTAS), )                  \
@@ -721,9 +704,9 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         mm_q_tok<T, TILE, RW, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                \
     }
 // mm_q_iq3's kernels (IQ3_XXS's loop over whole groups): PREFIX mm or mmglu, TILE tokens, RW rows a warp (GLU:
-// RW / 2 row pairs), named ..._gw, under BOUNDS
-#define MM_IQ3_KERNEL(PREFIX, TILE, RW, GLU, BOUNDS)                                                      \
-    extern "C" __global__ void BOUNDS PREFIX##_iq3_xxs_t##TILE##_r##RW##_gw(                             \
+// RW / 2 row pairs), named ..._gw<SUFFIX>, under BOUNDS
+#define MM_IQ3_KERNEL(PREFIX, TILE, RW, GLU, BOUNDS, SUFFIX)                                              \
+    extern "C" __global__ void BOUNDS PREFIX##_iq3_xxs_t##TILE##_r##RW##_gw##SUFFIX(                     \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
         GRID_SMEM(TIQ3_XXS);                                                                              \
@@ -744,10 +727,15 @@ MM_Q_KERNELS(q4_k, TQ4_K, T8_MIN2) MM_Q_MORE(q4_k, TQ4_K)
 MM_Q_KERNELS(q5_k, TQ5_K, T8_MIN2) MM_Q_MORE(q5_k, TQ5_K)
 MM_Q_KERNELS(q6_k, TQ6_K, T8_MIN2) MM_Q_MORE(q6_k, TQ6_K)
 MM_Q_KERNELS(iq3_xxs, TIQ3_XXS, T8_ANY) MM_Q_MORE(iq3_xxs, TIQ3_XXS) MM_Q_GLU_TILE1_R4(iq3_xxs, TIQ3_XXS)
-MM_IQ3_KERNEL(mm, 1, 2, false, __launch_bounds__(256, IQ3_T1_MIN)) MM_IQ3_KERNEL(mm, 2, 2, false, T8_ANY)
-MM_IQ3_KERNEL(mm, 4, 2, false, T8_ANY) MM_IQ3_KERNEL(mm, 8, 4, false, IQ3_T8_BOUNDS)
-MM_IQ3_KERNEL(mmglu, 1, 4, true, __launch_bounds__(256, IQ3_GLU1_MIN)) MM_IQ3_KERNEL(mmglu, 2, 4, true, T8_ANY)
-MM_IQ3_KERNEL(mmglu, 4, 4, true, T8_ANY) MM_IQ3_KERNEL(mmglu, 8, 4, true, IQ3_T8_BOUNDS)
+MM_IQ3_KERNEL(mm, 1, 2, false, __launch_bounds__(256, 1), ) MM_IQ3_KERNEL(mm, 2, 2, false, T8_ANY, )
+MM_IQ3_KERNEL(mm, 4, 2, false, T8_ANY, ) MM_IQ3_KERNEL(mm, 8, 4, false, T8_ANY, )
+MM_IQ3_KERNEL(mmglu, 1, 4, true, __launch_bounds__(256, 1), ) MM_IQ3_KERNEL(mmglu, 2, 4, true, T8_ANY, )
+MM_IQ3_KERNEL(mmglu, 4, 4, true, T8_ANY, ) MM_IQ3_KERNEL(mmglu, 8, 4, true, T8_ANY, )
+#ifdef QMM_EXPLORE   // qmatmul.py EXPLORE_IQ3_GROUPS_MB
+MM_IQ3_KERNEL(mm, 1, 2, false, __launch_bounds__(256, 4), _m4)
+MM_IQ3_KERNEL(mmglu, 1, 4, true, __launch_bounds__(256, 4), _m4)
+MM_IQ3_KERNEL(mm, 8, 4, false, T8_MIN2, _m2) MM_IQ3_KERNEL(mmglu, 8, 4, true, T8_MIN2, _m2)
+#endif
 MM_Q_TOK_KERNELS(q4_k, TQ4_K) MM_Q_TOK_KERNELS(q5_k, TQ5_K) MM_Q_TOK_KERNELS(q6_k, TQ6_K)
 MM_Q_TOK_KERNELS(iq3_xxs, TIQ3_XXS)
 #ifdef QMM_EXPLORE

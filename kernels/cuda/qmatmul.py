@@ -142,6 +142,10 @@ ONE_ROW_MAX_ROWS = 2048
 # keep their loops.
 IQ3_GROUPS = "w"
 IQ3_GROUPS_CTAS_PER_SM = {1: 3, 4: 4, 8: 1}
+# the explore build's group-loop kernels under a minimum of MB CTAs an SM, (tile, RW, IQ3_GROUPS, MB) by GLU (sm_90:
+# one token 64 registers, 8 tokens 128), for perf/bench_gpu.py --explore
+EXPLORE_IQ3_GROUPS_MB = {False: ((1, 2, IQ3_GROUPS, 4), (8, 4, IQ3_GROUPS, 2)),
+                         True: ((1, 4, IQ3_GROUPS, 4), (8, 4, IQ3_GROUPS, 2))}
 # builds of qmatmul.cu / qmatmul_mma.cu (nvcc / NVRTC defines). "default": Q4_K / Q5_K summed as integers over
 # their 256-weight blocks before one float tail (qmatmul_types.cuh K4_S = 4, as ggml's own dot); "unit_tails":
 # each 64-weight unit its own float tail (K4_S = 1: other bits, the same in all of its kernels; the default until

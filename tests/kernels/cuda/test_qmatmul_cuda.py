@@ -506,8 +506,8 @@ def test_q4_k_builds_give_one_set_of_bits_each(cp, qm, qtype, n_out, n_in, build
 def test_iq3_xxs_group_loop(cp, qm, n_out, n_in):
     """IQ3_XXS's loop over whole groups (qmatmul.cu mm_q_iq3, kernels ..._gw: full groups of 8 blocks at fixed
     offsets, a last group of fewer through TIQ3_XXS::decode; one token by iq3_dot, more by iq3_weights) gives
-    mm_q1's / mm_q's bits: every ..._gw kernel (one token: two rows, two GLU row pairs; 2-, 4- and 8-token tiles)
-    at 1, its tile, 8 and 16 tokens, against the default dp4a kernels and single tokens through mm_q's own
+    mm_q1's / mm_q's bits: every ..._gw kernel (one token: two rows, two GLU row pairs; 2-, 4- and 8-token tiles;
+    the explore build's under launch bounds) at 1, its tile, 8 and 16 tokens, against the default dp4a kernels and single tokens through mm_q's own
     one-token loop (the mmq_one_token build); rows of exactly one group, two, two and one block, fewer than 8
     blocks, seven groups; with the fused bias and residual add."""
     w, raw = _weight(qm, QType.IQ3_XXS, n_out, n_in, seed=80)
@@ -525,11 +525,12 @@ def test_iq3_xxs_group_loop(cp, qm, n_out, n_in):
             _check_vs_float64(QType.IQ3_XXS, raw, x_host, ref)
         variants = [(1, 4, groups), (2, 4, groups), (4, 4, groups), (8, 4, groups)] if glu else \
             [(1, 2, groups), (2, 2, groups), (4, 2, groups), (8, 4, groups)]
-        for variant in variants:
+        builds = [(v, "default") for v in variants] + [(v, "explore") for v in qm.EXPLORE_IQ3_GROUPS_MB[glu]]
+        for variant, build in builds:
             for n in sorted({1, variant[0], 8, 16}):
                 out = cp.full((n, width), np.nan, cp.float32)
-                qm.matmul_prequantized(w, xq[:n], xd[:n], out, glu=glu, variant=variant)
-                assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (glu, variant, n)
+                qm.matmul_prequantized(w, xq[:n], xd[:n], out, glu=glu, variant=variant, build=build)
+                assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (glu, variant, build, n)
         for t in (0, 7, 15):
             for kw in (dict(build="mmq_one_token", variant=qm.dp4a_variant(QType.IQ3_XXS, 1, glu)),
                        dict(variant=(1, 4 if glu else 2, groups))):
