@@ -337,9 +337,10 @@ __device__ __forceinline__ void iq3_tokens(const TIQ3_XXS::U* v, const uint2* q,
 // grid fits one wave; H100, 2026-12-05, kernel_notes.md). A group's two rounds are unrolled at one token (both
 // rounds' loads in flight; sm_90: 78 registers for two rows, 109 for two GLU pairs; not unrolled, 64 / 71
 // registers measured 14336x4096 16.7 against 14.5 us); tiles of more tokens never unroll them (unrolled, the
-// 8-token four-row tile took 136 registers). More registers than mm_q1's / mm_q's loops (56 / 63 / 100 for the two-row, two-pair and 8-token
-// kernels), so fewer CTAs an SM: on a grid of several waves the loop lost (4096x14336: level at one token, 28%
-// slower at 8), on one wave it gained (14336x4096: 18% at one token, 7% at 8). The explore build also has them
+// 8-token four-row tile took 136 registers). More registers than mm_q1's / mm_q's loops (56 / 63 / 100 for the
+// two-row, two-pair and 8-token kernels), so fewer CTAs an SM: on a grid of several waves the loop lost
+// (4096x14336: level at one token, 28% slower at 8), on one wave it gained (14336x4096: 18% at one token, 7% at
+// 8). The explore build also has them
 // under a minimum of 4 CTAs an SM (one token; sm_90: 64 registers, no spill) and 2 (8 tokens: 128, 32 bytes
 // spilled), names ending in _m4 / _m2.
 template <int TILE, int RW, bool GLU>

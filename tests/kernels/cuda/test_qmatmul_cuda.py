@@ -507,9 +507,9 @@ def test_iq3_xxs_group_loop(cp, qm, n_out, n_in):
     """IQ3_XXS's loop over whole groups (qmatmul.cu mm_q_iq3, kernels ..._gw: full groups of 8 blocks at fixed
     offsets, a last group of fewer through TIQ3_XXS::decode; one token by iq3_dot, more by iq3_weights) gives
     mm_q1's / mm_q's bits: every ..._gw kernel (one token: two rows, two GLU row pairs; 2-, 4- and 8-token tiles;
-    the explore build's under launch bounds) at 1, its tile, 8 and 16 tokens, against the default dp4a kernels and single tokens through mm_q's own
-    one-token loop (the mmq_one_token build); rows of exactly one group, two, two and one block, fewer than 8
-    blocks, seven groups; with the fused bias and residual add."""
+    the explore build's under launch bounds) at 1, its tile, 8 and 16 tokens, against the default dp4a kernels,
+    and single tokens against mm_q's own one-token loop (the mmq_one_token build); rows of exactly one group, two,
+    two and one block, fewer than 8 blocks, seven groups; with the fused bias and residual add."""
     w, raw = _weight(qm, QType.IQ3_XXS, n_out, n_in, seed=80)
     x_host = _x(16, n_in, seed=81)
     xq, xd = _rounded(cp, qm, QType.IQ3_XXS, x_host)
