@@ -337,7 +337,9 @@ BUILDS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True, 1
                     ("Q5_K", 14336, 4096, False, 8), ("Q4_K", 14336, 4096, False, 16),
                     ("Q4_K", 28672, 4096, True, 16), ("Q4_K", 4096, 14336, False, 16), ("Q4_K", 4096, 4096, False, 16),
                     ("Q4_K", 28672, 4096, True, 32), ("Q4_K", 14336, 4096, False, 512),
-                    ("IQ3_XXS", 14336, 4096, False, 4), ("IQ3_XXS", 14336, 4096, False, 8),
+                    ("IQ3_XXS", 4096, 14336, False, 2), ("IQ3_XXS", 14336, 4096, False, 2),
+                    ("IQ3_XXS", 14336, 4096, False, 4), ("IQ3_XXS", 4096, 14336, False, 4),
+                    ("IQ3_XXS", 28672, 4096, True, 4), ("IQ3_XXS", 14336, 4096, False, 8),
                     ("IQ3_XXS", 28672, 4096, True, 8), ("IQ3_XXS", 4096, 14336, False, 8),
                     ("Q6_K", 4096, 14336, False, 4), ("Q6_K", 4096, 14336, False, 8), ("Q6_K", 32000, 4096, False, 8)]
 
@@ -378,7 +380,7 @@ def builds_rows(cp, copy_bw):
 ONE_TOKEN_AB = [("IQ3_XXS", 14336, 4096, False, 1), ("IQ3_XXS", 4096, 14336, False, 1),
                 ("IQ3_XXS", 28672, 4096, True, 1), ("IQ3_XXS", 6144, 4096, False, 1), ("Q6_K", 14336, 4096, False, 1),
                 ("Q6_K", 4096, 14336, False, 1), ("Q6_K", 896, 4864, False, 1), ("Q6_K", 32000, 4096, False, 1),
-                ("IQ3_XXS", 896, 4864, False, 1)]
+                ("IQ3_XXS", 896, 4864, False, 1), ("IQ3_XXS", 4096, 4096, False, 1)]
 
 
 def one_token_rows(cp, copy_bw):

@@ -132,16 +132,17 @@ PER_TOKEN_GLU_VARIANTS = ((4, 4, PER_TOKEN), (8, 4, PER_TOKEN))
 # 4096x4096 4.9 / 5.3, IQ3_XXS 4096x6144 8.7 / 10.3).
 ONE_ROW_MAX_ROWS = 2048
 # IQ3_XXS dense launches of one tile of tokens over more than ONE_ROW_MAX_ROWS rows take the loop over the device
-# layout's whole groups of 8 blocks (qmatmul.cu mm_q_iq3, kernels ..._gw; the same bits) where their CTAs fit one
-# wave at IQ3_GROUPS_CTAS_PER_SM[tile] an SM: fewer instructions a weight but more registers (sm_90: one token 78
-# against 56, 4-token tiles 64 against 56, 8-token tiles 138 against 100), so fewer CTAs an SM, which lost on
-# larger grids. H100 (132 SMs; 2026-12-05, kernel_notes.md, "IQ3_XXS loop over whole groups on an H100"), us,
-# mm_q1's / mm_q's loop against it (row length x rows): one token 14336x4096 17.8 / 14.5, 4096x6144 8.6 / 7.4,
-# 4096x14336 (896 CTAs) 17.2 / 17.2, gate+up 4096x2x14336 26.9 / 31.0; 4 tokens 14336x4096 24.8 / 21.9; 8 tokens
+# layout's whole groups of 8 blocks (qmatmul.cu mm_q_iq3, kernels ..._gw; the same bits): fewer instructions a
+# weight but more registers (sm_90: one token 78 against 56, 4-token tiles 64 against 56, 8-token tiles 138 against
+# 100). Where that costs CTAs an SM (IQ3_GROUPS_CTAS_PER_SM[tile]: the group loop's, 3 at one token, 1 at 8 tokens)
+# it takes the launches whose CTAs fit one wave there; 4-token tiles hold 4 CTAs an SM either way (None: any grid).
+# H100 (132 SMs; 2026-12-05, kernel_notes.md, "IQ3_XXS loop over whole groups on an H100"), us, mm_q1's / mm_q's
+# loop against it (row length x rows): one token 14336x4096 17.8 / 14.5, 4096x6144 8.6 / 7.4, 4096x14336 (896
+# CTAs) 17.2 / 17.2, gate+up 4096x2x14336 26.9 / 31.0; 4 tokens 4096x14336 (896 CTAs) 24.8 / 21.9; 8 tokens
 # 14336x4096 32.5 / 30.3, 4096x14336 (448 CTAs) 28.9 / 36.9, gate+up 50.4 / 48.3. GLU launches and 2-token tiles
 # keep their loops.
 IQ3_GROUPS = "w"
-IQ3_GROUPS_CTAS_PER_SM = {1: 3, 4: 4, 8: 1}
+IQ3_GROUPS_CTAS_PER_SM = {1: 3, 4: None, 8: 1}
 # the explore build's group-loop kernels under a minimum of MB CTAs an SM, (tile, RW, IQ3_GROUPS, MB) by GLU (sm_90:
 # one token 64 registers, 8 tokens 128), for perf/bench_gpu.py --explore
 EXPLORE_IQ3_GROUPS_MB = {False: ((1, 2, IQ3_GROUPS, 4), (8, 4, IQ3_GROUPS, 2)),
@@ -198,8 +199,10 @@ def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None, 
     if _one_row(qtype, tile, glu, n_out):
         return 1, 1, 1
     if (qtype == QType.IQ3_XXS and not glu and None not in (n_out, n_tok, n_sm) and n_tok <= tile
-            and cdiv(n_out, DP4A_VARIANTS[tile][0] * WARPS_PER_CTA) <= n_sm * IQ3_GROUPS_CTAS_PER_SM.get(tile, 0)):
-        return tile, DP4A_VARIANTS[tile][0], IQ3_GROUPS
+            and tile in IQ3_GROUPS_CTAS_PER_SM):
+        ctas = IQ3_GROUPS_CTAS_PER_SM[tile]
+        if ctas is None or cdiv(n_out, DP4A_VARIANTS[tile][0] * WARPS_PER_CTA) <= n_sm * ctas:
+            return tile, DP4A_VARIANTS[tile][0], IQ3_GROUPS
     if glu:
         rows = DP4A_GLU_TILE1.get(qtype, DP4A_GLU_ROWS[1]) if tile == 1 else DP4A_GLU_ROWS[tile]
         return tile, rows, 1

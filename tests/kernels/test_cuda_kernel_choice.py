@@ -139,13 +139,14 @@ def test_dense_dp4a_kernels_by_tokens_rows_and_type():
 
 def test_iq3_xxs_group_loop_where_its_ctas_fit_one_wave():
     """IQ3_XXS dense launches of one token tile over more than ONE_ROW_MAX_ROWS rows take the loop over whole
-    groups where their CTAs fit one wave at IQ3_GROUPS_CTAS_PER_SM (an H100's 132 SMs: the 8B shapes measured to
-    gain, 4096 and 6144 rows at one token, 4096 rows at 4 and 8 tokens; not 14336 rows, GLU, several tiles of
-    tokens, 2-token tiles, or an unknown device)."""
+    groups where their CTAs fit one wave at IQ3_GROUPS_CTAS_PER_SM, 4-token tiles on any grid (an H100's 132 SMs:
+    the 8B shapes measured to gain, 4096 and 6144 rows at one token, 4096 rows at 8 tokens, 14336 rows at 4; not
+    14336 rows at 1 or 8 tokens, GLU, several tiles of tokens, 2-token tiles, or an unknown device)."""
     def pick(tile, n_out, n_tok, glu=False, n_sm=132, qtype=QType.IQ3_XXS):
         return dp4a_variant(qtype, tile, glu=glu, n_out=n_out, n_tok=n_tok, n_sm=n_sm)
     assert pick(1, 4096, 1) == pick(1, 6144, 1) == (1, 2, IQ3_GROUPS)
-    assert pick(4, 4096, 3) == (4, 2, IQ3_GROUPS) and pick(8, 4096, 8) == (8, 4, IQ3_GROUPS)
+    assert pick(4, 4096, 3) == pick(4, 14336, 4) == (4, 2, IQ3_GROUPS) and pick(8, 4096, 8) == (8, 4, IQ3_GROUPS)
+    assert pick(4, 14336, 5) == (4, 2, 1)                           # two tiles of tokens
     assert pick(1, 14336, 1) == (1, 2, 1) and pick(8, 14336, 8) == (8, 4, 1)
     assert pick(1, ONE_ROW_MAX_ROWS, 1) == (1, 1, 1)                 # one row a warp first
     assert pick(8, 4096, 16) == (8, 4, 1)                            # two tiles of tokens: two waves
