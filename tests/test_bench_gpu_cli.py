@@ -20,3 +20,12 @@ def test_contexts_that_are_not_whole_pages_are_refused_before_the_gpu(contexts):
 
 def test_context_labels():
     assert [bench_gpu.ctx_label(c) for c in (512, 4096, 32768, 1536)] == ["512", "4K", "32K", "1536"]
+
+
+@pytest.mark.parametrize("flag,value", [("--iq3-groups", "on"), ("--build", "iq3_groups")])
+def test_unknown_choices_are_refused_before_the_gpu(flag, value):
+    """--iq3-groups takes auto / off; the group loop is no build of its own (qmatmul.IQ3_GROUPS), so --build
+    names only qmatmul.BUILDS' A/B builds."""
+    run = subprocess.run([sys.executable, os.path.join(PERF, "bench_gpu.py"), "--batched", flag, value],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "invalid choice" in run.stderr and repr(value) in run.stderr
