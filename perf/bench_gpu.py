@@ -344,6 +344,16 @@ BUILDS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True, 1
                     ("Q6_K", 4096, 14336, False, 4), ("Q6_K", 4096, 14336, False, 8), ("Q6_K", 32000, 4096, False, 8)]
 
 
+def iq3_group_rows(qm, tile: int, glu: bool, ref_build: str):
+    """launch_rows entries of IQ3_XXS's group-loop kernels of a token tile: the default build's and the explore
+    build's under launch bounds (qmatmul.EXPLORE_IQ3_GROUPS_MB), checked against ref_build's dp4a kernel."""
+    variant = qm.iq3_groups_variant(tile, glu)
+    name = f"t{tile} r{variant[1]} groups"
+    return [(name, dict(variant=variant), ref_build)] + [
+        (f"{name} m{v[3]}", dict(variant=v, build="explore"), ref_build)
+        for v in qm.EXPLORE_IQ3_GROUPS_MB[glu] if v[0] == tile]
+
+
 def builds_rows(cp, copy_bw):
     """--explore: each BUILDS_EXPLORE launch through `auto` in the default build, (Q4_K / Q5_K) in the unit_tails
     build and (IQ3_XXS, at most 8 tokens) through the loop over whole groups (qmatmul.IQ3_GROUPS), checked bit for
@@ -357,11 +367,7 @@ def builds_rows(cp, copy_bw):
         rows = [("default *", dict(build="default"), "default")]
         rows += [("unit_tails *", dict(build="unit_tails"), "unit_tails")] if k4 else []
         if qtype == qm.QType.IQ3_XXS and n_tok <= 8:
-            tile = qm._tile(n_tok)
-            rw = 4 if glu else qm.DP4A_VARIANTS[tile][0]
-            rows += [(f"t{tile} r{rw} groups", dict(variant=(tile, rw, qm.IQ3_GROUPS)), "default")]
-            rows += [(f"t{tile} r{rw} groups m{v[3]}", dict(variant=v, build="explore"), "default")
-                     for v in qm.EXPLORE_IQ3_GROUPS_MB[glu] if v[0] == tile]
+            rows += iq3_group_rows(qm, qm._tile(n_tok), glu, "default")
         if n_tok == 1 and k4:
             rows += [(f"r{rw} {how}", dict(variant=(1, rw, g), build="explore"), "default")
                      for g, how in ((qm.PIPE, "pipelined"), (qm.ONE_LOOP, "one loop"))
@@ -394,9 +400,7 @@ def one_token_rows(cp, copy_bw):
         rows = [("mm_q loop", dict(build="mmq_one_token", variant=qm.dp4a_variant(qtype, 1, glu)), "mmq_one_token"),
                 ("auto *", dict(build="default"), "mmq_one_token")]
         if qtype == qm.QType.IQ3_XXS:
-            rows += [("groups", dict(variant=(1, 4 if glu else 2, qm.IQ3_GROUPS)), "mmq_one_token")]
-            rows += [(f"groups m{v[3]}", dict(variant=v, build="explore"), "mmq_one_token")
-                     for v in qm.EXPLORE_IQ3_GROUPS_MB[glu] if v[0] == 1]
+            rows += iq3_group_rows(qm, 1, glu, "mmq_one_token")
         rows += [(f"r{rw} (the default build's kernel)", dict(variant=(1, rw, 1), build="default"), "mmq_one_token")
                  for rw in ((4,) if glu else (1, 2))]
         rows += [(f"mm_q1 r{rw} g{g} min 1", dict(variant=(1, rw, g), build="explore"), "mmq_one_token")

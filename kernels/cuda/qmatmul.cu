@@ -340,9 +340,8 @@ __device__ __forceinline__ void iq3_tokens(const TIQ3_XXS::U* v, const uint2* q,
 // 8-token four-row tile took 136 registers). More registers than mm_q1's / mm_q's loops (56 / 63 / 100 for the
 // two-row, two-pair and 8-token kernels), so fewer CTAs an SM: on a grid of several waves the loop lost
 // (4096x14336: level at one token, 28% slower at 8), on one wave it gained (14336x4096: 18% at one token, 7% at
-// 8). The explore build also has them
-// under a minimum of 4 CTAs an SM (one token; sm_90: 64 registers, no spill) and 2 (8 tokens: 128, 32 bytes
-// spilled), names ending in _m4 / _m2.
+// 8). The explore build also has them under a minimum of 4 CTAs an SM (one token; sm_90: 64 registers, no spill)
+// and 2 (8 tokens: 128, 32 bytes spilled), names ending in _m4 / _m2.
 template <int TILE, int RW, bool GLU>
 __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                          const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
@@ -361,7 +360,7 @@ __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes
     float acc[TILE * OWN];
 #pragma unroll
     for (int i = 0; i < TILE * OWN; ++i) acc[i] = 0.0f;
-    constexpr int ROUNDS_UNROLL = TILE == 1 ? 2 : 1;   // more tokens: registers enough
+    constexpr int ROUNDS_UNROLL = TILE == 1 ? 2 : 1;   // more tokens: not unrolled (registers)
     for (int g = 0; g < n_full; ++g) {
 #pragma unroll ROUNDS_UNROLL
         for (int h = 0; h < 2; ++h) {
@@ -375,7 +374,7 @@ __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes
                 aux[r] = ldw((const unsigned int*)(f[r] + aux_off + 128 * h));
                 v[r].d4 = __fmul_rn(ldf16(f[r] + d_off + 8 * h), 0.25f);
                 v[r].ls = 2 * (i32)(aux[r] >> 28) + 1;
-                if (TILE > 1) iq3_weights(q[r], aux[r], grid, v[r].w);
+                if constexpr (TILE > 1) iq3_weights(q[r], aux[r], grid, v[r].w);
             }
             iq3_tokens<TILE, RW, TILE == 1>(v, q, aux, grid, xq, xd, k, t0, nt, u, b, p, owner, acc);
         }

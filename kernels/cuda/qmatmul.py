@@ -143,10 +143,18 @@ ONE_ROW_MAX_ROWS = 2048
 # keep their loops.
 IQ3_GROUPS = "w"
 IQ3_GROUPS_CTAS_PER_SM = {1: 3, 4: None, 8: 1}
+
+
+def iq3_groups_variant(tile: int, glu: bool = False) -> tuple[int, int, str]:
+    """(tile, RW, IQ3_GROUPS) of the group-loop kernel of a token tile (qmatmul.cu MM_IQ3_KERNEL: dense launches
+    the rows of DP4A_VARIANTS, GLU launches two row pairs)."""
+    return tile, (4 if glu else DP4A_VARIANTS[tile][0]), IQ3_GROUPS
+
+
 # the explore build's group-loop kernels under a minimum of MB CTAs an SM, (tile, RW, IQ3_GROUPS, MB) by GLU (sm_90:
 # one token 64 registers, 8 tokens 128), for perf/bench_gpu.py --explore
-EXPLORE_IQ3_GROUPS_MB = {False: ((1, 2, IQ3_GROUPS, 4), (8, 4, IQ3_GROUPS, 2)),
-                         True: ((1, 4, IQ3_GROUPS, 4), (8, 4, IQ3_GROUPS, 2))}
+EXPLORE_IQ3_GROUPS_MB = {glu: tuple((*iq3_groups_variant(tile, glu), mb) for tile, mb in ((1, 4), (8, 2)))
+                         for glu in (False, True)}
 # builds of qmatmul.cu / qmatmul_mma.cu (nvcc / NVRTC defines). "default": Q4_K / Q5_K summed as integers over
 # their 256-weight blocks before one float tail (qmatmul_types.cuh K4_S = 4, as ggml's own dot); "unit_tails":
 # each 64-weight unit its own float tail (K4_S = 1: other bits, the same in all of its kernels; the default until
@@ -200,9 +208,9 @@ def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None, 
         return 1, 1, 1
     if (qtype == QType.IQ3_XXS and not glu and None not in (n_out, n_tok, n_sm) and n_tok <= tile
             and tile in IQ3_GROUPS_CTAS_PER_SM):
-        ctas = IQ3_GROUPS_CTAS_PER_SM[tile]
-        if ctas is None or cdiv(n_out, DP4A_VARIANTS[tile][0] * WARPS_PER_CTA) <= n_sm * ctas:
-            return tile, DP4A_VARIANTS[tile][0], IQ3_GROUPS
+        groups, ctas = iq3_groups_variant(tile), IQ3_GROUPS_CTAS_PER_SM[tile]
+        if ctas is None or cdiv(n_out, groups[1] * WARPS_PER_CTA) <= n_sm * ctas:
+            return groups
     if glu:
         rows = DP4A_GLU_TILE1.get(qtype, DP4A_GLU_ROWS[1]) if tile == 1 else DP4A_GLU_ROWS[tile]
         return tile, rows, 1
