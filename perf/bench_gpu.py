@@ -548,13 +548,23 @@ def engine_rows(model_path, slots=(1, 4), n_tokens=None, rounds=2, backend="cuda
     return rows
 
 
+def one_sequence_step_graph(cp, runner, n):
+    """The runner's step graph for one sequence's n tokens (pending token and drafts) at positions 1,000 ..
+    1,000 + n - 1, its inputs filled: ready to replay."""
+    from strata_lite.batch import Batch
+    batch = Batch(np.full(n, 5, np.int32), np.arange(1000, 1000 + n, dtype=np.int32), np.zeros(n, np.int32),
+                  np.arange(64, dtype=np.int32)[None], np.arange(n, dtype=np.int64))
+    graph, static, _, _ = runner.graphs._graphs[runner.graphs.bucket(batch)]
+    static.fill(cp, batch)
+    return graph
+
+
 def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
     """What more tokens in a decode / verify step cost: (label, µs) rows of the split-K kernel against the
     dp4a kernel the launcher takes for more than SPLIT_K_AUTO_TOKENS tokens, on the 0.5B shape's down
     projection (896 x 4864), and of the step graph of one sequence's 1, 2 and 4 tokens (pending token and
     drafts) at position 1,000 (CUDA events around replays, medians of 60) with the launcher sending split-K
     up to SPLIT_K_MAX_TOKENS tokens or one, alternating."""
-    from strata_lite.batch import Batch
     from strata_lite.kernels.cuda import qmatmul as qm
     from strata_lite.runner import ModelRunner, load_model
 
@@ -577,10 +587,7 @@ def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
             finally:
                 qm.SPLIT_K_AUTO_TOKENS = saved
             for n in (t for t in tokens if t in runner.graphs.buckets):
-                batch = Batch(np.full(n, 5, np.int32), np.arange(1000, 1000 + n, dtype=np.int32),
-                              np.zeros(n, np.int32), np.arange(64, dtype=np.int32)[None], np.arange(n, dtype=np.int64))
-                graph, static, _, _ = runner.graphs._graphs[runner.graphs.bucket(batch)]
-                static.fill(cp, batch)
+                graph = one_sequence_step_graph(cp, runner, n)
                 for _ in range(5):
                     graph.launch(stream)
                 t = []

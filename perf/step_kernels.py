@@ -14,6 +14,11 @@ is the profiler's business):
   iq3_glu   IQ3_XXS gate+up 4096 -> 2 x 14336 (dp4a)
   attn      attention of --tokens sequences over 4,096 int8 keys each (32 / 8 heads of 128)
   attn32k   attention of one sequence over 32,768 keys
+  step      the decode step graph of one sequence's --tokens tokens (a pending token and its drafts, at
+            position 1,000) of --model, replayed --reps times between cudaProfilerStart / Stop, so that
+            `ncu --profile-from-start off --metrics gpu__time_duration.sum --csv` lists that step's kernels
+            and nothing of the model's load or the graphs' capture (what a verified draft token costs, kernel
+            by kernel: ncu runs the kernels one at a time, so the sum is above a replay's time)
 perf/kernel_notes.md ("Decode of many sequences, continued") has what it showed on an H200.
 """
 from __future__ import annotations
@@ -22,7 +27,7 @@ import argparse
 
 import bench_gpu    # perf/: the benchmark's inputs (gemm_inputs, attention_call)
 
-KINDS = ("glu", "q4k_down", "q6k_down", "iq3_glu", "attn", "attn32k")
+KINDS = ("glu", "q4k_down", "q6k_down", "iq3_glu", "attn", "attn32k", "step")
 
 
 def matmul(cp, qtype, n_out, n_in, n_tok, glu, reps):
@@ -42,11 +47,29 @@ def attention(cp, n_keys, n_seq, reps):
     cp.cuda.runtime.deviceSynchronize()
 
 
+def step(cp, model_path, n_tok, reps):
+    from strata_lite.runner import ModelRunner, load_model
+    runner = ModelRunner(load_model(model_path, backend="cuda"), kv_tokens=4096 + 512, page_size=64, host_bytes=0,
+                         n_ctx=4096, max_step_tokens=64, max_seqs=4)
+    if n_tok not in runner.graphs.buckets:
+        raise SystemExit(f"step_kernels: no step graph of {n_tok} tokens (buckets {sorted(runner.graphs.buckets)})")
+    graph = bench_gpu.one_sequence_step_graph(cp, runner, n_tok)
+    stream = cp.cuda.get_current_stream()
+    graph.launch(stream)                           # first replay outside the profiled range
+    stream.synchronize()
+    cp.cuda.profiler.start()
+    for _ in range(reps):
+        graph.launch(stream)
+    stream.synchronize()
+    cp.cuda.profiler.stop()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kinds", nargs="+", choices=KINDS)
     ap.add_argument("--tokens", type=int, default=16, help="tokens (sequences) of the step")
     ap.add_argument("--reps", type=int, default=2, help="launches of each kernel")
+    ap.add_argument("--model", default=None, help="step: the GGUF file")
     args = ap.parse_args(argv)
     from strata_lite.kernels.cuda.runtime import BackendUnavailable, cupy
     try:
@@ -66,6 +89,10 @@ def main(argv=None) -> int:
             matmul(cp, "IQ3_XXS", 2 * 14336, 4096, n, True, args.reps)
         elif kind == "attn":
             attention(cp, 4096, n, args.reps)
+        elif kind == "step":
+            if not args.model:
+                ap.error("step needs --model")
+            step(cp, args.model, n, args.reps)
         else:
             attention(cp, 32768, 1, args.reps)
     return 0
