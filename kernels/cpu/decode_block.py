@@ -13,9 +13,9 @@ compares logits bit for bit): batch invariance and the llama.cpp goldens carry o
 
 Which blocks take it (DecodeBlock.build): every matrix in a layout the int8 mat-vec kernels read (4-row
 interleaved Q5_0 / Q4_0 / IQ4_NL / Q8_0, the IQ3_XXS / Q4_K / Q5_K / Q6_K repackings, Q8_0 / Q5_0 / Q4_0 /
-IQ4_NL in their own blocks) or F16 / BF16 in the file's rows (half_matvec.py), and attention's float q.k path
-(the default). Other blocks (the float kernels of CPUs without AVX2 or STRATA_LITE_INT8=0, F32 matrices,
-STRATA_LITE_ATTN_QK=int8 / int16; with STRATA_LITE_DECODE_BLOCK=shared, F16 / BF16 ones too), steps of more
+IQ4_NL in their own blocks) or F16 / BF16 / F32 in the file's rows (half_matvec.py), and attention's float q.k
+path (the default). Other blocks (the float kernels of CPUs without AVX2 or STRATA_LITE_INT8=0,
+STRATA_LITE_ATTN_QK=int8 / int16; with STRATA_LITE_DECODE_BLOCK=shared, F16 / BF16 / F32 ones too), steps of more
 than MAX_TOK tokens and forwards with an observer (the imatrix) take the per-call path.
 """
 from __future__ import annotations
@@ -40,8 +40,9 @@ from .rope_store import _serial as _rope_kv_store
 
 MAX_TOK = 8            # tokens a call: every kernel below then takes its mat-vec form (the GEMMs start at 16)
 
-# how a matrix slot is multiplied (column _MM of a block's spec); HALF's kind: 1 for BF16, 0 for F16
-ABSENT, ROWS4, NIBBLE, OWN_BLOCKS, HALF = -1, 0, 1, 2, 3
+# how a matrix slot is multiplied (column _MM of a block's spec); HALF's kind: 1 for BF16, 0 for F16; FLOAT32:
+# F32 rows, half_matvec's loop on float32 loads
+ABSENT, ROWS4, NIBBLE, OWN_BLOCKS, HALF, FLOAT32 = -1, 0, 1, 2, 3, 4
 _MM, _KIND, _SMALL, _N_OUT, _BIAS = range(5)
 # the slots: q/k/v projections (one fused matrix, q+k and v, or q, k and v), attn_output, gate_up (or gate),
 # up (when not fused), ffn_down
@@ -67,17 +68,20 @@ def matrix_route(w):
         return OWN_BLOCKS, _INT8_KIND.get(w.qtype, Q8_0_KIND), _NO_TABLE
     if w.layout == GGML and w.qtype in _HALF_KIND and half_matvec.fits(w.n_in):
         return HALF, _HALF_KIND[w.qtype], _NO_TABLE
+    if w.layout == GGML and w.qtype == QType.F32 and half_matvec.fits(w.n_in):
+        return FLOAT32, 0, _NO_TABLE
     return None
 
 
 def block_raw(w, how: int) -> np.ndarray:
-    """The uint8 (n_out, blocks, block bytes) view of w's rows a block's slot holds (HALF: one block a row)."""
-    return w.raw.reshape(w.n_out, 1, w.raw.shape[1]) if how == HALF else w.raw3
+    """The uint8 (n_out, blocks, block bytes) view of w's rows a block's slot holds (HALF, FLOAT32: one block a
+    row)."""
+    return w.raw.reshape(w.n_out, 1, w.raw.shape[1]) if how in (HALF, FLOAT32) else w.raw3
 
 
 # the kernels a block's matrices take, as bits: a block function is compiled with only those (make_block), since
 # Numba compiles every callee a function names and links it in (~7-16 s each on a 2-core machine)
-R4_PARALLEL, R4_SERIAL, NIBBLE_ANY, OWN_PARALLEL, OWN_SERIAL, HALF_ANY = 1, 2, 4, 8, 16, 32
+R4_PARALLEL, R4_SERIAL, NIBBLE_ANY, OWN_PARALLEL, OWN_SERIAL, HALF_ANY, FLOAT32_ANY = 1, 2, 4, 8, 16, 32, 64
 
 
 def route_bit(how: int, small: bool) -> int:
@@ -87,6 +91,8 @@ def route_bit(how: int, small: bool) -> int:
         return NIBBLE_ANY
     if how == HALF:
         return HALF_ANY
+    if how == FLOAT32:
+        return FLOAT32_ANY
     if how == ROWS4:
         return R4_SERIAL if small else R4_PARALLEL
     return OWN_SERIAL if small else OWN_PARALLEL
@@ -148,6 +154,7 @@ def _make_block(routes: int):
     routes not taken are pruned before their callees are typed."""
     r4_par, r4_ser, nib = bool(routes & R4_PARALLEL), bool(routes & R4_SERIAL), bool(routes & NIBBLE_ANY)
     own_par, own_ser, half = bool(routes & OWN_PARALLEL), bool(routes & OWN_SERIAL), bool(routes & HALF_ANY)
+    f32 = bool(routes & FLOAT32_ANY)
 
     @njit(cache=True)
     def _block(x, spec, raws, tables, biases, norms, eps, qk_norm, n_heads, n_kv_heads, head_dim,
@@ -170,6 +177,9 @@ def _make_block(routes: int):
             elif how == HALF:                      # raw3 (n_out, 1, 2 n_in): the file's F16 / BF16 rows
                 if half:
                     half_matvec._mv(raw3.reshape(raw3.shape[0], raw3.shape[2]).view(np.uint16), x, out, kind == 1)
+            elif how == FLOAT32:                   # raw3 (n_out, 1, 4 n_in): the file's F32 rows
+                if f32:
+                    half_matvec._mv(raw3.reshape(raw3.shape[0], raw3.shape[2]).view(np.float32), x, out, False)
             elif how == ROWS4:
                 if small:
                     if r4_ser:
@@ -284,7 +294,7 @@ class DecodeBlock:
             if route is None:
                 return None
             how, kind, table = route
-            if shared and how == HALF:              # the shared block's phases split int8 rows only
+            if shared and how in (HALF, FLOAT32):   # the shared block's phases split int8 rows only
                 return None
             routes |= route_bit(how, w.small)
             specs[s] = (how, kind, int(bool(w.small)), w.n_out, int(bias is not None))

@@ -1,10 +1,10 @@
 """The CPU's one-call decoder block (kernels/cpu/decode_block.py) and its work-sharing form
 (kernels/cpu/decode_block_shared.py, STRATA_LITE_DECODE_BLOCK=shared) against the per-call path they replace for
 steps of up to MAX_TOK tokens: logits bit for bit, for every matrix route (4-row interleaved, nibble
-repackings, own blocks, F16 / BF16 rows; serial and parallel mat-vecs), q/k/v fused or split, with biases,
+repackings, own blocks, F16 / BF16 / F32 rows; serial and parallel mat-vecs), q/k/v fused or split, with biases,
 q/k norms and K smoothing, one sequence or several in a step, a key range split over threads, and the shared
-block's workers run one after another. And which blocks it takes: none where a matrix has no int8 or half
-mat-vec kernel, where the attention q.k path is not the float one, or where STRATA_LITE_DECODE_BLOCK=0."""
+block's workers run one after another. And which blocks it takes: none where a matrix has no int8 or float
+mat-vec kernel (STRATA_LITE_INT8=0), where the attention q.k path is not the float one, or where STRATA_LITE_DECODE_BLOCK=0."""
 
 import numpy as np
 import pytest
@@ -153,10 +153,11 @@ def test_shared_block_workers_one_after_another(models, monkeypatch):
         numba.set_num_threads(before)
 
 
-@pytest.mark.parametrize("qtype,other", [(QT.F16, QT.Q8_0), (QT.BF16, QT.F16)], ids=["f16, v q8_0", "bf16, down f16"])
+@pytest.mark.parametrize("qtype,other", [(QT.F16, QT.Q8_0), (QT.BF16, QT.F16), (QT.F32, QT.Q8_0), (QT.F32, QT.F16)],
+                         ids=["f16, v q8_0", "bf16, down f16", "f32, v q8_0", "f32, down f16"])
 def test_half_blocks_give_the_per_call_bits(tmp_path, qtype, other, monkeypatch):
-    """F16 / BF16 matrices (half_matvec's kernel) in the one-call block, beside an int8 one or each other; the
-    shared block leaves such blocks on the per-call path."""
+    """F16 / BF16 / F32 matrices (half_matvec's kernel) in the one-call block, beside an int8 one or each other;
+    the shared block leaves such blocks on the per-call path."""
     path = tmp_path / "half.gguf"
     write_tiny_model(path, qtype=qtype, qtype_of={"attn_v" if other == QT.Q8_0 else "ffn_down": other})
     llm = LLM(str(path), backend="cpu", n_ctx=256)
@@ -173,10 +174,11 @@ def test_half_blocks_give_the_per_call_bits(tmp_path, qtype, other, monkeypatch)
     assert all(layer.compiled is None for layer in _layers(LLM(str(path), backend="cpu", n_ctx=64)))
 
 
-def test_blocks_it_does_not_take(models, tmp_path, monkeypatch):
-    f32 = tmp_path / "f32.gguf"
-    write_tiny_model(f32, qtype=QT.F32)
-    assert all(layer.compiled is None for layer in _layers(LLM(str(f32), backend="cpu", n_ctx=64)))
+def test_blocks_it_does_not_take(models, monkeypatch):
+    monkeypatch.setenv("STRATA_LITE_INT8", "0")    # the float kernels: no int8 or half mat-vec reads the rows
+    llm = LLM(str(models["q8_0 rows4"]), backend="cpu", n_ctx=64)
+    assert all(layer.compiled is None for layer in _layers(llm))
+    monkeypatch.delenv("STRATA_LITE_INT8")
     path = str(models["q4_k, down q6_k"])          # head_dim 64: the int8 q.k path applies
     monkeypatch.setenv("STRATA_LITE_ATTN_QK", "int8")
     assert all(layer.compiled is None for layer in _layers(LLM(path, backend="cpu", n_ctx=64)))
