@@ -574,6 +574,13 @@ def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
             sk, _ = bench_matmul(cp, qm, qtype, 896, 4864, n, variant="sk")
             dp, _ = bench_matmul(cp, qm, qtype, 896, 4864, n, variant=qm.dp4a_variant(gguf.GGMLQuantizationType[qtype], qm._tile(n)))
             rows.append((f"{qtype} 896x4864, {n} tokens: split-K / dp4a", sk * 1e6, dp * 1e6))
+    # two tokens over the 0.5B shape's few rows (rows x row length): one row a warp against two
+    # (qmatmul.TWO_TOKEN_ONE_ROW_MAX_ROWS)
+    for qtype, n_out, n_in in (("Q5_0", 1152, 896), ("Q5_0", 896, 896), ("Q8_0", 128, 896), ("Q6_K", 128, 896),
+                               ("Q4_K", 896, 4864), ("Q5_0", 896, 4864)):
+        r1, _ = bench_matmul(cp, qm, qtype, n_out, n_in, 2, variant=(2, 1, 1))
+        r2, _ = bench_matmul(cp, qm, qtype, n_out, n_in, 2, variant=(2, 2, 1))
+        rows.append((f"{qtype} {n_out} rows x {n_in}, 2 tokens: one row a warp / two", r1 * 1e6, r2 * 1e6))
     loaded = load_model(model_path, backend="cuda")
     name = os.path.basename(model_path)
     saved = qm.SPLIT_K_AUTO_TOKENS
@@ -773,8 +780,11 @@ def main(argv=None) -> int:
     ap.add_argument("--one-row-max", type=int, default=None,
                     help="one-token launches over at most this many rows take one row a warp (qmatmul."
                          "ONE_ROW_MAX_ROWS; 0: never), for A/B runs of that choice")
+    ap.add_argument("--two-token-one-row-max", type=int, default=None,
+                    help="two-token launches over at most this many rows take one row a warp (qmatmul."
+                         "TWO_TOKEN_ONE_ROW_MAX_ROWS; 0: never), for A/B runs of that choice")
     ap.add_argument("--iq3-groups", choices=("auto", "off"), default="auto",
-                    help="off: no IQ3_XXS launch takes the loop over whole groups (qmatmul.IQ3_GROUPS_CTAS_PER_SM), "
+                    help="off: no IQ3_XXS launch takes the loop over whole groups (qmatmul.IQ3_GROUPS_CHOICES), "
                          "for A/B runs of that choice")
     ap.add_argument("--contexts", default="4096",
                     help="--batched: comma-separated contexts every sequence decodes at (default 4096)")
@@ -795,8 +805,10 @@ def main(argv=None) -> int:
     qm.BUILDS["default"], qm.MMA_BUILDS["default"] = qm.BUILDS[args.build], qm.MMA_BUILDS[args.build]
     if args.one_row_max is not None:
         qm.ONE_ROW_MAX_ROWS = args.one_row_max
+    if args.two_token_one_row_max is not None:
+        qm.TWO_TOKEN_ONE_ROW_MAX_ROWS = args.two_token_one_row_max
     if args.iq3_groups == "off":
-        qm.IQ3_GROUPS_CTAS_PER_SM = {}
+        qm.IQ3_GROUPS_CHOICES = {}
     be = CudaBackend()
     copy_bw = copy_bandwidth(cp)
     if args.explore:

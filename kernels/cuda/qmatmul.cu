@@ -660,7 +660,7 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     MM_Q_SK_KERNEL(NAME, T)                                                                               \
     MM_Q_KERNEL_AS(mm, NAME, T, 1, 1, 1, false, __launch_bounds__(256, FULL_SM_CTAS), )                  \
     MM_Q_KERNEL_AS(mm, NAME, T, 1, 2, 1, false, __launch_bounds__(256, 1), )                             \
-    MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1)                                           \
+    MM_Q_KERNEL(NAME, T, 2, 1, 1) MM_Q_KERNEL(NAME, T, 2, 2, 1) MM_Q_KERNEL(NAME, T, 4, 2, 1)             \
     MM_Q_KERNEL_AS(mm, NAME, T, 8, 4, 1, false, T8_BOUNDS, )                                             \
     MM_Q_KERNEL_AS(mmglu, NAME, T, 1, 2, 1, true, __launch_bounds__(256, 1), )                            \
     MM_Q_GLU_KERNEL(NAME, T, 2, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 4, 1)                                   \
@@ -681,7 +681,7 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
     MM_Q1_KERNELS(NAME, T, p, true) MM_Q1_KERNELS(NAME, T, s, false)                                      \
     MM_Q_KERNEL(NAME, T, 1, 1, 4) MM_Q_KERNEL(NAME, T, 1, 2, 2) MM_Q_KERNEL(NAME, T, 1, 2, 4)             \
     MM_Q_KERNEL(NAME, T, 1, 4, 1)                                                                         \
-    MM_Q_KERNEL(NAME, T, 2, 1, 1) MM_Q_KERNEL(NAME, T, 2, 2, 2) MM_Q_KERNEL(NAME, T, 4, 1, 1)             \
+    MM_Q_KERNEL(NAME, T, 2, 2, 2) MM_Q_KERNEL(NAME, T, 4, 1, 1)                                           \
     MM_Q_KERNEL(NAME, T, 4, 4, 1) MM_Q_KERNEL(NAME, T, 8, 1, 1) MM_Q_KERNEL(NAME, T, 8, 2, 1)             \
     MM_Q_KERNEL(NAME, T, 8, 2, 2) MM_Q_KERNEL(NAME, T, 16, 1, 1) MM_Q_KERNEL(NAME, T, 16, 2, 1)             \
     MM_Q_GLU_KERNEL(NAME, T, 1, 4, 1) MM_Q_GLU_KERNEL(NAME, T, 2, 2, 1) MM_Q_GLU_KERNEL(NAME, T, 4, 2, 1)    \
@@ -731,9 +731,10 @@ MM_IQ3_KERNEL(mm, 1, 2, false, __launch_bounds__(256, 1), ) MM_IQ3_KERNEL(mm, 2,
 MM_IQ3_KERNEL(mm, 4, 2, false, T8_ANY, ) MM_IQ3_KERNEL(mm, 8, 4, false, T8_ANY, )
 MM_IQ3_KERNEL(mmglu, 1, 4, true, __launch_bounds__(256, 1), ) MM_IQ3_KERNEL(mmglu, 2, 4, true, T8_ANY, )
 MM_IQ3_KERNEL(mmglu, 4, 4, true, T8_ANY, ) MM_IQ3_KERNEL(mmglu, 8, 4, true, T8_ANY, )
-#ifdef QMM_EXPLORE   // qmatmul.py EXPLORE_IQ3_GROUPS_MB
+// one token under a minimum of 4 CTAs an SM (sm_90: 64 registers, no spill; qmatmul.py IQ3_GROUPS_CHOICES)
 MM_IQ3_KERNEL(mm, 1, 2, false, __launch_bounds__(256, 4), _m4)
 MM_IQ3_KERNEL(mmglu, 1, 4, true, __launch_bounds__(256, 4), _m4)
+#ifdef QMM_EXPLORE   // qmatmul.py EXPLORE_IQ3_GROUPS_MB
 MM_IQ3_KERNEL(mm, 8, 4, false, T8_MIN2, _m2) MM_IQ3_KERNEL(mmglu, 8, 4, true, T8_MIN2, _m2)
 #endif
 MM_Q_TOK_KERNELS(q4_k, TQ4_K) MM_Q_TOK_KERNELS(q5_k, TQ5_K) MM_Q_TOK_KERNELS(q6_k, TQ6_K)

@@ -131,18 +131,30 @@ PER_TOKEN_GLU_VARIANTS = ((4, 4, PER_TOKEN), (8, 4, PER_TOKEN))
 # 8.3 / 4.6 us, Q6_K (split-K) 4.7 / 3.8, Q4_K 4.2 / 3.6; at 4,096 and 6,144 rows two rows stay faster (Q4_K
 # 4096x4096 4.9 / 5.3, IQ3_XXS 4096x6144 8.7 / 10.3).
 ONE_ROW_MAX_ROWS = 2048
-# IQ3_XXS dense launches of one tile of tokens over more than ONE_ROW_MAX_ROWS rows take the loop over the device
-# layout's whole groups of 8 blocks (qmatmul.cu mm_q_iq3, kernels ..._gw; the same bits): fewer instructions a
-# weight but more registers (sm_90: one token 78 against 56, 4-token tiles 64 against 56, 8-token tiles 138 against
-# 100). Where that costs CTAs an SM (IQ3_GROUPS_CTAS_PER_SM[tile]: the group loop's, 3 at one token, 1 at 8 tokens)
-# it takes the launches whose CTAs fit one wave there; 4-token tiles hold 4 CTAs an SM either way (None: any grid).
-# H100 (132 SMs; 2026-12-05, kernel_notes.md, "IQ3_XXS loop over whole groups on an H100"), us, mm_q1's / mm_q's
-# loop against it (row length x rows): one token 14336x4096 17.8 / 14.5, 4096x6144 8.6 / 7.4, 4096x14336 (896
-# CTAs) 17.2 / 17.2, gate+up 4096x2x14336 26.9 / 31.0; 4 tokens 4096x14336 (896 CTAs) 24.8 / 21.9; 8 tokens
-# 14336x4096 32.5 / 30.3, 4096x14336 (448 CTAs) 28.9 / 36.9, gate+up 50.4 / 48.3. GLU launches and 2-token tiles
-# keep their loops.
+# Two tokens (a decode token and its one-token draft, verified together) over at most TWO_TOKEN_ONE_ROW_MAX_ROWS rows
+# (dense) take one row a warp (kernels mm_<type>_t2_r1_g1), twice the warps of the two-row kernel: the 0.5B shape's
+# 896-row launches otherwise fill 56 CTAs on 132 SMs. Its figures: perf/kernel_notes.md, "What a verified draft
+# token costs".
+TWO_TOKEN_ONE_ROW_MAX_ROWS = 0
+# IQ3_XXS launches of one tile of tokens (dense ones over more rows than take one row a warp) may take the loop over
+# the device layout's whole groups of 8 blocks (qmatmul.cu mm_q_iq3, kernels ..._gw[_m<MB>]; the same bits): fewer
+# instructions a weight but more registers (sm_90, against mm_q1's / mm_q's loop: one token 78 against 56, two GLU
+# pairs 109 against 59, 2-token tiles 52 against 48, 4-token tiles 64 against 56, 4-token GLU 80 either way,
+# 8-token tiles 138 against 100, 8-token GLU 128 against 99; under a minimum of 4 CTAs an SM the one-token kernels
+# take 64 without spilling). IQ3_GROUPS_CHOICES[(tile, glu)]: the group-loop kernels to try in turn, (MB, CTAS):
+# the kernel under a minimum of MB CTAs an SM (None: unbounded), for grids that fit one wave at CTAS CTAs an SM
+# (None: any grid); where none fits, mm_q1's / mm_q's loop. Measured, µs, that loop against the group loop (row
+# length x rows; kernel_notes.md, "IQ3_XXS group loop under launch bounds"): H200 (2026-12-06) one token 4096x14336
+# (896 CTAs) 17.0 / 16.8 unbounded / 15.3 under 4 CTAs, 14336x4096 (256 CTAs: one wave) 17.5 / 13.8 / 14.3,
+# 4096x6144 8.4 / 7.3 / 7.4, gate+up 4096x2x14336 26.2 / 28.9 / 22.6; 2 tokens 4096x14336 19.6 / 18.2; 4 tokens
+# 4096x14336 23.3 / 22.5, 14336x4096 29.5 / 24.2, gate+up 35.6 / 34.2; 8 tokens 4096x14336 (448 CTAs) 29.2 / 37.2
+# (29.9 under 2 CTAs), 14336x4096 31.5 / 30.2, gate+up 49.9 / 48.3. H100 (2026-12-05): one token 14336x4096 17.8
+# / 14.5, 4 tokens 4096x14336 24.8 / 21.9, 8 tokens 14336x4096 32.5 / 30.3, 4096x14336 28.9 / 36.9, gate+up
+# 50.4 / 48.3. 2-token GLU launches (76 against 64 registers, not timed) keep mm_q.
 IQ3_GROUPS = "w"
-IQ3_GROUPS_CTAS_PER_SM = {1: 3, 4: None, 8: 1}
+IQ3_GROUPS_CHOICES = {(1, False): ((None, 3), (4, None)), (1, True): ((4, None),), (2, False): ((None, None),),
+                      (4, False): ((None, None),), (4, True): ((None, None),), (8, False): ((None, 1),),
+                      (8, True): ((None, None),)}
 
 
 def iq3_groups_variant(tile: int, glu: bool = False) -> tuple[int, int, str]:
@@ -151,8 +163,8 @@ def iq3_groups_variant(tile: int, glu: bool = False) -> tuple[int, int, str]:
     return tile, (4 if glu else DP4A_VARIANTS[tile][0]), IQ3_GROUPS
 
 
-# the explore build's group-loop kernels under a minimum of MB CTAs an SM, (tile, RW, IQ3_GROUPS, MB) by GLU (sm_90:
-# one token 64 registers, 8 tokens 128), for perf/bench_gpu.py --explore
+# group-loop kernels under a minimum of MB CTAs an SM, (tile, RW, IQ3_GROUPS, MB) by GLU, for perf/bench_gpu.py
+# --explore: one token under 4 (every build; sm_90: 64 registers), 8 tokens under 2 (the explore build: 128)
 EXPLORE_IQ3_GROUPS_MB = {glu: tuple((*iq3_groups_variant(tile, glu), mb) for tile, mb in ((1, 4), (8, 2)))
                          for glu in (False, True)}
 # builds of qmatmul.cu / qmatmul_mma.cu (nvcc / NVRTC defines). "default": Q4_K / Q5_K summed as integers over
@@ -198,19 +210,23 @@ def _one_row(qtype, n_tok: int, glu: bool, n_out: int | None) -> bool:
 
 
 def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None, n_tok: int | None = None,
-                 n_sm: int | None = None) -> tuple[int, int, int]:
+                 n_sm: int | None = None) -> tuple:
     """(tile, RW, G) of the dp4a kernel for a launch of n_tok tokens (None: several tiles) whose token tile is
-    `tile` (GLU: RW gate and up rows) over n_out rows (None: many) on a device of n_sm SMs (None: unknown)."""
+    `tile` (GLU: RW gate and up rows) over n_out rows (None: many) on a device of n_sm SMs (None: unknown); (tile,
+    RW, G, MB) for a kernel under a minimum of MB CTAs an SM (kernel name suffix _m<MB>)."""
     qtype = QType(int(qtype))
     if (tile, glu) in PER_TOKEN_TILES.get(qtype, ()):
         return tile, (DP4A_GLU_ROWS[tile] if glu else DP4A_VARIANTS[tile][0]), PER_TOKEN
     if _one_row(qtype, tile, glu, n_out):
         return 1, 1, 1
-    if (qtype == QType.IQ3_XXS and not glu and None not in (n_out, n_tok, n_sm) and n_tok <= tile
-            and tile in IQ3_GROUPS_CTAS_PER_SM):
-        groups, ctas = iq3_groups_variant(tile), IQ3_GROUPS_CTAS_PER_SM[tile]
-        if ctas is None or cdiv(n_out, groups[1] * WARPS_PER_CTA) <= n_sm * ctas:
-            return groups
+    if tile == 2 and not glu and n_out is not None and n_out <= TWO_TOKEN_ONE_ROW_MAX_ROWS:
+        return 2, 1, 1
+    if qtype == QType.IQ3_XXS and None not in (n_out, n_tok, n_sm) and n_tok <= tile:
+        groups = iq3_groups_variant(tile, glu)
+        n_ctas = cdiv(n_out // 2 if glu else n_out, (groups[1] // 2 if glu else groups[1]) * WARPS_PER_CTA)
+        for mb, ctas in IQ3_GROUPS_CHOICES.get((tile, glu), ()):
+            if ctas is None or n_ctas <= n_sm * ctas:
+                return groups if mb is None else (*groups, mb)
     if glu:
         rows = DP4A_GLU_TILE1.get(qtype, DP4A_GLU_ROWS[1]) if tile == 1 else DP4A_GLU_ROWS[tile]
         return tile, rows, 1

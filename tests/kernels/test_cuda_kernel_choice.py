@@ -137,24 +137,43 @@ def test_dense_dp4a_kernels_by_tokens_rows_and_type():
     assert dp4a_variant(QType.Q4_K, 1, glu=True, n_out=896) == (1, 2, 1)
 
 
-def test_iq3_xxs_group_loop_where_its_ctas_fit_one_wave():
-    """IQ3_XXS dense launches of one token tile over more than ONE_ROW_MAX_ROWS rows take the loop over whole
-    groups where their CTAs fit one wave at IQ3_GROUPS_CTAS_PER_SM, 4-token tiles on any grid (an H100's 132 SMs:
-    the 8B shapes measured to gain, 4096 and 6144 rows at one token, 4096 rows at 8 tokens, 14336 rows at 4; not
-    14336 rows at 1 or 8 tokens, GLU, several tiles of tokens, 2-token tiles, or an unknown device)."""
+def test_iq3_xxs_group_loop_by_tile_and_grid():
+    """IQ3_XXS launches of one token tile take the loop over whole groups (IQ3_GROUPS_CHOICES, an H100's / H200's
+    132 SMs): one token dense unbounded where its CTAs fit one wave at 3 an SM, else under a minimum of 4 CTAs, GLU
+    under 4 on any grid; 2- and 4-token dense tiles, 4- and 8-token GLU ones on any grid; 8-token dense tiles on one
+    wave at one CTA an SM. Not: several tiles of tokens, 2-token GLU, an unknown device, other types, and rows that
+    take one row a warp."""
     def pick(tile, n_out, n_tok, glu=False, n_sm=132, qtype=QType.IQ3_XXS):
         return dp4a_variant(qtype, tile, glu=glu, n_out=n_out, n_tok=n_tok, n_sm=n_sm)
-    assert pick(1, 4096, 1) == pick(1, 6144, 1) == (1, 2, IQ3_GROUPS)
-    assert pick(4, 4096, 3) == pick(4, 14336, 4) == (4, 2, IQ3_GROUPS) and pick(8, 4096, 8) == (8, 4, IQ3_GROUPS)
-    assert pick(4, 14336, 5) == (4, 2, 1)                           # two tiles of tokens
-    assert pick(1, 14336, 1) == (1, 2, 1) and pick(8, 14336, 8) == (8, 4, 1)
+    g = IQ3_GROUPS
+    assert pick(1, 4096, 1) == pick(1, 6144, 1) == (1, 2, g)
+    assert pick(1, 14336, 1) == (1, 2, g, 4) and pick(1, 2 * 14336, 1, glu=True) == (1, 4, g, 4)
+    assert pick(1, 2 * 1024, 1, glu=True) == (1, 4, g, 4)
+    assert pick(2, 14336, 2) == (2, 2, g) and pick(2, 2 * 14336, 2, glu=True) == (2, 4, 1)
+    assert pick(4, 4096, 3) == pick(4, 14336, 4) == (4, 2, g) and pick(4, 2 * 14336, 4, glu=True) == (4, 4, g)
+    assert pick(8, 4096, 8) == (8, 4, g) and pick(8, 14336, 8) == (8, 4, 1)
+    assert pick(8, 2 * 14336, 8, glu=True) == (8, 4, g)
+    assert pick(4, 14336, 5) == (4, 2, 1) and pick(8, 4096, 16) == (8, 4, 1)     # two tiles of tokens
     assert pick(1, ONE_ROW_MAX_ROWS, 1) == (1, 1, 1)                 # one row a warp first
-    assert pick(8, 4096, 16) == (8, 4, 1)                            # two tiles of tokens: two waves
-    assert pick(2, 4096, 2) == (2, 2, 1) and pick(1, 2 * 6144, 1, glu=True) == (1, 4, 1)
-    assert pick(1, 6144, 1, n_sm=None) == (1, 2, 1) and pick(1, 6144, 1, n_sm=28) == (1, 2, 1)
-    assert pick(1, 4096, 1, qtype=QType.Q4_K) == (1, 2, 1)
+    assert pick(1, 6144, 1, n_sm=None) == (1, 2, 1) and pick(1, 6144, 1, n_sm=28) == (1, 2, g, 4)
+    assert pick(1, 4096, 1, qtype=QType.Q4_K) == (1, 2, 1) and pick(8, 2 * 14336, 8, glu=True, qtype=QType.Q6_K) == \
+        (8, 4, 1)
     # the boundary: a wave of 132 SMs x 3 CTAs of 8 warps x 2 rows holds 6,336 rows
-    assert pick(1, 132 * 3 * 16, 1) == (1, 2, IQ3_GROUPS) and pick(1, 132 * 3 * 16 + 1, 1) == (1, 2, 1)
+    assert pick(1, 132 * 3 * 16, 1) == (1, 2, g) and pick(1, 132 * 3 * 16 + 1, 1) == (1, 2, g, 4)
+
+
+def test_two_tokens_over_few_rows_take_one_row_a_warp(monkeypatch):
+    """TWO_TOKEN_ONE_ROW_MAX_ROWS (0: never): dense 2-token launches over at most that many rows take one row a warp,
+    whatever the type; GLU launches, larger grids and other tiles keep their kernels."""
+    from strata_lite.kernels.cuda import qmatmul as qm
+    monkeypatch.setattr(qm, "TWO_TOKEN_ONE_ROW_MAX_ROWS", 2048)
+    for qtype in (QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K, QType.IQ3_XXS):
+        assert dp4a_variant(qtype, 2, n_out=896) == dp4a_variant(qtype, 2, n_out=2048) == (2, 1, 1)
+        assert dp4a_variant(qtype, 2, n_out=2049) != (2, 1, 1) and dp4a_variant(qtype, 2) == (2, 2, 1)
+        assert dp4a_variant(qtype, 2, glu=True, n_out=896) == (2, 4, 1)
+        assert dp4a_variant(qtype, 4, n_out=896)[:2] == (4, 2)
+    monkeypatch.setattr(qm, "TWO_TOKEN_ONE_ROW_MAX_ROWS", 0)
+    assert dp4a_variant(QType.Q5_0, 2, n_out=896) == (2, 2, 1)
 
 
 def test_float_row_tiles_are_refused_outside_the_explore_build():

@@ -369,7 +369,8 @@ def test_every_dp4a_variant_gives_the_same_bits(cp, qm, qtype):
     ref = cp.full((16, n_out), np.nan, cp.float32)
     qm.matmul_prequantized(w, xq, xd, ref, kernel="dp4a")
     ref = ref.get()
-    default = {qm.dp4a_variant(t, tile) for t in QUANT_TYPES for tile in qm.TOKEN_TILES}
+    default = {qm.dp4a_variant(t, tile, n_out=rows) for t in QUANT_TYPES for tile in qm.TOKEN_TILES
+               for rows in (None, n_out)}                  # over few rows: one row a warp at 1-2 tokens
     default = sorted({v for v in default if v[2] != qm.PER_TOKEN}
                      | set(qm.PER_TOKEN_VARIANTS if qtype in qm.PER_TOKEN_TYPES else ()), key=str)
     for build, variants in (("default", default), ("explore", qm.EXPLORE_VARIANTS + qm.EXPLORE_MB_VARIANTS)):
@@ -523,8 +524,8 @@ def test_iq3_xxs_group_loop(cp, qm, n_out, n_in):
         ref = ref.get()
         if not glu:
             _check_vs_float64(QType.IQ3_XXS, raw, x_host, ref)
-        variants = [(1, 4, groups), (2, 4, groups), (4, 4, groups), (8, 4, groups)] if glu else \
-            [(1, 2, groups), (2, 2, groups), (4, 2, groups), (8, 4, groups)]
+        variants = [(1, 4, groups), (1, 4, groups, 4), (2, 4, groups), (4, 4, groups), (8, 4, groups)] if glu else \
+            [(1, 2, groups), (1, 2, groups, 4), (2, 2, groups), (4, 2, groups), (8, 4, groups)]
         builds = [(v, "default") for v in variants] + [(v, "explore") for v in qm.EXPLORE_IQ3_GROUPS_MB[glu]]
         for variant, build in builds:
             for n in sorted({1, variant[0], 8, 16}):
@@ -548,13 +549,15 @@ def test_iq3_xxs_group_loop(cp, qm, n_out, n_in):
 
 
 def test_iq3_xxs_auto_takes_the_group_loop_on_one_wave(cp, qm):
-    """`auto` sends an IQ3_XXS launch of one token over 4,096 rows to the group loop on a card of 86+ SMs
-    (dp4a_variant's rule; the H100 / H200 have 132) and gives the bits of mm_q1's loop."""
+    """`auto` sends an IQ3_XXS launch of one token over 4,096 rows to the group loop (unbounded where its CTAs fit
+    one wave, as on the H100 / H200's 132 SMs; else under a minimum of 4 CTAs an SM) and gives the bits of mm_q1's
+    loop."""
     n_out, n_in = 4096, 2048
     w, _ = _weight(qm, QType.IQ3_XXS, n_out, n_in, seed=84)
     xq, xd = _rounded(cp, qm, QType.IQ3_XXS, _x(1, n_in, seed=85))
     n_sm = qm.sm_count(w.raw.device.id)
-    expect = (1, 2, qm.IQ3_GROUPS) if n_sm * qm.IQ3_GROUPS_CTAS_PER_SM[1] * 16 >= n_out else (1, 2, 1)
+    (_, one_wave), (bound, _) = qm.IQ3_GROUPS_CHOICES[(1, False)]
+    expect = (1, 2, qm.IQ3_GROUPS) if n_sm * one_wave * 16 >= n_out else (1, 2, qm.IQ3_GROUPS, bound)
     assert qm.dp4a_variant(QType.IQ3_XXS, 1, False, n_out, 1, n_sm) == expect
     out, ref = (cp.full((1, n_out), np.nan, cp.float32) for _ in range(2))
     qm.matmul_prequantized(w, xq, xd, out)
