@@ -333,15 +333,16 @@ __device__ __forceinline__ void iq3_tokens(const TIQ3_XXS::U* v, const uint2* q,
 // block / plane arithmetic of TIQ3_XXS::decode (~55 instructions a row pair, perf/kernel_notes.md). One token
 // dots each sub-block by iq3_dot; more tokens decode it once (iq3_weights) and dot it with each. A row's last
 // group of fewer than 8 blocks (k not a multiple of 2048) goes through TIQ3_XXS::decode.
-// Kernels mm[glu]_iq3_xxs_t<TILE>_r<RW>_gw (qmatmul.py IQ3_GROUPS: dense launches over few rows, where the
-// grid fits one wave; H100, 2026-12-05, kernel_notes.md). A group's two rounds are unrolled at one token (both
-// rounds' loads in flight; sm_90: 78 registers for two rows, 109 for two GLU pairs; not unrolled, 64 / 71
+// Kernels mm[glu]_iq3_xxs_t<TILE>_r<RW>_gw[_m<MB>] (qmatmul.py IQ3_GROUPS_CHOICES picks them per token tile and
+// grid; kernel_notes.md, "IQ3_XXS group loop under launch bounds"). A group's two rounds are unrolled at one token
+// (both rounds' loads in flight; sm_90: 78 registers for two rows, 109 for two GLU pairs; not unrolled, 64 / 71
 // registers measured 14336x4096 16.7 against 14.5 us); tiles of more tokens never unroll them (unrolled, the
 // 8-token four-row tile took 136 registers). More registers than mm_q1's / mm_q's loops (56 / 63 / 100 for the
-// two-row, two-pair and 8-token kernels), so fewer CTAs an SM: on a grid of several waves the loop lost
-// (4096x14336: level at one token, 28% slower at 8), on one wave it gained (14336x4096: 18% at one token, 7% at
-// 8). The explore build also has them under a minimum of 4 CTAs an SM (one token; sm_90: 64 registers, no spill)
-// and 2 (8 tokens: 128, 32 bytes spilled), names ending in _m4 / _m2.
+// two-row, two-pair and 8-token kernels), so fewer CTAs an SM: unbounded, the loop wins where the grid fits one
+// wave (H200 14336x4096 one token 17.5 -> 13.8 us) and loses on several waves (4096x14336 at 8 tokens 29.2 ->
+// 37.2); under a minimum of 4 CTAs an SM (one token, _m4 in every build: 64 registers, no spill) it wins on those
+// too (4096x14336 17.0 -> 15.3, gate+up pairs 26.2 -> 22.6). The explore build also has the 8-token ones under a
+// minimum of 2 (_m2: 128 registers).
 template <int TILE, int RW, bool GLU>
 __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                          const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,

@@ -139,7 +139,7 @@ TWO_TOKEN_ONE_ROW_MAX_ROWS = 0
 # IQ3_XXS launches of one tile of tokens (dense ones over more rows than take one row a warp) may take the loop over
 # the device layout's whole groups of 8 blocks (qmatmul.cu mm_q_iq3, kernels ..._gw[_m<MB>]; the same bits): fewer
 # instructions a weight but more registers (sm_90, against mm_q1's / mm_q's loop: one token 78 against 56, two GLU
-# pairs 109 against 59, 2-token tiles 52 against 48, 4-token tiles 64 against 56, 4-token GLU 80 either way,
+# pairs 109 against 63, 2-token tiles 52 against 48, 4-token tiles 64 against 56, 4-token GLU 80 either way,
 # 8-token tiles 138 against 100, 8-token GLU 128 against 99; under a minimum of 4 CTAs an SM the one-token kernels
 # take 64 without spilling). IQ3_GROUPS_CHOICES[(tile, glu)]: the group-loop kernels to try in turn, (MB, CTAS):
 # the kernel under a minimum of MB CTAs an SM (None: unbounded), for grids that fit one wave at CTAS CTAs an SM
