@@ -71,6 +71,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=2, help="launches of each kernel")
     ap.add_argument("--model", default=None, help="step: the GGUF file")
     args = ap.parse_args(argv)
+    if "step" in args.kinds and not args.model:
+        ap.error("step needs --model")
     from strata_lite.kernels.cuda.runtime import BackendUnavailable, cupy
     try:
         cp = cupy()
@@ -90,8 +92,6 @@ def main(argv=None) -> int:
         elif kind == "attn":
             attention(cp, 4096, n, args.reps)
         elif kind == "step":
-            if not args.model:
-                ap.error("step needs --model")
             step(cp, args.model, n, args.reps)
         else:
             attention(cp, 32768, 1, args.reps)

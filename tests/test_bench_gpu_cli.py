@@ -1,4 +1,5 @@
-"""perf/bench_gpu.py's command line: what it refuses before it needs a GPU, and how it names contexts."""
+"""perf/bench_gpu.py's command line (and perf/step_kernels.py's): what it refuses before it needs a GPU, and how it
+names contexts."""
 import os
 import subprocess
 import sys
@@ -29,3 +30,10 @@ def test_unknown_choices_are_refused_before_the_gpu(flag, value):
     run = subprocess.run([sys.executable, os.path.join(PERF, "bench_gpu.py"), "--batched", flag, value],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "invalid choice" in run.stderr and repr(value) in run.stderr
+
+
+def test_step_kernels_step_needs_a_model_before_the_gpu():
+    """perf/step_kernels.py step (one sequence's step graph for ncu) names the missing --model in one line."""
+    run = subprocess.run([sys.executable, os.path.join(PERF, "step_kernels.py"), "step", "--tokens", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "step needs --model" in run.stderr
