@@ -562,7 +562,8 @@ def one_sequence_step_graph(cp, runner, n):
 def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
     """What more tokens in a decode / verify step cost: (label, µs) rows of the split-K kernel against the
     dp4a kernel the launcher takes for more than SPLIT_K_AUTO_TOKENS tokens, on the 0.5B shape's down
-    projection (896 x 4864), and of the step graph of one sequence's 1, 2 and 4 tokens (pending token and
+    projection (896 x 4864), of one row a warp against two at 2 tokens over that shape's few rows, and of the
+    step graph of one sequence's 1, 2 and 4 tokens (pending token and
     drafts) at position 1,000 (CUDA events around replays, medians of 60) with the launcher sending split-K
     up to SPLIT_K_MAX_TOKENS tokens or one, alternating."""
     from strata_lite.kernels.cuda import qmatmul as qm
@@ -789,8 +790,9 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", default="4096",
                     help="--batched: comma-separated contexts every sequence decodes at (default 4096)")
     ap.add_argument("--verify-cost", action="store_true",
-                    help="only what 1-4 tokens of a step cost: split-K against dp4a on the 0.5B shape's down projection, "
-                         "and its step graphs with split-K for several tokens or one")
+                    help="only what 1-4 tokens of a step cost: split-K against dp4a on the 0.5B shape's down "
+                         "projection, one row a warp against two at 2 tokens over its few rows, and its step graphs "
+                         "with split-K for several tokens or one")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="only the decode step breakdown, graphs captured without and with programmatic dependent "
                          "launch (twice each, alternating)")

@@ -4,7 +4,8 @@ steps of up to MAX_TOK tokens: logits bit for bit, for every matrix route (4-row
 repackings, own blocks, F16 / BF16 / F32 rows; serial and parallel mat-vecs), q/k/v fused or split, with biases,
 q/k norms and K smoothing, one sequence or several in a step, a key range split over threads, and the shared
 block's workers run one after another. And which blocks it takes: none where a matrix has no int8 or float
-mat-vec kernel (STRATA_LITE_INT8=0), where the attention q.k path is not the float one, or where STRATA_LITE_DECODE_BLOCK=0."""
+mat-vec kernel (STRATA_LITE_INT8=0), where the attention q.k path is not the float one, or where
+STRATA_LITE_DECODE_BLOCK=0."""
 
 import numpy as np
 import pytest
