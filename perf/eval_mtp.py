@@ -137,7 +137,15 @@ def main():
     ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--json", default=None, help="write the figures (and per-prompt outcomes) here")
+    ap.add_argument("--two-token-one-row-max", type=int, default=None,
+                    help="cuda: 2-token mat-muls over at most this many rows take one row a warp (qmatmul."
+                         "TWO_TOKEN_ONE_ROW_MAX_ROWS; 0: never), for A/B runs of a verified draft token's cost")
     args = ap.parse_args()
+    if args.two_token_one_row_max is not None:
+        if args.backend != "cuda":
+            ap.error("--two-token-one-row-max chooses CUDA kernels: it needs --backend cuda")
+        from strata_lite.kernels.cuda import qmatmul
+        qmatmul.TWO_TOKEN_ONE_ROW_MAX_ROWS = args.two_token_one_row_max
     ks = [int(k) for k in args.ks.split(",")]
     sks = ks if args.suffix_ks is None else [int(k) for k in args.suffix_ks.split(",") if k]
     texts = {"code": held_out_code(args.code), "chat": list(CHAT[:args.chat])}
@@ -170,6 +178,7 @@ def main():
     if args.json:
         Path(args.json).write_text(json.dumps(dict(
             settings=dict(model=args.model, mtp=args.mtp, backend=args.backend, threads=args.threads,
+                          two_token_one_row_max=args.two_token_one_row_max,
                           max_tokens=args.max_tokens, ks=ks, suffix_ks=sks, cores=os.cpu_count()),
             prompts=texts, figures=figs,
             outcomes={m: {k: [r["outcomes"] for r in runs] for k, runs in r_m.items()} for m, r_m in res.items()}),

@@ -1,5 +1,5 @@
-"""perf/bench_gpu.py's command line (and perf/step_kernels.py's): what it refuses before it needs a GPU, and how it
-names contexts."""
+"""perf/bench_gpu.py's command line (and perf/step_kernels.py's, and eval_mtp.py's GPU flag): what it refuses
+before it needs a GPU, and how it names contexts."""
 import os
 import subprocess
 import sys
@@ -37,3 +37,10 @@ def test_step_kernels_step_needs_a_model_before_the_gpu():
     run = subprocess.run([sys.executable, os.path.join(PERF, "step_kernels.py"), "step", "--tokens", "2"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "step needs --model" in run.stderr
+
+
+def test_eval_mtp_two_token_rule_needs_cuda():
+    """perf/eval_mtp.py --two-token-one-row-max picks CUDA kernels: refused with the CPU backend, in one line."""
+    run = subprocess.run([sys.executable, os.path.join(PERF, "eval_mtp.py"), "--two-token-one-row-max", "2048"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "needs --backend cuda" in run.stderr
