@@ -209,6 +209,12 @@ def _one_row(qtype, n_tok: int, glu: bool, n_out: int | None) -> bool:
             and QType(int(qtype)) in PER_TOKEN_TYPES)
 
 
+def _launch_warps(n_out: int, rw: int, glu: bool) -> int:
+    """Warps of a mat-vec launch (dp4a or float) over n_out rows at RW rows a warp (GLU: n_out / 2 gate rows, RW / 2
+    pairs a warp)."""
+    return cdiv(n_out // 2, rw // 2) if glu else cdiv(n_out, rw)
+
+
 def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None, n_tok: int | None = None,
                  n_sm: int | None = None) -> tuple:
     """(tile, RW, G) of the dp4a kernel for a launch of n_tok tokens (None: several tiles) whose token tile is
@@ -223,7 +229,7 @@ def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None, 
         return 2, 1, 1
     if qtype == QType.IQ3_XXS and None not in (n_out, n_tok, n_sm) and n_tok <= tile:
         groups = iq3_groups_variant(tile, glu)
-        n_ctas = cdiv(n_out // 2 if glu else n_out, (groups[1] // 2 if glu else groups[1]) * WARPS_PER_CTA)
+        n_ctas = cdiv(_launch_warps(n_out, groups[1], glu), WARPS_PER_CTA)
         for mb, ctas in IQ3_GROUPS_CHOICES.get((tile, glu), ()):
             if ctas is None or n_ctas <= n_sm * ctas:
                 return groups if mb is None else (*groups, mb)
@@ -545,7 +551,7 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     tile, rw, g, *mb = variant if variant is not None else dp4a_variant(w.qtype, _tile(n), glu, w.n_out, n,
                                                                        sm_count(w.raw.device.id))
     kname = f"{'mmglu' if glu else 'mm'}_{name}_t{tile}_r{rw}_g{g}" + "".join(f"_m{b}" for b in mb)
-    warps = cdiv(w.n_out // 2, rw // 2) if glu else cdiv(w.n_out, rw)
+    warps = _launch_warps(w.n_out, rw, glu)
     launch(CU, kname, (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)), (32, WARPS_PER_CTA), args,
            options=BUILDS[build])
 
@@ -573,7 +579,7 @@ def matmul(w: DeviceWeight, x, out, act: ActBuffers, bias=None, accumulate: bool
         return
     tile = TOKEN_TILES[-1] if rows else _tile(n)
     rw = rows or (2 if glu else FLOAT_TILE8_ROWS if tile == TOKEN_TILES[-1] else 1)
-    warps = cdiv(w.n_out // 2, rw // 2) if glu else cdiv(w.n_out, rw)
+    warps = _launch_warps(w.n_out, rw, glu)
     launch(CU, f"{'mmglu' if glu else 'mm'}_{_KNAME[w.qtype]}_t{tile}" + (f"_r{rows}" if rows else ""),
            (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)), (32, WARPS_PER_CTA),
            (w.raw, np.int32(pitch), np.int32(w.n_out), np.int32(w.n_in), x, np.int32(n), *outs), options=BUILDS[build])
