@@ -132,10 +132,13 @@ PER_TOKEN_GLU_VARIANTS = ((4, 4, PER_TOKEN), (8, 4, PER_TOKEN))
 # 4096x4096 4.9 / 5.3, IQ3_XXS 4096x6144 8.7 / 10.3).
 ONE_ROW_MAX_ROWS = 2048
 # Two tokens (a decode token and its one-token draft, verified together) over at most TWO_TOKEN_ONE_ROW_MAX_ROWS rows
-# (dense) take one row a warp (kernels mm_<type>_t2_r1_g1), twice the warps of the two-row kernel: the 0.5B shape's
-# 896-row launches otherwise fill 56 CTAs on 132 SMs. Its figures: perf/kernel_notes.md, "What a verified draft
-# token costs".
-TWO_TOKEN_ONE_ROW_MAX_ROWS = 0
+# (dense) of the types whose superblocks span lanes (PER_TOKEN_TYPES, as ONE_ROW_MAX_ROWS) take one row a warp
+# (kernels mm_<type>_t2_r1_g1), twice the warps of the two-row kernel: the 0.5B shape's 896-row launches otherwise
+# fill 56 CTAs on 132 SMs. H200 (2026-12-06, bench_gpu.py --verify-cost, four processes), 2 tokens, one row / two
+# rows a warp, us: Q4_K 896x4864 4.5 / 5.6; Q5_0 1152x896 2.7 / 2.7, 896x896 2.7 / 2.6, 896x4864 7.5 / 7.5-7.6 and
+# Q8_0 128x896 2.2 / 2.2 (level: those keep two rows); the 0.5B shape's 2-token step graph 884-905 / 892-901
+# (medians ~891 / ~895; perf/kernel_notes.md, "What a verified draft token costs").
+TWO_TOKEN_ONE_ROW_MAX_ROWS = 2048
 # IQ3_XXS launches of one tile of tokens (dense ones over more rows than take one row a warp) may take the loop over
 # the device layout's whole groups of 8 blocks (qmatmul.cu mm_q_iq3, kernels ..._gw[_m<MB>]; the same bits): fewer
 # instructions a weight but more registers (sm_90, against mm_q1's / mm_q's loop: one token 78 against 56, two GLU
@@ -209,6 +212,12 @@ def _one_row(qtype, n_tok: int, glu: bool, n_out: int | None) -> bool:
             and QType(int(qtype)) in PER_TOKEN_TYPES)
 
 
+def _two_token_one_row(qtype, glu: bool, n_out: int | None) -> bool:
+    """Whether a 2-token launch over n_out rows (None: many) takes one row a warp (TWO_TOKEN_ONE_ROW_MAX_ROWS)."""
+    return (not glu and n_out is not None and n_out <= TWO_TOKEN_ONE_ROW_MAX_ROWS
+            and QType(int(qtype)) in PER_TOKEN_TYPES)
+
+
 def _launch_warps(n_out: int, rw: int, glu: bool) -> int:
     """Warps of a mat-vec launch (dp4a or float) over n_out rows at RW rows a warp (GLU: n_out / 2 gate rows, RW / 2
     pairs a warp)."""
@@ -225,7 +234,7 @@ def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None, 
         return tile, (DP4A_GLU_ROWS[tile] if glu else DP4A_VARIANTS[tile][0]), PER_TOKEN
     if _one_row(qtype, tile, glu, n_out):
         return 1, 1, 1
-    if tile == 2 and not glu and n_out is not None and n_out <= TWO_TOKEN_ONE_ROW_MAX_ROWS:
+    if tile == 2 and _two_token_one_row(qtype, glu, n_out):
         return 2, 1, 1
     if qtype == QType.IQ3_XXS and None not in (n_out, n_tok, n_sm) and n_tok <= tile:
         groups = iq3_groups_variant(tile, glu)

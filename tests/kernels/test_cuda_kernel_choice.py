@@ -163,17 +163,20 @@ def test_iq3_xxs_group_loop_by_tile_and_grid():
 
 
 def test_two_tokens_over_few_rows_take_one_row_a_warp(monkeypatch):
-    """TWO_TOKEN_ONE_ROW_MAX_ROWS (0: never): dense 2-token launches over at most that many rows take one row a warp,
-    whatever the type; GLU launches, larger grids and other tiles keep their kernels."""
+    """TWO_TOKEN_ONE_ROW_MAX_ROWS (0: never; 2048 by default): dense 2-token launches of the superblock types over at
+    most that many rows take one row a warp; the block types measured level (Q5_0, Q8_0), GLU launches, larger grids
+    and other tiles keep their kernels."""
     from strata_lite.kernels.cuda import qmatmul as qm
-    monkeypatch.setattr(qm, "TWO_TOKEN_ONE_ROW_MAX_ROWS", 2048)
-    for qtype in (QType.Q5_0, QType.Q8_0, QType.Q4_K, QType.Q6_K, QType.IQ3_XXS):
+    assert qm.TWO_TOKEN_ONE_ROW_MAX_ROWS == 2048
+    for qtype in (QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.IQ3_XXS):
         assert dp4a_variant(qtype, 2, n_out=896) == dp4a_variant(qtype, 2, n_out=2048) == (2, 1, 1)
         assert dp4a_variant(qtype, 2, n_out=2049) != (2, 1, 1) and dp4a_variant(qtype, 2) == (2, 2, 1)
         assert dp4a_variant(qtype, 2, glu=True, n_out=896) == (2, 4, 1)
         assert dp4a_variant(qtype, 4, n_out=896)[:2] == (4, 2)
+    for qtype in (QType.Q5_0, QType.Q8_0):
+        assert dp4a_variant(qtype, 2, n_out=896) == (2, 2, 1)
     monkeypatch.setattr(qm, "TWO_TOKEN_ONE_ROW_MAX_ROWS", 0)
-    assert dp4a_variant(QType.Q5_0, 2, n_out=896) == (2, 2, 1)
+    assert dp4a_variant(QType.Q4_K, 2, n_out=896) == (2, 2, 1)
 
 
 def test_float_row_tiles_are_refused_outside_the_explore_build():
