@@ -166,13 +166,49 @@ def attention_call(cp, n_keys, n_seq=1, **shape):
     args = attention_inputs(cp, n_keys, n_seq, **shape)
     q, kp, ks, vp, vs = args[0], args[4], args[5], args[6], args[7]
     ws = ak.attention_workspace(n_seq, q.shape[1], q.shape[2], n_keys)
-    call = lambda: ak.attention(*args, ws, n_keys)  # noqa: E731
+    def call():
+        ak.attention(*args, ws, n_keys)
+    call.out = args[-1]
     return call, kp.nbytes + vp.nbytes + ks.nbytes + vs.nbytes
 
 
 def bench_attention(cp, n_keys):
     call, moved = attention_call(cp, n_keys)
     return timed_in_graph(cp, [call] * 16), moved
+
+
+# --attn-ab: (label, keys per sequence, sequences, shape) of the attention A/B across attention.BUILDS
+ATTN_AB_SHAPES = [("8B 32/8 D=128", 4096, 1, {}), ("8B 32/8 D=128", 32768, 1, {}), ("8B 32/8 D=128", 4096, 8, {}),
+                  ("8B 32/8 D=128", 4096, 16, {}), ("8B 32/8 D=128", 32768, 4, {}), ("8B 32/8 D=128", 512, 64, {}),
+                  ("0.5B 14/2 D=64", 4096, 1, dict(n_heads=14, n_kv=2, hd=64)),
+                  ("0.5B 14/2 D=64", 32768, 1, dict(n_heads=14, n_kv=2, hd=64)),
+                  ("0.5B 14/2 D=64", 4096, 16, dict(n_heads=14, n_kv=2, hd=64))]
+
+
+def attn_ab_rows(cp, rounds=2):
+    """--attn-ab: every shape of ATTN_AB_SHAPES under each attention build (attention.BUILDS: the split-parallel
+    kernels' CTAs per SM), builds alternating over `rounds`; (label, [µs per round] per build, same bits as the
+    default build). Graph replays of 16 launches over one copy of the cache (beyond L2 from 16 x 4K keys)."""
+    from strata_lite.kernels.cuda import attention as ak
+    builds = list(ak.BUILDS)
+    rows = []
+    for name, keys, n_seq, shape in ATTN_AB_SHAPES:
+        call, _ = attention_call(cp, keys, n_seq, **shape)
+        times = {b: [] for b in builds}
+        outs = {}
+        for _ in range(rounds):
+            for b in builds:
+                ak.BUILD = b
+                try:
+                    call()
+                    outs[b] = call.out.copy()
+                    times[b].append(timed_in_graph(cp, [call] * 16) * 1e6)
+                finally:
+                    ak.BUILD = "default"
+        same = all(bool(cp.array_equal(outs[b].view(cp.uint32), outs["default"].view(cp.uint32))) for b in builds)
+        rows.append((f"{name}, {n_seq} x {keys} keys", times, same))
+        del call
+    return rows
 
 
 KERNELS = [  # (label, qtype, n_out, n_in, n_tok) -- the shapes of the llama.cpp reference table
@@ -793,6 +829,12 @@ def main(argv=None) -> int:
                     help="only what 1-4 tokens of a step cost: split-K against dp4a on the 0.5B shape's down "
                          "projection, one row a warp against two at 2 tokens over its few rows, and its step graphs "
                          "with split-K for several tokens or one")
+    ap.add_argument("--attn-ab", action="store_true",
+                    help="only attention at several shapes under each attention build (attention.BUILDS: the "
+                         "split-parallel kernels' CTAs per SM), alternating, with a bit check against the default")
+    from strata_lite.kernels.cuda import attention as ak
+    ap.add_argument("--attn-build", default="default", choices=tuple(ak.BUILDS),
+                    help="the attention build every launch takes (attention.BUILDS), for A/B runs of whole models")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="only the decode step breakdown, graphs captured without and with programmatic dependent "
                          "launch (twice each, alternating)")
@@ -811,6 +853,7 @@ def main(argv=None) -> int:
         qm.TWO_TOKEN_ONE_ROW_MAX_ROWS = args.two_token_one_row_max
     if args.iq3_groups == "off":
         qm.IQ3_GROUPS_CHOICES = {}
+    ak.BUILD = args.attn_build
     be = CudaBackend()
     copy_bw = copy_bandwidth(cp)
     if args.explore:
@@ -878,6 +921,16 @@ def main(argv=None) -> int:
         for label, us, dp in vrows:
             print(f"{label:70s} {us:8.1f} " + (f"{dp:8.1f}" if dp is not None else ""))
         write_json(args.json, be, verify_cost=vrows)
+        return 0
+    if args.attn_ab:
+        print(f"\n{be.describe()}; copy bandwidth {copy_bw / 1e9:,.0f} GB/s (read + write)")
+        arows = attn_ab_rows(cp)
+        builds = list(arows[0][1])
+        print(f"\n{'attention, us per launch (rounds)':44s} " + " ".join(f"{b:>18s}" for b in builds))
+        for label, times, same in arows:
+            print(f"{label:44s} " + " ".join(f"{'/'.join(f'{t:.1f}' for t in times[b]):>18s}" for b in builds)
+                  + ("" if same else "  DIFFERENT BITS"))
+        write_json(args.json, be, attn_ab=[(label, times, same) for label, times, same in arows])
         return 0
     if args.pdl_ab:
         os.makedirs(args.models, exist_ok=True)

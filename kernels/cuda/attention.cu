@@ -591,9 +591,13 @@ __device__ __forceinline__ void attn_body(
     }
 }
 
-// Per (head_dim, head tile): attn_d{D}_h{HT} (split-parallel) and attn_d{D}_h{HT}_looped. 5 CTAs per SM
-// where registers and shared memory allow (HT 8 and head_dim 256 would spill or not fit); the looped
-// kernels keep a second fold (all groups) in registers: 3 CTAs per SM (2 at head_dim 256).
+// Per (head_dim, head tile): attn_d{D}_h{HT} (split-parallel) and attn_d{D}_h{HT}_looped. The split-parallel
+// kernels ask for ATTN_MIN_CTAS(D, HT) CTAs per SM (attention.py split_min_ctas gives the same numbers to the
+// grid): 5 at head_dim 64 (head tiles <= 4), 4 at head tile 8 (46 KB of shared memory: five do not fit),
+// head_dim 256 (spills at 96 registers) and head_dim 128 (117 registers; under 5, 96 registers and no spill on
+// sm_90 and sm_86, 5 x 44.7 KB of shared memory within an H100's 228 KB: the `d128_min5` build). The looped
+// kernels keep a second fold (all groups) in registers: 3 CTAs per SM (2 at head_dim 256). ATTN_D128_MIN_CTAS
+// and ATTN_H8_MIN_CTAS are set at compile time by the A/B builds (attention.py BUILDS).
 #define ATTN_KERNEL_MODE(D, HT, LOOPED, NAME, MIN_CTAS)                                                    \
     extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS) NAME(                                       \
         const float* __restrict__ q, const i32* __restrict__ token_seq, const i32* __restrict__ token_pos, \
@@ -607,8 +611,15 @@ __device__ __forceinline__ void attn_body(
                                  v_scales, out, ws_acc, ws_ml, qscale, n_heads, n_kv, G, n_ht, page_size,  \
                                  max_pages, ws_splits);                                                    \
     }
+#ifndef ATTN_D128_MIN_CTAS
+#define ATTN_D128_MIN_CTAS 4
+#endif
+#ifndef ATTN_H8_MIN_CTAS
+#define ATTN_H8_MIN_CTAS 4
+#endif
+#define ATTN_MIN_CTAS(D, HT) (D >= 256 ? 4 : HT == 8 ? ATTN_H8_MIN_CTAS : D == 128 ? ATTN_D128_MIN_CTAS : 5)
 #define ATTN_KERNEL(D, HT)                                                                                  \
-    ATTN_KERNEL_MODE(D, HT, false, attn_d##D##_h##HT, HT == 8 || D >= 128 ? 4 : 5)                         \
+    ATTN_KERNEL_MODE(D, HT, false, attn_d##D##_h##HT, ATTN_MIN_CTAS(D, HT))                                \
     ATTN_KERNEL_MODE(D, HT, true, attn_d##D##_h##HT##_looped, D >= 256 ? 2 : 3)
 
 ATTN_KERNEL(64, 1)

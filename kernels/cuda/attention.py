@@ -10,7 +10,7 @@ head tiles): a token's splits, groups and the order they are folded in depend on
 the model, never on the batch (batch invariance). Two modes,
 chosen from host ints, give the same bits (attention.cu explains why):
   * split-parallel (n_tok <= ws.split_tokens): grid (n_tok, n_kv_heads * head tiles, Z), CTA z computing
-    groups z, z + Z, ... split by split (`split_stride`: about 4 CTAs per SM, each loading its next split
+    groups z, z + Z, ... split by split (`split_stride`: about split_min_ctas CTAs per SM, each loading its next split
     while it computes one), one partial per group to the workspace, then attn_merge folds each token's
     own groups;
   * looped (more tokens, or max_keys <= keys_per_split): one CTA per (token, kv head, head tile) walks its
@@ -94,15 +94,36 @@ def _head_tile(group: int, head_dim: int) -> int:
     return min(cap, 1 << (group - 1).bit_length())
 
 
-CTAS_PER_SM = 4             # split-parallel CTAs resident per SM that split_stride aims for
+# Compile-time overrides of the split-parallel kernels' CTAs per SM (attention.cu ATTN_MIN_CTAS) for A/B builds
+# (perf/bench_gpu.py --attn-ab times each at several shapes, --attn-build runs a whole benchmark on one).
+BUILDS = {"default": {}, "d128_min5": {"ATTN_D128_MIN_CTAS": 5}, "h8_min5": {"ATTN_H8_MIN_CTAS": 5}}
+BUILD = "default"           # the build every launch takes (set by perf/bench_gpu.py --attn-build for A/B runs)
 
 
-def split_stride(n_items: int, n_group: int, n_sm: int) -> int:
+def _build_options(build: str) -> tuple:
+    if build not in BUILDS:
+        raise ValueError(f"attention build must be one of {sorted(BUILDS)}, got {build!r}")
+    return tuple(f"-D{k}={v}" for k, v in sorted(BUILDS[build].items()))
+
+
+def split_min_ctas(head_dim: int, head_tile: int, build: str = "default") -> int:
+    """CTAs per SM the split-parallel kernel attn_d{head_dim}_h{head_tile} is compiled for (attention.cu
+    ATTN_MIN_CTAS): 5 at head_dim 64 (head tiles <= 4), 4 at head tile 8, head_dim 128 and 256; the A/B builds
+    ask for 5 at head_dim 128 (`d128_min5`) or head tile 8 (`h8_min5`)."""
+    over = BUILDS[build]
+    if head_dim >= 256:
+        return 4
+    if head_tile == 8:
+        return over.get("ATTN_H8_MIN_CTAS", 4)
+    return over.get("ATTN_D128_MIN_CTAS", 4) if head_dim == 128 else 5
+
+
+def split_stride(n_items: int, n_group: int, n_sm: int, ctas_per_sm: int) -> int:
     """Z, the CTAs per (token, kv head, head tile) of a split-parallel launch: all n_group groups (one CTA
-    each) while the n_items = tokens x kv heads x tiles x n_group work items fit CTAS_PER_SM per SM, else
-    fewer CTAs walking several groups each (a grid choice: a group's partial is the same bits whichever
-    CTA computes it)."""
-    per_cta = max(1, -(-n_items // (n_sm * CTAS_PER_SM)))
+    each) while the n_items = tokens x kv heads x tiles x n_group work items fit ctas_per_sm per SM (the
+    kernel's split_min_ctas), else fewer CTAs walking several groups each (a grid choice: a group's partial is
+    the same bits whichever CTA computes it)."""
+    per_cta = max(1, -(-n_items // (n_sm * ctas_per_sm)))
     return -(-n_group // per_cta)
 
 
@@ -122,7 +143,10 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
 
     token_seq, token_pos (n_tok,) int32; page_tables (n_seqs, max_pages) int32; pages/scales of one layer.
     Query head h reads kv head h // (n_heads // n_kv_heads). `scale` multiplies q.k (e.g. head_dim**-0.5).
-    `max_keys` (host int, >= every token_pos + 1, <= ws.max_keys) sizes the grid."""
+    `max_keys` (host int, >= every token_pos + 1, <= ws.max_keys) sizes the grid. The kernels are
+    BUILD's (every build gives the same bits)."""
+    build = BUILD
+    options = _build_options(build)
     if q.ndim != 3:
         raise ValueError(f"q must be 3-D (n_tok, n_heads, head_dim), got shape {q.shape}")
     n_tok, n_heads, hd = q.shape
@@ -158,12 +182,13 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     looped = n_tok > ws.split_tokens or n_split == 1
     qscale = np.float32(float(scale) * _LOG2E)
     n_group = runtime.cdiv(n_split, group_splits(n_split, n_kv * n_ht))
-    z = 1 if looped else split_stride(n_tok * n_kv * n_ht * n_group, n_group, runtime.sm_count(q.device.id))
+    z = 1 if looped else split_stride(n_tok * n_kv * n_ht * n_group, n_group, runtime.sm_count(q.device.id),
+                                      split_min_ctas(hd, ht, build))
     runtime.launch(_CU, f"attn_d{hd}_h{ht}" + ("_looped" if looped else ""), (n_tok, n_kv * n_ht, z), (_THREADS,),
                    (q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, out,
                     ws.acc, ws.ml, qscale, np.int32(n_heads), np.int32(n_kv), np.int32(group), np.int32(n_ht),
-                    np.int32(page_size), np.int32(page_tables.shape[1]), np.int32(ws.n_splits)))
+                    np.int32(page_size), np.int32(page_tables.shape[1]), np.int32(ws.n_splits)), options=options)
     if not looped:
         runtime.launch(_CU, "attn_merge", (n_tok, n_heads, hd // 32), (_THREADS,),
                        (ws.acc, ws.ml, token_pos, out, np.int32(n_heads), np.int32(hd), np.int32(ws.n_splits),
-                        np.int32(n_kv * n_ht)))
+                        np.int32(n_kv * n_ht)), options=options)

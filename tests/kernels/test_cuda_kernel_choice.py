@@ -84,18 +84,26 @@ def test_split_k_only_for_few_tokens_over_few_long_rows(monkeypatch):
 
 def test_attention_groups_and_split_stride():
     """Splits folded per group (kernels/cuda/attention.py group_splits: by the token's own split count) and
-    the CTAs per (token, kv head, tile) of a split-parallel launch: one per group while the work items fit
-    CTAS_PER_SM CTAs per SM, else fewer CTAs walking several groups each."""
-    from strata_lite.kernels.cuda.attention import CTAS_PER_SM, group_splits, split_stride
+    the CTAs per (token, kv head, tile) of a split-parallel launch: one per group while the work items fit the
+    kernel's CTAs per SM (split_min_ctas, as attention.cu ATTN_MIN_CTAS), else fewer CTAs walking several groups
+    each."""
+    from strata_lite.kernels.cuda.attention import group_splits, split_min_ctas, split_stride
     # 8B shape (8 kv heads, one tile): 4K, 8K, 16K, 32K, 64K keys; 0.5B shape (2 kv heads) at 32K, 64K, 128K
     assert [group_splits(n, 8) for n in (32, 64, 127, 128, 256, 512, 4096)] == [1, 1, 1, 2, 4, 8, 8]
     assert [group_splits(n, 2) for n in (256, 512, 1024)] == [1, 2, 4]
-    assert CTAS_PER_SM == 4
-    assert split_stride(8 * 32, 32, 132) == 32           # 8B shape at 4K keys: 32 groups of 1 split, 256 items
-    assert split_stride(8 * 64, 64, 132) == 64           # at 32K: 256 splits in 64 groups of 4, 512 items fit
-    assert split_stride(2 * 64, 64, 132) == 64           # 0.5B shape at 32K
-    assert split_stride(4 * 8 * 64, 64, 132) == 16       # 4 tokens at 32K: 2048 items -> 4 groups a CTA
-    assert split_stride(1, 1, 132) == 1
+    # head_dim 64 at head tiles <= 4 at five CTAs an SM, head tile 8, head_dim 128 and 256 at four; the A/B builds
+    # change only their own kernels
+    assert [split_min_ctas(128, t) for t in (1, 2, 4, 8)] == [4, 4, 4, 4]
+    assert [split_min_ctas(64, t) for t in (1, 4, 8)] == [5, 5, 4] and split_min_ctas(256, 4) == 4
+    assert split_min_ctas(128, 4, "d128_min5") == 5 and split_min_ctas(64, 8, "d128_min5") == 4
+    assert split_min_ctas(64, 8, "h8_min5") == 5 and split_min_ctas(128, 4, "h8_min5") == 4
+    assert split_stride(8 * 32, 32, 132, 4) == 32        # 8B shape at 4K keys: 32 groups of 1 split, 256 items
+    assert split_stride(8 * 64, 64, 132, 4) == 64        # at 32K: 256 splits in 64 groups of 4, 512 items fit
+    assert split_stride(2 * 64, 64, 132, 4) == 64        # 0.5B shape at 32K
+    assert split_stride(4 * 8 * 64, 64, 132, 4) == 16    # 4 tokens at 32K: 2048 items -> 4 groups a CTA
+    assert split_stride(16 * 8 * 32, 32, 132, 4) == 4    # 16 tokens at 4K: 4096 items -> 8 groups a CTA
+    assert split_stride(16 * 8 * 32, 32, 132, 5) == 5    # (7 at five CTAs an SM)
+    assert split_stride(1, 1, 132, 5) == 1
 
 
 def test_step_graph_buckets_follow_the_engine_size():

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from strata_lite.kernels.cuda.attention import BUILDS as ATTENTION_BUILDS
 from strata_lite.kernels.cuda.qmatmul import BUILDS, MMA_BUILDS
 
 CUDA_DIR = Path(__file__).resolve().parents[2] / "kernels" / "cuda"
@@ -30,10 +31,13 @@ def test_cu_compiles_with_nvcc(src, tmp_path):
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
 
 
-# the other builds (perf/bench_gpu.py --explore / --gemm-explore / --build: qmatmul.BUILDS, MMA_BUILDS), for sm_90
+# the other builds (perf/bench_gpu.py --explore / --gemm-explore / --build / --attn-ab: qmatmul.BUILDS, MMA_BUILDS,
+# attention.BUILDS), for sm_90
 EXPLORE_BUILDS = sorted({(name, " ".join(defines))
                          for name, builds in (("qmatmul.cu", BUILDS), ("qmatmul_mma.cu", MMA_BUILDS))
-                         for defines in builds.values() if defines})
+                         for defines in builds.values() if defines}
+                        | {("attention.cu", " ".join(f"-D{k}={v}" for k, v in sorted(over.items())))
+                           for over in ATTENTION_BUILDS.values() if over})
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")

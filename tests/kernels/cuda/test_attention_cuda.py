@@ -127,11 +127,30 @@ def test_ctas_walking_several_splits_give_the_same_bits(n_heads, n_kv, hd, monke
     q = rng.standard_normal((len(seq), n_heads, hd)).astype(np.float32)
     runs = {}
     for z in (None, 1, 3):
-        monkeypatch.setattr(ak, "split_stride", lambda n_items, n_group, n_sm, z=z: z or n_group)
+        monkeypatch.setattr(ak, "split_stride", lambda n_items, n_group, n_sm, ctas, z=z: z or n_group)
         runs[z] = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=1500)
     check_against_refs(c, q, seq, pos, hd ** -0.5, runs[None])
     for z in (1, 3):
         np.testing.assert_array_equal(runs[z].view(np.uint32), runs[None].view(np.uint32))
+
+
+@pytest.mark.parametrize("n_heads,n_kv,hd", [(14, 2, 64), (32, 8, 128)])
+def test_every_build_gives_the_same_bits(n_heads, n_kv, hd, monkeypatch):
+    """The A/B builds (attention.BUILDS: the split-parallel kernels compiled for other CTAs per SM, and the grid
+    following them) give the default build's bits, which match the references."""
+    import cupy as cp
+    from strata_lite.kernels.cuda import attention as ak
+    rng = np.random.default_rng(7 * hd + n_kv)
+    c = Cache(cp, rng, [3000, 1200] * 4, n_kv, hd, page_size=64)
+    seq, pos = list(range(8)) * 2, [2999, 1199] * 4 + [100, 1000, 2000, 50, 1500, 700, 2500, 10]
+    q = rng.standard_normal((len(seq), n_heads, hd)).astype(np.float32)
+    runs = {}
+    for build in ak.BUILDS:
+        monkeypatch.setattr(ak, "BUILD", build)
+        runs[build] = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=3000)
+    check_against_refs(c, q, seq, pos, hd ** -0.5, runs["default"])
+    for build in ak.BUILDS:
+        np.testing.assert_array_equal(runs[build].view(np.uint32), runs["default"].view(np.uint32))
 
 
 # (n_heads, n_kv, head_dim, sequence lengths, token positions, their group sizes): width 8 (the 8B shape)
@@ -155,7 +174,7 @@ def test_groups_of_splits(n_heads, n_kv, hd, lens, pos, sizes, monkeypatch):
     q = rng.standard_normal((len(seq), n_heads, hd)).astype(np.float32)
     runs = {}
     for z in (None, 1, 3):
-        monkeypatch.setattr(ak, "split_stride", lambda n_items, n_group, n_sm, z=z: z or n_group)
+        monkeypatch.setattr(ak, "split_stride", lambda n_items, n_group, n_sm, ctas, z=z: z or n_group)
         runs[z] = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=lens[0])
     check_against_refs(c, q, seq, pos, hd ** -0.5, runs[None])
     runs["looped"] = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=lens[0], split_tokens=1)
