@@ -593,11 +593,12 @@ __device__ __forceinline__ void attn_body(
 
 // Per (head_dim, head tile): attn_d{D}_h{HT} (split-parallel) and attn_d{D}_h{HT}_looped. The split-parallel
 // kernels ask for ATTN_MIN_CTAS(D, HT) CTAs per SM (attention.py split_min_ctas gives the same numbers to the
-// grid): 5 at head_dim 64 (head tiles <= 4), 4 at head tile 8 (46 KB of shared memory: five do not fit),
-// head_dim 256 (spills at 96 registers) and head_dim 128 (117 registers; under 5, 96 registers and no spill on
-// sm_90 and sm_86, 5 x 44.7 KB of shared memory within an H100's 228 KB: the `d128_min5` build). The looped
-// kernels keep a second fold (all groups) in registers: 3 CTAs per SM (2 at head_dim 256). ATTN_D128_MIN_CTAS
-// and ATTN_H8_MIN_CTAS are set at compile time by the A/B builds (attention.py BUILDS).
+// grid): 5 at head_dim 64 (head tiles <= 4), 4 at head tile 8 (46 KB of shared memory at head_dim 128: five do
+// not fit), head_dim 256 (spills at 96 registers) and head_dim 128 (117 registers). Five at head_dim 128 (96
+// registers, no spill) and at head tile 8 of head_dim 64 measured slower on an H200 (A/B builds `d128_min5`,
+// `h8_min5`: ATTN_D128_MIN_CTAS, ATTN_H8_MIN_CTAS; perf/kernel_notes.md "Attention at five CTAs an SM"): the
+// kernel is bound by its instructions, not by the warps an SM holds. The looped kernels keep a second fold (all
+// groups) in registers: 3 CTAs per SM (2 at head_dim 256).
 #define ATTN_KERNEL_MODE(D, HT, LOOPED, NAME, MIN_CTAS)                                                    \
     extern "C" __global__ void __launch_bounds__(NT, MIN_CTAS) NAME(                                       \
         const float* __restrict__ q, const i32* __restrict__ token_seq, const i32* __restrict__ token_pos, \

@@ -96,8 +96,8 @@ def _head_tile(group: int, head_dim: int) -> int:
 
 # Compile-time overrides of the split-parallel kernels' CTAs per SM (attention.cu ATTN_MIN_CTAS) for A/B builds
 # (perf/bench_gpu.py --attn-ab times each at several shapes, --attn-build runs a whole benchmark on one).
-BUILDS = {"default": {}, "d128_min5": {"ATTN_D128_MIN_CTAS": 5}, "h8_min5": {"ATTN_H8_MIN_CTAS": 5},
-          "h8_min6": {"ATTN_H8_MIN_CTAS": 6}}
+# H200 (2026-12-06, perf/kernel_notes.md "Attention at five CTAs an SM"): both measured slower than the default.
+BUILDS = {"default": {}, "d128_min5": {"ATTN_D128_MIN_CTAS": 5}, "h8_min5": {"ATTN_H8_MIN_CTAS": 5}}
 BUILD = "default"           # the build every launch takes (set by perf/bench_gpu.py --attn-build for A/B runs)
 
 
@@ -110,7 +110,7 @@ def _build_options(build: str) -> tuple:
 def split_min_ctas(head_dim: int, head_tile: int, build: str = "default") -> int:
     """CTAs per SM the split-parallel kernel attn_d{head_dim}_h{head_tile} is compiled for (attention.cu
     ATTN_MIN_CTAS): 5 at head_dim 64 (head tiles <= 4), 4 at head tile 8, head_dim 128 and 256; the A/B builds
-    ask for 5 at head_dim 128 (`d128_min5`) or 5 or 6 at head tile 8 (`h8_min5`, `h8_min6`)."""
+    ask for 5 at head_dim 128 (`d128_min5`) or at head tile 8 (`h8_min5`)."""
     over = BUILDS[build]
     if head_dim >= 256:
         return 4
