@@ -33,6 +33,16 @@ MMA_WIDEST, MMA_MIDDLE, MMA_NARROW = (4, 4), (2, 4), (4, 1)
 MMA_CHOICES = ((MMA_WIDEST, 256, 256), (MMA_MIDDLE, 192, 64), (MMA_NARROW, 192, 64))
 MMA_VARIANTS = tuple(v for v, _, _ in MMA_CHOICES)
 MMA_MIN_TOKENS = 64         # tensor_core_variant from this many tokens (below: small_variant, else dp4a)
+# 64-token launches (a step of 33-64 decoding sequences replays the 64-token graph): per type, the variant
+# tensor_core_variant takes -> a candidate of qmatmul_mma.cu's MMQ_64 kernels, (warps, n8 tiles, CTAs an SM asked
+# for: kernel suffix _m<MB>, 0 none), taken while MMA_64 is on (mma_64_variant). H200 (2026-12-06, bench_gpu.py
+# --gemm-explore, dense, us, taken / candidate): IQ3_XXS 4096x14336 87.7 / 78.6 (H100 83.0 / 75.9), Q4_K
+# 14336x4096 144.2 / 119.5; GLU and end to end not measured yet, so MMA_64 is off (bench_gpu.py --mma-64 on).
+MMA_64_CANDIDATES = {QType.IQ3_XXS: {MMA_MIDDLE: (2, 4, 6)}, QType.Q4_K: {MMA_NARROW: (4, 2, 0)},
+                     QType.Q5_K: {MMA_NARROW: (4, 2, 0)}}
+MMA_64_MAX_TOKENS = 64
+MMA_64_MIN_CTAS = 128       # the 4 x 2 candidate: 64 tokens over >= 4,096 rows (measured at 4,096)
+MMA_64 = False
 WARPS_PER_CTA = 8           # warps per CTA of the dp4a mat-mul (8 measured a little faster than 4 on an H200)
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>...); a launch takes the smallest >= n
 ACT_WARPS = 8               # quantization blocks (warps) per CTA
@@ -450,6 +460,26 @@ def tensor_core_variant(n_out: int, n_tok: int, glu: bool = False):
     return None
 
 
+def mma_64_variant(qtype, chosen, n_out: int, n_tok: int, glu: bool = False):
+    """The tensor-core variant of a launch that tensor_core_variant gave `chosen`: with MMA_64 on and at most
+    MMA_64_MAX_TOKENS tokens, the type's candidate for it (MMA_64_CANDIDATES; a 3-tuple (warps, nb, MB)) where
+    its grid has at least MMA_64_MIN_CTAS CTAs, else chosen."""
+    if not MMA_64 or chosen is None or n_tok > MMA_64_MAX_TOKENS:
+        return chosen
+    cand = MMA_64_CANDIDATES.get(QType(int(qtype)), {}).get(tuple(chosen))
+    if cand is None:
+        return chosen
+    row_tiles = cdiv(n_out // 2 if glu else n_out, mma_rows(glu))
+    return cand if cdiv(n_tok, 8 * cand[1] * cand[0]) * row_tiles >= MMA_64_MIN_CTAS else chosen
+
+
+def _mma_name(qtype, glu: bool, variant) -> str:
+    """Kernel name of a tensor-core variant (warps, nb) or (warps, nb, MB): mmq[glu]_<type>_w<W>_n<NB>[_m<MB>]."""
+    warps, nb, *mb = variant
+    suffix = f"_m{mb[0]}" if mb and mb[0] else ""
+    return f"{'mmqglu' if glu else 'mmq'}_{_KNAME[QType(int(qtype))]}_w{warps}_n{nb}{suffix}"
+
+
 def _out_args(w: DeviceWeight, n: int, out, bias, accumulate: bool, glu: bool) -> tuple:
     """The kernels' output arguments (y0, y1, y2, c1, c2, bias, acc) from out: one array (n, n_out) or
     (GLU) (n, n_out / 2), or a list of up to 3 arrays (n, width) whose widths add up to n_out (split)."""
@@ -511,8 +541,9 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     _check("xq", xq, (n, w.n_in), np.int8, align=16)
     _check("xd", xd, (n, w.n_in // XBLOCK[fmt]), np.float32)
     outs = _out_args(w, n, out, bias, accumulate, glu)
-    if kernel not in ("auto", "dp4a", "mma", "small") or (mma is not None and tuple(mma) not in MMA_VARIANTS):
-        raise ValueError(f"kernel must be auto, dp4a, mma or small and mma one of {MMA_VARIANTS}, got {kernel!r}, "
+    mma_ok = MMA_VARIANTS + tuple(MMA_64_CANDIDATES.get(QType(int(w.qtype)), {}).values())
+    if kernel not in ("auto", "dp4a", "mma", "small") or (mma is not None and tuple(mma) not in mma_ok):
+        raise ValueError(f"kernel must be auto, dp4a, mma or small and mma one of {mma_ok}, got {kernel!r}, "
                          f"{mma!r}")
     nk = small or SMALL_WARPS[0]
     qtype = QType(int(w.qtype))
@@ -525,7 +556,7 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
         return
     weight = (w.raw, np.int32(pitch), np.int32(w.n_out), np.int32(w.n_in))
     args = (*weight, xq, xd, np.int32(n), *outs)
-    chosen = tensor_core_variant(w.n_out, n, glu)
+    chosen = mma_64_variant(w.qtype, tensor_core_variant(w.n_out, n, glu), w.n_out, n, glu)
     if kernel == "auto" and variant is None and chosen is None:
         picked = small_variant(w.qtype, w.n_out, n, glu)
         if picked is not None:
@@ -540,13 +571,14 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
         return
     name = _KNAME[w.qtype]
     if kernel == "mma" or (kernel == "auto" and chosen and variant is None):
-        warps, nb = tuple(mma or chosen or MMA_NARROW)
+        picked = tuple(mma or chosen or MMA_NARROW)
+        warps, nb = picked[:2]
         rows = mma_rows(glu)
         n_rows = w.n_out // 2 if glu else w.n_out
         if cdiv(n_rows, rows) > MAX_GRID_Y:
             raise ValueError(f"{w.n_out} output rows exceed one launch ({MAX_GRID_Y * rows} at most)")
         xt, xdt = chunk_major(fmt, xq, xd, tiles or ActBuffers(n, w.n_in, tiles=True))
-        launch(CU_MMA, f"{'mmqglu' if glu else 'mmq'}_{name}_w{warps}_n{nb}",
+        launch(CU_MMA, _mma_name(w.qtype, glu, picked),
                (cdiv(n, 8 * nb * warps), cdiv(n_rows, rows)), (32, warps), (*weight, xt, xdt, np.int32(n), *outs),
                shared_mem=mma_smem(w.qtype, warps, nb), options=MMA_BUILDS[build])
         return

@@ -444,14 +444,18 @@ struct SmallG {
     }
 #define MMQS_KERNELS(NAME, T) MMQS_KERNEL(NAME, T, 4, false, mmqs) MMQS_KERNEL(NAME, T, 4, true, mmqsglu) \
     MMQS_KERNEL(NAME, T, 8, false, mmqs) MMQS_KERNEL(NAME, T, 8, true, mmqsglu)
-#ifdef MMQ_EXPLORE   // perf/bench_gpu.py --gemm-explore: candidates beside the default kernels (_m6: the 2 x 4
-                     // variant under a minimum of 6 CTAs an SM, 168 registers: sm_90 Q4_K / Q5_K with block sums
-                     // 211 -> 168 registers and 216 bytes spilled, the occupancy of their per-unit build)
-#define MMQ_KERNELS(NAME, T) MMQ_DEFAULT(NAME, T) \
-    MMQ_KERNEL(NAME, T, 4, 2, false, mmq, 0, ) MMQ_KERNEL(NAME, T, 2, 2, false, mmq, 0, ) \
-    MMQ_KERNEL(NAME, T, 8, 2, false, mmq, 0, ) MMQ_KERNEL(NAME, T, 2, 4, false, mmq, 6, _m6)
+// The 64-token candidates (qmatmul.py MMA_64_CANDIDATES), plain and GLU: the 2 x 4 variant under a minimum of 6
+// CTAs an SM (_m6; sm_90: IQ3_XXS 161-162 registers where its default 2 x 4 takes 128 under 8; Q4_K / Q5_K with block
+// sums 211 -> 168 registers and 216 bytes spilled) and the 4 x 2 variant (64 tokens a CTA in 4 warps).
+#define MMQ_M6(NAME, T) MMQ_KERNEL(NAME, T, 2, 4, false, mmq, 6, _m6) MMQ_KERNEL(NAME, T, 2, 4, true, mmqglu, 6, _m6)
+#define MMQ_W4N2(NAME, T) MMQ_VARIANT(NAME, T, 4, 2, 0)
+#ifdef MMQ_EXPLORE   // perf/bench_gpu.py --gemm-explore: candidates beside the default kernels, every type
+#define MMQ_KERNELS(NAME, T) MMQ_DEFAULT(NAME, T) MMQ_M6(NAME, T) MMQ_W4N2(NAME, T) \
+    MMQ_KERNEL(NAME, T, 2, 2, false, mmq, 0, ) MMQ_KERNEL(NAME, T, 8, 2, false, mmq, 0, )
+#define MMQ_64(NAME, T, WHICH)
 #else
 #define MMQ_KERNELS(NAME, T) MMQ_DEFAULT(NAME, T)
+#define MMQ_64(NAME, T, WHICH) WHICH(NAME, T)     // the types MMA_64_CANDIDATES names, in every build
 #endif
 
 
@@ -461,11 +465,14 @@ MMQ_KERNELS(q4_0, TQ4_0)
 MMQ_KERNELS(q5_0, TQ5_0)
 MMQ_KERNELS(iq4_nl, TIQ4_NL)
 MMQ_KERNELS(q4_k, TQ4_K)
+MMQ_64(q4_k, TQ4_K, MMQ_W4N2)
 MMQS_KERNELS(q4_k, TQ4_K)
 MMQ_KERNELS(q5_k, TQ5_K)
+MMQ_64(q5_k, TQ5_K, MMQ_W4N2)
 MMQS_KERNELS(q5_k, TQ5_K)
 MMQ_KERNELS(q6_k, TQ6_K)
 MMQ_KERNELS(iq3_xxs, TIQ3_XXS)
+MMQ_64(iq3_xxs, TIQ3_XXS, MMQ_M6)
 #ifdef MMQ_EXPLORE   // the small-token kernel for types the launcher leaves on dp4a at 9-63 tokens (bench_gpu.py
                      // --explore; qmatmul.py SMALL_EXPLORE_WARPS): 4 warps for the 4-group superblock types
 MMQS_KERNEL(q6_k, TQ6_K, 4, false, mmqs) MMQS_KERNEL(q6_k, TQ6_K, 4, true, mmqsglu)

@@ -82,6 +82,28 @@ def test_split_k_only_for_few_tokens_over_few_long_rows(monkeypatch):
     assert not split_k(QType.Q6_K, 1792, 4864, 1, True)          # GLU
 
 
+def test_64_token_candidates(monkeypatch):
+    """MMA_64 (off by default): at up to 64 tokens IQ3_XXS's middle variant becomes its _m6 kernel and Q4_K / Q5_K's
+    narrow one the 4 x 2 variant where that grid keeps >= MMA_64_MIN_CTAS CTAs; other types, token counts and
+    variants keep tensor_core_variant's choice."""
+    from strata_lite.kernels.cuda import qmatmul as qm
+    assert qm.MMA_64 is False
+    assert qm.mma_64_variant(QType.IQ3_XXS, MMA_MIDDLE, 14336, 64) == MMA_MIDDLE
+    monkeypatch.setattr(qm, "MMA_64", True)
+    pick = qm.mma_64_variant
+    assert pick(QType.IQ3_XXS, tensor_core_variant(14336, 64), 14336, 64) == (2, 4, 6)
+    assert pick(QType.IQ3_XXS, tensor_core_variant(28672, 64, True), 28672, 64, True) == (2, 4, 6)   # gate+up
+    assert pick(QType.IQ3_XXS, tensor_core_variant(14336, 128), 14336, 128) == MMA_MIDDLE             # 128 tokens
+    assert pick(QType.Q4_K, tensor_core_variant(4096, 64), 4096, 64) == (4, 2, 0)      # 128 CTAs of 64 tokens
+    assert pick(QType.Q5_K, tensor_core_variant(4096, 64), 4096, 64) == (4, 2, 0)
+    assert pick(QType.Q4_K, tensor_core_variant(3072, 64), 3072, 64) == MMA_NARROW    # 96 CTAs: keeps narrow
+    assert pick(QType.Q4_K, tensor_core_variant(14336, 64), 14336, 64) == MMA_MIDDLE  # not narrow: unchanged
+    assert pick(QType.Q6_K, tensor_core_variant(4096, 64), 4096, 64) == MMA_NARROW    # no candidate
+    assert pick(QType.Q4_K, None, 896, 64) is None
+    assert qm._mma_name(QType.IQ3_XXS, True, (2, 4, 6)) == "mmqglu_iq3_xxs_w2_n4_m6"
+    assert qm._mma_name(QType.Q4_K, False, (4, 2, 0)) == qm._mma_name(QType.Q4_K, False, (4, 2)) == "mmq_q4_k_w4_n2"
+
+
 def test_attention_groups_and_split_stride():
     """Splits folded per group (kernels/cuda/attention.py group_splits: by the token's own split count) and
     the CTAs per (token, kv head, tile) of a split-parallel launch: one per group while the work items fit the

@@ -156,6 +156,15 @@ def test_tensor_core_kernel_equals_dp4a_bit_for_bit(cp, qm, qtype, mma):
         _assert_equals_dp4a(cp, qm, qtype, w, raw, x, dict(kernel="mma", mma=mma))
 
 
+@pytest.mark.parametrize("qtype", [QType.IQ3_XXS, QType.Q4_K, QType.Q5_K], ids=lambda t: t.name)
+def test_64_token_candidates_equal_dp4a_bit_for_bit(cp, qm, qtype):
+    """The 64-token candidates (qmatmul.MMA_64_CANDIDATES: IQ3_XXS's 2 x 4 under a minimum of 6 CTAs an SM, Q4_K
+    and Q5_K's 4 x 2 variant) give the dp4a kernel's bits, plain and GLU, on the tensor-core test's shapes."""
+    for mma in qm.MMA_64_CANDIDATES[qtype].values():
+        for w, raw, x in _tile_edge_cases(qm, qtype, seed=60):
+            _assert_equals_dp4a(cp, qm, qtype, w, raw, x, dict(kernel="mma", mma=mma))
+
+
 # (type, warps, build) of the small-token kernels compiled (qmatmul.SMALL_TYPES, SMALL_WARPS; the explore build's
 # SMALL_EXPLORE_WARPS)
 SMALL_CASES = [(qt, nk, "default") for qt in (QType.Q4_K, QType.Q5_K, QType.Q8_0) for nk in (4, 8)] + \
