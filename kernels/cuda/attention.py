@@ -23,6 +23,7 @@ Host/device placement: arrays are cupy (device); sizes, scale and max_keys are h
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,7 +102,9 @@ BUILDS = {"default": {}, "d128_min5": {"ATTN_D128_MIN_CTAS": 5}, "h8_min5": {"AT
 BUILD = "default"           # the build every launch takes (set by perf/bench_gpu.py --attn-build for A/B runs)
 
 
+@functools.lru_cache(maxsize=None)
 def _build_options(build: str) -> tuple:
+    """The NVRTC defines of an attention build (once per build: every launch asks)."""
     if build not in BUILDS:
         raise ValueError(f"attention build must be one of {sorted(BUILDS)}, got {build!r}")
     return tuple(f"-D{k}={v}" for k, v in sorted(BUILDS[build].items()))

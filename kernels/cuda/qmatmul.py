@@ -216,16 +216,10 @@ _UNIT = {QType.Q4_K: 64, QType.Q5_K: 64, QType.F32: 8, QType.F16: 8, QType.BF16:
 XBLOCK = {"q8_0": 32, "q8_k": 256}   # activations per scale
 
 
-def _one_row(qtype, n_tok: int, glu: bool, n_out: int | None) -> bool:
-    """Whether a launch of n_tok tokens over n_out rows (None: many) takes one row a warp (ONE_ROW_MAX_ROWS)."""
-    return (n_tok == 1 and not glu and n_out is not None and n_out <= ONE_ROW_MAX_ROWS
-            and QType(int(qtype)) in PER_TOKEN_TYPES)
-
-
-def _two_token_one_row(qtype, glu: bool, n_out: int | None) -> bool:
-    """Whether a 2-token launch over n_out rows (None: many) takes one row a warp (TWO_TOKEN_ONE_ROW_MAX_ROWS)."""
-    return (not glu and n_out is not None and n_out <= TWO_TOKEN_ONE_ROW_MAX_ROWS
-            and QType(int(qtype)) in PER_TOKEN_TYPES)
+def _one_row(qtype, glu: bool, n_out: int | None, max_rows: int) -> bool:
+    """Whether a dense launch over n_out rows (None: many) of a superblock type takes one row a warp: at most
+    max_rows rows (ONE_ROW_MAX_ROWS at one token, TWO_TOKEN_ONE_ROW_MAX_ROWS at two)."""
+    return not glu and n_out is not None and n_out <= max_rows and QType(int(qtype)) in PER_TOKEN_TYPES
 
 
 def _launch_warps(n_out: int, rw: int, glu: bool) -> int:
@@ -242,10 +236,8 @@ def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None, 
     qtype = QType(int(qtype))
     if (tile, glu) in PER_TOKEN_TILES.get(qtype, ()):
         return tile, (DP4A_GLU_ROWS[tile] if glu else DP4A_VARIANTS[tile][0]), PER_TOKEN
-    if _one_row(qtype, tile, glu, n_out):
-        return 1, 1, 1
-    if tile == 2 and _two_token_one_row(qtype, glu, n_out):
-        return 2, 1, 1
+    if tile in (1, 2) and _one_row(qtype, glu, n_out, ONE_ROW_MAX_ROWS if tile == 1 else TWO_TOKEN_ONE_ROW_MAX_ROWS):
+        return tile, 1, 1
     if qtype == QType.IQ3_XXS and None not in (n_out, n_tok, n_sm) and n_tok <= tile:
         groups = iq3_groups_variant(tile, glu)
         n_ctas = cdiv(_launch_warps(n_out, groups[1], glu), WARPS_PER_CTA)
@@ -269,7 +261,7 @@ def split_k(qtype, n_out: int, n_in: int, n_tok: int, glu: bool) -> bool:
     """Whether a launch takes the split-K kernel (1..SPLIT_K_AUTO_TOKENS tokens, few long rows; never GLU; one
     token of a type that takes one row a warp there instead, dp4a_variant)."""
     rounds = _split_k_smem(qtype, n_in) // (32 * 8)
-    if _one_row(qtype, n_tok, glu, n_out):
+    if n_tok == 1 and _one_row(qtype, glu, n_out, ONE_ROW_MAX_ROWS):
         return False
     return (1 <= n_tok <= min(SPLIT_K_AUTO_TOKENS, SPLIT_K_MAX_TOKENS) and not glu and n_out <= SPLIT_K_MAX_ROWS
             and rounds >= SPLIT_K_MIN_ROUNDS and _split_k_smem(qtype, n_in, n_tok) <= SPLIT_K_SMEM)
@@ -541,10 +533,10 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     _check("xq", xq, (n, w.n_in), np.int8, align=16)
     _check("xd", xd, (n, w.n_in // XBLOCK[fmt]), np.float32)
     outs = _out_args(w, n, out, bias, accumulate, glu)
-    mma_ok = MMA_VARIANTS + tuple(MMA_64_CANDIDATES.get(QType(int(w.qtype)), {}).values())
+    mma_ok = () if mma is None else MMA_VARIANTS + tuple(MMA_64_CANDIDATES.get(QType(int(w.qtype)), {}).values())
     if kernel not in ("auto", "dp4a", "mma", "small") or (mma is not None and tuple(mma) not in mma_ok):
-        raise ValueError(f"kernel must be auto, dp4a, mma or small and mma one of {mma_ok}, got {kernel!r}, "
-                         f"{mma!r}")
+        raise ValueError(f"kernel must be auto, dp4a, mma or small and mma one of {mma_ok or MMA_VARIANTS}, got "
+                         f"{kernel!r}, {mma!r}")
     nk = small or SMALL_WARPS[0]
     qtype = QType(int(w.qtype))
     if kernel == "small" and not ((qtype in SMALL_TYPES and nk in SMALL_WARPS)
