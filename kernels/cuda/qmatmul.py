@@ -37,12 +37,14 @@ MMA_MIN_TOKENS = 64         # tensor_core_variant from this many tokens (below: 
 # tensor_core_variant takes -> a candidate of qmatmul_mma.cu's MMQ_64 kernels, (warps, n8 tiles, CTAs an SM asked
 # for: kernel suffix _m<MB>, 0 none), taken while MMA_64 is on (mma_64_variant). H200 (2026-12-06, bench_gpu.py
 # --gemm-explore, dense, us, taken / candidate): IQ3_XXS 4096x14336 87.7 / 78.6 (H100 83.0 / 75.9), Q4_K
-# 14336x4096 144.2 / 119.5; GLU and end to end not measured yet, so MMA_64 is off (bench_gpu.py --mma-64 on).
+# 14336x4096 144.2 / 119.5. End to end (H100, 2026-12-06, ab_builds.py --arm "--mma-64 off" --arm "--mma-64 on",
+# 8B-layer shape, 512 context, four processes an arm): the 64-sequence step 2-4% faster (Q4_K_M mix 1.024 / 1.042, IQ3_XXS
+# mix 1.041 / 1.022 of off), 1-32 sequences untouched; so on. bench_gpu.py --mma-64 off for A/B runs.
 MMA_64_CANDIDATES = {QType.IQ3_XXS: {MMA_MIDDLE: (2, 4, 6)}, QType.Q4_K: {MMA_NARROW: (4, 2, 0)},
                      QType.Q5_K: {MMA_NARROW: (4, 2, 0)}}
 MMA_64_MAX_TOKENS = 64
 MMA_64_MIN_CTAS = 128       # the 4 x 2 candidate: 64 tokens over >= 4,096 rows (measured at 4,096)
-MMA_64 = False
+MMA_64 = True
 WARPS_PER_CTA = 8           # warps per CTA of the dp4a mat-mul (8 measured a little faster than 4 on an H200)
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>...); a launch takes the smallest >= n
 ACT_WARPS = 8               # quantization blocks (warps) per CTA
