@@ -15,7 +15,13 @@ token is asked for (`first_token`, `propose`), so an eager step in which no sequ
 runs the block for its KV rows and no head. Where the step was a captured graph of step_forward (CUDA), the
 graph already ran the block on every row with the row's greedy token, and the head and its argmax too;
 fill keeps those rows for sequences whose kept tokens are the greedy ones (with their first draft token:
-nothing runs after the step for it) and computes only the others.
+nothing runs after the step for it) and computes only the others. On the CPU backend the fill defers the rows
+(`defer`, `pending`: the hidden states on the host and the tokens after them) until a draft asks for the
+sequence's first token, or until the step completes the page of its first waiting row (before the scheduler
+commits that page to the prefix trie), and then writes them in one forward of the block over every waiting
+row: a sequence that does not draft from the block pays for its rows once a page (up to page_size rows in one
+forward, where a row costs less than alone: docs/speculative.md) instead of once a step. The rows' bits are
+the same either way (batch invariance).
 
 Drafting (`propose`, at plan time): per sequence, step j feeds the block its own previous block output as
 the hidden state and its own previous argmax as the token, at the next position (rows past n_computed,
@@ -27,7 +33,8 @@ replays whose argmax feeds the next replay's token on the device (StepGraphs.run
 one host round trip, not one per token.
 
 Cost (`mtp_cost`): drafting k tokens costs k heads and k - 1 block forwards, in target decode steps from
-the weights' byte sizes, the first head nothing where the step graphs run it anyway (capture);
+the weights' byte sizes, the first head nothing where the step graphs run it anyway (capture), one block
+forward more where the fill is deferred (the waiting rows' forward, which a draft now causes);
 SpecController weighs it against a draft's expected gain.
 
 A placement keeps one cached token less (TieredKV reread_last): the row of the last cached position needs
@@ -112,12 +119,15 @@ class MtpCost(NamedTuple):
     head: float      # the head over the vocabulary: once per drafted token
     block: float     # one forward of the block (eh_proj and its decoder block): per drafted token after the first
     first_head: bool = True   # the first token's head is the drafter's (False: every step runs it anyway)
+    first_block: bool = False  # the first token also pays a block forward: the deferred KV rows' (MtpDrafter.defer)
 
     def token(self, i: int) -> float:
         """Drafted token i (from 0): the head (not for the first token when the step runs it anyway), plus
-        from the second token on a block forward (the first token's block forward is the fill's, which the
-        KV row needs anyway)."""
-        return self.block + self.head if i else (self.head if self.first_head else 0.0)
+        from the second token on a block forward; the first token's block forward is the fill's, which the
+        KV row needs anyway, unless the fill is deferred until a draft asks for it (first_block)."""
+        if i:
+            return self.block + self.head
+        return (self.head if self.first_head else 0.0) + (self.block if self.first_block else 0.0)
 
     def draft(self, k: int) -> float:
         """A draft of k tokens: k * head + (k - 1) * block (one head less without first_head)."""
@@ -139,7 +149,8 @@ def mtp_cost(weights, mtp) -> MtpCost:
         head   = bytes(the MTP head: shared_head_head, else the model's output matrix; only the draft
                  vocabulary's rows when the block has one: loader.mtp.draft_head) / target
 
-    Drafting k tokens costs k * head + (k - 1) * block target decode steps (MtpCost.token). Embedding
+    Drafting k tokens costs k * head + (k - 1) * block target decode steps (MtpCost.token; one block more
+    where the fill is deferred, MtpDrafter sets first_block). Embedding
     tables count for neither (a forward reads one row per token), nor do norm vectors and biases."""
     target = sum(_matrix_bytes(lw) for lw in weights.layers) + weights.output.nbytes
     block = mtp.eh_proj_embed.nbytes + mtp.eh_proj_hidden.nbytes + _matrix_bytes(mtp.block)
@@ -158,7 +169,11 @@ class MtpDrafter:
         self.head = MtpHead(model, weights)
         self.model, self.backend, self.kv, self.layer = model, model.backend, kv, layer
         self.n_vocab = model.cfg.n_vocab
-        self.cost = mtp_cost(model.weights, weights)    # MtpCost: what drafting costs, in target decode steps
+        # the CPU: KV rows wait in self.pending until a draft or a full page needs them (the CUDA backend's
+        # workspaces are sized for a step's rows, and its step graphs fill the rows inside the step anyway)
+        self.defer = self.backend.name == "cpu"
+        self.cost = mtp_cost(model.weights, weights)._replace(first_block=self.defer)   # in target decode steps
+        self.pending: dict = {}  # seq -> _Pending: computed positions whose block rows are not written yet
         self.hidden = None       # the open step's last hidden state at every batch row (device (n, n_embd))
         self.first: dict = {}    # seq -> _First: where its first draft token comes from
         self.grow = None         # (seq, n_tokens) -> how many fit in its pages: TieredKV.grow_free
@@ -232,6 +247,7 @@ class MtpDrafter:
         rows, ids, pos, seq_of, first_rows, first_seqs, tables = [], [], [], [], [], [], []
         greedy = None if fused is None else fused[1].greedy_ids()
         filled = []              # (seq, batch row of its first draft's block output): rows the step filled
+        deferred = []            # (seq, first batch row, first position, rows) left for later (self.defer)
         at = 0
         for seq, n in zip(plan.seqs, plan.n_tokens):
             start = int(b.positions[at])
@@ -240,6 +256,8 @@ class MtpDrafter:
             if k and greedy is not None and np.array_equal(greedy[at:at + k], seq.tokens[start + 1:start + k + 1]):
                 if start + k == len(seq.tokens) - 1 and _drafts_on(seq):
                     filled.append((seq, at + k - 1))
+            elif k and self.defer:
+                deferred.append((seq, at, start, k))
             elif k:
                 r = len(tables)
                 tables.append(seq.page_row())
@@ -251,6 +269,8 @@ class MtpDrafter:
                     first_rows.append(len(ids) - 1)
                     first_seqs.append(seq)
             at += n
+        if deferred:
+            self._defer(hidden, deferred)
         if filled:               # the graph's own block outputs: valid until its next replay (_First.step)
             columns, probs = fused[1].drafts()
             tokens = self.head.token_ids(columns)
@@ -264,6 +284,50 @@ class MtpDrafter:
             out = out.copy()      # kept past the step (a sequence may sit the next one out): off the graph's buffer
         for seq, row in zip(first_seqs, first_rows):
             self.first[seq] = _First(seq.n_computed, out, row, None, None)
+
+    def _defer(self, hidden, deferred) -> None:
+        """Keep the rows `deferred` ((seq, first batch row, first position, rows) of this step) in self.pending:
+        the main model's hidden states there (copied to the host: the step's buffers are reused) and the
+        tokens after them. A sequence whose first pending row lies in a page the step completed is filled
+        now, so that the page is whole when the step commits it to the prefix trie."""
+        be = self.backend
+        idx = [at + i for _, at, _, k in deferred for i in range(k)]
+        rows = be.to_host(be.take_rows(hidden, be.from_host(np.asarray(idx, np.int32))))
+        due, at, P = [], 0, self.kv.page_size
+        for seq, _, start, k in deferred:
+            p = self.pending.setdefault(seq, _Pending())
+            p.add(start, seq.tokens[start + 1:start + k + 1], rows[at:at + k])
+            at += k
+            if p.pos[0] // P < seq.n_computed // P:
+                due.append(seq)
+        self._flush(due)
+
+    def _flush(self, seqs) -> None:
+        """Write the pending rows of seqs (one forward of the block over all of them, positions in order per
+        sequence, as a prompt chunk's); a sequence whose last pending row is the one before its pending
+        token gets its first-draft block output from it (the head runs when a draft asks: _first_tokens)."""
+        seqs = [s for s in seqs if self.pending.get(s)]
+        if not seqs:
+            return
+        ids, pos, seq_of, tables, parts, last = [], [], [], [], [], []
+        for r, seq in enumerate(seqs):
+            p = self.pending.pop(seq)
+            tables.append(seq.page_row())
+            ids.extend(p.ids)
+            pos.extend(p.pos)
+            seq_of.extend([r] * len(p.pos))
+            parts.extend(p.rows)
+            last.append(len(ids) - 1 if p.pos[-1] == seq.n_computed - 1 and _drafts_on(seq) else None)
+        hidden = self.backend.from_host(np.concatenate(parts))
+        out, _ = self._forward(hidden, list(range(len(ids))), ids, pos, seq_of, tables, [])
+        for seq, row in zip(seqs, last):
+            if row is not None:
+                self.first[seq] = _First(seq.n_computed, out, row, None, None)
+
+    def settle(self, seqs=None) -> None:
+        """Write every pending row of seqs (default: all sequences): afterwards the block's KV layer holds the
+        row of every position the fill has seen, as without deferral."""
+        self._flush(list(self.pending) if seqs is None else seqs)
 
     def _batch(self, ids, pos, seq_of, tables, logit_rows) -> Batch:
         """A validated Batch of the block's rows: token ids, positions, row -> table index, page tables."""
@@ -304,7 +368,10 @@ class MtpDrafter:
         """Whether seq has a first draft token to give: the last fill kept its block output at the position
         before its pending token (nothing is computed here)."""
         f = self.first.get(seq)
-        return f is not None and f.pos == seq.n_computed
+        if f is not None and f.pos == seq.n_computed:
+            return True
+        p = self.pending.get(seq)           # deferred rows through the one before the pending token
+        return bool(p) and p.pos[-1] == seq.n_computed - 1 and _drafts_on(seq)
 
     def first_token(self, seq) -> tuple[int, float] | None:
         """(token, probability) of seq's first draft token (the head runs now if it has not for this
@@ -315,6 +382,7 @@ class MtpDrafter:
         """{seq: (first draft token, probability)} for those of seqs that are ready(); the head runs once, on
         the kept block outputs of those whose token is not known yet."""
         seqs = [s for s in seqs if self.ready(s)]
+        self._flush([s for s in seqs if s in self.pending])      # deferred rows first: one forward for all
         todo = [s for s in seqs if self.first[s].token is None]
         if todo:
             x = self._gather([(self.first[s].out, self.first[s].row) for s in todo])
@@ -424,12 +492,37 @@ class MtpDrafter:
 
     def forget(self, seq) -> None:
         self.first.pop(seq, None)
+        self.pending.pop(seq, None)
 
 
 def _drafts_on(seq) -> bool:
     """Whether seq may draft after this step: it drafts at all, and nothing ended it while the step ran (a
     cancel, or a stop string found while the step was in flight: its first-draft entry would outlive it)."""
     return seq.spec is not None and not seq.pending_finish
+
+
+class _Pending:
+    """Positions of one sequence computed with their block rows not written yet (MtpDrafter.defer), in order:
+    per position the token after it and the main model's hidden state there (host rows)."""
+
+    def __init__(self):
+        self.pos: list[int] = []
+        self.ids: list[int] = []
+        self.rows: list = []       # host (k, n_embd) arrays, one per step, together len(pos) rows
+
+    def __bool__(self) -> bool:
+        return bool(self.pos)
+
+    def add(self, start: int, ids, rows) -> None:
+        """Rows of positions start, start + 1, ...; pending ones from start on (a re-read: placement on a
+        shorter cached prefix, the last cached token read again) are replaced."""
+        if self.pos and self.pos[-1] >= start:
+            keep = sum(p < start for p in self.pos)
+            flat = np.concatenate(self.rows)[:keep]
+            self.pos, self.ids, self.rows = self.pos[:keep], self.ids[:keep], [flat] if keep else []
+        self.pos.extend(range(start, start + len(rows)))
+        self.ids.extend(int(t) for t in ids)
+        self.rows.append(rows)
 
 
 class _First(NamedTuple):

@@ -116,6 +116,22 @@ class Mini:
                 (self.runner.kv.k_pages, self.runner.kv.k_scales, self.runner.kv.v_pages, self.runner.kv.v_scales)]
 
 
+def _check_mtp_rows(mini, llm, head, seq) -> int:
+    """seq's MTP rows against the block run from scratch: those of its completed pages (what a step may
+    commit to the prefix trie) as they are, and after its waiting rows are written (MtpDrafter.settle) all of
+    [0, n_computed). -> how many rows were waiting."""
+    n, P, mtp = seq.n_computed, mini.runner.kv.page_size, mini.runner.mtp
+    want = _scratch(llm, head, seq.tokens, n)[0]
+    whole = n // P * P
+    for got, ref in zip(mini.mtp_rows(seq.pages, n), want):
+        _same(llm, got[:whole], ref[:whole])
+    waiting = len(mtp.pending[seq].pos) if seq in mtp.pending else 0
+    mtp.settle([seq])
+    for got, ref in zip(mini.mtp_rows(seq.pages, n), want):
+        _same(llm, got, ref)
+    return waiting
+
+
 def _scratch(llm, head, tokens, n):
     """The block run from scratch over rows 0..n-1 of tokens (hidden states from one main forward):
     (its KV rows as Mini.mtp_rows gives them, logits of every row, block outputs, main hidden states)."""
@@ -156,20 +172,20 @@ def _scratch_chain(llm, head, tokens, n, k):
 def test_kv_rows_and_drafts_equal_the_block_from_scratch(files, llm):
     """Two sequences (one reading a 70-token prompt in chunks of 16 beside the other's decodes), then a
     third whose prompt extends the first one's conversation (a trie hit: the last cached token is read
-    again). After every step each running sequence's MTP rows [0, n_computed) equal the block run from
-    scratch, and every verified draft equals the from-scratch chain."""
+    again). After every step each running sequence's MTP rows of its completed pages (those the step may
+    commit to the prefix trie) equal the block run from scratch while the others may still wait
+    (MtpDrafter.defer), and once they are written (settle) all its rows [0, n_computed) do; every verified
+    draft equals the from-scratch chain."""
     mini = Mini(files["embedded"], width=3)
     head = MtpHead(llm.model, mtp_weights(files["embedded"], llm.config, None))
-    checked = {"rows": 0}
+    checked = {"rows": 0, "waiting": 0}
 
     def check(m):
         for seq in m.sched.running:
             n = seq.n_computed
             if n < 2 or seq.n_computed >= len(seq.tokens):
                 continue
-            want = _scratch(llm, head, seq.tokens, n)[0]
-            for got, ref in zip(m.mtp_rows(seq.pages, n), want):
-                _same(llm, got, ref)
+            checked["waiting"] += _check_mtp_rows(m, llm, head, seq)
             checked["rows"] += n
 
     rng = random.Random(0)
@@ -182,7 +198,7 @@ def test_kv_rows_and_drafts_equal_the_block_from_scratch(files, llm):
     mini.step()
     assert c.records[-1].reused > 0 and c.n_computed == len(follow)   # prefix reused, last cached one re-read
     mini.run(check)
-    assert checked["rows"] > 500 and len(mini.drafts) > 20
+    assert checked["rows"] > 500 and checked["waiting"] > 20 and len(mini.drafts) > 20
     for sid, n, toks, conf in mini.drafts[:12]:
         seq = {"a": a, "c": c}.get(sid)
         if seq is None:
@@ -235,15 +251,16 @@ def test_pages_stay_owned_under_memory_pressure(files, llm):
     head = MtpHead(llm.model, mtp_weights(files["embedded"], llm.config, None))
     seqs = [mini.add(f"p{i}", [(17 * i + j) % 250 for j in range(20 + 7 * i)], 18) for i in range(3)]
 
+    waiting = [0]
+
     def check(m):
         assert m.sched.tiers.audit(m.sched.running) == []
         for seq in m.sched.running:
-            n = seq.n_computed
-            if 2 <= n < len(seq.tokens):
-                for got, ref in zip(m.mtp_rows(seq.pages, n), _scratch(llm, head, seq.tokens, n)[0]):
-                    _same(llm, got, ref)
+            if 2 <= seq.n_computed < len(seq.tokens):
+                waiting[0] += _check_mtp_rows(m, llm, head, seq)
 
     mini.run(check)
+    assert waiting[0] > 0
     assert all(s.finish_reason == "length" for s in seqs)
     assert mini.sched.counters["preemptions"] + mini.sched.tiers.stats["pages_parked"] > 0
 
@@ -437,7 +454,12 @@ def test_mtp_cost_is_the_weight_bytes_ratio(files, llm):
     stepped = cost._replace(first_head=False)
     assert [stepped.draft(k) for k in range(4)] == pytest.approx([0, 0, want_head + want_block,
                                                                   2 * want_head + 2 * want_block])
-    assert Mini(files["embedded"]).runner.mtp.cost == cost     # what the engine's drafter prices drafts with
+    # where the block's KV rows wait for a draft (MtpDrafter.defer: the CPU) the first token pays their forward
+    deferred = cost._replace(first_block=True)
+    assert [deferred.draft(k) for k in range(4)] == pytest.approx([0, want_head + want_block,
+                                                                   2 * want_head + 2 * want_block,
+                                                                   3 * want_head + 3 * want_block])
+    assert Mini(files["embedded"]).runner.mtp.cost == deferred     # what the engine's drafter prices drafts with
 
 
 class _ChainMtp:
@@ -572,6 +594,7 @@ def test_head_runs_only_for_mtp_drafts_and_drafts_are_unchanged(files, llm):
             plan = mini.step()
             steps.append((calls[0] - before, sum(len(d) for s, d in plan.drafts.items() if s.spec.source == "mtp")))
             if not eager and len(steps) in (6, 12, dear_steps):
+                mtp.settle()
                 for seq in mini.sched.running:
                     n = seq.n_computed
                     if 2 <= n < len(seq.tokens):
