@@ -15,7 +15,7 @@ while another request reads a --long-read-tokens prompt (acceptance and tok/s du
 the edit turn alone in the same mode).
 
 usage: python perf/bench_spec.py [--spec auto|mtp|N] [--mtp SIDECAR] [--threads 2] [--max-tokens 128]
-           [--long-read-tokens 3000] [--model M] [--json out.json]
+           [--long-read-tokens 3000] [--model M] [--eager-fill] [--json out.json]
 (--spec mtp drafts with an MTP block: the model's own or a sidecar from `strata-lite train-mtp`.)
 """
 from __future__ import annotations
@@ -149,6 +149,8 @@ def run_mode(args, spec) -> dict:
                               mtp=args.mtp if str(spec).split(":")[0] in ("mtp", "auto") else None))
     eng.start()
     eng.wait_ready(600)
+    if args.eager_fill and eng._runner.mtp is not None:
+        eng._runner.mtp.fill_eagerly()          # the MTP block's KV rows in every step, not deferred
     log = DraftLog(eng)
     prompts, pair_prompts, read_prompts, four_prompts = ({k: encode(eng, m) for k, m in conversations(v).items()}
                                                          for v in VARIANTS)
@@ -203,6 +205,9 @@ def main():
     ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--long-read-tokens", type=int, default=3000)
+    ap.add_argument("--eager-fill", action="store_true",
+                    help="write the MTP block's KV rows in every step (MtpDrafter.fill_eagerly) instead of "
+                         "deferring them until a draft or a full page needs them (the CPU's default), for A/B runs")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     res = {mode: run_mode(args, mode) for mode in ("off", args.spec)}

@@ -324,6 +324,13 @@ class MtpDrafter:
             if row is not None:
                 self.first[seq] = _First(seq.n_computed, out, row, None, None)
 
+    def fill_eagerly(self) -> None:
+        """Write the block's KV rows in the step that computes them from now on (no deferral; the first
+        drafted token priced without the rows' forward), for A/B runs (perf/bench_spec.py --eager-fill)."""
+        self.settle()
+        self.defer = False
+        self.cost = self.cost._replace(first_block=False)
+
     def settle(self, seqs=None) -> None:
         """Write every pending row of seqs (default: all sequences): afterwards the block's KV layer holds the
         row of every position the fill has seen, as without deferral."""

@@ -210,6 +210,36 @@ def test_kv_rows_and_drafts_equal_the_block_from_scratch(files, llm):
         np.testing.assert_allclose(conf, want_c, rtol=1e-5)
 
 
+def test_eager_fill_writes_every_row_in_its_step_and_drafts_the_same(files, llm):
+    """MtpDrafter.fill_eagerly (perf/bench_spec.py --eager-fill): nothing waits after any step, every row
+    [0, n_computed) equals the block from scratch as it is, and the drafts (tokens, confidences) and outputs
+    equal those of the deferred fill, whose rows do wait in some steps."""
+    head = MtpHead(llm.model, mtp_weights(files["embedded"], llm.config, None))
+    runs = []
+    for eager in (False, True):
+        mini = Mini(files["embedded"], width=3)
+        if eager:
+            mini.runner.mtp.fill_eagerly()
+        waited = [0]
+
+        def check(m, eager=eager, waited=waited):
+            waited[0] += sum(len(p.pos) for p in m.runner.mtp.pending.values())
+            if eager:
+                for seq in m.sched.running:
+                    n = seq.n_computed
+                    if 2 <= n < len(seq.tokens):
+                        for got, ref in zip(m.mtp_rows(seq.pages, n), _scratch(llm, head, seq.tokens, n)[0]):
+                            _same(llm, got, ref)
+
+        a = mini.add("a", [7, 99, 3, 140, 22, 61, 5, 5, 18, 200, 11], 30)
+        b = mini.add("b", [(13 * j + 5) % 250 for j in range(40)], 20)
+        mini.run(check)
+        runs.append((mini.drafts, a.generated, b.generated, waited[0]))
+    (deferred, *out_d, waited_d), (eager, *out_e, waited_e) = runs
+    assert waited_e == 0 < waited_d
+    assert deferred == eager and out_d == out_e and len(eager) > 10
+
+
 def test_first_draft_logits_match_float64_reference(files, llm):
     """The block's logits for the row that gives the first draft token match the float64 reference, and
     the drafter's first token and probability are its argmax and softmax."""

@@ -1,0 +1,56 @@
+"""What one forward of the MTP block costs by its row count: the block's KV rows (eh_proj and its decoder
+block, no head) over n rows of one sequence, as the drafter writes them (MtpDrafter._forward), on the
+backend and model given (default: the default model with its shipped block, on the CPU). Prints ms per
+forward and per row, the median of --runs after two warm-up runs; the rows' hidden states are random, so
+only the time means anything.
+
+usage: python perf/bench_mtp_block.py [--model M] [--mtp SIDECAR] [--backend cpu|cuda] [--rows 1,4,16,64,256]
+           [--runs 10] [--threads N]
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import numpy as np
+
+from strata_lite.api import LLM
+
+
+def main(argv=None) -> list[tuple[int, float]]:
+    """-> (rows, ms a forward) per row count, as printed."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--mtp", default=None, help="sidecar GGUF with an MTP block (default: the model's own or shipped)")
+    ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--rows", default="1,4,16,64,256")
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    rows = [int(r) for r in args.rows.split(",")]
+    llm = LLM(args.model, backend=args.backend, spec="mtp", mtp=args.mtp, n_ctx=max(rows) + 256,
+              n_threads=args.threads)
+    drafter, be, cfg = llm.mtp, llm.backend, llm.config
+    rng = np.random.default_rng(0)
+    print(f"MTP block forward, {args.backend} backend ({platform.processor() or platform.machine()}), "
+          f"n_embd {cfg.n_embd}, median of {args.runs}")
+    out = []
+    for n in rows:
+        hidden = be.from_host(rng.standard_normal((n, cfg.n_embd)).astype(np.float32))
+        ids = [int(t) for t in rng.integers(0, cfg.n_vocab, n)]
+        times = []
+        for r in range(args.runs + 2):
+            t0 = time.perf_counter()
+            drafter._forward(hidden, list(range(n)), ids, list(range(100, 100 + n)), [0] * n, [llm._pages], [])
+            be.synchronize()
+            times.append(time.perf_counter() - t0)
+        ms = statistics.median(times[2:]) * 1e3
+        print(f"rows {n:4d}: {ms:8.2f} ms a forward, {ms / n:6.3f} ms a row")
+        out.append((n, ms))
+    return out
+
+
+if __name__ == "__main__":
+    main()
