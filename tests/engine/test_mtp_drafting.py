@@ -240,6 +240,23 @@ def test_eager_fill_writes_every_row_in_its_step_and_drafts_the_same(files, llm)
     assert deferred == eager and out_d == out_e and len(eager) > 10
 
 
+def test_pending_rows_read_again_replace_the_waiting_ones():
+    """_Pending (MtpDrafter.defer): rows added after the waiting ones extend them; rows of positions read
+    again (placement on a shorter cached prefix, the re-read last token) replace the waiting rows from there
+    on, with their tokens and hidden states."""
+    from strata_lite.spec.mtp_drafter import _Pending
+    p = _Pending()
+    assert not p
+    p.add(10, [1, 2, 3], np.full((3, 4), 1.0, np.float32))
+    p.add(13, [4, 5], np.full((2, 4), 2.0, np.float32))
+    assert p.pos == [10, 11, 12, 13, 14] and p.ids == [1, 2, 3, 4, 5]
+    p.add(12, [7, 8, 9], np.full((3, 4), 3.0, np.float32))
+    assert p.pos == [10, 11, 12, 13, 14] and p.ids == [1, 2, 7, 8, 9]
+    np.testing.assert_array_equal(np.concatenate(p.rows)[:, 0], [1, 1, 3, 3, 3])
+    p.add(5, [6], np.full((1, 4), 4.0, np.float32))
+    assert p.pos == [5] and p.ids == [6] and np.concatenate(p.rows).shape == (1, 4)
+
+
 def test_first_draft_logits_match_float64_reference(files, llm):
     """The block's logits for the row that gives the first draft token match the float64 reference, and
     the drafter's first token and probability are its argmax and softmax."""
