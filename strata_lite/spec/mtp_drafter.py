@@ -238,7 +238,8 @@ class MtpDrafter:
         """Scheduler hook (complete_step, after acceptance, before commit): the block's rows for every
         position of the plan's sequences computed and kept in this step, [first position, n_computed);
         for sequences that then decode, the block output their first draft token comes from (the head
-        runs on it when first_token or propose asks)."""
+        runs on it when first_token or propose asks). With defer (the CPU) the rows wait in self.pending
+        instead, except those of a page the step completed (_defer)."""
         hidden, self.hidden = self.hidden, None
         fused, self.fused = self.fused, None
         if hidden is None:
