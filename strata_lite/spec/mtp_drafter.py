@@ -19,9 +19,9 @@ nothing runs after the step for it) and computes only the others. On the CPU bac
 (`defer`, `pending`: the hidden states on the host and the tokens after them) until a draft asks for the
 sequence's first token, or until the step completes the page of its first waiting row (before the scheduler
 commits that page to the prefix trie), and then writes them in one forward of the block over every waiting
-row: a sequence that does not draft from the block pays for its rows once a page (up to page_size rows in one
-forward, where a row costs less than alone: docs/speculative.md) instead of once a step. The rows' bits are
-the same either way (batch invariance).
+row, or once DEFER_MAX_ROWS rows wait: a sequence that does not draft from the block pays for its rows in
+forwards of up to DEFER_MAX_ROWS rows (where a row costs less than alone: docs/speculative.md) instead of
+once a step. The rows' bits are the same either way (batch invariance).
 
 Drafting (`propose`, at plan time): per sequence, step j feeds the block its own previous block output as
 the hidden state and its own previous argmax as the token, at the next position (rows past n_computed,
@@ -52,6 +52,13 @@ from ..loader.known_models import resolve_model, shipped_mtp_head
 from ..loader.mtp import load_mtp, load_mtp_file
 from ..models.mtp import MtpHead
 from .suffix_index import Draft
+
+
+# deferred KV rows of one sequence are written once this many wait, even before their page is complete: the
+# shipped block on a 2-core AVX2 CPU costs ~0.27-0.31 ms a row in a forward of 32 rows, as little as in one of 64
+# (0.31-0.37) against 0.70-0.82 alone (perf/bench_mtp_block.py), and the step that writes them carries half
+# a page's forward instead of a whole one (~9 instead of ~20 ms)
+DEFER_MAX_ROWS = 32
 
 
 class NoMtpBlock(ValueError):
@@ -290,7 +297,8 @@ class MtpDrafter:
         """Keep the rows `deferred` ((seq, first batch row, first position, rows) of this step) in self.pending:
         the main model's hidden states there (copied to the host: the step's buffers are reused) and the
         tokens after them. A sequence whose first pending row lies in a page the step completed is filled
-        now, so that the page is whole when the step commits it to the prefix trie."""
+        now, so that the page is whole when the step commits it to the prefix trie, and so is one with
+        DEFER_MAX_ROWS rows waiting."""
         be = self.backend
         idx = [at + i for _, at, _, k in deferred for i in range(k)]
         rows = be.to_host(be.take_rows(hidden, be.from_host(np.asarray(idx, np.int32))))
@@ -299,7 +307,7 @@ class MtpDrafter:
             p = self.pending.setdefault(seq, _Pending())
             p.add(start, seq.tokens[start + 1:start + k + 1], rows[at:at + k])
             at += k
-            if p.pos[0] // P < seq.n_computed // P:
+            if p.pos[0] // P < seq.n_computed // P or len(p.pos) >= DEFER_MAX_ROWS:
                 due.append(seq)
         self._flush(due)
 
