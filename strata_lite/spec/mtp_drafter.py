@@ -17,11 +17,11 @@ graph already ran the block on every row with the row's greedy token, and the he
 fill keeps those rows for sequences whose kept tokens are the greedy ones (with their first draft token:
 nothing runs after the step for it) and computes only the others. On the CPU backend the fill defers the rows
 (`defer`, `pending`: the hidden states on the host and the tokens after them) until a draft asks for the
-sequence's first token, or until the step completes the page of its first waiting row (before the scheduler
-commits that page to the prefix trie), and then writes them in one forward of the block over every waiting
-row, or once DEFER_MAX_ROWS rows wait: a sequence that does not draft from the block pays for its rows in
-forwards of up to DEFER_MAX_ROWS rows (where a row costs less than alone: docs/speculative.md) instead of
-once a step. The rows' bits are the same either way (batch invariance).
+sequence's first token, the step completes the page of its first waiting row (before the scheduler commits
+that page to the prefix trie) or DEFER_MAX_ROWS rows wait, and then writes them in one forward of the block:
+a sequence that does not draft from the block pays for its rows in forwards of up to DEFER_MAX_ROWS rows
+(where a row costs less than alone: docs/speculative.md) instead of once a step. The rows' bits are the same
+either way (batch invariance).
 
 Drafting (`propose`, at plan time): per sequence, step j feeds the block its own previous block output as
 the hidden state and its own previous argmax as the token, at the next position (rows past n_computed,
