@@ -822,8 +822,9 @@ def main(argv=None) -> int:
                     help="two-token launches over at most this many rows take one row a warp (qmatmul."
                          "TWO_TOKEN_ONE_ROW_MAX_ROWS; 0: never), for A/B runs of that choice")
     ap.add_argument("--mma-64", choices=("on", "off"), default=None,
-                    help="on (the default, qmatmul.MMA_64): 64-token tensor-core launches take qmatmul.MMA_64_CANDIDATES "
-                         "(IQ3_XXS's 2 x 4 under 6 CTAs an SM, Q4_K / Q5_K's 4 x 2 over >= 4,096 rows); off: "
+                    help="on (the default, qmatmul.MMA_64): 64-token tensor-core launches take qmatmul."
+                         "MMA_64_CANDIDATES (IQ3_XXS's 2 x 4 under 6 CTAs an SM, Q4_K / Q5_K's 4 x 2 over >= 4,096 "
+                         "rows); off: "
                          "tensor_core_variant's choice, for A/B runs of that choice")
     ap.add_argument("--iq3-groups", choices=("auto", "off"), default="auto",
                     help="off: no IQ3_XXS launch takes the loop over whole groups (qmatmul.IQ3_GROUPS_CHOICES), "

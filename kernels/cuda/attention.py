@@ -103,7 +103,7 @@ BUILD = "default"           # the build every launch takes (set by perf/bench_gp
 
 
 @functools.lru_cache(maxsize=None)
-def _build_options(build: str) -> tuple:
+def build_options(build: str) -> tuple:
     """The NVRTC defines of an attention build (once per build: every launch asks)."""
     if build not in BUILDS:
         raise ValueError(f"attention build must be one of {sorted(BUILDS)}, got {build!r}")
@@ -150,7 +150,7 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     `max_keys` (host int, >= every token_pos + 1, <= ws.max_keys) sizes the grid. The kernels are
     BUILD's (every build gives the same bits)."""
     build = BUILD
-    options = _build_options(build)
+    options = build_options(build)
     if q.ndim != 3:
         raise ValueError(f"q must be 3-D (n_tok, n_heads, head_dim), got shape {q.shape}")
     n_tok, n_heads, hd = q.shape

@@ -38,8 +38,8 @@ MMA_MIN_TOKENS = 64         # tensor_core_variant from this many tokens (below: 
 # for: kernel suffix _m<MB>, 0 none), taken while MMA_64 is on (mma_64_variant). H200 (2026-12-06, bench_gpu.py
 # --gemm-explore, dense, us, taken / candidate): IQ3_XXS 4096x14336 87.7 / 78.6 (H100 83.0 / 75.9), Q4_K
 # 14336x4096 144.2 / 119.5. End to end (H100, 2026-12-06, ab_builds.py --arm "--mma-64 off" --arm "--mma-64 on",
-# 8B-layer shape, 512 context, four processes an arm): the 64-sequence step 2-4% faster (Q4_K_M mix 1.024 / 1.042, IQ3_XXS
-# mix 1.041 / 1.022 of off), 1-32 sequences untouched; so on. bench_gpu.py --mma-64 off for A/B runs.
+# 8B-layer shape, 512 context, four processes an arm): the 64-sequence step 2-4% faster (Q4_K_M mix 1.024 /
+# 1.042, IQ3_XXS mix 1.041 / 1.022 of off), 1-32 sequences untouched; so on. bench_gpu.py --mma-64 off for A/B runs.
 MMA_64_CANDIDATES = {QType.IQ3_XXS: {MMA_MIDDLE: (2, 4, 6)}, QType.Q4_K: {MMA_NARROW: (4, 2, 0)},
                      QType.Q5_K: {MMA_NARROW: (4, 2, 0)}}
 MMA_64_MAX_TOKENS = 64
@@ -535,12 +535,12 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     _check("xq", xq, (n, w.n_in), np.int8, align=16)
     _check("xd", xd, (n, w.n_in // XBLOCK[fmt]), np.float32)
     outs = _out_args(w, n, out, bias, accumulate, glu)
-    mma_ok = () if mma is None else MMA_VARIANTS + tuple(MMA_64_CANDIDATES.get(QType(int(w.qtype)), {}).values())
+    qtype = QType(int(w.qtype))
+    mma_ok = () if mma is None else MMA_VARIANTS + tuple(MMA_64_CANDIDATES.get(qtype, {}).values())
     if kernel not in ("auto", "dp4a", "mma", "small") or (mma is not None and tuple(mma) not in mma_ok):
         raise ValueError(f"kernel must be auto, dp4a, mma or small and mma one of {mma_ok or MMA_VARIANTS}, got "
                          f"{kernel!r}, {mma!r}")
     nk = small or SMALL_WARPS[0]
-    qtype = QType(int(w.qtype))
     if kernel == "small" and not ((qtype in SMALL_TYPES and nk in SMALL_WARPS)
                                   or (build == "explore" and nk in SMALL_EXPLORE_WARPS.get(qtype, ()))):
         raise ValueError(f"the small-token kernel takes {sorted(t.name for t in SMALL_TYPES)} and small in "

@@ -20,8 +20,9 @@ slots E / T is high and only confident drafts pass; a sequence whose drafts keep
 gets a one-token probe every PROBE_EVERY steps so it can come back.
 
 An MTP-drafted token also costs the block's own forwards: token i costs m_i = head (+ block for i >= 1,
-and for i = 0 where the block's KV rows wait for a draft: MtpCost.first_block) target decode steps (mtp_drafter.mtp_cost: weight bytes read relative to one target forward), so its
-marginal seconds are dt_i = c + m_i * t_1 (t_1: the cost line's one-token step; a suffix token's are c).
+and for i = 0 where the block's KV rows wait for a draft: MtpCost.first_block) target decode steps
+(mtp_drafter.mtp_cost: weight bytes read relative to one target forward), so its marginal seconds
+are dt_i = c + m_i * t_1 (t_1: the cost line's one-token step; a suffix token's are c).
 Priced at the step's rate before any draft, E0 / T0 tokens per second (n decoding sequences: E0 = n,
 T0 = the cost line at n tokens), token i must bring P_i = E0 / T0 * dt_i tokens to pay: the width
 choice's first test. A sequence drafts k tokens from the block only when the net gain

@@ -398,7 +398,7 @@ class MtpDrafter:
         """{seq: (first draft token, probability)} for those of seqs that are ready(); the head runs once, on
         the kept block outputs of those whose token is not known yet."""
         seqs = [s for s in seqs if self.ready(s)]
-        self._flush([s for s in seqs if s in self.pending])      # deferred rows first: one forward for all
+        self._flush(seqs)         # deferred rows first (those with any): one forward for all
         todo = [s for s in seqs if self.first[s].token is None]
         if todo:
             x = self._gather([(self.first[s].out, self.first[s].row) for s in todo])

@@ -83,8 +83,8 @@ def test_split_k_only_for_few_tokens_over_few_long_rows(monkeypatch):
 
 
 def test_64_token_candidates(monkeypatch):
-    """MMA_64 (on by default; off: tensor_core_variant's choice stands): at up to 64 tokens IQ3_XXS's middle variant becomes its _m6 kernel and Q4_K / Q5_K's
-    narrow one the 4 x 2 variant where that grid keeps >= MMA_64_MIN_CTAS CTAs; other types, token counts and
+    """MMA_64 (on by default; off: tensor_core_variant's choice stands): at up to 64 tokens IQ3_XXS's middle
+    variant becomes its _m6 kernel and Q4_K / Q5_K's narrow one the 4 x 2 variant where that grid keeps >= MMA_64_MIN_CTAS CTAs; other types, token counts and
     variants keep tensor_core_variant's choice."""
     from strata_lite.kernels.cuda import qmatmul as qm
     assert qm.MMA_64 is True

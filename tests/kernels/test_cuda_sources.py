@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_lite.kernels.cuda.attention import BUILDS as ATTENTION_BUILDS
+from strata_lite.kernels.cuda.attention import BUILDS as ATTENTION_BUILDS, build_options
 from strata_lite.kernels.cuda.qmatmul import BUILDS, MMA_BUILDS
 
 CUDA_DIR = Path(__file__).resolve().parents[2] / "kernels" / "cuda"
@@ -36,8 +36,8 @@ def test_cu_compiles_with_nvcc(src, tmp_path):
 EXPLORE_BUILDS = sorted({(name, " ".join(defines))
                          for name, builds in (("qmatmul.cu", BUILDS), ("qmatmul_mma.cu", MMA_BUILDS))
                          for defines in builds.values() if defines}
-                        | {("attention.cu", " ".join(f"-D{k}={v}" for k, v in sorted(over.items())))
-                           for over in ATTENTION_BUILDS.values() if over})
+                        | {("attention.cu", " ".join(build_options(name)))
+                           for name, over in ATTENTION_BUILDS.items() if over})
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
