@@ -143,6 +143,10 @@ def cmd_train_mtp(args) -> int:
         raise ValueError("--steps, --batch and --topk must be >= 1 and --lr > 0")
     if not 0 <= args.chain_weight < float("inf"):
         raise ValueError(f"--chain-weight must be a finite number >= 0, not {args.chain_weight}")
+    if args.chain_depth < 1:
+        raise ValueError(f"--chain-depth must be >= 1, not {args.chain_depth}")
+    if args.tf32 and device != "cuda":
+        raise ValueError("--tf32 needs the training on the GPU (--device cuda)")
     from .api import LLM
     t0 = time.perf_counter()
     llm = LLM(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads)
@@ -150,11 +154,12 @@ def cmd_train_mtp(args) -> int:
           f"{time.perf_counter() - t0:.1f} s; training on {device}: {args.steps} steps of {args.batch} windows of "
           f"{args.ctx} tokens, lr {args.lr:g}, {args.train_tokens} text tokens, {args.answers} answers", file=sys.stderr)
     opts = FitOptions(steps=args.steps, seed=args.seed, lr=args.lr, batch=args.batch, topk=args.topk,
-                      warmup=min(20, max(1, args.steps // 10)), chain_weight=args.chain_weight)
+                      warmup=min(20, max(1, args.steps // 10)), chain_weight=args.chain_weight,
+                      chain_depth=args.chain_depth)
     rep = train_mtp(llm, args.output, args.text, opts, ctx=args.ctx, train_tokens=args.train_tokens,
                     eval_tokens=args.eval_tokens, out_type=args.type, checkpoint_dir=args.checkpoint,
                     checkpoint_every=args.checkpoint_every, device=device, answers=args.answers,
-                    answer_tokens=args.answer_tokens, draft_vocab=args.draft_vocab)
+                    answer_tokens=args.answer_tokens, draft_vocab=args.draft_vocab, tf32=args.tf32)
     print(rep.summary())
     return 0
 
@@ -232,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--blocks", type=int, default=None, help="number of blocks (default: the preset's)")
     sy.add_argument("--out", "-o", required=True, help="output GGUF file")
     sy.set_defaults(func=cmd_synth)
-    from .mtp_train_defaults import CHAIN_WEIGHT, DRAFT_VOCAB, default_help
+    from .mtp_train_defaults import CHAIN_DEPTH, CHAIN_WEIGHT, DRAFT_VOCAB, default_help
     tm = sub.add_parser("train-mtp", help="train an MTP block for a model by self-distillation (docs/mtp_training.md)")
     _model_args(tm)
     tm.add_argument("--text", nargs="+", default=None,
@@ -250,8 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--topk", type=int, default=1,
                     help="1: cross-entropy on the model's greedy token; k > 1: KL to its top-k distribution")
     tm.add_argument("--chain-weight", type=float, default=CHAIN_WEIGHT,
-                    help="weight of the depth-2 loss (the block run again on its own output, as a chained "
-                         f"second draft); 0: one pass (default {CHAIN_WEIGHT:g})")
+                    help="weight W of the chained passes' losses (the block run again on its own output, as a "
+                         f"chained draft): depth D counts W^(D-1); 0: one pass (default {CHAIN_WEIGHT:g})")
+    tm.add_argument("--chain-depth", type=int, default=CHAIN_DEPTH,
+                    help=f"deepest chained draft trained (1: one pass; default {CHAIN_DEPTH})")
+    tm.add_argument("--tf32", action="store_true",
+                    help="GPU training: float32 mat-muls on the TF32 tensor cores (docs/mtp_training.md)")
     tm.add_argument("--train-tokens", type=int, default=None,
                     help="tokens of text files the model is run over " + default_help("train_tokens"))
     tm.add_argument("--eval-tokens", type=int, default=None,

@@ -22,7 +22,7 @@ from .loader.atomic_file import written_whole
 from .loader.gguf_file import GGUFFile
 from .loader.mtp import write_mtp_arrays
 from .mtp_train_data import MtpData, collect, read_tokens, split_files, split_held_out, stdlib_files
-from .mtp_train_device import array_module, device_module, to_device, to_host, tree_to
+from .mtp_train_device import array_module, device_module, matmul_precision, to_device, to_host, tree_to
 from .mtp_train_fit import FitOptions, fit
 from .mtp_train_model import FrozenHead, draft_hits, evaluate, evaluate_depths, init_params
 from .mtp_train_prompts import prompts
@@ -43,16 +43,20 @@ class TrainReport:
     collect_s: float = 0.0                    # the model's pass over all text
     train_s: float = 0.0                      # the training steps
     step_s: float = 0.0                       # mean wall time of a training step
-    losses: list = field(default_factory=list)   # per step: loss1 + chain_weight * loss2
-    chain_weight: float = 0.0                 # the depth-2 loss's weight (0: pass 1 alone)
+    losses: list = field(default_factory=list)   # per step: loss1 + sum of chain_weight^(D-1) * lossD
+    chain_weight: float = 0.0                 # the chained passes' loss weight (0: pass 1 alone)
+    chain_depth: int = 1                      # the deepest pass trained
+    tf32: bool = False                        # the GPU's float32 mat-muls on the TF32 tensor cores
     held: dict = field(default_factory=dict)  # held-out set name -> HeldOut
     draft_vocab: int = 0                      # size of the sidecar's draft vocabulary (0: none)
 
     def summary(self) -> str:
         first = np.mean(self.losses[:10]) if self.losses else float("nan")
         last = np.mean(self.losses[-10:]) if self.losses else float("nan")
-        loss = "loss" if not self.chain_weight else f"loss (depth 1 + {self.chain_weight:g} x depth 2)"
-        lines = [f"train-mtp on {self.device}: {len(self.losses)} steps in {self.train_s:.1f} s "
+        w, depth = self.chain_weight, self.chain_depth if self.chain_weight else 1
+        loss = "loss" if depth < 2 else "loss (depth 1 + " + " + ".join(
+            f"{w ** (d - 1):g} x depth {d}" for d in range(2, depth + 1)) + ")"
+        lines = [f"train-mtp on {self.device}{' (TF32 mat-muls)' if self.tf32 else ''}: {len(self.losses)} steps in {self.train_s:.1f} s "
                  f"({self.step_s:.3f} s/step), {loss} {first:.4f} -> {last:.4f} (mean of first/last 10)",
                  f"{self.n_train_tokens} training tokens, {self.n_answer_tokens} of them the model's answers "
                  f"(generated in {self.answers_s:.1f} s); the model's pass over all text {self.collect_s:.1f} s"]
@@ -61,9 +65,10 @@ class TrainReport:
         for name, h in self.held.items():
             lines.append(f"held-out {name} ({h.rows} rows): top-1 agreement with the model's token i+2 "
                          f"{h.before[1]:.4f} -> {h.after[1]:.4f}, loss {h.before[0]:.4f} -> {h.after[0]:.4f}")
-            lines.append(f"  depth 2 (a chained second draft, fed the block's output and the token i+2): top-1 "
-                         f"agreement with the model's token i+3 {h.before2[1]:.4f} -> {h.after2[1]:.4f}, loss "
-                         f"{h.before2[0]:.4f} -> {h.after2[0]:.4f}")
+            for d, (b, a) in enumerate(zip(h.before_chain, h.after_chain), 2):
+                lines.append(f"  depth {d} (a chained draft, fed the block's output and the token i+{d}): top-1 "
+                             f"agreement with the model's token i+{d + 1} {b[1]:.4f} -> {a[1]:.4f}, loss "
+                             f"{b[0]:.4f} -> {a[0]:.4f}")
             if self.draft_vocab:
                 lines.append(f"  drafting from the draft vocabulary (which holds {h.draft[1]:.2%} of the model's "
                              f"tokens i+2 there): top-1 agreement {h.draft[0]:.4f}")
@@ -79,8 +84,8 @@ class HeldOut:
     rows: int
     before: tuple = (float("nan"), float("nan"))   # (loss, top-1 agreement)
     after: tuple = (float("nan"), float("nan"))
-    before2: tuple = (float("nan"), float("nan"))  # the same at depth 2 (evaluate_depths)
-    after2: tuple = (float("nan"), float("nan"))
+    before_chain: list = field(default_factory=list)  # the same at depths 2.. (evaluate_depths)
+    after_chain: list = field(default_factory=list)
     draft: tuple = (float("nan"), float("nan"))    # (top-1 agreement within the draft vocabulary, its coverage)
 
 
@@ -148,10 +153,10 @@ def evaluate_data(cfg, params, frozen, data: MtpData, batch: int = 4) -> tuple[f
     return _mean_over(params, data, batch, lambda b: [evaluate(cfg, params, frozen, b)])[0]
 
 
-def evaluate_depths_data(cfg, params, frozen, data: MtpData, batch: int = 4) -> list[tuple[float, float]]:
-    """-> [(loss, top-1 agreement) against the model's token i + 2, the same of the depth-2 pass (a chained
-    second draft) against its token i + 3] over every row of data (evaluate_depths)."""
-    return _mean_over(params, data, batch, lambda b: evaluate_depths(cfg, params, frozen, b))
+def evaluate_depths_data(cfg, params, frozen, data: MtpData, batch: int = 4, depth: int = 2) -> list[tuple[float, float]]:
+    """-> [(loss, top-1 agreement) against the model's token i + 2, the same of the passes 2..depth (chained
+    drafts) against their tokens i + D + 1] over every row of data (evaluate_depths)."""
+    return _mean_over(params, data, batch, lambda b: evaluate_depths(cfg, params, frozen, b, depth))
 
 
 def draft_agreement(cfg, params, frozen, data: MtpData, vocab: np.ndarray, batch: int = 4) -> tuple[float, float]:
@@ -172,13 +177,14 @@ def train_mtp(llm, out_path: str, text_files: list[str] | None = None, opts: Fit
               ctx: int = 256, train_tokens: int = 65536, eval_tokens: int = 8192, out_type: str = "Q8_0",
               checkpoint_dir: str | None = None, checkpoint_every: int = 25, progress: bool = True,
               log=None, device: str = "cpu", answers: int = 0, answer_tokens: int = 512,
-              draft_vocab: int = DRAFT_VOCAB) -> TrainReport:
+              draft_vocab: int = DRAFT_VOCAB, tf32: bool = False) -> TrainReport:
     """Train an MTP block for llm (api.LLM, n_ctx >= ctx) and write it to out_path as a sidecar GGUF.
     device: where the training math runs ("cpu": numpy, "cuda": CuPy); the model's pass runs on llm's
     backend. answers: the first that many of mtp_train_prompts.prompts() are answered by the model (greedy,
     at most answer_tokens each) and the answers added to the text (every tenth prompt's held out).
     draft_vocab: the sidecar's draft vocabulary holds that many of the training text's most frequent tokens
-    (mtp_vocab.py); 0, or at least the model's vocabulary: none (the head scores every token)."""
+    (mtp_vocab.py); 0, or at least the model's vocabulary: none (the head scores every token).
+    tf32: the training math's float32 mat-muls on the GPU's TF32 tensor cores (device "cuda" only)."""
     log = sys.stderr if log is None else log
     if out_type.upper() not in OUT_TYPES:
         raise ValueError(f"--type must be one of {', '.join(OUT_TYPES)}, not {out_type!r}")
@@ -192,6 +198,7 @@ def train_mtp(llm, out_path: str, text_files: list[str] | None = None, opts: Fit
     if draft_vocab < 0:
         raise ValueError(f"--draft-vocab must be >= 0, not {draft_vocab}")
     xp = device_module(device)
+    precision = matmul_precision(device, tf32)
     if checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)
     files = stdlib_files() if not text_files else list(text_files)
@@ -225,22 +232,25 @@ def train_mtp(llm, out_path: str, text_files: list[str] | None = None, opts: Fit
     rms = float(np.median(np.sqrt((data.hidden[:, :, :] ** 2).mean(-1))))
     params = tree_to(xp, init_params(cfg, llm.weights, rms))
     frozen = FrozenHead.from_model(llm.weights).to(xp)
-    eval_batch = max(4, opts.batch)
-    for h in rep.held.values():
-        h.before, h.before2 = evaluate_depths_data(cfg, params, frozen, h.data, eval_batch)
+    eval_batch, depth = max(4, opts.batch), max(2, opts.chain_depth)
     sig = {"model": os.path.abspath(llm.model_path), "model_bytes": os.path.getsize(llm.model_path),
-           "data": _fingerprint(data.next_ids), "ctx": ctx}
-    t1 = time.perf_counter()
-    st = fit(cfg, params, frozen, data, opts, checkpoint_dir, checkpoint_every, sig, progress, log=log)
-    rep.losses, rep.chain_weight = [float(x) for x in st.losses], opts.chain_weight
-    rep.train_s = time.perf_counter() - t1
-    rep.step_s = rep.train_s / max(1, st.taken)
+           "data": _fingerprint(data.next_ids), "ctx": ctx, "tf32": tf32}
     vocab = draft_vocab_of(llm.tokenizer, ids, draft_vocab) if 0 < draft_vocab < cfg.n_vocab else None
     rep.draft_vocab = 0 if vocab is None else len(vocab)
-    for h in rep.held.values():
-        h.after, h.after2 = evaluate_depths_data(cfg, st.params, frozen, h.data, eval_batch)
-        if vocab is not None:
-            h.draft = draft_agreement(cfg, st.params, frozen, h.data, vocab, eval_batch)
+    rep.tf32 = tf32
+    with precision:
+        for h in rep.held.values():
+            h.before, *h.before_chain = evaluate_depths_data(cfg, params, frozen, h.data, eval_batch, depth)
+        t1 = time.perf_counter()
+        st = fit(cfg, params, frozen, data, opts, checkpoint_dir, checkpoint_every, sig, progress, log=log)
+        rep.train_s = time.perf_counter() - t1
+        for h in rep.held.values():
+            h.after, *h.after_chain = evaluate_depths_data(cfg, st.params, frozen, h.data, eval_batch, depth)
+            if vocab is not None:
+                h.draft = draft_agreement(cfg, st.params, frozen, h.data, vocab, eval_batch)
+    rep.losses, rep.chain_weight = [float(x) for x in st.losses], opts.chain_weight
+    rep.chain_depth = opts.chain_depth
+    rep.step_s = rep.train_s / max(1, st.taken)
     write_sidecar(llm, st.params, out_path, out_type, vocab)
     return rep
 

@@ -41,6 +41,10 @@ DRAFT_VOCAB = 32768
 # must not lose to the second, whose harder rows give the larger loss and gradients.
 CHAIN_WEIGHT = 0.5
 
+# The deepest chained draft trained (docs/mtp_training.md, "Chained drafts"): pass D's loss counts
+# CHAIN_WEIGHT^(D-1), as its draft is verified only when the D - 1 before it were accepted.
+CHAIN_DEPTH = 2
+
 
 def resolve_device(device: str, backend: str) -> tuple[str, str]:
     """(--device, --backend) -> (the device of the training math, the engine backend of the model's pass).

@@ -8,6 +8,7 @@ array can only exist once cupy is imported.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import numpy as np
@@ -48,3 +49,15 @@ def to_device(xp, a):
 def tree_to(xp, d: dict) -> dict:
     """{name: array} with every array moved to xp's device (to_device)."""
     return {k: to_device(xp, a) for k, a in d.items()}
+
+
+def matmul_precision(device: str, tf32: bool):
+    """A context in which the device's float32 mat-muls run as asked: on "cuda" with tf32, CuPy's on the
+    TF32 tensor cores (kernels/cuda runtime.tf32_matmuls); else plain float32 (ValueError for tf32 on the
+    CPU, where numpy has no such mode)."""
+    if not tf32:
+        return contextlib.nullcontext()
+    if device != "cuda":
+        raise ValueError("--tf32 needs --device cuda (numpy's float32 mat-muls have no TF32 mode)")
+    from .kernels.cuda.runtime import tf32_matmuls
+    return tf32_matmuls()

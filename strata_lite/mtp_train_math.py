@@ -7,8 +7,9 @@ activation rounding: the engine's quantization noise is not part of what is trai
 generic over the dtype of its inputs (float32 for training, float64 for the finite-difference check) and
 over their array module (numpy, or CuPy on the GPU: mtp_train_device.array_module). Each *_fwd returns
 (output, cache); the matching *_bwd takes the output's gradient and that cache.
-A chained draft's rows (depth 2, mtp_train_model.chain_fwd) run the same block with mixed attention: each
-row attends to constant keys/values of earlier positions (the depth-1 rows) and to its own key/value.
+A chained draft's rows (depth >= 2, mtp_train_model.chain_fwd) run the same block with mixed attention: each
+row attends to constant keys/values of earlier positions (the depth-1 rows), to the chain's earlier drafts
+(constants) and to its own key/value.
 Weights are (n_out, n_in) as GGUF stores them: y = x @ W.T.
 """
 from __future__ import annotations
@@ -99,38 +100,43 @@ def attention_bwd(do, cache):
             dv.transpose(0, 2, 1, 3))
 
 
-def mixed_attention_fwd(q, k, v, k_ctx, v_ctx):
+def mixed_attention_fwd(q, k, v, k_ctx, v_ctx, chain=()):
     """The attention of a chained draft's rows. q (B, T, Hq, d), k and v (B, T, Hkv, d): the rows' own
     query, key and value; k_ctx, v_ctx (B, T, Hkv, d): constant keys/values of the preceding positions,
-    aligned so that query row t sees context rows 0..t (row t of a draft at position p = t + 1 sees the
-    depth-1 rows at positions 0..p-1) and then its own key (no other draft row's). GQA as attention_fwd.
-    -> (B, T, Hq, d). Softmax over the T context scores (masked past t) and the own score, appended last."""
+    aligned so that query row t sees context rows 0..t (row t of a draft at depth D, position p = t + D - 1,
+    sees the depth-1 rows at positions 0..t); chain: the (k, v) pairs (B, T, Hkv, d) of the chain's earlier
+    drafts (depths 2..D-1, constants), row t of each the draft before it at the positions between; then
+    its own key. GQA as attention_fwd. -> (B, T, Hq, d). One softmax over the T context scores (masked past
+    t), the chain's scores and the own score, in that order."""
     B, T, Hq, d = q.shape
     Hkv, xp = k.shape[2], array_module(q)
     qg = q.reshape(B, T, Hkv, Hq // Hkv, d).transpose(0, 2, 3, 1, 4)   # (B, Hkv, g, T, d)
-    kt, vt = k.transpose(0, 2, 1, 3)[:, :, None], v.transpose(0, 2, 1, 3)[:, :, None]   # (B, Hkv, 1, T, d)
     kc, vc = k_ctx.transpose(0, 2, 1, 3)[:, :, None], v_ctx.transpose(0, 2, 1, 3)[:, :, None]
+    # the row-aligned keys/values, the own last: (B, Hkv, 1, T, R, d), R = len(chain) + 1
+    kr = xp.stack([a.transpose(0, 2, 1, 3) for a, _ in chain] + [k.transpose(0, 2, 1, 3)], -2)[:, :, None]
+    vr = xp.stack([a.transpose(0, 2, 1, 3) for _, a in chain] + [v.transpose(0, 2, 1, 3)], -2)[:, :, None]
     scale = 1.0 / math.sqrt(d)
     s_ctx = (qg @ kc.swapaxes(-1, -2)) * scale                        # (B, Hkv, g, T, T)
     s_ctx = s_ctx + xp.triu(xp.full((T, T), -np.inf, dtype=s_ctx.dtype), 1)
-    s_own = (qg * kt).sum(-1, keepdims=True) * scale                  # (B, Hkv, g, T, 1)
-    s = xp.concatenate([s_ctx, s_own], -1)                            # (B, Hkv, g, T, T + 1)
+    s_rows = (qg[..., None, :] * kr).sum(-1) * scale                  # (B, Hkv, g, T, R)
+    s = xp.concatenate([s_ctx, s_rows], -1)                           # (B, Hkv, g, T, T + R)
     p = xp.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
-    o = p[..., :T] @ vc + p[..., T:] * vt                             # (B, Hkv, g, T, d)
-    return o.transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, d), (qg, kt, vt, kc, vc, p, scale)
+    o = p[..., :T] @ vc + (p[..., T:, None] * vr).sum(-2)             # (B, Hkv, g, T, d)
+    return o.transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, d), (qg, kr, vr, kc, vc, p, scale)
 
 
 def mixed_attention_bwd(do, cache):
-    """-> (dq, dk, dv) in the shapes of q, k, v; none for k_ctx, v_ctx (constants: stop-gradient)."""
-    qg, kt, vt, kc, vc, p, scale = cache
+    """-> (dq, dk, dv) in the shapes of q, k, v; none for k_ctx, v_ctx or the chain's rows (constants:
+    stop-gradient)."""
+    qg, kr, vr, kc, vc, p, scale = cache
     B, Hkv, g, T, d = qg.shape
     dog = do.reshape(B, T, Hkv, g, d).transpose(0, 2, 3, 1, 4)
-    dp = array_module(do).concatenate([dog @ vc.swapaxes(-1, -2), (dog * vt).sum(-1, keepdims=True)], -1)
-    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) * scale           # (B, Hkv, g, T, T + 1)
-    dq = ds[..., :T] @ kc + ds[..., T:] * kt                          # (B, Hkv, g, T, d)
-    dk = (ds[..., T:] * qg).sum(2)                                    # (B, Hkv, T, d)
-    dv = (p[..., T:] * dog).sum(2)
+    dp = array_module(do).concatenate([dog @ vc.swapaxes(-1, -2), (dog[..., None, :] * vr).sum(-1)], -1)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) * scale           # (B, Hkv, g, T, T + R)
+    dq = ds[..., :T] @ kc + (ds[..., T:, None] * kr).sum(-2)          # (B, Hkv, g, T, d)
+    dk = (ds[..., -1:] * qg).sum(2)                                   # (B, Hkv, T, d): the own key's column
+    dv = (p[..., -1:] * dog).sum(2)
     return (dq.transpose(0, 3, 1, 2, 4).reshape(B, T, Hkv * g, d), dk.transpose(0, 2, 1, 3),
             dv.transpose(0, 2, 1, 3))
 
@@ -139,7 +145,7 @@ def block_fwd(cfg, p, x, rope_cs, ctx_kv=None):
     """One decoder block: x (B, T, n_embd) -> x + attn + ffn. p: the block's float arrays by GGUF name
     (attn_norm, attn_q, ..., attn_q_bias or None, attn_q_norm or None). rope_cs: (cos, sin) of the rows'
     rope positions, (T, n_rot/2) each (rope_tables, sliced for rows not at 0..T-1). ctx_kv: None for causal
-    attention among the rows; else (k_ctx, v_ctx) of mixed_attention_fwd (constants).
+    attention among the rows; else (k_ctx, v_ctx, chain) of mixed_attention_fwd (constants).
     The cache's last entry is the rows' roped (k, v) (B, T, Hkv, head_dim): block_kv."""
     B, T, _ = x.shape
     hd, cos, sin = cfg.head_dim, rope_cs[0], rope_cs[1]

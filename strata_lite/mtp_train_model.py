@@ -7,10 +7,12 @@ the block's arrays. Frozen (FrozenHead): the embedding, the shared head norm (th
 and the output matrix. The loss is the cross-entropy against soft targets over k token ids per row
 (k = 1, probability 1: the model's own greedy token; k > 1: its renormalized top-k distribution, i.e.
 the KL to it up to a constant), computed in row chunks so that only (chunk, n_vocab) logits live at once.
-Chained drafts (depth 2, chain_fwd): row i + 1 is run again on the block's own output x[i] in place of
+Chained drafts (chain_fwd): at depth 2 row i + 1 is run again on the block's own output x[i] in place of
 h[i + 1], with the text token t[i+2], predicting the model's token at i + 3; its attention sees the depth-1
-rows' keys/values of positions <= i and its own (mixed_attention_fwd), all of pass 1 held constant.
-The training loss is loss1 + chain_weight * loss2 (loss_and_grads).
+rows' keys/values of positions <= i and its own (mixed_attention_fwd), all of pass 1 held constant. Depth
+D runs row i + D - 1 on depth D - 1's output at i + D - 2 and also sees the chain's rows of depths 2..D-1
+between. The training loss is loss1 + sum over D = 2..chain_depth of chain_weight^(D-1) * lossD
+(loss_and_grads).
 Everything is generic over the dtype of the parameters (float32 to train, float64 for the gradient check)
 and over their array module (numpy, or CuPy with every input on the GPU: FrozenHead.to, tree_to).
 """
@@ -106,18 +108,17 @@ class FrozenHead:
                           self.embed.n_in).astype(dtype, copy=False)
 
 
-def trunk_fwd(cfg, p, frozen, hidden, next_ids, ctx_kv=None):
+def trunk_fwd(cfg, p, frozen, hidden, next_ids, ctx_kv=None, first=0):
     """hidden (B, T, n_embd), next_ids (B, T) -> (block output x (B, T, n_embd), cache; trunk_kv reads the
     rows' roped keys/values from it). ctx_kv: None for depth-1 rows at rope positions 0..T-1 (causal
-    attention); for depth-2 rows (chain_fwd) at positions 1..T, the constant (k_ctx, v_ctx) of
-    mtp_train_math.mixed_attention_fwd."""
+    attention); for the rows of a chained pass (chain_fwd) at positions first..first+T-1, the constant
+    (k_ctx, v_ctx, chain) of mtp_train_math.mixed_attention_fwd."""
     B, T, n = hidden.shape
     dt = p["eh_hidden"].dtype
     e = frozen.embed_rows(next_ids, dt).reshape(B, T, n)
     en, c_e = rmsnorm_fwd(e, p["enorm"], cfg.rms_eps)
     hn, c_h = rmsnorm_fwd(hidden.astype(dt, copy=False), p["hnorm"], cfg.rms_eps)
     x0 = en @ p["eh_embed"].T + hn @ p["eh_hidden"].T
-    first = 0 if ctx_kv is None else 1
     cos, sin = rope_tables(first + T, cfg.rope_freq_base, cfg.n_rot, dt, array_module(p["eh_hidden"]))
     cs = (cos[first:], sin[first:])
     x, c_blk = block_fwd(cfg, p, x0, cs, ctx_kv)
@@ -129,14 +130,19 @@ def trunk_kv(cache):
     return block_kv(cache[4])
 
 
-def chain_fwd(cfg, p, frozen, x1, kv1, next_ids):
-    """Depth 2, as a chained draft runs at inference: x1 (B, T, n_embd) and kv1 ((B, T, Hkv, head_dim) each)
-    are pass 1's block output and roped keys/values (constants: no gradient flows back into pass 1), next_ids
-    (B, T) the text tokens t[i+1] of pass 1's rows. Row i + 1 (rope position i + 1) gets hidden x1[i] and
-    token next_ids[i + 1] = t[i+2] and attends to pass 1's rows 0..i and its own key/value.
-    -> (x2 (B, T - 1, n_embd) predicting the tokens at i + 3, i.e. the targets of rows 1..T-1; cache)."""
-    k1, v1 = kv1
-    return trunk_fwd(cfg, p, frozen, x1[:, :-1], next_ids[:, 1:], (k1[:, :-1], v1[:, :-1]))
+def chain_fwd(cfg, p, frozen, x_prev, kvs, next_ids):
+    """Depth D = len(kvs) + 1 >= 2, as a chained draft runs at inference. x_prev (B, T - D + 2, n_embd): the
+    block output of pass D - 1; kvs: the roped (k, v) of passes 1..D-1 (pass j's (B, T - j + 1, Hkv,
+    head_dim) each); all constants (no gradient flows back into earlier passes); next_ids (B, T): the text
+    tokens t[i+1] of pass 1's rows. Row i (i = 0..T-D, rope position i + D - 1) gets hidden x_prev[i] (the
+    previous draft's output, position i + D - 2) and token next_ids[i + D - 1] = t[i+D], and attends to
+    pass 1's rows 0..i, row i of each pass 2..D-1 (the chain's drafts at positions i + 1..i + D - 2) and its
+    own key/value. At D = 2: row i + 1 on x1[i] and t[i+2], seeing pass 1's rows 0..i.
+    -> (x_D (B, T - D + 1, n_embd) predicting the tokens at i + D + 1, the targets of rows D-1..T-1; cache)."""
+    n = x_prev.shape[1] - 1
+    (k1, v1), chain = kvs[0], tuple((k[:, :n], v[:, :n]) for k, v in kvs[1:])
+    return trunk_fwd(cfg, p, frozen, x_prev[:, :n], next_ids[:, len(kvs):], (k1[:, :n], v1[:, :n], chain),
+                     first=len(kvs))
 
 
 def trunk_bwd(cfg, p, dx, cache) -> dict:
@@ -191,33 +197,37 @@ def rows_loss(cfg, frozen, x, tgt_ids, tgt_p, want_grad=True):
 
 def depth1_loss_and_grads(cfg, p, frozen, batch):
     """Pass 1 -> (mean loss, {name: gradient}, top-1 hits, its block output x, its roped (k, v)): the last
-    two are pass 2's constant inputs (chain_fwd)."""
+    two are the chained passes' constant inputs (chain_fwd)."""
     hidden, next_ids, tgt_ids, tgt_p = batch
     x, cache = trunk_fwd(cfg, p, frozen, hidden, next_ids)
     loss, dx, hits = rows_loss(cfg, frozen, x, tgt_ids, tgt_p)
     return loss, trunk_bwd(cfg, p, dx, cache), hits, x, trunk_kv(cache)
 
 
-def depth2_loss_and_grads(cfg, p, frozen, batch, x1, kv1):
-    """Pass 2 on pass 1's constants x1, kv1 (chain_fwd) against the targets of rows 1..T-1 (the model's
-    tokens i + 3) -> (mean loss, {name: gradient}, top-1 hits)."""
+def chain_loss_and_grads(cfg, p, frozen, batch, x_prev, kvs):
+    """Pass D = len(kvs) + 1 on the earlier passes' constants x_prev, kvs (chain_fwd) against the targets of
+    rows D-1..T-1 (the model's tokens i + D + 1) -> (mean loss, {name: gradient}, top-1 hits, its block
+    output, its roped (k, v)): the last two are the next pass's constant inputs."""
     _, next_ids, tgt_ids, tgt_p = batch
-    x2, cache = chain_fwd(cfg, p, frozen, x1, kv1, next_ids)
-    loss, dx, hits = rows_loss(cfg, frozen, x2, tgt_ids[:, 1:], tgt_p[:, 1:])
-    return loss, trunk_bwd(cfg, p, dx, cache), hits
+    x, cache = chain_fwd(cfg, p, frozen, x_prev, kvs, next_ids)
+    loss, dx, hits = rows_loss(cfg, frozen, x, tgt_ids[:, len(kvs):], tgt_p[:, len(kvs):])
+    return loss, trunk_bwd(cfg, p, dx, cache), hits, x, trunk_kv(cache)
 
 
-def loss_and_grads(cfg, p, frozen, batch, chain_weight=0.0):
+def loss_and_grads(cfg, p, frozen, batch, chain_weight=0.0, chain_depth=2):
     """batch: (hidden (B, T, n_embd), next_ids (B, T), tgt_ids (B, T, k), tgt_p (B, T, k))
-    -> (mean loss, {name: gradient}, top-1 hits of pass 1). The loss is loss1 + chain_weight * loss2 with
-    pass 2's inputs from pass 1 held constant (the gradient is that of this stop-gradient objective);
-    chain_weight 0 runs pass 1 alone."""
-    loss, grads, hits, x1, kv1 = depth1_loss_and_grads(cfg, p, frozen, batch)
-    if chain_weight:
-        loss2, grads2, _ = depth2_loss_and_grads(cfg, p, frozen, batch, x1, kv1)
-        loss += chain_weight * loss2
-        for name, g in grads2.items():
-            grads[name] += chain_weight * g
+    -> (mean loss, {name: gradient}, top-1 hits of pass 1). The loss is loss1 + sum over D = 2..chain_depth
+    of chain_weight^(D-1) * lossD, each pass's inputs from the earlier passes held constant (the gradient
+    is that of this stop-gradient objective); chain_weight 0 or chain_depth 1 runs pass 1 alone."""
+    loss, grads, hits, x, kv = depth1_loss_and_grads(cfg, p, frozen, batch)
+    kvs, weight = [kv], 1.0
+    for _ in range(2, chain_depth + 1 if chain_weight else 2):
+        weight *= chain_weight
+        loss_d, grads_d, _, x, kv = chain_loss_and_grads(cfg, p, frozen, batch, x, kvs)
+        kvs.append(kv)
+        loss += weight * loss_d
+        for name, g in grads_d.items():
+            grads[name] += weight * g
     return loss, grads, hits
 
 
@@ -229,14 +239,17 @@ def evaluate(cfg, p, frozen, batch):
     return loss, hits, tgt_ids.shape[0] * tgt_ids.shape[1]
 
 
-def evaluate_depths(cfg, p, frozen, batch):
-    """-> [(mean loss, top-1 hits, rows) of pass 1 (as evaluate), the same of pass 2]: pass 2's argmax
-    against the model's greedy token i + 3, i.e. a chained second draft's agreement."""
+def evaluate_depths(cfg, p, frozen, batch, depth=2):
+    """-> [(mean loss, top-1 hits, rows) of pass 1 (as evaluate), the same of passes 2..depth]: pass D's
+    argmax against the model's greedy token i + D + 1, i.e. a chained D-th draft's agreement."""
     hidden, next_ids, tgt_ids, tgt_p = batch
-    x1, cache = trunk_fwd(cfg, p, frozen, hidden, next_ids)
-    x2, _ = chain_fwd(cfg, p, frozen, x1, trunk_kv(cache), next_ids)
-    out = []
-    for x, ids, q in ((x1, tgt_ids, tgt_p), (x2, tgt_ids[:, 1:], tgt_p[:, 1:])):
+    x, cache = trunk_fwd(cfg, p, frozen, hidden, next_ids)
+    kvs, out = [trunk_kv(cache)], []
+    for d in range(1, depth + 1):
+        if d > 1:
+            x, cache = chain_fwd(cfg, p, frozen, x, kvs, next_ids)
+            kvs.append(trunk_kv(cache))
+        ids, q = tgt_ids[:, d - 1:], tgt_p[:, d - 1:]
         loss, _, hits = rows_loss(cfg, frozen, x, ids, q, want_grad=False)
         out.append((loss, hits, ids.shape[0] * ids.shape[1]))
     return out

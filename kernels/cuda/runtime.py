@@ -100,6 +100,26 @@ def programmatic_launches(on: bool = True):
         _programmatic[0] = before
 
 
+@contextlib.contextmanager
+def tf32_matmuls(on: bool = True):
+    """CuPy's float32 mat-muls (cuBLAS) on the TF32 tensor cores inside the block: inputs rounded to 10-bit
+    mantissas, products summed in float32; CuPy's own choice (its CUPY_TF32 variable) restored after.
+    on=False leaves the setting as it is. Uses CuPy's compute-type switch in cupy._core._routines_linalg,
+    the one CUPY_TF32 sets."""
+    if not on:
+        yield
+        return
+    import numpy as np
+    cupy()
+    from cupy._core import _routines_linalg as linalg
+    before = linalg.get_compute_type(np.float32)
+    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+    try:
+        yield
+    finally:
+        linalg.set_compute_type(np.float32, before)
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(device_id: int) -> int:
     """The device's streaming multiprocessors."""

@@ -7,7 +7,8 @@ loss and every gradient agree to 1e-9 of the largest gradient entry: a wrong ind
 term shows there. In float32 (what training uses) each path is off the float64 result by its own rounding:
 the numpy float32 path, measured on these problems, by at most 1.8e-5 of the largest gradient entry and
 1.4e-7 relative in the loss (4.7e-5 and 2e-7 on models twice as wide); the bounds for CuPy's float32 are
-5e-4 and 2e-6. CuPy's float32 mat-muls are plain float32 unless CUPY_TF32=1 is set (not done here).
+5e-4 and 2e-6. CuPy's float32 mat-muls are plain float32 unless CUPY_TF32=1 is set (not done here) or
+`train-mtp --tf32` switches them to TF32 (its own test, with its own bounds).
 """
 import numpy as np
 import pytest
@@ -90,19 +91,48 @@ def test_loss_and_gradients_match_numpy(cp, tmp_path, monkeypatch, arch, k, chun
     assert err_cp <= F32_GRAD_TOL and abs(loss32 - loss64) <= F32_LOSS_TOL * abs(loss64)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-def test_chain_loss_and_gradients_match_numpy(cp, tmp_path, arch):
-    """loss1 + 0.5 * loss2 (the depth-2 pass, its mixed attention) on the GPU against numpy, with the
-    bounds of test_loss_and_gradients_match_numpy."""
+@pytest.mark.parametrize("arch,depth", [("qwen2", 2), ("qwen3", 2), ("qwen2", 3)])
+def test_chain_loss_and_gradients_match_numpy(cp, tmp_path, arch, depth):
+    """loss1 + 0.5 * loss2 (+ 0.25 * loss3: the chained passes, their mixed attention) on the GPU against
+    numpy, with the bounds of test_loss_and_gradients_match_numpy."""
     llm = _tiny(tmp_path, arch, n_embd=32, n_ff=64)
     cfg = llm.config
     p64, f64, b64 = _problem(llm, 1, np.float64)
-    loss64, g64, _ = loss_and_grads(cfg, p64, f64, b64, chain_weight=0.5)
-    loss, g, _ = loss_and_grads(cfg, *_on_gpu(cp, p64, f64, b64), chain_weight=0.5)
+    loss64, g64, _ = loss_and_grads(cfg, p64, f64, b64, chain_weight=0.5, chain_depth=depth)
+    loss, g, _ = loss_and_grads(cfg, *_on_gpu(cp, p64, f64, b64), chain_weight=0.5, chain_depth=depth)
     assert abs(loss - loss64) <= F64_TOL * abs(loss64) and _grad_err(g, g64) <= F64_TOL
     p32, f32, b32 = _problem(llm, 1, np.float32)
-    loss32, g32, _ = loss_and_grads(cfg, *_on_gpu(cp, p32, f32, b32), chain_weight=0.5)
+    loss32, g32, _ = loss_and_grads(cfg, *_on_gpu(cp, p32, f32, b32), chain_weight=0.5, chain_depth=depth)
     assert _grad_err(g32, g64) <= F32_GRAD_TOL and abs(loss32 - loss64) <= F32_LOSS_TOL * abs(loss64)
+
+
+def test_tf32_matmuls(cp, tmp_path):
+    """--tf32 (runtime.tf32_matmuls): a float32 mat-mul inside the switch carries TF32's rounding (inputs
+    cut to 10-bit mantissas: ~1e-4 of the result's scale, against ~1e-6 plain), CuPy's setting is restored
+    after, and the training loss and gradients stay near the float64 ones (bounds: ~4x the H100's
+    measured errors, printed)."""
+    from cupy._core import _routines_linalg as linalg
+    from strata_lite.mtp_train_device import matmul_precision
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((256, 512)), rng.standard_normal((512, 256))
+    ref = a @ b
+    a32, b32 = cp.asarray(a, dtype=np.float32), cp.asarray(b, dtype=np.float32)
+    before = linalg.get_compute_type(np.float32)
+    with matmul_precision("cuda", True):
+        tf32 = to_host(a32 @ b32)
+    plain = to_host(a32 @ b32)
+    assert linalg.get_compute_type(np.float32) == before
+    err_tf32, err_plain = (float(np.abs(x - ref).max() / np.abs(ref).max()) for x in (tf32, plain))
+    llm = _tiny(tmp_path, "qwen2", n_embd=32, n_ff=64)
+    p64, f64, b64 = _problem(llm, 1, np.float64)
+    loss64, g64, _ = loss_and_grads(llm.config, p64, f64, b64, chain_weight=0.5, chain_depth=3)
+    p32, f32, b32_ = _problem(llm, 1, np.float32)
+    with matmul_precision("cuda", True):
+        loss, g, _ = loss_and_grads(llm.config, *_on_gpu(cp, p32, f32, b32_), chain_weight=0.5, chain_depth=3)
+    print(f"TF32: mat-mul error {err_tf32:.1e} (plain float32 {err_plain:.1e}); training gradient error "
+          f"{_grad_err(g, g64):.1e}, loss {abs(loss - loss64) / loss64:.1e}")
+    assert err_plain < 1e-5 < err_tf32 < 1e-2
+    assert _grad_err(g, g64) <= 2e-2 and abs(loss - loss64) <= 1e-3 * abs(loss64)
 
 
 def test_top_k_matches_numpy(cp):
@@ -209,9 +239,10 @@ def test_cli_trains_on_the_gpu(cp, tmp_path, capsys):
     out = tmp_path / "m.mtp.gguf"
     assert main(["train-mtp", "--model", str(model), "--text", *texts, "--device", "cuda", "--steps", "3",
                  "--ctx", "32", "--batch", "4", "--eval-tokens", "64", "--answers", "20", "--answer-tokens", "16",
-                 "--checkpoint", str(tmp_path / "ck"), "-o", str(out)]) == 0
+                 "--checkpoint", str(tmp_path / "ck"), "--chain-depth", "3", "--tf32", "-o", str(out)]) == 0
     captured = capsys.readouterr()
-    assert "train-mtp on cuda" in captured.out and "held-out answers" in captured.out, captured.out
+    assert "train-mtp on cuda (TF32 mat-muls)" in captured.out and "held-out answers" in captured.out, captured.out
+    assert "token i+4" in captured.out, captured.out
     assert "on cuda:" in captured.err
     llm = LLM(str(model), backend="cpu", n_ctx=64)
     assert load_mtp_file(str(out), llm.config).block.attn_q.qtype == QT.Q8_0
