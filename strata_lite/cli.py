@@ -259,8 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
                          f"chained draft): depth D counts W^(D-1); 0: one pass (default {CHAIN_WEIGHT:g})")
     tm.add_argument("--chain-depth", type=int, default=CHAIN_DEPTH,
                     help=f"deepest chained draft trained (1: one pass; default {CHAIN_DEPTH})")
-    tm.add_argument("--tf32", action="store_true",
-                    help="GPU training: float32 mat-muls on the TF32 tensor cores (docs/mtp_training.md)")
+    tm.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
+                    help="float32 mat-muls of the training on the GPU's TF32 tensor cores (docs/mtp_training.md) "
+                         + default_help("tf32"))
     tm.add_argument("--train-tokens", type=int, default=None,
                     help="tokens of text files the model is run over " + default_help("train_tokens"))
     tm.add_argument("--eval-tokens", type=int, default=None,

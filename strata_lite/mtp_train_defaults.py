@@ -19,15 +19,17 @@ class RunDefaults:
     lr: float                # peak Adam learning rate
     answers: int             # prompts whose greedy answers are added to the text (mtp_train_prompts)
     answer_tokens: int       # longest answer
+    tf32: bool               # float32 mat-muls on the TF32 tensor cores (GPU only)
 
 
 # cpu: the sizes of a run of a few hours on a small machine. cuda: the run that trained the shipped head of
-# the default model on an H200 in 320 s (docs/mtp_training.md, "Run size on the GPU").
+# the default model on an H200 in 320 s (docs/mtp_training.md, "Run size on the GPU"), with TF32 mat-muls
+# (1.9x the plain float32 step on an H100, the same loss; docs/mtp_training.md).
 DEFAULTS = {
     "cpu": RunDefaults(steps=300, batch=2, ctx=256, train_tokens=65536, eval_tokens=8192, lr=3e-4, answers=0,
-                       answer_tokens=512),
+                       answer_tokens=512, tf32=False),
     "cuda": RunDefaults(steps=700, batch=16, ctx=512, train_tokens=2_000_000, eval_tokens=65536, lr=1e-3,
-                        answers=len(prompts()), answer_tokens=384),
+                        answers=len(prompts()), answer_tokens=384, tf32=True),
 }
 
 

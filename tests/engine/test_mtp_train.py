@@ -209,8 +209,8 @@ def test_cli_options_default_by_device(tmp_path, monkeypatch, device):
     assert main(["train-mtp", "--model", str(model), "--steps", "7", "-o", str(tmp_path / "o.gguf")]) == 0
     d = DEFAULTS[device]
     assert seen["opts"].steps == 7 and seen["opts"].batch == d.batch and seen["opts"].lr == d.lr
-    assert (seen["ctx"], seen["train_tokens"], seen["eval_tokens"], seen["answers"], seen["device"]) == \
-        (d.ctx, d.train_tokens, d.eval_tokens, d.answers, device)
+    assert (seen["ctx"], seen["train_tokens"], seen["eval_tokens"], seen["answers"], seen["device"], seen["tf32"]) == \
+        (d.ctx, d.train_tokens, d.eval_tokens, d.answers, device, device == "cuda")
     if device == "cpu":
         assert (d.steps, d.batch, d.ctx, d.train_tokens, d.eval_tokens, d.lr, d.answers) == \
             (300, 2, 256, 65536, 8192, 3e-4, 0)

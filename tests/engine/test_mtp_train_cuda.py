@@ -8,7 +8,7 @@ term shows there. In float32 (what training uses) each path is off the float64 r
 the numpy float32 path, measured on these problems, by at most 1.8e-5 of the largest gradient entry and
 1.4e-7 relative in the loss (4.7e-5 and 2e-7 on models twice as wide); the bounds for CuPy's float32 are
 5e-4 and 2e-6. CuPy's float32 mat-muls are plain float32 unless CUPY_TF32=1 is set (not done here) or
-`train-mtp --tf32` switches them to TF32 (its own test, with its own bounds).
+train-mtp's TF32 switch (its GPU default) is on: test_tf32_matmuls, with its own bounds.
 """
 import numpy as np
 import pytest
