@@ -56,8 +56,9 @@ class TrainReport:
         w, depth = self.chain_weight, self.chain_depth if self.chain_weight else 1
         loss = "loss" if depth < 2 else "loss (depth 1 + " + " + ".join(
             f"{w ** (d - 1):g} x depth {d}" for d in range(2, depth + 1)) + ")"
-        lines = [f"train-mtp on {self.device}{' (TF32 mat-muls)' if self.tf32 else ''}: {len(self.losses)} steps in {self.train_s:.1f} s "
-                 f"({self.step_s:.3f} s/step), {loss} {first:.4f} -> {last:.4f} (mean of first/last 10)",
+        where = f"{self.device}{' (TF32 mat-muls)' if self.tf32 else ''}"
+        lines = [f"train-mtp on {where}: {len(self.losses)} steps in {self.train_s:.1f} s ({self.step_s:.3f} s/step), "
+                 f"{loss} {first:.4f} -> {last:.4f} (mean of first/last 10)",
                  f"{self.n_train_tokens} training tokens, {self.n_answer_tokens} of them the model's answers "
                  f"(generated in {self.answers_s:.1f} s); the model's pass over all text {self.collect_s:.1f} s"]
         if self.draft_vocab:
@@ -153,7 +154,8 @@ def evaluate_data(cfg, params, frozen, data: MtpData, batch: int = 4) -> tuple[f
     return _mean_over(params, data, batch, lambda b: [evaluate(cfg, params, frozen, b)])[0]
 
 
-def evaluate_depths_data(cfg, params, frozen, data: MtpData, batch: int = 4, depth: int = 2) -> list[tuple[float, float]]:
+def evaluate_depths_data(cfg, params, frozen, data: MtpData, batch: int = 4,
+                         depth: int = 2) -> list[tuple[float, float]]:
     """-> [(loss, top-1 agreement) against the model's token i + 2, the same of the passes 2..depth (chained
     drafts) against their tokens i + D + 1] over every row of data (evaluate_depths)."""
     return _mean_over(params, data, batch, lambda b: evaluate_depths(cfg, params, frozen, b, depth))

@@ -23,8 +23,8 @@ class RunDefaults:
 
 
 # cpu: the sizes of a run of a few hours on a small machine. cuda: the run that trained the shipped head of
-# the default model on an H200 in 320 s (docs/mtp_training.md, "Run size on the GPU"), with TF32 mat-muls
-# (1.9x the plain float32 step on an H100, the same loss; docs/mtp_training.md).
+# the default model on an H200 in 320 s (docs/mtp_training.md, "Run size on the GPU"; in plain float32 then,
+# TF32 mat-muls since: 1.9x the float32 step on an H100, the same loss).
 DEFAULTS = {
     "cpu": RunDefaults(steps=300, batch=2, ctx=256, train_tokens=65536, eval_tokens=8192, lr=3e-4, answers=0,
                        answer_tokens=512, tf32=False),

@@ -101,14 +101,10 @@ def programmatic_launches(on: bool = True):
 
 
 @contextlib.contextmanager
-def tf32_matmuls(on: bool = True):
+def tf32_matmuls():
     """CuPy's float32 mat-muls (cuBLAS) on the TF32 tensor cores inside the block: inputs rounded to 10-bit
     mantissas, products summed in float32; CuPy's own choice (its CUPY_TF32 variable) restored after.
-    on=False leaves the setting as it is. Uses CuPy's compute-type switch in cupy._core._routines_linalg,
-    the one CUPY_TF32 sets."""
-    if not on:
-        yield
-        return
+    Uses CuPy's compute-type switch in cupy._core._routines_linalg, the one CUPY_TF32 sets."""
     import numpy as np
     cupy()
     from cupy._core import _routines_linalg as linalg
