@@ -15,7 +15,7 @@ from .dequant import dequantize
 from .isa import int8_enabled, kernel_family, log_kernel_family
 from .elementwise import add, rmsnorm, rope, silu_mul
 from .qmatmul import qmatmul_packed
-from .repack import PackedWeight, pack_weight, release_pages
+from .repack import Q8_0_R4, PackedWeight, pack_weight, release_pages
 from .rope_store import rope_kv_store
 from .sampling import add_counts, sample
 
@@ -68,14 +68,17 @@ class CpuBackend(Backend):
     def from_host(self, arr):
         return np.ascontiguousarray(arr)
 
-    def upload_weight(self, w, vocab_rows: bool = False):
+    def upload_weight(self, w, vocab_rows: bool = False, like=None):
         """-> PackedWeight (repack.py), kernel views precomputed: Q4_0/Q5_0/IQ4_NL in their own blocks for
         the AVX2 int8 kernel (without it losslessly repacked to Q8_0), IQ3_XXS/Q4_K/Q6_K repacked for it.
         The token embedding is only looked up row by row (embed), so it keeps its file layout; if it
-        doubles as the output matrix it is repacked on its first qmatmul. vocab_rows: pack_weight's."""
+        doubles as the output matrix it is repacked on its first qmatmul. vocab_rows: pack_weight's; like: a
+        vocabulary's matrix (the output) whose layout this one takes, so that a row gives its bits (an
+        interleaved output: interleaved; one that kept its blocks, as a tied output does: blocks)."""
         if w.name.startswith("token_embd"):
             return PackedWeight(w.name, w.qtype, w.n_out, w.n_in, w.raw, final=not self.repack)
-        return pack_weight(w, repack=self.repack, int8=self.int8, vocab_rows=vocab_rows)
+        interleave = None if not isinstance(like, PackedWeight) else like.layout == Q8_0_R4
+        return pack_weight(w, repack=self.repack, int8=self.int8, vocab_rows=vocab_rows, interleave=interleave)
 
     def fuse_rows(self, weights):
         ws = list(weights)

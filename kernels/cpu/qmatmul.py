@@ -109,7 +109,10 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
         return out
     qtype = w.qtype
     if w.layout in ROWS4_LAYOUTS:
-        INT8_LAYOUTS[w.layout][1].matvec(w.raw3, x.reshape(n_tok, w.nb, w.elems), out, serial=w.small)
+        full = out if not w.pad else np.empty((n_tok, w.n_out + w.pad), dtype=_F32)   # padded groups' rows
+        INT8_LAYOUTS[w.layout][1].matvec(w.raw3, x.reshape(n_tok, w.nb, w.elems), full, serial=w.small)
+        if w.pad:
+            out[:] = full[:, :w.n_out]
         return out
     if w.layout in INT8_LAYOUTS:
         INT8_LAYOUTS[w.layout][1].matvec(w.raw3, x.reshape(n_tok, w.nb, w.elems), out)

@@ -30,6 +30,7 @@ from numba import njit, prange
 
 from . import iq3_int8, q4_k_int8, q5_k_int8, q6_k_int8, rows4, rows4_int8
 from .dequant import F16_TABLE, IQ4NL_VALUES, check_raw
+from .isa import AVX2, INT8_ISA
 from ..qtypes import block_geometry
 
 REPACK_TO_Q8_0 = frozenset({QType.Q4_0, QType.Q5_0, QType.IQ4_NL})
@@ -101,10 +102,12 @@ class PackedWeight:
     layout: GGML (raw holds GGML blocks of qtype), IQ3_I8, Q4K_I8, Q5K_I8 or Q6K_I8 (IQ3_XXS / Q4_K / Q5_K /
     Q6_K repacked for nibble_int8.py by iq3_int8.py / q4_k_int8.py / q5_k_int8.py / q6_k_int8.py), Q5_0_R4,
     Q4_0_R4, IQ4_NL_R4 or Q8_0_R4 (rows interleaved by 4, rows4_int8.py).
-    raw3 is raw viewed (n_out, n_blocks, block_nbytes) for the fused kernels (None for float types).
+    raw3 is raw viewed (rows, n_blocks, block_nbytes) for the fused kernels (None for float types).
+    pad: rows of an interleaved layout past n_out (0-3: a vocabulary's rows in groups of 4, pack_weight); the
+    kernels compute them, qmatmul_packed hands out the first n_out columns.
     """
     __slots__ = ("name", "qtype", "n_out", "n_in", "raw", "src_qtype", "layout", "raw3", "nb", "elems", "small",
-                 "final", "int8")
+                 "final", "int8", "pad")
 
     def __init__(self, name, qtype, n_out, n_in, raw, src_qtype=None, final=True, layout=None, int8=False):
         self.layout = layout or GGML
@@ -119,13 +122,14 @@ class PackedWeight:
                 raise ValueError(f"{name}: not repacked {qtype.name} rows of {n_in} weights")
         else:
             raise ValueError(f"unknown weight layout {layout!r}")
-        if raw.shape[0] != n_out:
+        self.pad = raw.shape[0] - int(n_out) if self.layout in ROWS4_LAYOUTS else 0
+        if raw.shape[0] != int(n_out) + self.pad or not 0 <= self.pad < rows4_int8.ROWS:
             raise ValueError(f"{name}: raw has {raw.shape[0]} rows, expected {n_out}")
         self.name, self.qtype, self.n_out, self.n_in, self.raw = name, qtype, int(n_out), int(n_in), raw
         self.src_qtype = qtype if src_qtype is None else QType(int(src_qtype))
         self.elems = elems
         self.nb = self.n_in // elems
-        self.raw3 = raw.reshape(self.n_out, self.nb, bsize) if elems > 1 else None
+        self.raw3 = raw.reshape(raw.shape[0], self.nb, bsize) if elems > 1 else None
         # matrices this small run single-threaded in the matvec path: a parallel launch (thread
         # wake-up + barrier) costs more than it saves (see perf/bench_cpu_kernels.py)
         self.small = raw.nbytes < SMALL_BYTES
@@ -161,13 +165,16 @@ INT8_LAYOUTS = {IQ3_I8: (QType.IQ3_XXS, iq3_int8), Q4K_I8: (QType.Q4_K, q4_k_int
                 IQ4_NL_R4: (QType.IQ4_NL, rows4.IQ4_NL_R4), Q8_0_R4: (QType.Q8_0, rows4.Q8_0_R4)}
 ROWS4_LAYOUTS = frozenset({Q5_0_R4, Q4_0_R4, IQ4_NL_R4, Q8_0_R4})   # rows interleaved in 4s: matrices of 4k rows only
 _INT8_LAYOUT_OF = {qtype: layout for layout, (qtype, _) in INT8_LAYOUTS.items()}
+# a vocabulary's Q8_0 rows (the output matrix, MTP heads) interleaved where the int8 kernels are AVX2's
+# (pack_weight); measured: docs/cpu.md, "The output matrix interleaved on AVX2"
+INTERLEAVE_VOCAB_ROWS = INT8_ISA == AVX2
 
 # below this many weight bytes the matvec runs on the calling thread only
 SMALL_BYTES = 160 * 1024
 
 
 def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool = False,
-                vocab_rows: bool = False) -> PackedWeight:
+                vocab_rows: bool = False, interleave: bool | None = None) -> PackedWeight:
     """QuantTensor-like w -> PackedWeight. With `int8` (an AVX2 CPU) and `repack`, Q5_0, Q4_0, IQ4_NL and Q8_0
     matrices of 4k rows are interleaved by 4 rows for rows4_int8.py and IQ3_XXS, Q4_K, Q5_K and Q6_K repacked
     for nibble_int8.py; the other Q8_0 / Q5_0 / Q4_0 / IQ4_NL keep their blocks for q8_0_int8.py
@@ -176,8 +183,11 @@ def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool 
     whole size to the resident memory for a kernel that mostly pays on prompts. Without `int8` Q5_0, Q4_0 and
     IQ4_NL are repacked to Q8_0 (with `repack`). With vocab_rows (rows scoring the vocabulary: the output
     matrix, MTP heads, whose rows must give the same bits in any matrix holding them, such as a head cut to a
-    draft vocabulary of any size) Q8_0 keeps its blocks too: the interleaved kernel's float order differs
-    from the blocks' and needs 4k rows.
+    draft vocabulary of any size, so all of them take one layout) a Q8_0 matrix is interleaved whatever its
+    row count, the last group padded with zero rows (PackedWeight.pad), where `interleave` says so; None:
+    where the CPU's int8 kernels are AVX2's (INTERLEAVE_VOCAB_ROWS: there the blocks' kernel is bound by its
+    arithmetic and the interleaved one reads faster; with VNNI the blocks' kernel reads at ~0.95 of a plain
+    read and the interleaved one 4-8% slower, docs/cpu.md).
 
     With release_source, the pages of the original (memory-mapped) bytes of a repacked matrix are
     dropped from the process (madvise MADV_DONTNEED): they were read once and are not needed again
@@ -186,14 +196,21 @@ def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool 
         return w
     qtype = QType(int(w.qtype))
     layout = _INT8_LAYOUT_OF.get(qtype)
-    if layout in ROWS4_LAYOUTS and not (repack and int8 and w.n_out % rows4_int8.ROWS == 0):
+    # a vocabulary's Q8_0 rows are interleaved whatever their count, padded to whole groups of 4: a row then
+    # gives the same bits in every matrix holding it (the output matrix, a head cut to any draft vocabulary)
+    if vocab_rows and layout == Q8_0_R4 and not (INTERLEAVE_VOCAB_ROWS if interleave is None else interleave):
+        layout = None
+    pad = (-w.n_out) % rows4_int8.ROWS if layout == Q8_0_R4 and vocab_rows else 0
+    if layout in ROWS4_LAYOUTS and not (repack and int8 and (w.n_out + pad) % rows4_int8.ROWS == 0):
         layout = None                         # in their own blocks, or repacked to Q8_0
-    if layout == Q8_0_R4 and (vocab_rows or not release_source):
-        layout = None                         # a vocabulary's rows, or blocks that stay resident anyway
+    if layout == Q8_0_R4 and not release_source:
+        layout = None                         # blocks that stay resident anyway (the tied output)
     if int8 and qtype in REPACK_TO_Q8_0 and layout is None:   # the int8 kernel unpacks these blocks itself
         return PackedWeight(w.name, qtype, w.n_out, w.n_in, w.raw, int8=int8)
     if repack and int8 and layout is not None:
         _, raw = check_raw(qtype, w.raw, w.n_in)
+        if pad and layout == Q8_0_R4:         # zero rows (scale 0) to a whole group
+            raw = np.concatenate([raw, np.zeros((pad, raw.shape[1]), np.uint8)])
         packed = INT8_LAYOUTS[layout][1].repack(raw, w.n_in, F16_TABLE)
         if release_source:
             release_pages(w.raw)

@@ -36,7 +36,8 @@ class MtpHead:
         self.embed = model.token_embd if mtp.embed_tokens is None else be.upload_weight(mtp.embed_tokens)
         self.head_norm = model.output_norm if mtp.head_norm is None else be.from_host(mtp.head_norm)
         head = draft_head(model.weights.output, mtp)
-        self.head = model.output if head is model.weights.output else be.upload_weight(head, vocab_rows=True)
+        self.head = (model.output if head is model.weights.output else
+                     be.upload_weight(head, vocab_rows=True, like=model.output))
         self.n_head = head.n_out             # logits columns: n_vocab, or the draft vocabulary's size
         self.vocab = mtp.draft_vocab         # None, or column -> token id (int32)
 

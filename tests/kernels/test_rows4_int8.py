@@ -115,11 +115,13 @@ def test_backend_takes_it_for_4k_rows_only(qtype):
     assert be.fuse_rows(up) is None                                         # layouts differ: kept apart
 
 
-def test_q8_0_vocabulary_rows_and_tied_output_keep_their_blocks():
+def test_q8_0_vocabulary_rows_take_one_layout_at_any_count_and_a_tied_output_keeps_its_blocks():
     """A Q8_0 matrix whose source stays resident (the token embedding as the tied output, packed with
-    release_source=False) is read in its own blocks, not copied into the interleaved layout; so is one whose
-    rows score the vocabulary (vocab_rows: the output matrix, MTP heads), whose rows give the same bits in a
-    head cut to any number of them."""
+    release_source=False) is read in its own blocks, not copied into the interleaved layout. Rows that score
+    the vocabulary (vocab_rows: the output matrix, MTP heads) are interleaved where the int8 kernels are
+    AVX2's (INTERLEAVE_VOCAB_ROWS) whatever their count, the last group padded with zero rows, so a head cut
+    to any number of them gives the full matrix's bits; a head uploaded like= an output takes that output's
+    layout (a tied output's blocks too), with the same bits."""
     n_cols = 256
     w = SimpleNamespace(name="token_embd.weight", qtype=QType.Q8_0, n_out=64, n_in=n_cols,
                         raw=_rows(QType.Q8_0, 64, n_cols, seed=5))
@@ -127,13 +129,29 @@ def test_q8_0_vocabulary_rows_and_tied_output_keep_their_blocks():
     kept = rp.pack_weight(w, int8=True, release_source=False)
     assert kept.layout == rp.GGML and kept.raw is w.raw
     be = CpuBackend()
-    head = be.upload_weight(SimpleNamespace(name="output.weight", qtype=QType.Q8_0, n_out=64, n_in=n_cols, raw=w.raw),
-                            vocab_rows=True)
-    cut = be.upload_weight(SimpleNamespace(name="output.weight[draft_vocab]", qtype=QType.Q8_0, n_out=7,
-                                           n_in=n_cols, raw=np.ascontiguousarray(w.raw[::10])), vocab_rows=True)
-    assert head.layout == cut.layout == rp.GGML
     x = _x(3, n_cols, seed=4)
-    np.testing.assert_array_equal(be.qmatmul(cut, x), be.qmatmul(head, x)[:, ::10])
+    vocab = SimpleNamespace(name="output.weight", qtype=QType.Q8_0, n_out=64, n_in=n_cols, raw=w.raw)
+    assert be.upload_weight(vocab, vocab_rows=True).layout == (rp.Q8_0_R4 if rp.INTERLEAVE_VOCAB_ROWS else rp.GGML)
+    for interleave, layout in ((True, rp.Q8_0_R4), (False, rp.GGML)):
+        head = rp.pack_weight(vocab, int8=True, vocab_rows=True, interleave=interleave)
+        assert head.layout == layout and head.pad == 0
+        for step in (10, 3, 16):          # 7, 22 and 4 rows: interleaved, padded by 1, 2 and 0 rows
+            cut = be.upload_weight(SimpleNamespace(name="output.weight[draft_vocab]", qtype=QType.Q8_0,
+                                                   n_out=len(range(0, 64, step)), n_in=n_cols,
+                                                   raw=np.ascontiguousarray(w.raw[::step])), vocab_rows=True,
+                                   like=head)
+            assert cut.layout == layout and cut.pad == (layout == rp.Q8_0_R4) * ((-cut.n_out) % 4)
+            y = be.qmatmul(cut, x)
+            assert y.shape == (3, cut.n_out)
+            np.testing.assert_array_equal(y, be.qmatmul(head, x)[:, ::step])
+            out = np.full((3, cut.n_out), np.nan, np.float32)             # into a given array: the same
+            be.qmatmul(cut, x, out)
+            np.testing.assert_array_equal(out, y)
+    tied = be.upload_weight(SimpleNamespace(name="output.weight[draft_vocab]", qtype=QType.Q8_0, n_out=7,
+                                            n_in=n_cols, raw=np.ascontiguousarray(w.raw[::10])),
+                            vocab_rows=True, like=kept)
+    assert tied.layout == rp.GGML
+    np.testing.assert_array_equal(be.qmatmul(tied, x), be.qmatmul(kept, x)[:, ::10])
 
 
 def test_repack_rejects_rows_not_in_groups_of_4():
