@@ -209,9 +209,10 @@ def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool 
         return PackedWeight(w.name, qtype, w.n_out, w.n_in, w.raw, int8=int8)
     if repack and int8 and layout is not None:
         _, raw = check_raw(qtype, w.raw, w.n_in)
-        if pad and layout == Q8_0_R4:         # zero rows (scale 0) to a whole group
-            raw = np.concatenate([raw, np.zeros((pad, raw.shape[1]), np.uint8)])
-        packed = INT8_LAYOUTS[layout][1].repack(raw, w.n_in, F16_TABLE)
+        if layout in ROWS4_LAYOUTS:
+            packed = _repack_rows4(INT8_LAYOUTS[layout][1], raw, w.n_in, pad, release_source)
+        else:
+            packed = INT8_LAYOUTS[layout][1].repack(raw, w.n_in, F16_TABLE)
         if release_source:
             release_pages(w.raw)
         return PackedWeight(w.name, qtype, w.n_out, w.n_in, packed, layout=layout)
@@ -231,6 +232,28 @@ def _mmap_root(arr):
     if base is None or not isinstance(prev, np.ndarray):
         return None, None
     return base, prev
+
+
+REPACK_CHUNK_ROWS = 4096   # rows repacked at a time (a multiple of 4): the source pages of each chunk are
+                           # released before the next, so a large matrix (the 145 MB output) never has its
+                           # mapped and repacked copies resident at once
+
+
+def _repack_rows4(module, raw: np.ndarray, n_in: int, pad: int, release: bool) -> np.ndarray:
+    """rows4_int8 layout of raw's rows and pad zero rows (scale 0, completing the last group), repacked
+    REPACK_CHUNK_ROWS at a time, each chunk's source pages released after it where release is set."""
+    n = raw.shape[0]
+    whole = n - n % rows4_int8.ROWS
+    out = np.empty((n + pad, raw.shape[1]), dtype=np.uint8)
+    for a in range(0, whole, REPACK_CHUNK_ROWS):
+        b = min(a + REPACK_CHUNK_ROWS, whole)
+        out[a:b] = module.repack(raw[a:b], n_in, F16_TABLE)
+        if release:
+            release_pages(raw[a:b])
+    if whole < n + pad:
+        tail = np.concatenate([raw[whole:], np.zeros((n + pad - n, raw.shape[1]), np.uint8)])
+        out[whole:] = module.repack(tail, n_in, F16_TABLE)
+    return out
 
 
 def release_pages(arr) -> bool:
