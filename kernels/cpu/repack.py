@@ -196,8 +196,8 @@ def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool 
         return w
     qtype = QType(int(w.qtype))
     layout = _INT8_LAYOUT_OF.get(qtype)
-    # a vocabulary's Q8_0 rows are interleaved whatever their count, padded to whole groups of 4: a row then
-    # gives the same bits in every matrix holding it (the output matrix, a head cut to any draft vocabulary)
+    # all of a vocabulary's Q8_0 matrices take one layout (interleave), so that a row gives the same bits in
+    # every matrix holding it; interleaved, any row count is padded to whole groups of 4
     if vocab_rows and layout == Q8_0_R4 and not (INTERLEAVE_VOCAB_ROWS if interleave is None else interleave):
         layout = None
     pad = (-w.n_out) % rows4_int8.ROWS if layout == Q8_0_R4 and vocab_rows else 0
@@ -251,7 +251,7 @@ def _repack_rows4(module, raw: np.ndarray, n_in: int, pad: int, release: bool) -
         if release:
             release_pages(raw[a:b])
     if whole < n + pad:
-        tail = np.concatenate([raw[whole:], np.zeros((n + pad - n, raw.shape[1]), np.uint8)])
+        tail = np.concatenate([raw[whole:], np.zeros((pad, raw.shape[1]), np.uint8)])
         out[whole:] = module.repack(tail, n_in, F16_TABLE)
     return out
 
