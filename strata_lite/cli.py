@@ -131,6 +131,7 @@ def cmd_train_mtp(args) -> int:
     from dataclasses import asdict
     from .mtp_train import train_mtp
     from .mtp_train_defaults import DEFAULTS, resolve_device
+    from .mtp_train_device import matmul_precision
     from .mtp_train_fit import FitOptions
     for f in args.text or ():
         if not os.path.isfile(f) or not os.access(f, os.R_OK):
@@ -145,8 +146,7 @@ def cmd_train_mtp(args) -> int:
         raise ValueError(f"--chain-weight must be a finite number >= 0, not {args.chain_weight}")
     if args.chain_depth < 1:
         raise ValueError(f"--chain-depth must be >= 1, not {args.chain_depth}")
-    if args.tf32 and device != "cuda":
-        raise ValueError("--tf32 needs the training on the GPU (--device cuda)")
+    matmul_precision(device, args.tf32)      # a bad --tf32 fails here, before the model loads
     from .api import LLM
     t0 = time.perf_counter()
     llm = LLM(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads)

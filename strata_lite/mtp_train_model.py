@@ -221,7 +221,7 @@ def loss_and_grads(cfg, p, frozen, batch, chain_weight=0.0, chain_depth=2):
     is that of this stop-gradient objective); chain_weight 0 or chain_depth 1 runs pass 1 alone."""
     loss, grads, hits, x, kv = depth1_loss_and_grads(cfg, p, frozen, batch)
     kvs, weight = [kv], 1.0
-    for _ in range(2, chain_depth + 1 if chain_weight else 2):
+    for _ in range(chain_depth - 1 if chain_weight else 0):       # passes 2..chain_depth
         weight *= chain_weight
         loss_d, grads_d, _, x, kv = chain_loss_and_grads(cfg, p, frozen, batch, x, kvs)
         kvs.append(kv)

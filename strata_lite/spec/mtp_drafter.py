@@ -326,7 +326,7 @@ class MtpDrafter:
             pos.extend(p.pos)
             seq_of.extend([r] * len(p.pos))
             parts.extend(p.rows)
-            last.append(len(ids) - 1 if p.pos[-1] == seq.n_computed - 1 and _drafts_on(seq) else None)
+            last.append(len(ids) - 1 if _gives_first_draft(seq, p) else None)
         hidden = self.backend.from_host(np.concatenate(parts))
         out, _ = self._forward(hidden, list(range(len(ids))), ids, pos, seq_of, tables, [])
         for seq, row in zip(seqs, last):
@@ -386,8 +386,8 @@ class MtpDrafter:
         f = self.first.get(seq)
         if f is not None and f.pos == seq.n_computed:
             return True
-        p = self.pending.get(seq)           # deferred rows through the one before the pending token
-        return bool(p) and p.pos[-1] == seq.n_computed - 1 and _drafts_on(seq)
+        p = self.pending.get(seq)
+        return bool(p) and _gives_first_draft(seq, p)
 
     def first_token(self, seq) -> tuple[int, float] | None:
         """(token, probability) of seq's first draft token (the head runs now if it has not for this
@@ -515,6 +515,12 @@ def _drafts_on(seq) -> bool:
     """Whether seq may draft after this step: it drafts at all, and nothing ended it while the step ran (a
     cancel, or a stop string found while the step was in flight: its first-draft entry would outlive it)."""
     return seq.spec is not None and not seq.pending_finish
+
+
+def _gives_first_draft(seq, p) -> bool:
+    """Whether seq's pending rows p reach the position before its pending token (their forward then gives its
+    first draft token's block output) and seq drafts."""
+    return p.pos[-1] == seq.n_computed - 1 and _drafts_on(seq)
 
 
 class _Pending:
