@@ -146,6 +146,8 @@ def cmd_train_mtp(args) -> int:
         raise ValueError(f"--chain-weight must be a finite number >= 0, not {args.chain_weight}")
     if args.chain_depth < 1:
         raise ValueError(f"--chain-depth must be >= 1, not {args.chain_depth}")
+    if not 0 <= args.feature_weight < float("inf"):
+        raise ValueError(f"--feature-weight must be a finite number >= 0, not {args.feature_weight}")
     matmul_precision(device, args.tf32)      # a bad --tf32 fails here, before the model loads
     from .api import LLM
     t0 = time.perf_counter()
@@ -155,7 +157,7 @@ def cmd_train_mtp(args) -> int:
           f"{args.ctx} tokens, lr {args.lr:g}, {args.train_tokens} text tokens, {args.answers} answers", file=sys.stderr)
     opts = FitOptions(steps=args.steps, seed=args.seed, lr=args.lr, batch=args.batch, topk=args.topk,
                       warmup=min(20, max(1, args.steps // 10)), chain_weight=args.chain_weight,
-                      chain_depth=args.chain_depth)
+                      chain_depth=args.chain_depth, feature_weight=args.feature_weight)
     rep = train_mtp(llm, args.output, args.text, opts, ctx=args.ctx, train_tokens=args.train_tokens,
                     eval_tokens=args.eval_tokens, out_type=args.type, checkpoint_dir=args.checkpoint,
                     checkpoint_every=args.checkpoint_every, device=device, answers=args.answers,
@@ -237,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--blocks", type=int, default=None, help="number of blocks (default: the preset's)")
     sy.add_argument("--out", "-o", required=True, help="output GGUF file")
     sy.set_defaults(func=cmd_synth)
-    from .mtp_train_defaults import CHAIN_DEPTH, CHAIN_WEIGHT, DRAFT_VOCAB, default_help
+    from .mtp_train_defaults import CHAIN_DEPTH, CHAIN_WEIGHT, DRAFT_VOCAB, FEATURE_WEIGHT, default_help
     tm = sub.add_parser("train-mtp", help="train an MTP block for a model by self-distillation (docs/mtp_training.md)")
     _model_args(tm)
     tm.add_argument("--text", nargs="+", default=None,
@@ -259,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
                          f"chained draft): depth D counts W^(D-1); 0: one pass (default {CHAIN_WEIGHT:g})")
     tm.add_argument("--chain-depth", type=int, default=CHAIN_DEPTH,
                     help=f"deepest chained draft trained (1: one pass; default {CHAIN_DEPTH})")
+    tm.add_argument("--feature-weight", type=float, default=FEATURE_WEIGHT,
+                    help="weight of each pass's feature term: its output pulled towards the model's own hidden "
+                         "state one position further, which a chained draft reads in its place "
+                         f"(docs/mtp_training.md; default {FEATURE_WEIGHT:g}: none)")
     tm.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
                     help="float32 mat-muls of the training on the GPU's TF32 tensor cores (docs/mtp_training.md) "
                          + default_help("tf32"))

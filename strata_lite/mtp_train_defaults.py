@@ -47,6 +47,11 @@ CHAIN_WEIGHT = 0.5
 # CHAIN_WEIGHT^(D-1), as its draft is verified only when the D - 1 before it were accepted.
 CHAIN_DEPTH = 2
 
+# The feature term's weight (docs/mtp_training.md, "The feature term"): each pass's block output is also
+# pulled towards the model's own last hidden state one position further, which is what the next chained
+# pass reads in its place.
+FEATURE_WEIGHT = 0.0
+
 
 def resolve_device(device: str, backend: str) -> tuple[str, str]:
     """(--device, --backend) -> (the device of the training math, the engine backend of the model's pass).

@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .loader.atomic_file import written_whole
-from .mtp_train_defaults import CHAIN_DEPTH, CHAIN_WEIGHT
+from .mtp_train_defaults import CHAIN_DEPTH, CHAIN_WEIGHT, FEATURE_WEIGHT
 from .mtp_train_device import array_module, to_device, to_host, tree_to
 from .mtp_train_model import loss_and_grads
 
@@ -41,6 +41,7 @@ class FitOptions:
     topk: int = 1                 # 1: cross-entropy on the greedy token; k > 1: soft targets (KL to top-k)
     chain_weight: float = CHAIN_WEIGHT   # loss1 + sum of chain_weight^(D-1) * lossD (chained passes); 0: pass 1
     chain_depth: int = CHAIN_DEPTH       # the deepest chained pass D trained (1: pass 1 alone)
+    feature_weight: float = FEATURE_WEIGHT   # each pass's output pulled towards the model's state (0: no)
     beta1: float = 0.9
     beta2: float = 0.999
     adam_eps: float = 1e-8
@@ -150,7 +151,8 @@ def fit(cfg, params: dict, frozen, data, opts: FitOptions, checkpoint_dir: str |
               file=log) as bar:
         while st.step < end:
             batch = [to_device(xp, a) for a in data.batch(step_windows(opts, len(data), st.step), opts.topk)]
-            loss, grads, _ = loss_and_grads(cfg, st.params, frozen, batch, opts.chain_weight, opts.chain_depth)
+            loss, grads, _ = loss_and_grads(cfg, st.params, frozen, batch, opts.chain_weight, opts.chain_depth,
+                                            opts.feature_weight)
             if not math.isfinite(loss):
                 raise ValueError(f"the loss is {loss} at step {st.step}; try a lower --lr")
             norm = adam_step(opts, st, grads)

@@ -195,35 +195,68 @@ def rows_loss(cfg, frozen, x, tgt_ids, tgt_p, want_grad=True):
     return loss, (dx.reshape(x.shape) if want_grad else None), hits
 
 
-def depth1_loss_and_grads(cfg, p, frozen, batch):
+def feature_loss(cfg, frozen, x, h_next, weight):
+    """The feature term of a pass: its block outputs x (B, R, n_embd) against the model's own last hidden
+    states h_next (B, R, n_embd) of the positions one further (the states whose greedy tokens x's rows
+    draft), both as the head reads them (rmsnorm with the head norm): weight * mean over rows of the squared
+    distance over the mean square of the targets' normalized rows. A pass's output is the next chained
+    pass's hidden-state input, which pass 1 reads from the model: pulled towards the model's state, a chained
+    draft sees what pass 1 was trained on (EAGLE's feature regression, on normalized states: the hidden
+    states' few very large channels would rule a plain squared error). -> (loss, dx like x)."""
+    xp = array_module(x)
+    y, c_y = rmsnorm_fwd(x, frozen.head_norm.astype(x.dtype, copy=False), cfg.rms_eps)
+    t, _ = rmsnorm_fwd(h_next.astype(x.dtype, copy=False), frozen.head_norm.astype(x.dtype, copy=False), cfg.rms_eps)
+    scale = weight / ((t * t).mean() * (y.shape[0] * y.shape[1]))    # weight / (R2 * rows): a device scalar
+    d = y - t
+    loss = float(scale * xp.sum(d * d) / y.shape[2])       # a host number, as rows_loss's
+    return loss, rmsnorm_bwd(2.0 * scale / y.shape[2] * d, c_y)[0]
+
+
+def _add_feature(cfg, frozen, x, dx, hidden, depth, weight):
+    """Adds pass `depth`'s feature term (feature_loss) to its loss gradient dx in place: rows r < T - depth
+    of x (position r + depth - 1) against hidden[:, r + depth]. -> the term's loss (0.0 without one)."""
+    rows = hidden.shape[1] - depth
+    if not weight or rows <= 0:
+        return 0.0
+    loss, d = feature_loss(cfg, frozen, x[:, :rows], hidden[:, depth:], weight)
+    dx[:, :rows] += d
+    return loss
+
+
+def depth1_loss_and_grads(cfg, p, frozen, batch, feature_weight=0.0):
     """Pass 1 -> (mean loss, {name: gradient}, top-1 hits, its block output x, its roped (k, v)): the last
-    two are the chained passes' constant inputs (chain_fwd)."""
+    two are the chained passes' constant inputs (chain_fwd). feature_weight: its feature term's weight
+    (feature_loss; 0: none), included in the loss."""
     hidden, next_ids, tgt_ids, tgt_p = batch
     x, cache = trunk_fwd(cfg, p, frozen, hidden, next_ids)
     loss, dx, hits = rows_loss(cfg, frozen, x, tgt_ids, tgt_p)
+    loss = loss + _add_feature(cfg, frozen, x, dx, hidden, 1, feature_weight)
     return loss, trunk_bwd(cfg, p, dx, cache), hits, x, trunk_kv(cache)
 
 
-def chain_loss_and_grads(cfg, p, frozen, batch, x_prev, kvs):
+def chain_loss_and_grads(cfg, p, frozen, batch, x_prev, kvs, feature_weight=0.0):
     """Pass D = len(kvs) + 1 on the earlier passes' constants x_prev, kvs (chain_fwd) against the targets of
     rows D-1..T-1 (the model's tokens i + D + 1) -> (mean loss, {name: gradient}, top-1 hits, its block
-    output, its roped (k, v)): the last two are the next pass's constant inputs."""
-    _, next_ids, tgt_ids, tgt_p = batch
+    output, its roped (k, v)): the last two are the next pass's constant inputs. feature_weight as
+    depth1_loss_and_grads'."""
+    hidden, next_ids, tgt_ids, tgt_p = batch
     x, cache = chain_fwd(cfg, p, frozen, x_prev, kvs, next_ids)
     loss, dx, hits = rows_loss(cfg, frozen, x, tgt_ids[:, len(kvs):], tgt_p[:, len(kvs):])
+    loss = loss + _add_feature(cfg, frozen, x, dx, hidden, len(kvs) + 1, feature_weight)
     return loss, trunk_bwd(cfg, p, dx, cache), hits, x, trunk_kv(cache)
 
 
-def loss_and_grads(cfg, p, frozen, batch, chain_weight=0.0, chain_depth=2):
+def loss_and_grads(cfg, p, frozen, batch, chain_weight=0.0, chain_depth=2, feature_weight=0.0):
     """batch: (hidden (B, T, n_embd), next_ids (B, T), tgt_ids (B, T, k), tgt_p (B, T, k))
     -> (mean loss, {name: gradient}, top-1 hits of pass 1). The loss is loss1 + sum over D = 2..chain_depth
     of chain_weight^(D-1) * lossD, each pass's inputs from the earlier passes held constant (the gradient
-    is that of this stop-gradient objective); chain_weight 0 or chain_depth 1 runs pass 1 alone."""
-    loss, grads, hits, x, kv = depth1_loss_and_grads(cfg, p, frozen, batch)
+    is that of this stop-gradient objective); chain_weight 0 or chain_depth 1 runs pass 1 alone. With
+    feature_weight each pass's loss has its feature term (feature_loss) of that weight."""
+    loss, grads, hits, x, kv = depth1_loss_and_grads(cfg, p, frozen, batch, feature_weight)
     kvs, weight = [kv], 1.0
     for _ in range(chain_depth - 1 if chain_weight else 0):       # passes 2..chain_depth
         weight *= chain_weight
-        loss_d, grads_d, _, x, kv = chain_loss_and_grads(cfg, p, frozen, batch, x, kvs)
+        loss_d, grads_d, _, x, kv = chain_loss_and_grads(cfg, p, frozen, batch, x, kvs, feature_weight)
         kvs.append(kv)
         loss += weight * loss_d
         for name, g in grads_d.items():

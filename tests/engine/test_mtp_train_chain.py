@@ -139,15 +139,17 @@ def test_depth3_rows_are_the_block_on_the_second_drafts_output(tmp_path):
         np.testing.assert_allclose(x3[:, t], full[:, t + 2], rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("arch,k,depth", [("qwen2", 1, 2), ("qwen3", 3, 2), ("llama", 1, 2), ("qwen2", 1, 3),
-                                           ("qwen3", 3, 3)])
-def test_chain_gradients_match_finite_differences(tmp_path, arch, k, depth):
+@pytest.mark.parametrize("arch,k,depth,fw", [("qwen2", 1, 2, 0.0), ("qwen3", 3, 2, 0.0), ("llama", 1, 2, 0.0),
+                                              ("qwen2", 1, 3, 0.0), ("qwen3", 3, 3, 0.0), ("qwen2", 1, 2, 0.8),
+                                              ("qwen3", 3, 3, 0.8)])
+def test_chain_gradients_match_finite_differences(tmp_path, arch, k, depth, fw):
     """The gradient of loss1 + w * loss2 (+ w^2 * loss3), each pass's inputs (the earlier passes' outputs
     and keys/values) fixed at the unperturbed parameters' values (the stop-gradient objective), against
-    central differences in float64: a random direction per tensor and two entries each."""
+    central differences in float64: a random direction per tensor and two entries each. fw > 0: every
+    pass's loss with its feature term of that weight."""
     cfg, p, frozen, batch = _problem(tmp_path, arch, k)
     w = 0.7
-    loss, grads, _ = loss_and_grads(cfg, p, frozen, batch, chain_weight=w, chain_depth=depth)
+    loss, grads, _ = loss_and_grads(cfg, p, frozen, batch, chain_weight=w, chain_depth=depth, feature_weight=fw)
     _, _, _, x, kv = depth1_loss_and_grads(cfg, p, frozen, batch)
     consts = [(x, [kv])]
     for _ in range(3, depth + 1):
@@ -157,8 +159,8 @@ def test_chain_gradients_match_finite_differences(tmp_path, arch, k, depth):
     rng, eps = np.random.default_rng(3), 1e-6
 
     def total(q):
-        return depth1_loss_and_grads(cfg, q, frozen, batch)[0] + sum(
-            w ** (d + 1) * chain_loss_and_grads(cfg, q, frozen, batch, xc, kvs)[0]
+        return depth1_loss_and_grads(cfg, q, frozen, batch, fw)[0] + sum(
+            w ** (d + 1) * chain_loss_and_grads(cfg, q, frozen, batch, xc, kvs, fw)[0]
             for d, (xc, kvs) in enumerate(consts))
 
     assert abs(total(p) - loss) <= 1e-12 * abs(loss)
