@@ -127,7 +127,8 @@ def main(argv=None) -> dict:
                reach={k: [float(np.mean([a >= d for a in w])) for d in range(1, k + 1)] for k, w in walks.items() if w})
     print(f"teacher-forced chains: {llm.model_path}, MTP {args.mtp or 'own/shipped'}; {len(texts)} held-out code "
           f"prompts, {sum(len(a) for a in answers)} greedy tokens")
-    print("agreement along the answers by depth: " + ", ".join(f"{d + 1}: {a:.3f}" for d, a in enumerate(res["agreement"])))
+    print("agreement along the answers by depth: "
+          + ", ".join(f"{d + 1}: {a:.3f}" for d, a in enumerate(res["agreement"])))
     engine = {}
     if args.engine:
         eargs = SimpleNamespace(model=args.model, backend="cpu", n_ctx=2048, threads=args.threads,

@@ -203,9 +203,9 @@ def feature_loss(cfg, frozen, x, h_next, weight):
     pass's hidden-state input, which pass 1 reads from the model: pulled towards the model's state, a chained
     draft sees what pass 1 was trained on (EAGLE's feature regression, on normalized states: the hidden
     states' few very large channels would rule a plain squared error). -> (loss, dx like x)."""
-    xp = array_module(x)
-    y, c_y = rmsnorm_fwd(x, frozen.head_norm.astype(x.dtype, copy=False), cfg.rms_eps)
-    t, _ = rmsnorm_fwd(h_next.astype(x.dtype, copy=False), frozen.head_norm.astype(x.dtype, copy=False), cfg.rms_eps)
+    xp, w = array_module(x), frozen.head_norm.astype(x.dtype, copy=False)
+    y, c_y = rmsnorm_fwd(x, w, cfg.rms_eps)
+    t, _ = rmsnorm_fwd(h_next.astype(x.dtype, copy=False), w, cfg.rms_eps)
     scale = weight / ((t * t).mean() * (y.shape[0] * y.shape[1]))    # weight / (R2 * rows): a device scalar
     d = y - t
     loss = float(scale * xp.sum(d * d) / y.shape[2])       # a host number, as rows_loss's
