@@ -91,18 +91,20 @@ def test_loss_and_gradients_match_numpy(cp, tmp_path, monkeypatch, arch, k, chun
     assert err_cp <= F32_GRAD_TOL and abs(loss32 - loss64) <= F32_LOSS_TOL * abs(loss64)
 
 
-@pytest.mark.parametrize("arch,depth", [("qwen2", 2), ("qwen3", 2), ("qwen2", 3)])
-def test_chain_loss_and_gradients_match_numpy(cp, tmp_path, arch, depth):
-    """loss1 + 0.5 * loss2 (+ 0.25 * loss3: the chained passes, their mixed attention) on the GPU against
-    numpy, with the bounds of test_loss_and_gradients_match_numpy."""
+@pytest.mark.parametrize("arch,depth,fw", [("qwen2", 2, 0.0), ("qwen3", 2, 0.0), ("qwen2", 3, 0.0),
+                                           ("qwen3", 3, 0.8)])
+def test_chain_loss_and_gradients_match_numpy(cp, tmp_path, arch, depth, fw):
+    """loss1 + 0.5 * loss2 (+ 0.25 * loss3: the chained passes, their mixed attention; fw > 0: each pass with
+    its feature term) on the GPU against numpy, with the bounds of test_loss_and_gradients_match_numpy."""
     llm = _tiny(tmp_path, arch, n_embd=32, n_ff=64)
     cfg = llm.config
+    kw = dict(chain_weight=0.5, chain_depth=depth, feature_weight=fw)
     p64, f64, b64 = _problem(llm, 1, np.float64)
-    loss64, g64, _ = loss_and_grads(cfg, p64, f64, b64, chain_weight=0.5, chain_depth=depth)
-    loss, g, _ = loss_and_grads(cfg, *_on_gpu(cp, p64, f64, b64), chain_weight=0.5, chain_depth=depth)
+    loss64, g64, _ = loss_and_grads(cfg, p64, f64, b64, **kw)
+    loss, g, _ = loss_and_grads(cfg, *_on_gpu(cp, p64, f64, b64), **kw)
     assert abs(loss - loss64) <= F64_TOL * abs(loss64) and _grad_err(g, g64) <= F64_TOL
     p32, f32, b32 = _problem(llm, 1, np.float32)
-    loss32, g32, _ = loss_and_grads(cfg, *_on_gpu(cp, p32, f32, b32), chain_weight=0.5, chain_depth=depth)
+    loss32, g32, _ = loss_and_grads(cfg, *_on_gpu(cp, p32, f32, b32), **kw)
     assert _grad_err(g32, g64) <= F32_GRAD_TOL and abs(loss32 - loss64) <= F32_LOSS_TOL * abs(loss64)
 
 
