@@ -85,9 +85,24 @@ def dot_u8s8(builder, isa, u, s, acc=None):
                                                         builder.bitcast(u, vi), builder.bitcast(s, vi)])
     if lanes != 8:
         raise AssertionError("the AVX2 dot has 256-bit vectors only")
-    d = builder.call(avx2(builder, "pmadd.wd"), [builder.call(avx2(builder, "pmadd.ub.sw"), [u, s]),
-                                                 ir.Constant(V16W, [1] * 16)])
+    return widen_add(builder, maddubs(builder, u, s), acc)
+
+
+def maddubs(builder, u, s):
+    """<16 x i16>, lane i = u[2i] s[2i] + u[2i + 1] s[2i + 1] (AVX2 pmaddubsw: u unsigned, s signed bytes; the
+    pair sum saturates to int16, so callers keep it, and any sums of such vectors they add, within int16)."""
+    return builder.call(avx2(builder, "pmadd.ub.sw"), [u, s])
+
+
+def widen_add(builder, v16, acc=None):
+    """<8 x i32>, lane i = v16[2i] + v16[2i + 1] (+ acc[i]): AVX2 pmaddwd by ones."""
+    d = builder.call(avx2(builder, "pmadd.wd"), [v16, ir.Constant(V16W, [1] * 16)])
     return d if acc is None else builder.add(d, acc)
+
+
+# pmaddubsw results of 5-bit codes (<= 31) against Q8_0-rounded activations (|x| <= 127) are at most 7,874 a lane,
+# so this many of them add up within int16 (31,496) before one pmaddwd: the same integers as a pmaddwd each
+CODE5_INT16_SUMS = 4
 
 
 def const(v, ty=I64):

@@ -139,8 +139,11 @@ def _make_tile(isa, sign: bool, lanes: int = 8):
     """The intrinsic tile(pw, i, a, g0, g1, out, r0): out[lanes g + l, r0 + q] for the `lanes` tokens l of the
     token groups g = g0 and g1 (g1 may equal g0: then its values are stored twice; stores past the last token go
     to the last one: the packing repeated it) and the 4 rows q of panel group i; each weight broadcast serves both
-    groups. sign: the panel holds the sign form (|w|, then w); lanes: 8 (256-bit vectors) or 16 (512-bit, VNNI)."""
+    groups. sign: the panel holds the sign form (|w|, then w); lanes: 8 (256-bit vectors) or 16 (512-bit, VNNI).
+    AVX2 without the sign form (Q5_0's and Q4_0's codes) adds L.CODE5_INT16_SUMS lane groups' pmaddubsw in int16
+    before each pmaddwd, the same integers with fewer operations."""
     A_X, A_D, A_C, _ = a_record.py_func(lanes)
+    sums16 = L.CODE5_INT16_SUMS if isa == AVX2 and not sign else 1
     VI, VF, VB = (ir.VectorType(t, n) for t, n in ((L.I32, lanes), (L.F32, lanes), (L.I8, 4 * lanes)))
     @intrinsic
     def tile(typingctx, pw, i, a, g0, g1, out, r0):
@@ -167,6 +170,7 @@ def _make_tile(isa, sign: bool, lanes: int = 8):
                 pwb = builder.gep(w0, [builder.mul(loop.index, wstr[1])])
                 pab = [builder.gep(p, [builder.mul(loop.index, astr[1])]) for p in a0]
                 isum = [[None] * r4.ROWS for _ in groups]
+                h16 = [[None] * r4.ROWS for _ in groups]
                 for j in range(8):
                     xa = [L.load(builder, p, A_X + 4 * lanes * j, VB) for p in pab]
                     for q in range(r4.ROWS):       # row q's codes of lane group j: vector j // 2, dword 4 (j % 2) + q
@@ -175,7 +179,13 @@ def _make_tile(isa, sign: bool, lanes: int = 8):
                         ws = dword(pwb, 128 + at) if sign else None
                         for k, x in enumerate(xa):
                             xs = builder.call(psign, [x, ws]) if sign else x
-                            isum[k][q] = L.dot_u8s8(builder, isa, w, xs, isum[k][q])
+                            if sums16 == 1:
+                                isum[k][q] = L.dot_u8s8(builder, isa, w, xs, isum[k][q])
+                                continue
+                            m = L.maddubs(builder, w, xs)          # codes: sums16 of them stay within int16
+                            h16[k][q] = m if j % sums16 == 0 else builder.add(h16[k][q], m)
+                            if j % sums16 == sums16 - 1:
+                                isum[k][q] = L.widen_add(builder, h16[k][q], isum[k][q])
                 for k, p in enumerate(pab):
                     corr = L.load(builder, p, A_C, VI)
                     da = L.load(builder, p, A_D, VF)
