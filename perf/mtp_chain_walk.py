@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from strata_lite.api import LLM
-from strata_lite.batch import Batch
+from strata_lite.mtp_train_data import collect
 from strata_lite.mtp_train_math import rmsnorm_fwd
 from strata_lite.mtp_train_model import FrozenHead, chain_fwd, params_from_mtp, trunk_fwd, trunk_kv
 from strata_lite.spec.mtp_drafter import mtp_weights
@@ -65,11 +65,11 @@ class ChainHead:
         j = (xn @ self.head.T).argmax(-1)
         return j if self.vocab is None else self.vocab[j]
 
-    def hits(self, hidden, ids, greedy, depth: int) -> list[np.ndarray]:
-        """hidden (T, n_embd): the model's last hidden states at positions 0..T-1; ids (T + 1,) the text;
-        greedy (T + 1,): the model's greedy token after each position -> per depth d + 1 the rows r whose
-        draft (of the token at r + d + 2) equals greedy[r + d + 1]."""
-        h, nxt = hidden[None].astype(np.float32), np.asarray(ids[1:], np.int64)[None]
+    def hits(self, hidden, next_ids, greedy, depth: int) -> list[np.ndarray]:
+        """hidden (T, n_embd): the model's last hidden states at positions 0..T-1; next_ids (T,) the text's
+        tokens 1..T; greedy (T,): the model's greedy token at positions 2..T + 1 -> per depth d + 1 the rows r
+        whose draft (of the token at r + d + 2) equals greedy[r + d] (mtp_train_data.collect's arrays)."""
+        h, nxt = hidden[None].astype(np.float32), np.asarray(next_ids, np.int64)[None]
         x, cache = trunk_fwd(self.cfg, self.p, self.frozen, h, nxt)
         kvs, out = [trunk_kv(cache)], []
         for d in range(depth):
@@ -77,7 +77,7 @@ class ChainHead:
                 x, cache = chain_fwd(self.cfg, self.p, self.frozen, x, kvs, nxt)
                 kvs.append(trunk_kv(cache))
             pick = self.picks(x)
-            out.append(pick == greedy[d + 1:d + 1 + len(pick)])
+            out.append(pick == greedy[d:d + len(pick)])
         return out
 
 
@@ -85,12 +85,8 @@ def answer_hits(llm, head: ChainHead, prompt: list[int], max_tokens: int, depth:
     """-> (generated tokens, per-depth hits over prompt + answer, the index of the first generated token)."""
     gen = list(llm.generate(prompt, max_tokens=max_tokens).token_ids)
     full = np.asarray(list(prompt) + gen, np.int32)
-    batch = Batch.single(full, 0, llm._pages)
-    batch.validate(llm.kv.n_pages, llm.kv.page_size, llm.config.n_vocab)
-    logits, hidden = llm.model.forward(batch, llm.kv, return_hidden=True)
-    logits, hidden = llm.backend.to_host(logits), llm.backend.to_host(hidden)
-    T = len(full) - 1
-    return gen, head.hits(hidden[:T], full, logits.argmax(-1), depth), len(prompt)
+    data = collect(llm, full, len(full), 1, progress=False)       # the model's pass, as train-mtp runs it
+    return gen, head.hits(data.hidden[0], data.next_ids[0], data.tgt_ids[0, :, 0], depth), len(prompt)
 
 
 def main(argv=None) -> dict:
