@@ -7,7 +7,8 @@ tokens, the tokens in the lanes of the accumulators (one int32 and one float vec
 block and lane group j (4 activations) of 8 tokens, one load of their packed activations serves the 4 rows,
 each row's 4 codes are broadcast from the unpacked panel once for both 8-token groups (2 groups a tile:
 default model's Q5_0 mat-muls at 512 tokens 739 -> 621 ms, prompt 1.15-1.18x end to end on the 2-core AVX-512
-EPYC VM; with AVX2's 16 vector registers the float accumulators may spill, not measured), and vpdpbusd (pmaddubsw + pmaddwd + add on AVX2) sums into
+EPYC VM; on AVX2 the code is emitted row by row so that LLVM keeps AVX2's 16 vector registers from spilling,
+see _make_tile), and vpdpbusd (pmaddubsw + pmaddwd + add on AVX2) sums into
 the row's int32 vector (IQ4_NL and Q8_0 on AVX2, the sign form: |w| times x signed by w, one more op); then per row one
 subtract, one convert, one multiply (the 8 scale products) and one FMA. ~11 vector ops per 32 (token, row) multiply-adds of a block against ~13 per token and row group in the
 mat-vec kernel's 8-token calls (and ~2.2 cycles per (token, row, block) in q8_0_gemm.py's 8-lane order).
@@ -135,16 +136,26 @@ def _pack_activations(x3, a, a_f32, a_i32, offset, lanes):
 
 # --------------------------------------------------------------------------------------------- tile
 
-def _make_tile(isa, sign: bool, lanes: int = 8):
+def _make_tile(isa, sign: bool, lanes: int = 8, row_loop: bool = False):
     """The intrinsic tile(pw, i, a, g0, g1, out, r0): out[lanes g + l, r0 + q] for the `lanes` tokens l of the
     token groups g = g0 and g1 (g1 may equal g0: then its values are stored twice; stores past the last token go
     to the last one: the packing repeated it) and the 4 rows q of panel group i; each weight broadcast serves both
     groups. sign: the panel holds the sign form (|w|, then w); lanes: 8 (256-bit vectors) or 16 (512-bit, VNNI).
     AVX2 without the sign form (Q5_0's and Q4_0's codes) adds L.CODE5_INT16_SUMS lane groups' pmaddubsw in int16
-    before each pmaddwd, the same integers with fewer operations."""
+    before each pmaddwd, the same integers with fewer operations.
+    The code goes row by row (a row's 8 lane groups for both token groups, then its float fold), the block's
+    16 activation vectors loaded once (Q5_0 896 x 9728 at 512 tokens, one thread, CPU time: 63-68 -> 57-58 ms
+    against the lane-group-major order, whose 8 integer and 8 float accumulators outgrew AVX2's 16 registers).
+    row_loop: the 4 rows as a loop LLVM does not unroll (its trip count comes from the panel's stride), the
+    float accumulators in memory and the activations loaded again per row: the sign form's extra weight
+    vector made the unrolled code spill its weight broadcasts to the stack (IQ4_NL 896 x 9728 98-156 ->
+    94-96 ms; Q5_0 in a loop: 62-63 ms, so it stays unrolled).
+    """
     A_X, A_D, A_C, _ = a_record.py_func(lanes)
     sums16 = L.CODE5_INT16_SUMS if isa == AVX2 and not sign else 1
     VI, VF, VB = (ir.VectorType(t, n) for t, n in ((L.I32, lanes), (L.F32, lanes), (L.I8, 4 * lanes)))
+    n_groups = 2
+
     @intrinsic
     def tile(typingctx, pw, i, a, g0, g1, out, r0):
         if not (L.c_arrays((pw, types.uint8, 3), (a, types.uint8, 3)) and L.strided_array(out, types.float32, 2)
@@ -158,45 +169,66 @@ def _make_tile(isa, sign: bool, lanes: int = 8):
             (ppw, wstr, wshape), (pa, astr, _), (pout, ostr, oshape) = (
                 L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2, 5))
             w0 = builder.gep(ppw, [builder.mul(args[1], wstr[0])])
-            groups = (args[3], args[4])
-            a0 = [builder.gep(pa, [builder.mul(g, astr[0])]) for g in groups]
-            acc = [[cgutils.alloca_once_value(builder, ir.Constant(VF, None)) for _ in range(r4.ROWS)]
-                   for _ in groups]
+            a0 = [builder.gep(pa, [builder.mul(g, astr[0])]) for g in (args[3], args[4])]
+            # float accumulators acc[k][q] of token group k and row q
+            acc = cgutils.alloca_once(builder, VF, size=n_groups * r4.ROWS)
+            for k in range(n_groups * r4.ROWS):
+                builder.store(ir.Constant(VF, None), builder.gep(acc, [L.const(k)]))
 
             def dword(p, off):          # 4 bytes at p + off, in each lane
                 return builder.bitcast(L.splat(builder, L.load(builder, p, off, L.I32), VI), VB)
 
+            def row_sums(pq, pab, xa):
+                """[token group k's int32 sums of the block's 32 products] for the row whose codes start at pq
+                (its code dword of lane group j at 32 (j // 2) + 16 (j % 2)); xa(j, k): activations."""
+                isum, h16 = [None] * len(pab), [None] * len(pab)
+                for j in range(8):
+                    at = 32 * (j // 2) + 16 * (j % 2)
+                    w = dword(pq, at)
+                    ws = dword(pq, 128 + at) if sign else None
+                    for k in range(len(pab)):
+                        x = xa(j, k)
+                        xs = builder.call(psign, [x, ws]) if sign else x
+                        if sums16 == 1:
+                            isum[k] = L.dot_u8s8(builder, isa, w, xs, isum[k])
+                            continue
+                        m = L.maddubs(builder, w, xs)          # codes: sums16 of them stay within int16
+                        h16[k] = m if j % sums16 == 0 else builder.add(h16[k], m)
+                        if j % sums16 == sums16 - 1:
+                            isum[k] = L.widen_add(builder, h16[k], isum[k])
+                return isum
+
+            def fold(pq, p, isum, q_at):
+                """acc[q_at] += float(isum - offset x sums) x d_w d_a (the mat-vec kernel's operations)."""
+                corr = L.load(builder, p, A_C, VI)
+                da = L.load(builder, p, A_D, VF)
+                s = builder.fmul(L.splat(builder, L.load(builder, pq, d_at, L.F32), VF), da)
+                f = builder.sitofp(builder.sub(isum, corr), VF)
+                cell = builder.gep(acc, [q_at])
+                builder.store(builder.fadd(builder.fmul(f, s, flags=L.CONTRACT), builder.load(cell),
+                                           flags=L.CONTRACT), cell)
+
             with cgutils.for_range(builder, wshape[1]) as loop:
                 pwb = builder.gep(w0, [builder.mul(loop.index, wstr[1])])
                 pab = [builder.gep(p, [builder.mul(loop.index, astr[1])]) for p in a0]
-                isum = [[None] * r4.ROWS for _ in groups]
-                h16 = [[None] * r4.ROWS for _ in groups]
-                for j in range(8):
-                    xa = [L.load(builder, p, A_X + 4 * lanes * j, VB) for p in pab]
-                    for q in range(r4.ROWS):       # row q's codes of lane group j: vector j // 2, dword 4 (j % 2) + q
-                        at = 32 * (j // 2) + 4 * (4 * (j % 2) + q)
-                        w = dword(pwb, at)
-                        ws = dword(pwb, 128 + at) if sign else None
-                        for k, x in enumerate(xa):
-                            xs = builder.call(psign, [x, ws]) if sign else x
-                            if sums16 == 1:
-                                isum[k][q] = L.dot_u8s8(builder, isa, w, xs, isum[k][q])
-                                continue
-                            m = L.maddubs(builder, w, xs)          # codes: sums16 of them stay within int16
-                            h16[k][q] = m if j % sums16 == 0 else builder.add(h16[k][q], m)
-                            if j % sums16 == sums16 - 1:
-                                isum[k][q] = L.widen_add(builder, h16[k][q], isum[k][q])
-                for k, p in enumerate(pab):
-                    corr = L.load(builder, p, A_C, VI)
-                    da = L.load(builder, p, A_D, VF)
+                if row_loop:
+                    n_rows = builder.udiv(wstr[1], L.const(_w_rec(sign) // r4.ROWS))   # 4, unseen by LLVM
+                    with cgutils.for_range(builder, n_rows) as rl:
+                        q = rl.index
+                        pq = builder.gep(pwb, [builder.mul(q, L.const(4))])
+                        isum = row_sums(pq, pab, lambda j, k: L.load(builder, pab[k], A_X + 4 * lanes * j, VB))
+                        for k, p in enumerate(pab):
+                            fold(pq, p, isum[k], builder.add(builder.mul(L.const(k), L.const(r4.ROWS)), q))
+                else:
+                    xs = [[L.load(builder, p, A_X + 4 * lanes * j, VB) for p in pab] for j in range(8)]
                     for q in range(r4.ROWS):
-                        s = builder.fmul(L.splat(builder, L.load(builder, pwb, d_at + 4 * q, L.F32), VF), da)
-                        f = builder.sitofp(builder.sub(isum[k][q], corr), VF)
-                        builder.store(builder.fadd(builder.fmul(f, s, flags=L.CONTRACT), builder.load(acc[k][q]),
-                                                   flags=L.CONTRACT), acc[k][q])
+                        pq = builder.gep(pwb, [L.const(4 * q)])
+                        isum = row_sums(pq, pab, lambda j, k: xs[j][k])
+                        for k, p in enumerate(pab):
+                            fold(pq, p, isum[k], L.const(k * r4.ROWS + q))
             rows = [builder.add(args[6], L.const(q)) for q in range(r4.ROWS)]
-            for k, g in enumerate(groups):
-                vals = [builder.load(p) for p in acc[k]]
+            for k, g in enumerate((args[3], args[4])):
+                vals = [builder.load(builder.gep(acc, [L.const(k * r4.ROWS + q)])) for q in range(r4.ROWS)]
                 toks = L.clamped_rows(builder, builder.mul(g, L.const(lanes)), lanes, oshape[0])
                 L.store_tile(builder, pout, ostr, toks, rows,
                              lambda q, l: builder.extract_element(vals[q], L.const(l, L.I32)))
@@ -206,7 +238,8 @@ def _make_tile(isa, sign: bool, lanes: int = 8):
     return tile
 
 
-_tile_avx2, _tile_avx2_sign, _tile_vnni = _make_tile(AVX2, False), _make_tile(AVX2, True), _make_tile(VNNI, False)
+_tile_avx2, _tile_vnni = _make_tile(AVX2, False), _make_tile(VNNI, False)
+_tile_avx2_sign = _make_tile(AVX2, True, row_loop=True)
 _tile_wide = _make_tile(VNNI, False, 16)
 
 
