@@ -7,8 +7,8 @@ tokens, the tokens in the lanes of the accumulators (one int32 and one float vec
 block and lane group j (4 activations) of 8 tokens, one load of their packed activations serves the 4 rows,
 each row's 4 codes are broadcast from the unpacked panel once for both 8-token groups (2 groups a tile:
 default model's Q5_0 mat-muls at 512 tokens 739 -> 621 ms, prompt 1.15-1.18x end to end on the 2-core AVX-512
-EPYC VM; on AVX2 the code is emitted row by row so that LLVM keeps AVX2's 16 vector registers from spilling,
-see _make_tile), and vpdpbusd (pmaddubsw + pmaddwd + add on AVX2) sums into
+EPYC VM; on AVX2 the order of the code decides what stays in the 16 vector registers, see _make_tile), and
+vpdpbusd (pmaddubsw + pmaddwd + add on AVX2) sums into
 the row's int32 vector (IQ4_NL and Q8_0 on AVX2, the sign form: |w| times x signed by w, one more op); then per row one
 subtract, one convert, one multiply (the 8 scale products) and one FMA. ~11 vector ops per 32 (token, row) multiply-adds of a block against ~13 per token and row group in the
 mat-vec kernel's 8-token calls (and ~2.2 cycles per (token, row, block) in q8_0_gemm.py's 8-lane order).
@@ -34,8 +34,10 @@ from . import llvm_ir as L
 from . import rows4_int8 as r4
 from .act_quant_ir import q8_0_block
 from .gemm_work import token_chunks
-from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT, WIDE_BUILT, tile_lanes
+from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT, WIDE_BUILT, host_cpu_name, tile_lanes
 
+LANES, ROWS_UNROLLED, ROW_LOOP = 0, 1, 2    # the orders of a tile's code (_make_tile)
+ROW_LOOP_CPUS = ("znver",)                  # LLVM CPU names whose sign-form tiles take ROW_LOOP (_make_tile)
 MIN_TOK = 16      # from here on the GEMM; below, rows4_int8's mat-vec kernel (8-token calls)
 PANEL = 12        # row groups a thread unpacks at a time (48 rows; 12 x 28 blocks x 144 B = 48 KB at 896 columns)
 # a panel record: the 4 code vectors (128 bytes), for the sign form the 4 signed weight vectors (128), then the
@@ -136,20 +138,23 @@ def _pack_activations(x3, a, a_f32, a_i32, offset, lanes):
 
 # --------------------------------------------------------------------------------------------- tile
 
-def _make_tile(isa, sign: bool, lanes: int = 8, row_loop: bool = False):
+def _make_tile(isa, sign: bool, lanes: int = 8, order: int = 0):
     """The intrinsic tile(pw, i, a, g0, g1, out, r0): out[lanes g + l, r0 + q] for the `lanes` tokens l of the
     token groups g = g0 and g1 (g1 may equal g0: then its values are stored twice; stores past the last token go
     to the last one: the packing repeated it) and the 4 rows q of panel group i; each weight broadcast serves both
     groups. sign: the panel holds the sign form (|w|, then w); lanes: 8 (256-bit vectors) or 16 (512-bit, VNNI).
     AVX2 without the sign form (Q5_0's and Q4_0's codes) adds L.CODE5_INT16_SUMS lane groups' pmaddubsw in int16
     before each pmaddwd, the same integers with fewer operations.
-    The code goes row by row (a row's 8 lane groups for both token groups, then its float fold), the block's
-    16 activation vectors loaded once (Q5_0 896 x 9728 at 512 tokens, one thread, CPU time: 63-68 -> 57-58 ms
-    against the lane-group-major order, whose 8 integer and 8 float accumulators outgrew AVX2's 16 registers).
-    row_loop: the 4 rows as a loop LLVM does not unroll (its trip count comes from the panel's stride), the
-    float accumulators in memory and the activations loaded again per row: the sign form's extra weight
-    vector made the unrolled code spill its weight broadcasts to the stack (IQ4_NL 896 x 9728 98-156 ->
-    94-96 ms; Q5_0 in a loop: 62-63 ms, so it stays unrolled).
+    order: how the code walks a block (the same operations and bits; what differs is what LLVM keeps in AVX2's
+    16 vector registers). LANES: lane group by lane group, each of the 4 rows' sums beside the others (8 integer
+    and 8 float accumulators live). ROWS_UNROLLED: row by row, the block's 16 activation vectors loaded once.
+    ROW_LOOP: the 4 rows as a loop LLVM does not unroll (its trip count comes from the panel's stride), the
+    float accumulators in memory, the activations loaded again per row. Measured at 512 tokens (docs/cpu.md,
+    "Prompt GEMM tiles and AVX2's registers"): AVX2's Q5_0 / Q4_0 tiles take ROWS_UNROLLED (the 2-core AMD
+    EPYC VM, one thread: 896 x 9728 63-68 -> 57-58 ms; the Xeon host, forced to AVX2, 2 threads: 26.2-26.6 ->
+    25.8-26.1); the sign form takes ROW_LOOP on AMD Zen (IQ4_NL 896 x 9728: LANES 96-164 ms by process,
+    ROW_LOOP 92-103) and LANES elsewhere (the Xeon forced to AVX2: 42.0-42.6 against ROW_LOOP's 46.7); VNNI's
+    tiles take LANES (the Xeon: Q5_0 896 x 9728 13.3-13.9 ms against ROWS_UNROLLED's 15.6-15.8).
     """
     A_X, A_D, A_C, _ = a_record.py_func(lanes)
     sums16 = L.CODE5_INT16_SUMS if isa == AVX2 and not sign else 1
@@ -178,25 +183,31 @@ def _make_tile(isa, sign: bool, lanes: int = 8, row_loop: bool = False):
             def dword(p, off):          # 4 bytes at p + off, in each lane
                 return builder.bitcast(L.splat(builder, L.load(builder, p, off, L.I32), VI), VB)
 
+            def accumulate(j, w, ws, x, st):
+                """Lane group j of one row (its code broadcast w, the sign form's ws) and token group (its
+                activations x) into st = [int32 sums, pending int16 sums]."""
+                xs = builder.call(psign, [x, ws]) if sign else x
+                if sums16 == 1:
+                    st[0] = L.dot_u8s8(builder, isa, w, xs, st[0])
+                    return
+                m = L.maddubs(builder, w, xs)          # codes: sums16 of them stay within int16
+                st[1] = m if j % sums16 == 0 else builder.add(st[1], m)
+                if j % sums16 == sums16 - 1:
+                    st[0] = L.widen_add(builder, st[1], st[0])
+
+            def codes(pq, j):    # row q's code dword of lane group j: at pq + 32 (j // 2) + 16 (j % 2)
+                at = 32 * (j // 2) + 16 * (j % 2)
+                return dword(pq, at), (dword(pq, 128 + at) if sign else None)
+
             def row_sums(pq, pab, xa):
-                """[token group k's int32 sums of the block's 32 products] for the row whose codes start at pq
-                (its code dword of lane group j at 32 (j // 2) + 16 (j % 2)); xa(j, k): activations."""
-                isum, h16 = [None] * len(pab), [None] * len(pab)
+                """[token group k's int32 sums of the block's 32 products] for the row whose codes start at pq;
+                xa(j, k): activations."""
+                st = [[None, None] for _ in pab]
                 for j in range(8):
-                    at = 32 * (j // 2) + 16 * (j % 2)
-                    w = dword(pq, at)
-                    ws = dword(pq, 128 + at) if sign else None
+                    w, ws = codes(pq, j)
                     for k in range(len(pab)):
-                        x = xa(j, k)
-                        xs = builder.call(psign, [x, ws]) if sign else x
-                        if sums16 == 1:
-                            isum[k] = L.dot_u8s8(builder, isa, w, xs, isum[k])
-                            continue
-                        m = L.maddubs(builder, w, xs)          # codes: sums16 of them stay within int16
-                        h16[k] = m if j % sums16 == 0 else builder.add(h16[k], m)
-                        if j % sums16 == sums16 - 1:
-                            isum[k] = L.widen_add(builder, h16[k], isum[k])
-                return isum
+                        accumulate(j, w, ws, xa(j, k), st[k])
+                return [c[0] for c in st]
 
             def fold(pq, p, isum, q_at):
                 """acc[q_at] += float(isum - offset x sums) x d_w d_a (the mat-vec kernel's operations)."""
@@ -211,7 +222,7 @@ def _make_tile(isa, sign: bool, lanes: int = 8, row_loop: bool = False):
             with cgutils.for_range(builder, wshape[1]) as loop:
                 pwb = builder.gep(w0, [builder.mul(loop.index, wstr[1])])
                 pab = [builder.gep(p, [builder.mul(loop.index, astr[1])]) for p in a0]
-                if row_loop:
+                if order == ROW_LOOP:
                     n_rows = builder.udiv(wstr[1], L.const(_w_rec(sign) // r4.ROWS))   # 4, unseen by LLVM
                     with cgutils.for_range(builder, n_rows) as rl:
                         q = rl.index
@@ -219,6 +230,18 @@ def _make_tile(isa, sign: bool, lanes: int = 8, row_loop: bool = False):
                         isum = row_sums(pq, pab, lambda j, k: L.load(builder, pab[k], A_X + 4 * lanes * j, VB))
                         for k, p in enumerate(pab):
                             fold(pq, p, isum[k], builder.add(builder.mul(L.const(k), L.const(r4.ROWS)), q))
+                elif order == LANES:
+                    pq = [builder.gep(pwb, [L.const(4 * q)]) for q in range(r4.ROWS)]
+                    st = [[[None, None] for _ in pab] for _ in pq]
+                    for j in range(8):
+                        xa = [L.load(builder, p, A_X + 4 * lanes * j, VB) for p in pab]
+                        for q in range(r4.ROWS):
+                            w, ws = codes(pq[q], j)
+                            for k, x in enumerate(xa):
+                                accumulate(j, w, ws, x, st[q][k])
+                    for k, p in enumerate(pab):
+                        for q in range(r4.ROWS):
+                            fold(pq[q], p, st[q][k][0], L.const(k * r4.ROWS + q))
                 else:
                     xs = [[L.load(builder, p, A_X + 4 * lanes * j, VB) for p in pab] for j in range(8)]
                     for q in range(r4.ROWS):
@@ -238,8 +261,8 @@ def _make_tile(isa, sign: bool, lanes: int = 8, row_loop: bool = False):
     return tile
 
 
-_tile_avx2, _tile_vnni = _make_tile(AVX2, False), _make_tile(VNNI, False)
-_tile_avx2_sign = _make_tile(AVX2, True, row_loop=True)
+_tile_avx2, _tile_vnni = _make_tile(AVX2, False, order=ROWS_UNROLLED), _make_tile(VNNI, False)
+_tile_avx2_sign = _make_tile(AVX2, True, order=ROW_LOOP if host_cpu_name().startswith(ROW_LOOP_CPUS) else LANES)
 _tile_wide = _make_tile(VNNI, False, 16)
 
 

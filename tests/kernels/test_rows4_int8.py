@@ -19,6 +19,7 @@ import gguf.quants
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
+from numba import njit
 
 from strata_lite.kernels.cpu import repack as rp
 from strata_lite.kernels.cpu import rows4, rows4_gemm
@@ -93,6 +94,41 @@ def test_against_float64_and_batch_invariant(qtype, n_out, n_cols):
             for serial in (False, True):
                 np.testing.assert_array_equal(_run(fmt, raw3, x[:n_tok], isa=isa, serial=serial), full[:n_tok],
                                               err_msg=f"{n_tok} tokens, isa {isa}, serial {serial}")
+
+
+def _order_gemm(tile):
+    """rows4_gemm's GEMM on one thread with `tile` (an AVX2 tile of any order) for every group and token pair."""
+    @njit
+    def gemm(raw3, x3, out, kind, w_rec):
+        n_groups, nb = raw3.shape[0] // r4.ROWS, raw3.shape[1]
+        n_tg = (x3.shape[0] + 7) // 8
+        a = np.empty((n_tg, nb, rows4_gemm.a_record(8)[3]), dtype=np.uint8)
+        rows4_gemm._pack_activations(x3, a, a.view(np.float32), a.view(np.int32), r4.offset(kind, AVX2), 8)
+        pw = np.empty((n_groups, nb, w_rec), dtype=np.uint8)
+        for i in range(n_groups):
+            rows4_gemm._unpack(kind, AVX2, raw3, i, pw, i)
+        for tg in range(0, n_tg, 2):
+            for i in range(n_groups):
+                tile(pw, i, a, tg, min(tg + 1, n_tg - 1), out, r4.ROWS * i)
+    return gemm
+
+
+@pytest.mark.parametrize("order", [rows4_gemm.LANES, rows4_gemm.ROWS_UNROLLED, rows4_gemm.ROW_LOOP],
+                         ids=["lanes", "rows_unrolled", "row_loop"])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_every_tile_order_gives_the_mat_vec_bits(qtype, order):
+    """The AVX2 tiles walk a block in three orders (which one a CPU runs depends on its type, _make_tile); each
+    gives the mat-vec kernel's bits, the sign form (IQ4_NL, Q8_0) and the codes' int16 sums alike."""
+    fmt = FORMATS[qtype]
+    sign = r4.sign_form(fmt.kind, AVX2)
+    n_out, n_cols = 12, 896
+    raw3 = fmt.repack(_rows(qtype, n_out, n_cols, seed=5), n_cols).reshape(n_out, n_cols // 32, -1)
+    x = _x(19, n_cols, seed=7)
+    out = np.full((x.shape[0], n_out), np.nan, np.float32)
+    _order_gemm(rows4_gemm._make_tile(AVX2, sign, order=order))(raw3, x.reshape(19, -1, 32), out, fmt.kind,
+                                                                 rows4_gemm._w_rec(sign))
+    matvec = np.concatenate([_run(fmt, raw3, x[t:t + 8], isa=AVX2) for t in (0, 8, 16)])   # 8, 8, 3 tokens
+    np.testing.assert_array_equal(out, matvec)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
