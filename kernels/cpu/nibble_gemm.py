@@ -9,7 +9,9 @@ load of 8 tokens' packed activations serves the 4 rows and each row's 4 weights,
 thread's panel, are one broadcast for both token groups; vpdpbusd (pmaddubsw + pmaddwd + add on AVX2) sums them
 into the sub-block's int32 vector, which one vpmulld by the sub-block's scale adds to the block's. That is one
 multiply per 32 (token, row) multiply-adds where the mat-vec form needs two (pmaddubsw, then pmaddwd by the
-scale lanes): the 1.5B IQ3_XXS shapes' mat-muls at 512 tokens ran 2.2x faster (docs/cpu.md). Then per row and
+scale lanes): the 1.5B IQ3_XXS shapes' mat-muls at 512 tokens ran 2.2x faster (docs/cpu.md). On AVX2, Q4_K, Q5_K
+and Q6_K tiles go row by row and sum pmaddubsw results in int16 before a pmaddwd by the scale (_make_tile_rows,
+the same integers). Then per row and
 block one subtract, one convert, one multiply (8 scale products) and one FMA (Q4_K / Q5_K: their mins term by 4
 pmaddwd on int16 pairs of mins and sub-block sums, and one FMA more); every integer is exact and every
 float operation is the mat-vec kernel's per (token, row), so are the bits (tests). With AVX-512 VNNI the tiles may
