@@ -232,7 +232,6 @@ def _make_tile(isa, n_sub: int, mins: bool, lanes: int = 8, sums16: int = 0):
     return tile
 
 
-
 def _make_tile_rows(n_sub: int, mins: bool, sums16: int):
     """AVX2's tile for Q4_K, Q5_K and Q6_K (the intrinsic of _make_tile, 8 tokens a vector), row by row: each of the
     4 rows runs its own sub-block loop, loading the activations again (L1), so a row needs ~10 of AVX2's 16
@@ -287,8 +286,8 @@ def _make_tile_rows(n_sub: int, mins: bool, sums16: int):
                     with cgutils.for_range(builder, L.const(n_sub)) as sub:
                         s = sub.index
                         sc = L.load(builder, pq, builder.add(L.const(SC), builder.mul(s, L.const(16))), L.I32)
-                        sc2 = builder.bitcast(L.splat(builder, builder.mul(builder.and_(sc, ir.Constant(L.I32, 0xFFFF)),
-                                                                          ir.Constant(L.I32, 0x10001)), VI), VW)
+                        sc = builder.mul(builder.and_(sc, ir.Constant(L.I32, 0xFFFF)), ir.Constant(L.I32, 0x10001))
+                        sc2 = builder.bitcast(L.splat(builder, sc, VI), VW)     # the scale in both int16 halves
                         h16 = [None] * n_groups
                         for jj in range(quads):
                             j = builder.add(builder.mul(s, L.const(quads)), L.const(jj))
@@ -327,8 +326,9 @@ def _make_tile_rows(n_sub: int, mins: bool, sums16: int):
     return tile
 
 
-# (isa, n_sub, mins) -> tile: IQ3_XXS (8, no mins), Q4_K / Q5_K (8, mins), Q6_K (16, no mins); 512-bit ones where built
-_t8, _t16 = _make_tile(AVX2, 8, False, sums16=INT16_SUMS[nib.IQ3]), _make_tile(AVX2, 16, False, sums16=INT16_SUMS[nib.Q6K])
+# (isa, n_sub, mins) -> tile: IQ3_XXS (8, no mins), Q4_K / Q5_K (8, mins; on AVX2 one each: their int16 sums
+# differ), Q6_K (16, no mins); 512-bit ones where built
+_t8, _t16 = (_make_tile(AVX2, n_sub, False, sums16=INT16_SUMS[kind]) for n_sub, kind in ((8, nib.IQ3), (16, nib.Q6K)))
 _t8m4, _t8m5 = (_make_tile(AVX2, 8, True, sums16=INT16_SUMS[kind]) for kind in (nib.Q4K, nib.Q5K))
 _t8v, _t8mv, _t16v = (_make_tile(VNNI, 8, False), _make_tile(VNNI, 8, True), _make_tile(VNNI, 16, False))
 _t8w, _t8mw, _t16w = (_make_tile(VNNI, 8, False, 16), _make_tile(VNNI, 8, True, 16), _make_tile(VNNI, 16, False, 16))

@@ -152,7 +152,7 @@ def _make_tile(isa, sign: bool, lanes: int = 8, order: int = 0):
     float accumulators in memory, the activations loaded again per row. Measured at 512 tokens (docs/cpu.md,
     "Prompt GEMM tiles and AVX2's registers"): AVX2's Q5_0 / Q4_0 tiles take ROWS_UNROLLED (the 2-core AMD
     EPYC VM, one thread: 896 x 9728 63-68 -> 57-58 ms; the Xeon host, forced to AVX2, 2 threads: 26.2-26.6 ->
-    25.8-26.1); the sign form takes ROW_LOOP on AMD Zen (IQ4_NL 896 x 9728: LANES 96-164 ms by process,
+    25.8-26.1); the sign form takes ROW_LOOP on AMD Zen (IQ4_NL 896 x 9728: LANES 95-164 ms by process,
     ROW_LOOP 92-103) and LANES elsewhere (the Xeon forced to AVX2: 42.0-42.6 against ROW_LOOP's 46.7); VNNI's
     tiles take LANES (the Xeon: Q5_0 896 x 9728 13.3-13.9 ms against ROWS_UNROLLED's 15.6-15.8).
     """
