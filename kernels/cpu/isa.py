@@ -95,11 +95,23 @@ def choose_gemm_lanes(wide_built: bool, int8_isa: int, cpu_name: str, env) -> tu
     return int(want), f"; prompt GEMMs {32 * int(want)}-bit ({LANES_ENV}={want})"
 
 
+ROW_LOOP_CPUS = ("znver",)   # LLVM CPU name prefixes whose AVX2 sign-form prompt tiles run faster as a row loop
+
+
+def sign_tile_row_loop(cpu_name: str) -> bool:
+    """Whether the AVX2 prompt GEMM tiles of IQ4_NL and Q8_0 (the sign form) walk their 4 rows as a loop on this
+    CPU: on AMD Zen (ROW_LOOP_CPUS), lane-major elsewhere (docs/cpu.md, "Prompt GEMM tiles and AVX2's
+    registers"). Chosen by the CPU alone, which Numba's cache keys its compiled kernels on (an environment
+    variable would not be: a cached kernel would keep the order it was compiled with)."""
+    return cpu_name.startswith(ROW_LOOP_CPUS)
+
+
 _FEATURES = host_features()
 VNNI_BUILT = vnni_kind(_FEATURES) is not None    # the kernels' VNNI branch is compiled (see the docstring)
 INT8_ISA, _INT8_NAME = choose_isa(_FEATURES, os.environ)
 WIDE_BUILT = VNNI_BUILT and all(_FEATURES[f] for f in ("avx512f", "avx512bw", "avx512vnni"))   # 512-bit tiles compile
 GEMM_LANES, _LANES_NOTE = choose_gemm_lanes(WIDE_BUILT, INT8_ISA, host_cpu_name(), os.environ)
+SIGN_TILE_ROW_LOOP = sign_tile_row_loop(host_cpu_name())
 
 
 def tile_lanes(isa: int, lanes: int | None) -> int:

@@ -34,10 +34,9 @@ from . import llvm_ir as L
 from . import rows4_int8 as r4
 from .act_quant_ir import q8_0_block
 from .gemm_work import token_chunks
-from .isa import AVX2, INT8_ISA, VNNI, VNNI_BUILT, WIDE_BUILT, host_cpu_name, tile_lanes
+from .isa import AVX2, INT8_ISA, SIGN_TILE_ROW_LOOP, VNNI, VNNI_BUILT, WIDE_BUILT, tile_lanes
 
 LANES, ROWS_UNROLLED, ROW_LOOP = 0, 1, 2    # the orders of a tile's code (_make_tile)
-ROW_LOOP_CPUS = ("znver",)                  # LLVM CPU names whose sign-form tiles take ROW_LOOP (_make_tile)
 MIN_TOK = 16      # from here on the GEMM; below, rows4_int8's mat-vec kernel (8-token calls)
 PANEL = 12        # row groups a thread unpacks at a time (48 rows; 12 x 28 blocks x 144 B = 48 KB at 896 columns)
 # a panel record: the 4 code vectors (128 bytes), for the sign form the 4 signed weight vectors (128), then the
@@ -152,9 +151,9 @@ def _make_tile(isa, sign: bool, lanes: int = 8, order: int = 0):
     float accumulators in memory, the activations loaded again per row. Measured at 512 tokens (docs/cpu.md,
     "Prompt GEMM tiles and AVX2's registers"): AVX2's Q5_0 / Q4_0 tiles take ROWS_UNROLLED (the 2-core AMD
     EPYC VM, one thread: 896 x 9728 63-68 -> 57-58 ms; the Xeon host, forced to AVX2, 2 threads: 26.2-26.6 ->
-    25.8-26.1); the sign form takes ROW_LOOP on AMD Zen (IQ4_NL 896 x 9728: LANES 95-164 ms by process,
-    ROW_LOOP 92-103) and LANES elsewhere (the Xeon forced to AVX2: 42.0-42.6 against ROW_LOOP's 46.7); VNNI's
-    tiles take LANES (the Xeon: Q5_0 896 x 9728 13.3-13.9 ms against ROWS_UNROLLED's 15.6-15.8).
+    25.8-26.1); the sign form takes ROW_LOOP on AMD Zen (isa.sign_tile_row_loop; IQ4_NL 896 x 9728: LANES 95-164
+    ms by process, ROW_LOOP 92-103) and LANES elsewhere (the Xeon forced to AVX2: 42.0-42.6 against ROW_LOOP's
+    46.7); VNNI's tiles take LANES (the Xeon: Q5_0 896 x 9728 13.3-13.9 ms against ROWS_UNROLLED's 15.6-15.8).
     """
     A_X, A_D, A_C, _ = a_record.py_func(lanes)
     sums16 = L.CODE5_INT16_SUMS if isa == AVX2 and not sign else 1
@@ -262,7 +261,7 @@ def _make_tile(isa, sign: bool, lanes: int = 8, order: int = 0):
 
 
 _tile_avx2, _tile_vnni = _make_tile(AVX2, False, order=ROWS_UNROLLED), _make_tile(VNNI, False)
-_tile_avx2_sign = _make_tile(AVX2, True, order=ROW_LOOP if host_cpu_name().startswith(ROW_LOOP_CPUS) else LANES)
+_tile_avx2_sign = _make_tile(AVX2, True, order=ROW_LOOP if SIGN_TILE_ROW_LOOP else LANES)   # by CPU
 _tile_wide = _make_tile(VNNI, False, 16)
 
 

@@ -74,6 +74,13 @@ def test_gemm_lanes_by_cpu_and_environment(wide, which, cpu, env, want):
     assert isa.choose_gemm_lanes(wide, which, cpu, env) == want
 
 
+@pytest.mark.parametrize("cpu,want", [("znver3", True), ("znver2", True), ("znver4", True), ("skylake", False),
+                                      ("emeraldrapids", False), ("generic", False)])
+def test_sign_tile_order_by_cpu(cpu, want):
+    """AMD Zen's sign-form AVX2 prompt tiles take the row loop, the others the lane-major order (as measured)."""
+    assert isa.sign_tile_row_loop(cpu) is want
+
+
 def test_features_are_those_numba_compiles_for(monkeypatch):
     from numba.core import config
     monkeypatch.setattr(config, "CPU_FEATURES", "+avx2,+fma,-avx512vnni,+avxvnni,+avx512vl")
