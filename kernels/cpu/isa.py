@@ -110,8 +110,9 @@ _FEATURES = host_features()
 VNNI_BUILT = vnni_kind(_FEATURES) is not None    # the kernels' VNNI branch is compiled (see the docstring)
 INT8_ISA, _INT8_NAME = choose_isa(_FEATURES, os.environ)
 WIDE_BUILT = VNNI_BUILT and all(_FEATURES[f] for f in ("avx512f", "avx512bw", "avx512vnni"))   # 512-bit tiles compile
-GEMM_LANES, _LANES_NOTE = choose_gemm_lanes(WIDE_BUILT, INT8_ISA, host_cpu_name(), os.environ)
-SIGN_TILE_ROW_LOOP = sign_tile_row_loop(host_cpu_name())
+_CPU_NAME = host_cpu_name()
+GEMM_LANES, _LANES_NOTE = choose_gemm_lanes(WIDE_BUILT, INT8_ISA, _CPU_NAME, os.environ)
+SIGN_TILE_ROW_LOOP = sign_tile_row_loop(_CPU_NAME)
 
 
 def tile_lanes(isa: int, lanes: int | None) -> int:

@@ -31,6 +31,26 @@ def strided_array(a, dt, nd) -> bool:
     return isinstance(a, types.Array) and a.dtype == dt and a.ndim == nd and a.layout in ("C", "A")
 
 
+def gemm_tile_signature(pw, i, a, g0, g1, out, r0):
+    """The signature of a prompt GEMM tile intrinsic tile(pw, i, a, g0, g1, out, r0) (rows4_gemm, nibble_gemm:
+    panel pw, its group i, packed activations a, token groups g0 / g1, output out, first row r0), or None
+    (the intrinsic's typing step) when the arguments are not of those kinds."""
+    if not (c_arrays((pw, types.uint8, 3), (a, types.uint8, 3)) and strided_array(out, types.float32, 2)
+            and all(isinstance(v, types.Integer) for v in (i, g0, g1, r0))):
+        return None
+    return types.void(pw, types.intp, a, types.intp, types.intp, out, types.intp)
+
+
+def gemm_tile_operands(context, builder, signature, args):
+    """For such a tile's codegen: (w0 = panel group i's i8*, the panel's (strides, shape), [the two token groups'
+    activation i8*], the activations' strides, (out's i8*, strides, shape))."""
+    (ppw, wstr, wshape), (pa, astr, _), out = (array_arg(context, builder, signature.args[k], args[k])
+                                               for k in (0, 2, 5))
+    w0 = builder.gep(ppw, [builder.mul(args[1], wstr[0])])
+    a0 = [builder.gep(pa, [builder.mul(g, astr[0])]) for g in (args[3], args[4])]
+    return w0, (wstr, wshape), a0, astr, out
+
+
 def tile_args(r0, t0, n_tok, max_tok) -> bool:
     """The (row, token, literal token count) arguments of a row-group x token-chunk kernel are valid."""
     return (isinstance(r0, types.Integer) and isinstance(t0, types.Integer)

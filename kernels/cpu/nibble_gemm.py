@@ -157,17 +157,14 @@ def _make_tile(isa, n_sub: int, mins: bool, lanes: int = 8, sums16: int = 0):
 
     @intrinsic
     def tile(typingctx, pw, i, a, g0, g1, out, r0):
-        if not (L.c_arrays((pw, types.uint8, 3), (a, types.uint8, 3)) and L.strided_array(out, types.float32, 2)
-                and all(isinstance(v, types.Integer) for v in (i, g0, g1, r0))):
+        sig = L.gemm_tile_signature(pw, i, a, g0, g1, out, r0)
+        if sig is None:
             return None
-        sig = types.void(pw, types.intp, a, types.intp, types.intp, out, types.intp)
 
         def codegen(context, builder, signature, args):
-            (ppw, wstr, wshape), (pa, astr, _), (pout, ostr, oshape) = (
-                L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2, 5))
-            w0 = builder.gep(ppw, [builder.mul(args[1], wstr[0])])
+            w0, (wstr, wshape), a0, astr, (pout, ostr, oshape) = L.gemm_tile_operands(context, builder, signature,
+                                                                                   args)
             groups = (args[3], args[4])
-            a0 = [builder.gep(pa, [builder.mul(g, astr[0])]) for g in groups]
 
             def vec(ty):
                 return [[cgutils.alloca_once_value(builder, ir.Constant(ty, None)) for _ in range(ROWS)]
@@ -250,17 +247,14 @@ def _make_tile_rows(n_sub: int, mins: bool, sums16: int):
 
     @intrinsic
     def tile(typingctx, pw, i, a, g0, g1, out, r0):
-        if not (L.c_arrays((pw, types.uint8, 3), (a, types.uint8, 3)) and L.strided_array(out, types.float32, 2)
-                and all(isinstance(v, types.Integer) for v in (i, g0, g1, r0))):
+        sig = L.gemm_tile_signature(pw, i, a, g0, g1, out, r0)
+        if sig is None:
             return None
-        sig = types.void(pw, types.intp, a, types.intp, types.intp, out, types.intp)
 
         def codegen(context, builder, signature, args):
-            (ppw, wstr, wshape), (pa, astr, _), (pout, ostr, oshape) = (
-                L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2, 5))
-            w0 = builder.gep(ppw, [builder.mul(args[1], wstr[0])])
+            w0, (wstr, wshape), a0, astr, (pout, ostr, oshape) = L.gemm_tile_operands(context, builder, signature,
+                                                                                   args)
             groups = (args[3], args[4])
-            a0 = [builder.gep(pa, [builder.mul(g, astr[0])]) for g in groups]
             # acc / macc [k * ROWS + q]: token group k, row q
             acc, macc = (cgutils.alloca_once(builder, VF, size=n_groups * ROWS) for _ in range(2))
             for cells in (acc, macc):

@@ -162,18 +162,15 @@ def _make_tile(isa, sign: bool, lanes: int = 8, order: int = 0):
 
     @intrinsic
     def tile(typingctx, pw, i, a, g0, g1, out, r0):
-        if not (L.c_arrays((pw, types.uint8, 3), (a, types.uint8, 3)) and L.strided_array(out, types.float32, 2)
-                and all(isinstance(v, types.Integer) for v in (i, g0, g1, r0))):
+        sig = L.gemm_tile_signature(pw, i, a, g0, g1, out, r0)
+        if sig is None:
             return None
-        sig = types.void(pw, types.intp, a, types.intp, types.intp, out, types.intp)
 
         def codegen(context, builder, signature, args):
             psign = L.avx2(builder, "psign.b")
             d_at = _w_rec(sign) - 16
-            (ppw, wstr, wshape), (pa, astr, _), (pout, ostr, oshape) = (
-                L.array_arg(context, builder, signature.args[k], args[k]) for k in (0, 2, 5))
-            w0 = builder.gep(ppw, [builder.mul(args[1], wstr[0])])
-            a0 = [builder.gep(pa, [builder.mul(g, astr[0])]) for g in (args[3], args[4])]
+            w0, (wstr, wshape), a0, astr, (pout, ostr, oshape) = L.gemm_tile_operands(context, builder, signature,
+                                                                                   args)
             # float accumulators acc[k][q] of token group k and row q
             acc = cgutils.alloca_once(builder, VF, size=n_groups * r4.ROWS)
             for k in range(n_groups * r4.ROWS):
