@@ -212,6 +212,84 @@ def attn_ab_rows(cp, rounds=2):
     return rows
 
 
+# --prefill-attn: attention of a 512-token prompt chunk of one sequence at these depths (keys before it)
+PREFILL_SHAPES = [("8B 32/8 D=128", {}), ("0.5B 14/2 D=64", dict(n_heads=14, n_kv=2, hd=64))]
+PREFILL_DEPTHS = (0, 8192, 32768)
+
+
+def prefill_attention_call(cp, depth, n_tok=512, **shape):
+    """(call, flops): one attention launch of an n_tok-token chunk of one sequence at positions depth ..
+    depth + n_tok - 1 over random int8 pages (attention_inputs' cache); flops = 4 x head_dim x the (token,
+    head, key) triples (q.k and p.v, two each)."""
+    from strata_lite.kernels.cuda import attention as ak
+    keys = depth + n_tok
+    _, _, _, tables, kp, ks, vp, vs, scale, _ = attention_inputs(cp, keys, 1, **shape)
+    n_heads, hd = shape.get("n_heads", 32), shape.get("hd", 128)
+    rng = np.random.default_rng(3)
+    q = cp.asarray(rng.standard_normal((n_tok, n_heads, hd), dtype=np.float32))
+    seq = cp.zeros(n_tok, cp.int32)
+    pos = cp.arange(depth, keys, dtype=cp.int32)
+    out = cp.empty_like(q)
+    ws = ak.attention_workspace(n_tok, n_heads, hd, keys)
+    def call():
+        ak.attention(q, seq, pos, tables, kp, ks, vp, vs, scale, out, ws, keys)
+    call.out = out
+    return call, 4 * hd * n_heads * sum(range(depth + 1, keys + 1))
+
+
+def prefill_attention_rows(cp, rounds=2):
+    """--prefill-attn: (label, [tiled µs], [looped µs], TFLOP/s tiled, same bits) per shape and depth, the
+    tiled and looped kernels (attention.TILED) alternating over `rounds`, graph replays of 4 launches."""
+    from strata_lite.kernels.cuda import attention as ak
+    rows = []
+    for name, shape in PREFILL_SHAPES:
+        for depth in PREFILL_DEPTHS:
+            call, flops = prefill_attention_call(cp, depth, **shape)
+            times, outs = {True: [], False: []}, {}
+            for _ in range(rounds):
+                for tiled in (True, False):
+                    ak.TILED = tiled
+                    try:
+                        call()
+                        outs[tiled] = call.out.copy()
+                        times[tiled].append(timed_in_graph(cp, [call] * 4, n_iter=5) / 4 * 1e6)
+                    finally:
+                        ak.TILED = True
+            same = bool(cp.array_equal(outs[True].view(cp.uint32), outs[False].view(cp.uint32)))
+            rows.append((f"{name}, 512 tokens after {depth} keys", times[True], times[False],
+                         flops / (min(times[True]) * 1e-6) / 1e12, same))
+            del call
+    return rows
+
+
+def prefill_rows(model_path, depths=PREFILL_DEPTHS, n_pp=512, rounds=2):
+    """(label, tiled tok/s, looped tok/s): one eager forward of an n_pp-token prompt chunk at each depth (keys
+    already in the cache before it), attention.TILED on and off alternating, best of 3 per round."""
+    from strata_lite.batch import Batch
+    from strata_lite.kernels.cuda import attention as ak
+    from strata_lite.runner import ModelRunner, load_model
+    import cupy as cp
+    loaded = load_model(model_path, backend="cuda")
+    name = os.path.basename(model_path)
+    n_ctx = max(depths) + n_pp
+    runner = ModelRunner(loaded, kv_tokens=n_ctx + 64, page_size=64, host_bytes=0, n_ctx=n_ctx,
+                         max_step_tokens=n_pp, max_seqs=1)
+    ids = np.random.default_rng(2).integers(0, loaded.config.n_vocab, n_pp).astype(np.int32)
+    rows = []
+    for depth in depths:
+        batch = Batch.single(ids, depth, list(range((depth + n_pp) // 64 + 1)), logit_rows=[n_pp - 1])
+        tps = {True: 0.0, False: 0.0}
+        for _ in range(rounds):
+            for tiled in (True, False):
+                ak.TILED = tiled
+                try:
+                    tps[tiled] = max(tps[tiled], n_pp / timed(cp, lambda: runner.forward(batch), n_iter=3, warm=1))
+                finally:
+                    ak.TILED = True
+        rows.append((f"{name} prompt {n_pp} after {depth}", tps[True], tps[False]))
+    return rows
+
+
 KERNELS = [  # (label, qtype, n_out, n_in, n_tok) -- the shapes of the llama.cpp reference table
     ("IQ3_XXS 4096x14336 n=1", "IQ3_XXS", 14336, 4096, 1),
     ("IQ3_XXS 4096x14336 n=2", "IQ3_XXS", 14336, 4096, 2),
@@ -841,6 +919,9 @@ def main(argv=None) -> int:
     from strata_lite.kernels.cuda import attention as ak
     ap.add_argument("--attn-build", default="default", choices=tuple(ak.BUILDS),
                     help="the attention build every launch takes (attention.BUILDS), for A/B runs of whole models")
+    ap.add_argument("--prefill-attn", action="store_true",
+                    help="only prompt chunks at depth: attention of 512 tokens after 0 / 8K / 32K keys and the "
+                         "synthetic models' 512-token forwards there, tiled and looped kernels alternating")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="only the decode step breakdown, graphs captured without and with programmatic dependent "
                          "launch (twice each, alternating)")
@@ -939,6 +1020,23 @@ def main(argv=None) -> int:
             print(f"{label:44s} " + " ".join(f"{'/'.join(f'{t:.1f}' for t in times[b]):>18s}" for b in builds)
                   + ("" if same else "  DIFFERENT BITS"))
         write_json(args.json, be, attn_ab=[(label, times, same) for label, times, same in arows])
+        return 0
+    if args.prefill_attn:
+        print(f"\n{be.describe()}")
+        arows = prefill_attention_rows(cp)
+        print(f"\n{'prompt attention, us per launch (rounds)':48s} {'tiled':>16s} {'looped':>18s} {'speed-up':>8s} "
+              f"{'TFLOP/s':>8s}")
+        for label, tiled, looped, tflops, same in arows:
+            print(f"{label:48s} {'/'.join(f'{t:.0f}' for t in tiled):>16s} {'/'.join(f'{t:.0f}' for t in looped):>18s} "
+                  f"{min(looped) / min(tiled):7.2f}x {tflops:8.1f}" + ("" if same else "  DIFFERENT BITS"))
+        os.makedirs(args.models, exist_ok=True)
+        prows = []
+        for path in synth_models(args.models, args.quick, args.only):
+            prows += prefill_rows(path)
+        print(f"\n{'prompt forward at depth (best of 2 rounds)':60s} {'tiled tok/s':>12s} {'looped tok/s':>13s}")
+        for label, tiled, looped in prows:
+            print(f"{label:60s} {tiled:12,.0f} {looped:13,.0f}")
+        write_json(args.json, be, prefill_attention=arows, prefill=prows)
         return 0
     if args.pdl_ab:
         os.makedirs(args.models, exist_ok=True)

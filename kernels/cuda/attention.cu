@@ -635,6 +635,435 @@ ATTN_KERNEL(256, 1)
 ATTN_KERNEL(256, 2)
 ATTN_KERNEL(256, 4)
 
+// ---------------------------------------------------------------------------------------------------------
+// Tiled kernels for many tokens (prompt chunks): attn_d{D}_h{HT}_tiled. The columns of the mma tiles are
+// (token, head) pairs, NC = 8 * NTL of them (token j of the tile, head h at column j * HT + h), so a split's K
+// and V rows are staged and converted to f16 once for TT = NC / HT tokens of one sequence, where the looped
+// kernel does that per token for HT columns (half of them empty at the 8B shape's 4 heads a kv head). Grid
+// (ceil(n_tok / TT), n_kv * n_ht), block NT, dynamic shared memory sizeof(TSmem) (attention.py
+// tiled_smem_bytes). A CTA takes tokens TT * x .. and walks each run of consecutive tokens of one sequence in
+// turn (a mixed step's decode tokens are runs of one), every split of the run's keys in order.
+// Every column's arithmetic is the looped kernel's: the same fragments and k positions in every mma, the same
+// float operations in the same order (per column: q's normalization, the scores' group sums, the softmax over
+// the token's own keys of the split, P' with the exponent of the token's own V scales, the fold of splits in
+// its own groups and of the groups), so a token's output is the same bits as in attn_d{D}_h{HT}[_looped]
+// whatever shares its tile. A column whose token has fewer keys in a split than the run adds products with
+// P' = 0 for the run's extra keys (an exact no-op on its accumulators); columns of absent tokens or heads
+// compute on zeros and are never stored.
+extern __shared__ __align__(16) u8 attn_dyn_smem[];
+
+template <int D, int HT, int NTL>
+struct TCfg {
+    static constexpr int NC = 8 * NTL;           // columns
+    static constexpr int TT = NC / HT;           // tokens per tile
+    static_assert(D <= 128, "tiled kernels stage K and V side by side (head_dim <= 128)");
+};
+
+// Shared memory of one tiled CTA (dynamic: > 48 KB at head_dim 128). Every array's size is a multiple of 16
+// bytes but the last three, so attention.py's tiled_smem_bytes adds them up (and the kernel checks it).
+template <int D, int HT, int NTL>
+struct TSmem {
+    using C = Cfg<D, HT>;
+    static constexpr int NC = TCfg<D, HT, NTL>::NC, TT = TCfg<D, HT, NTL>::TT;
+    alignas(16) u8 kv[2 * KPS * C::RS];          // K rows, then V rows
+    alignas(16) float scl[2][KPS * C::NG];       // K, V scales of the split's keys
+    alignas(16) u32 qfr[C::NG][NTL][2][WARP][4]; // q' fragments (hi, lo) per group, n-tile and lane
+    alignas(16) float S[NC * C::SSTR];           // scores, then p, per column; then (head_dim 64) part 1's sums
+    alignas(16) float A[NC * D];                 // the fold of all groups, per column and channel
+    alignas(16) int rowoff[KPS];                 // cache row per key of the split
+    float qf[NC], qinv[NC];                      // per column: 2^(13 - e), 2^(e - 13)
+    float Mg[NC], Lg[NC], M[NC], L[NC];          // per column: the running fold of the group and of all groups
+    float gca[NC], gcb[NC], oca[NC], ocb[NC];    // this split's fold weights: into the group, the group into all
+    int flag[NC];                                // this split: 1 active, 2 first of a group, 4 last, 8 group 0
+    float fv[NW][TT], fvinv[NW][TT];             // per warp (its V group) and token: 2^(13 - e_G), 2^(e_G - 13)
+    int nkeys[TT], nown[TT], pgrp[TT];           // per token: keys, splits, splits per group
+};
+
+__device__ __forceinline__ u32 dynamic_smem_bytes() {
+    u32 r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+
+// Phase A for NTL n-tiles of columns: as phase_scores, the K fragments converted once per 16-key tile and
+// group and multiplied with every active n-tile's q' fragments (nta: n-tiles holding a token of the run).
+template <int D, int HT, int NTL>
+__device__ __forceinline__ void tiled_scores(const u8* krows, int nk, int nta, TSmem<D, HT, NTL>& sh) {
+    using C = Cfg<D, HT>;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, tq = lane % 4;
+    const int pk = g < 4 ? 2 * g : 2 * g - 7;
+    const float* ksc = sh.scl[0];
+    float sacc[NTL][C::MTW][4];
+#pragma unroll
+    for (int grp = 0; grp < C::NG; grp++) {
+#pragma unroll
+        for (int j = 0; j < C::MTW; j++) {
+            const int kb = (warp * C::MTW + j) * 16;
+            if (kb >= nk) break;                 // warp-uniform: tiles past the split's keys
+            const u32x2 wa = *(const u32x2*)(krows + (kb + pk) * C::RS + grp * 32 + 8 * tq);
+            const u32x2 wb = *(const u32x2*)(krows + (kb + pk + 8) * C::RS + grp * 32 + 8 * tq);
+            u32 a[2][4];
+#pragma unroll
+            for (int st = 0; st < 2; st++) {
+                const u32 xa = (st ? wa.b : wa.a) ^ 0x80808080u, xb = (st ? wb.b : wb.a) ^ 0x80808080u;
+                a[st][0] = i8pair_to_h2(xa, 0x4140);
+                a[st][1] = i8pair_to_h2(xb, 0x4140);
+                a[st][2] = i8pair_to_h2(xa, 0x4342);
+                a[st][3] = i8pair_to_h2(xb, 0x4342);
+            }
+            const float ka = ksc[(kb + pk) * C::NG + grp], kz = ksc[(kb + pk + 8) * C::NG + grp];
+#pragma unroll
+            for (int nt = 0; nt < NTL; nt++) {
+                if (nt >= nta) break;            // warp-uniform
+                const uint4 h4 = *(const uint4*)sh.qfr[grp][nt][0][lane];
+                const uint4 l4 = *(const uint4*)sh.qfr[grp][nt][1][lane];
+                const u32 bh[4] = {h4.x, h4.y, h4.z, h4.w}, bl[4] = {l4.x, l4.y, l4.z, l4.w};
+                float ch[4] = {0.f, 0.f, 0.f, 0.f}, cl[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int st = 0; st < 2; st++) {
+                    mma_f16(ch, a[st], bh[2 * st], bh[2 * st + 1]);
+                    mma_f16(cl, a[st], bl[2 * st], bl[2 * st + 1]);
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float d = join_f16_sums(ch[i], cl[i]), ks = i < 2 ? ka : kz;
+                    sacc[nt][j][i] = grp == 0 ? __fmul_rn(ks, d) : __fmaf_rn(ks, d, sacc[nt][j][i]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NTL; nt++) {
+        if (nt >= nta) break;
+#pragma unroll
+        for (int j = 0; j < C::MTW; j++) {
+            const int kb = (warp * C::MTW + j) * 16;
+            if (kb >= nk) break;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int c = nt * 8 + 2 * tq + (i & 1), k = kb + pk + (i >> 1) * 8;
+                if (k < nk) sh.S[c * C::SSTR + k] = __fmul_rn(sacc[nt][j][i], sh.qinv[c]);
+            }
+        }
+    }
+}
+
+// Phase C for NTL n-tiles: as phase_values, the V fragments converted once per key step and multiplied with
+// every active n-tile's P'. Lane (g, tq) makes the P' of column 8 nt + g for its four keys (the k positions
+// of phase_values: keys 2tq, 2tq + 8, 2tq + 1, 2tq + 9), zero past the column's own keys (nkc).
+template <int D, int HT, int NTL>
+__device__ __forceinline__ void tiled_values(const u8* vrows, int nk, int nta, int s, int nrun, int hcount,
+                                             TSmem<D, HT, NTL>& sh, float (&acc)[NTL][Cfg<D, HT>::GPW][2][4]) {
+    using C = Cfg<D, HT>;
+    constexpr int TT = TCfg<D, HT, NTL>::TT;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, tq = lane % 4;
+    const float* vsc = sh.scl[1];
+    const int part = warp / C::NG;
+#pragma unroll
+    for (int gi = 0; gi < C::GPW; gi++) {
+        const int grp = value_group<D, HT>(gi);
+        // e_G of every token of the run: the largest V scale of the group over the token's own keys
+        float mall = 0.f;
+        for (int k = lane; k < nk; k += WARP) mall = fmaxf(mall, vsc[k * C::NG + grp]);
+        mall = warp_max(mall);
+        for (int j = 0; j < nrun; j++) {
+            const int nkj = min(KPS, sh.nkeys[j] - s * KPS);
+            float mv = mall;
+            if (nkj < nk) {                      // warp-uniform: a token ending inside the split
+                mv = 0.f;
+                for (int k = lane; k < nkj; k += WARP) mv = fmaxf(mv, vsc[k * C::NG + grp]);
+                mv = warp_max(mv);
+            }
+            if (lane == 0) {
+                const int ev = exponent_of(mv);
+                sh.fv[warp][j] = pow2i(13 - ev);
+                sh.fvinv[warp][j] = pow2i(ev - 13);
+            }
+        }
+        __syncwarp();
+        int nkc[NTL];
+        float fvc[NTL];
+        const float* pS[NTL];
+#pragma unroll
+        for (int nt = 0; nt < NTL; nt++) {
+            const int c = nt * 8 + g, j = c / HT;
+            const bool ok = j < nrun && c % HT < hcount;
+            nkc[nt] = ok ? min(KPS, sh.nkeys[j] - s * KPS) : 0;
+            fvc[nt] = sh.fv[warp][min(j, TT - 1)];
+            pS[nt] = sh.S + c * C::SSTR;
+        }
+        float ch[NTL][2][4] = {}, cl[NTL][2][4] = {};
+        for (int kb = part * 16; kb < nk; kb += 16 * C::KSPLIT) {
+            const int kk[4] = {kb + 2 * tq, kb + 2 * tq + 8, kb + 2 * tq + 1, kb + 2 * tq + 9};
+            u32 x[4];
+            float vs[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                x[j] = *(const u32*)(vrows + kk[j] * C::RS + grp * 32 + 4 * g) ^ 0x80808080u;
+                vs[j] = vsc[kk[j] * C::NG + grp];
+            }
+            u32 a[2][4];
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                const u32 t01 = __byte_perm(x[0], x[1], m ? 0x7362 : 0x5140);   // bytes 2m, 2m + 1 of keys
+                const u32 t23 = __byte_perm(x[2], x[3], m ? 0x7362 : 0x5140);   // (k0, k1) and (k2, k3)
+                a[m][0] = i8pair_to_h2(t01, 0x4140);
+                a[m][1] = i8pair_to_h2(t01, 0x4342);
+                a[m][2] = i8pair_to_h2(t23, 0x4140);
+                a[m][3] = i8pair_to_h2(t23, 0x4342);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NTL; nt++) {
+                if (nt >= nta) break;            // warp-uniform
+                u32 ph[4], pl[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float pv = __fmul_rn(__fmul_rn(pS[nt][kk[j]], vs[j]), fvc[nt]);
+                    split_f16(kk[j] < nkc[nt] ? pv : 0.f, ph[j], pl[j]);
+                }
+                const u32 bh0 = ph[0] | ph[1] << 16, bh1 = ph[2] | ph[3] << 16;
+                const u32 bl0 = pl[0] | pl[1] << 16, bl1 = pl[2] | pl[3] << 16;
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    mma_f16(ch[nt][m], a[m], bh0, bh1);
+                    mma_f16(cl[nt][m], a[m], bl0, bl1);
+                }
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NTL; nt++)
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int j = min((nt * 8 + 2 * tq + (i & 1)) / HT, TT - 1);
+                    acc[nt][gi][m][i] = __fmul_rn(join_f16_sums(ch[nt][m][i], cl[nt][m][i]), sh.fvinv[warp][j]);
+                }
+    }
+}
+
+template <int D, int HT, int NTL>
+__device__ __forceinline__ void attn_tiled_body(
+    const float* __restrict__ q, const i32* __restrict__ token_seq, const i32* __restrict__ token_pos,
+    const i32* __restrict__ page_tables, const i8* __restrict__ k_pages, const float* __restrict__ k_scales,
+    const i8* __restrict__ v_pages, const float* __restrict__ v_scales, float* __restrict__ out, float qscale,
+    int n_tok, int n_heads, int n_kv, int G, int n_ht, int page_size, int max_pages) {
+    using C = Cfg<D, HT>;
+    using Sm = TSmem<D, HT, NTL>;
+    constexpr int NC = Sm::NC, TT = Sm::TT;
+    static_assert(KPS == NT, "one key of a split per thread");
+    Sm& sh = *reinterpret_cast<Sm*>(attn_dyn_smem);
+    if (dynamic_smem_bytes() < sizeof(Sm)) __trap();   // attention.py tiled_smem_bytes must match
+    const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
+    const int kvh = blockIdx.y / n_ht, tile = blockIdx.y % n_ht;
+    const int h0 = kvh * G + tile * HT, hcount = min(HT, G - tile * HT), width = n_kv * n_ht;
+    const int tend = min((int)(blockIdx.x + 1) * TT, n_tok);
+    u8* krows = sh.kv;
+    u8* vrows = sh.kv + KPS * C::RS;
+    for (int r0 = blockIdx.x * TT; r0 < tend;) {
+        const int seq = token_seq[r0];
+        int r1 = r0 + 1;
+        while (r1 < tend && token_seq[r1] == seq) r1++;
+        const int nrun = r1 - r0, nta = (nrun * HT + 7) / 8;
+        __syncthreads();                         // the previous run's shared memory is consumed
+        if (tid < TT) {
+            const int nk = tid < nrun ? token_pos[r0 + tid] + 1 : 0;
+            const int no = (nk + KPS - 1) / KPS;
+            sh.nkeys[tid] = nk;
+            sh.nown[tid] = no;
+            sh.pgrp[tid] = no ? group_splits(no, width) : 1;
+        }
+        for (int c = warp; c < NC; c += NW) {    // the columns' power-of-two normalizations
+            const int j = c / HT, h = c % HT;
+            const bool ok = j < nrun && h < hcount;
+            float m = 0.f;
+            if (ok) {
+                const float* qc = q + ((i64)(r0 + j) * n_heads + h0 + h) * D;
+#pragma unroll
+                for (int i = 0; i < D / WARP; i++) m = fmaxf(m, fabsf(__fmul_rn(qc[lane + i * WARP], qscale)));
+            }
+            m = warp_max(m);
+            if (lane == 0) {
+                const int e = exponent_of(m);
+                sh.qf[c] = ok ? pow2i(13 - e) : 0.f;
+                sh.qinv[c] = pow2i(e - 13);
+            }
+        }
+        __syncthreads();
+        int nkmax = 0;
+        for (int j = 0; j < nrun; j++) nkmax = max(nkmax, sh.nkeys[j]);
+        const int nomax = (nkmax + KPS - 1) / KPS;
+        auto page_row = [&](int s) {             // cache row of this thread's key of split s
+            const int p = s * KPS + tid;
+            return p < nkmax ? page_tables[(i64)seq * max_pages + p / page_size] * page_size + p % page_size : 0;
+        };
+        auto keys_of = [&](int s) { return min(KPS, nkmax - s * KPS); };
+        sh.rowoff[tid] = page_row(0);
+        for (int it = tid; it < C::NG * NTL * WARP; it += NT) {   // q' fragments (q_fragments per column)
+            const int grp = it / (NTL * WARP), nt = it / WARP % NTL, l = it % WARP;
+            const int c = nt * 8 + l / 4, j = c / HT, h = c % HT;
+            f32x4 x0 = {0.f, 0.f, 0.f, 0.f}, x1 = x0;
+            float f = 0.f;
+            if (j < nrun && h < hcount) {
+                const float* qg = q + ((i64)(r0 + j) * n_heads + h0 + h) * D + grp * 32 + 8 * (l % 4);
+                x0 = *(const f32x4*)qg;
+                x1 = *(const f32x4*)(qg + 4);
+                f = sh.qf[c];
+            }
+            const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            u32 bh[4], bl[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                u32 ah, al, bh1, bl1;
+                split_f16(__fmul_rn(__fmul_rn(xs[2 * i], qscale), f), ah, al);
+                split_f16(__fmul_rn(__fmul_rn(xs[2 * i + 1], qscale), f), bh1, bl1);
+                bh[i] = ah | bh1 << 16;
+                bl[i] = al | bl1 << 16;
+            }
+            *(uint4*)sh.qfr[grp][nt][0][l] = make_uint4(bh[0], bh[1], bh[2], bh[3]);
+            *(uint4*)sh.qfr[grp][nt][1][l] = make_uint4(bl[0], bl[1], bl[2], bl[3]);
+        }
+        __syncthreads();                         // row offsets and fragments are in
+        stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(0), kvh, n_kv);
+        stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(0), kvh, n_kv);
+        float Ag[NTL][C::GPW][2][4];
+        for (int s = 0; s < nomax; s++) {
+            const int nk = keys_of(s);
+            const bool more = s + 1 < nomax;
+            const int row_next = more ? page_row(s + 1) : 0;
+            cp_async_wait<1>();                  // K(s) is here
+            __syncthreads();
+            tiled_scores<D, HT, NTL>(krows, nk, nta, sh);
+            __syncthreads();                     // K buffer and scales free
+            if (more) {
+                sh.rowoff[tid] = row_next;
+                __syncthreads();
+                stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(s + 1), kvh, n_kv);
+            }
+            // phase B per column (one warp each), then the column's fold weights for this split
+            for (int c = warp; c < NC; c += NW) {
+                const int j = c / HT;
+                const int nkj = j < nrun && c % HT < hcount ? min(KPS, sh.nkeys[j] - s * KPS) : 0;
+                if (nkj <= 0) {                  // warp-uniform: no token, or the token's keys are done
+                    if (lane == 0) sh.flag[c] = 0;
+                    continue;
+                }
+                float* Sc = sh.S + c * C::SSTR;
+                float m = neg_inf();
+                for (int k = lane; k < nkj; k += WARP) m = fmaxf(m, Sc[k]);
+                m = warp_max(m);
+                float sum = 0.f;
+                for (int k = lane; k < nkj; k += WARP) {
+                    const float p = exp2f(__fsub_rn(Sc[k], m));
+                    Sc[k] = p;
+                    sum = __fadd_rn(sum, p);
+                }
+                sum = warp_sum(sum);
+                if (lane == 0) {
+                    const int P = sh.pgrp[j], gi = s / P;
+                    const bool first = s == gi * P, last = s + 1 == min((gi + 1) * P, sh.nown[j]);
+                    if (first) {
+                        sh.Mg[c] = m;
+                        sh.Lg[c] = sum;
+                    } else {
+                        float mn, ca, cb;
+                        fold_weights(sh.Mg[c], m, mn, ca, cb);
+                        sh.Lg[c] = fold_apply(sh.Lg[c], ca, sum, cb);
+                        sh.Mg[c] = mn;
+                        sh.gca[c] = ca;
+                        sh.gcb[c] = cb;
+                    }
+                    if (last) {
+                        if (gi == 0) {
+                            sh.M[c] = sh.Mg[c];
+                            sh.L[c] = sh.Lg[c];
+                        } else {
+                            float mn, ca, cb;
+                            fold_weights(sh.M[c], sh.Mg[c], mn, ca, cb);
+                            sh.L[c] = fold_apply(sh.L[c], ca, sh.Lg[c], cb);
+                            sh.M[c] = mn;
+                            sh.oca[c] = ca;
+                            sh.ocb[c] = cb;
+                        }
+                    }
+                    sh.flag[c] = 1 | first << 1 | last << 2 | (gi == 0) << 3;
+                }
+            }
+            if (more) cp_async_wait<1>(); else cp_async_wait<0>();   // V(s) is here
+            __syncthreads();
+            float acc[NTL][C::GPW][2][4];
+            tiled_values<D, HT, NTL>(vrows, nk, nta, s, nrun, hcount, sh, acc);
+            __syncthreads();                     // V buffer, its scales and the p's free
+            if (more) stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(s + 1), kvh, n_kv);
+            const int part = warp / C::NG;       // head_dim 64: part 1's sums go through the score buffer
+            if constexpr (C::KSPLIT > 1) {
+                static_assert((C::KSPLIT - 1) * NC * D <= NC * C::SSTR, "part sums must fit in the scores");
+                float* red = sh.S;               // [KSPLIT - 1][NC][D]
+                if (part > 0) {
+#pragma unroll
+                    for (int nt = 0; nt < NTL; nt++)
+                        for_each_value<D, HT>([&](int gi, int m, int i, int h, int c) {
+                            red[((part - 1) * NC + nt * 8 + h) * D + c] = acc[nt][gi][m][i];
+                        });
+                }
+                __syncthreads();
+                if (part == 0) {
+#pragma unroll
+                    for (int nt = 0; nt < NTL; nt++)
+                        for_each_value<D, HT>([&](int gi, int m, int i, int h, int c) {
+                            for (int p = 1; p < C::KSPLIT; p++)
+                                acc[nt][gi][m][i] = __fadd_rn(acc[nt][gi][m][i], red[((p - 1) * NC + nt * 8 + h) * D + c]);
+                        });
+                }
+            }
+            if (part == 0) {
+#pragma unroll
+                for (int nt = 0; nt < NTL; nt++)
+                    for_each_value<D, HT>([&](int gi, int m, int i, int h, int c) {
+                        const int col = nt * 8 + h, f = sh.flag[col];
+                        if (!(f & 1)) return;
+                        float& ag = Ag[nt][gi][m][i];
+                        ag = f & 2 ? acc[nt][gi][m][i] : fold_apply(ag, sh.gca[col], acc[nt][gi][m][i], sh.gcb[col]);
+                        if (f & 4) {
+                            float& a = sh.A[col * D + c];
+                            a = f & 8 ? ag : fold_apply(a, sh.oca[col], ag, sh.ocb[col]);
+                        }
+                    });
+            }
+        }
+        __syncthreads();                         // the folds are in
+        for (int it = tid; it < NC * D; it += NT) {
+            const int c = it / D, ch = it % D, j = c / HT, h = c % HT;
+            if (j < nrun && h < hcount)
+                out[((i64)(r0 + j) * n_heads + h0 + h) * D + ch] = __fdiv_rn(sh.A[it], sh.L[c]);
+        }
+        r0 = r1;
+    }
+}
+
+// attn_d{D}_h{HT}_tiled: NTL = 2 n-tiles (16 columns: 4 tokens at head tile 4, 2 at head tile 8).
+#define ATTN_TILED_NTL 2
+#define ATTN_TILED_KERNEL(D, HT)                                                                            \
+    extern "C" __global__ void __launch_bounds__(NT) attn_d##D##_h##HT##_tiled(                             \
+        const float* __restrict__ q, const i32* __restrict__ token_seq, const i32* __restrict__ token_pos, \
+        const i32* __restrict__ page_tables, const i8* __restrict__ k_pages,                               \
+        const float* __restrict__ k_scales, const i8* __restrict__ v_pages,                                \
+        const float* __restrict__ v_scales, float* __restrict__ out, float qscale, int n_tok, int n_heads, \
+        int n_kv, int G, int n_ht, int page_size, int max_pages) {                                         \
+        grid_dependency_sync();                                                                           \
+        attn_tiled_body<D, HT, ATTN_TILED_NTL>(q, token_seq, token_pos, page_tables, k_pages, k_scales,   \
+                                               v_pages, v_scales, out, qscale, n_tok, n_heads, n_kv, G,    \
+                                               n_ht, page_size, max_pages);                                \
+    }
+ATTN_TILED_KERNEL(64, 1)
+ATTN_TILED_KERNEL(64, 2)
+ATTN_TILED_KERNEL(64, 4)
+ATTN_TILED_KERNEL(64, 8)
+ATTN_TILED_KERNEL(128, 1)
+ATTN_TILED_KERNEL(128, 2)
+ATTN_TILED_KERNEL(128, 4)
+ATTN_TILED_KERNEL(128, 8)
+
 // Fold a token's own group partials left to right: grid (n_tok, n_heads, D / 32), block NT; out (n_tok,
 // n_heads, D). The fold is sequential in the groups, so its inputs are brought in bulk first (cp.async, MCH
 // groups of 32 channels at a time), the running maxima (a warp scan) and the weights ca, cb are computed in

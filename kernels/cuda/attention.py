@@ -14,7 +14,10 @@ chosen from host ints, give the same bits (attention.cu explains why):
     while it computes one), one partial per group to the workspace, then attn_merge folds each token's
     own groups;
   * looped (more tokens, or max_keys <= keys_per_split): one CTA per (token, kv head, head tile) walks its
-    groups (kernels named *_looped); no workspace traffic, no merge.
+    groups (kernels named *_looped); no workspace traffic, no merge;
+  * tiled (the looped case at head_dim 64 and 128, while TILED is on): one CTA per TILE_COLUMNS / head tile
+    tokens of one sequence (a prompt chunk's consecutive tokens), kv head and head tile walks the splits of
+    their keys, each split's K and V rows staged and converted once for all of them (kernels *_tiled).
 CTAs past a token's key count exit at once, so a graph captured with max_keys = context length replays
 for any positions. Index validity (token_seq, token_pos, page_tables) is the caller's, checked when the
 batch is built; `max_keys` must be >= token_pos + 1 of every token.
@@ -131,6 +134,27 @@ def split_stride(n_items: int, n_group: int, n_sm: int, ctas_per_sm: int) -> int
     return -(-n_group // per_cta)
 
 
+# Tiled kernels (attention.cu attn_tiled_body): 8 * ATTN_TILED_NTL mma columns of (token, head) pairs a CTA.
+TILE_COLUMNS = 16
+TILED = True                # False: many-token launches take the looped kernels (perf/bench_gpu.py --prefill-attn)
+
+
+def tiled_tokens(head_dim: int, head_tile: int) -> int:
+    """Tokens per CTA of the tiled kernel: 16 columns of (token, head) pairs."""
+    return TILE_COLUMNS // head_tile
+
+
+def tiled_smem_bytes(head_dim: int, head_tile: int) -> int:
+    """sizeof(TSmem<head_dim, head_tile, 2>) in attention.cu (the kernel traps on less): K and V rows
+    (KPS x (head_dim + 16) bytes each), their scales, q' fragments, scores, the fold of all groups, the
+    split's row offsets, then the per-column and per-token fields, rounded up to 16 bytes."""
+    kps, nw, nc = keys_per_split, 4, TILE_COLUMNS
+    ng, tt = head_dim // 32, tiled_tokens(head_dim, head_tile)
+    size = (2 * kps * (head_dim + 16) + 2 * kps * ng * 4 + ng * (nc // 8) * 2 * 32 * 16 + nc * (kps + 8) * 4
+            + nc * head_dim * 4 + kps * 4 + 11 * nc * 4 + 2 * nw * tt * 4 + 3 * tt * 4)
+    return -(-size // 16) * 16
+
+
 def _check(name, arr, dtype, shape_or_ndim):
     if arr.dtype != np.dtype(dtype):
         raise ValueError(f"{name} must be {np.dtype(dtype).name}, got {arr.dtype}")
@@ -186,6 +210,14 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     looped = n_tok > ws.split_tokens or n_split == 1
     qscale = np.float32(float(scale) * _LOG2E)
     n_group = runtime.cdiv(n_split, group_splits(n_split, n_kv * n_ht))
+    if looped and TILED and hd <= 128:
+        tt = tiled_tokens(hd, ht)
+        runtime.launch(_CU, f"attn_d{hd}_h{ht}_tiled", (runtime.cdiv(n_tok, tt), n_kv * n_ht), (_THREADS,),
+                       (q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, out, qscale,
+                        np.int32(n_tok), np.int32(n_heads), np.int32(n_kv), np.int32(group), np.int32(n_ht),
+                        np.int32(page_size), np.int32(page_tables.shape[1])),
+                       shared_mem=tiled_smem_bytes(hd, ht), options=options)
+        return
     z = 1 if looped else split_stride(n_tok * n_kv * n_ht * n_group, n_group, runtime.sm_count(q.device.id),
                                       split_min_ctas(hd, ht, build))
     runtime.launch(_CU, f"attn_d{hd}_h{ht}" + ("_looped" if looped else ""), (n_tok, n_kv * n_ht, z), (_THREADS,),

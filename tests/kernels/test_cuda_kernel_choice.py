@@ -129,6 +129,43 @@ def test_attention_groups_and_split_stride():
     assert split_stride(1, 1, 132, 5) == 1
 
 
+@pytest.mark.parametrize("n_heads,n_kv,hd,n_tok,want", [
+    (32, 8, 128, 512, ("attn_d128_h4_tiled", (128, 8))),     # a prompt chunk of the 8B shape: 4 tokens a CTA
+    (14, 2, 64, 100, ("attn_d64_h8_tiled", (50, 2))),        # the 0.5B shape: 2 tokens a CTA
+    (16, 1, 256, 100, ("attn_d256_h4_looped", (100, 4, 1))),  # head_dim 256: no tiled kernel
+    (32, 8, 128, 64, ("attn_d128_h4", None)),                # decode / verify sizes: split-parallel
+])
+def test_attention_launch_modes(monkeypatch, n_heads, n_kv, hd, n_tok, want):
+    """Launches of more tokens than the workspace's split_tokens take the tiled kernels at head_dim <= 128 (with
+    the dynamic shared memory of tiled_smem_bytes), the looped ones at 256 or with attention.TILED off."""
+    from strata_lite.kernels.cuda import attention as ak
+    from strata_lite.kernels.kv_layout import kv_scale_groups
+    calls = []
+    monkeypatch.setattr(ak.runtime, "launch", lambda cu, name, grid, block, args, shared_mem=0, options=():
+                        calls.append((name, tuple(grid), shared_mem)))
+    monkeypatch.setattr(ak.runtime, "sm_count", lambda device_id: 132)
+    host = np.zeros((n_tok, n_heads, hd), np.float32)      # q and out: a float32 array on device 0
+    q = SimpleNamespace(ndim=3, shape=host.shape, dtype=host.dtype, flags=host.flags, device=SimpleNamespace(id=0))
+    ints = np.zeros(n_tok, np.int32)
+    pages = np.zeros((4, 64, n_kv, hd), np.int8)
+    scales = np.zeros((4, 64, n_kv, kv_scale_groups(hd)), np.float32)
+    ws = SimpleNamespace(n_heads=n_heads, head_dim=hd, max_tokens=n_tok, split_tokens=64, max_keys=256,
+                         n_splits=2, acc=None, ml=None)
+
+    def run():
+        calls.clear()
+        ak.attention(q, ints, ints, np.zeros((1, 4), np.int32), pages, scales, pages, scales, 0.1, q, ws, 256)
+        return calls[0]
+    name, grid, smem = run()
+    assert name == want[0]
+    if want[1] is not None:
+        assert grid == want[1]
+    if name.endswith("_tiled"):
+        assert smem == ak.tiled_smem_bytes(hd, int(name.split("_h")[1].split("_")[0]))
+        monkeypatch.setattr(ak, "TILED", False)
+        assert run()[0] == name.replace("_tiled", "_looped")
+
+
 def test_step_graph_buckets_follow_the_engine_size():
     """Decode steps of up to 64 sequences replay graphs (kernels/cuda/graphs.step_buckets): 32 and 64 are
     captured only where that many sequences run, and never above the workspaces' step tokens."""

@@ -182,6 +182,50 @@ def test_groups_of_splits(n_heads, n_kv, hd, lens, pos, sizes, monkeypatch):
         np.testing.assert_array_equal(runs[z].view(np.uint32), runs[None].view(np.uint32))
 
 
+@pytest.mark.parametrize("n_heads,n_kv,hd", [s for s in SHAPES if s[2] <= 128])
+def test_tiled_kernels_give_every_token_its_own_bits(n_heads, n_kv, hd, monkeypatch):
+    """Many-token launches take the tiled kernels (tokens of one sequence sharing each split's K and V rows):
+    a 70-token chunk crossing a split (128) and pages, other sequences' decode tokens between its tokens (runs
+    of one inside a tile), a tile shared by two sequences. Every token gets the bits of the looped kernels and
+    of the split-parallel ones (whose tokens never share anything), and the references' values."""
+    import cupy as cp
+    from strata_lite.kernels.cuda import attention as ak
+    rng = np.random.default_rng(hd * 7 + n_heads)
+    c = Cache(cp, rng, [700, 300, 260], n_kv, hd)
+    seq = [0] * 30 + [1, 2] + [0] * 40 + [2, 1, 1, 0]
+    pos = list(range(100, 130)) + [299, 5] + list(range(130, 170)) + [259, 200, 201, 699]
+    q = rng.standard_normal((len(seq), n_heads, hd)).astype(np.float32)
+    scale = hd ** -0.5
+    tiled = run_cuda(c, q, seq, pos, scale, max_keys=700, split_tokens=1)
+    check_against_refs(c, q, seq, pos, scale, tiled)
+    par = run_cuda(c, q, seq, pos, scale, max_keys=700, split_tokens=len(seq))
+    np.testing.assert_array_equal(tiled.view(np.uint32), par.view(np.uint32))
+    monkeypatch.setattr(ak, "TILED", False)
+    looped = run_cuda(c, q, seq, pos, scale, max_keys=700, split_tokens=1)
+    np.testing.assert_array_equal(tiled.view(np.uint32), looped.view(np.uint32))
+
+
+def test_tiled_kernels_fold_each_tokens_own_groups(monkeypatch):
+    """The 8B shape (width 8) at 16K keys: a chunk whose tokens go from one split a group to two (16,257 keys)
+    inside one tile, across a split boundary; tiled, looped and split-parallel bit for bit."""
+    import cupy as cp
+    from strata_lite.kernels.cuda import attention as ak
+    rng = np.random.default_rng(21)
+    n_heads, n_kv, hd = 32, 8, 128
+    c = Cache(cp, rng, [16384], n_kv, hd, page_size=64)
+    pos = list(range(16230, 16300))
+    assert {ak.group_splits(-(-(p + 1) // ak.keys_per_split), n_kv) for p in pos} == {1, 2}
+    seq = [0] * len(pos)
+    q = rng.standard_normal((len(seq), n_heads, hd)).astype(np.float32)
+    tiled = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=16384, split_tokens=1)
+    check_against_refs(c, q, seq, pos, hd ** -0.5, tiled)
+    par = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=16384, split_tokens=len(seq))
+    np.testing.assert_array_equal(tiled.view(np.uint32), par.view(np.uint32))
+    monkeypatch.setattr(ak, "TILED", False)
+    looped = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=16384, split_tokens=1)
+    np.testing.assert_array_equal(tiled.view(np.uint32), looped.view(np.uint32))
+
+
 def test_long_context_sharp_softmax():
     """Large scores across many splits (the fold rescales partials whose maxima differ a lot)."""
     import cupy as cp
