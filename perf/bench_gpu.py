@@ -191,7 +191,7 @@ def attn_ab_rows(cp, rounds=2):
     kernels' CTAs per SM), builds alternating over `rounds`; (label, [µs per round] per build, same bits as the
     default build). Graph replays of 16 launches over one copy of the cache (beyond L2 from 16 x 4K keys)."""
     from strata_lite.kernels.cuda import attention as ak
-    builds = list(ak.BUILDS)
+    builds = [b for b in ak.BUILDS if "ATTN_TILED_NTL" not in ak.BUILDS[b]]   # tiled builds: --prefill-attn
     rows = []
     for name, keys, n_seq, shape in ATTN_AB_SHAPES:
         call, _ = attention_call(cp, keys, n_seq, **shape)
@@ -237,27 +237,31 @@ def prefill_attention_call(cp, depth, n_tok=512, **shape):
     return call, 4 * hd * n_heads * sum(range(depth + 1, keys + 1))
 
 
+# --prefill-attn: (label, attention.TILED, attention.BUILD) of each kernel timed
+PREFILL_MODES = [("tiled", True, "default"), ("tiled4", True, "tiled4"), ("looped", False, "default")]
+
+
 def prefill_attention_rows(cp, rounds=2):
-    """--prefill-attn: (label, [tiled µs], [looped µs], TFLOP/s tiled, same bits) per shape and depth, the
-    tiled and looped kernels (attention.TILED) alternating over `rounds`, graph replays of 4 launches."""
+    """--prefill-attn: (label, {mode: [µs per round]}, TFLOP/s of the default tiled kernel, same bits in every
+    mode) per shape and depth, PREFILL_MODES alternating over `rounds`, graph replays of 4 launches."""
     from strata_lite.kernels.cuda import attention as ak
     rows = []
     for name, shape in PREFILL_SHAPES:
         for depth in PREFILL_DEPTHS:
             call, flops = prefill_attention_call(cp, depth, **shape)
-            times, outs = {True: [], False: []}, {}
+            times, outs = {m[0]: [] for m in PREFILL_MODES}, {}
             for _ in range(rounds):
-                for tiled in (True, False):
-                    ak.TILED = tiled
+                for mode, tiled, build in PREFILL_MODES:
+                    ak.TILED, ak.BUILD = tiled, build
                     try:
                         call()
-                        outs[tiled] = call.out.copy()
-                        times[tiled].append(timed_in_graph(cp, [call] * 4, n_iter=5) / 4 * 1e6)
+                        outs[mode] = call.out.copy()
+                        times[mode].append(timed_in_graph(cp, [call] * 4, n_iter=5) / 4 * 1e6)
                     finally:
-                        ak.TILED = True
-            same = bool(cp.array_equal(outs[True].view(cp.uint32), outs[False].view(cp.uint32)))
-            rows.append((f"{name}, 512 tokens after {depth} keys", times[True], times[False],
-                         flops / (min(times[True]) * 1e-6) / 1e12, same))
+                        ak.TILED, ak.BUILD = True, "default"
+            same = all(bool(cp.array_equal(o.view(cp.uint32), outs["tiled"].view(cp.uint32))) for o in outs.values())
+            rows.append((f"{name}, 512 tokens after {depth} keys", times,
+                         flops / (min(times["tiled"]) * 1e-6) / 1e12, same))
             del call
     return rows
 
@@ -1024,11 +1028,13 @@ def main(argv=None) -> int:
     if args.prefill_attn:
         print(f"\n{be.describe()}")
         arows = prefill_attention_rows(cp)
-        print(f"\n{'prompt attention, us per launch (rounds)':48s} {'tiled':>16s} {'looped':>18s} {'speed-up':>8s} "
-              f"{'TFLOP/s':>8s}")
-        for label, tiled, looped, tflops, same in arows:
-            print(f"{label:48s} {'/'.join(f'{t:.0f}' for t in tiled):>16s} {'/'.join(f'{t:.0f}' for t in looped):>18s} "
-                  f"{min(looped) / min(tiled):7.2f}x {tflops:8.1f}" + ("" if same else "  DIFFERENT BITS"))
+        modes = [m[0] for m in PREFILL_MODES]
+        print(f"\n{'prompt attention, us per launch (rounds)':48s} " + " ".join(f"{m:>16s}" for m in modes)
+              + f" {'looped/tiled':>12s} {'TFLOP/s':>8s}")
+        for label, times, tflops, same in arows:
+            print(f"{label:48s} " + " ".join(f"{'/'.join(f'{t:.0f}' for t in times[m]):>16s}" for m in modes)
+                  + f" {min(times['looped']) / min(times['tiled']):11.2f}x {tflops:8.1f}"
+                  + ("" if same else "  DIFFERENT BITS"))
         os.makedirs(args.models, exist_ok=True)
         prows = []
         for path in synth_models(args.models, args.quick, args.only):

@@ -1041,8 +1041,11 @@ __device__ __forceinline__ void attn_tiled_body(
     }
 }
 
-// attn_d{D}_h{HT}_tiled: NTL = 2 n-tiles (16 columns: 4 tokens at head tile 4, 2 at head tile 8).
+// attn_d{D}_h{HT}_tiled: ATTN_TILED_NTL n-tiles, 2 by default (16 columns: 4 tokens at head tile 4, 2 at head
+// tile 8); the A/B build `tiled4` (attention.py BUILDS) takes 4.
+#ifndef ATTN_TILED_NTL
 #define ATTN_TILED_NTL 2
+#endif
 #define ATTN_TILED_KERNEL(D, HT)                                                                            \
     extern "C" __global__ void __launch_bounds__(NT) attn_d##D##_h##HT##_tiled(                             \
         const float* __restrict__ q, const i32* __restrict__ token_seq, const i32* __restrict__ token_pos, \

@@ -101,7 +101,9 @@ def _head_tile(group: int, head_dim: int) -> int:
 # Compile-time overrides of the split-parallel kernels' CTAs per SM (attention.cu ATTN_MIN_CTAS) for A/B builds
 # (perf/bench_gpu.py --attn-ab times each at several shapes, --attn-build runs a whole benchmark on one).
 # H200 (2026-12-06, perf/kernel_notes.md "Attention at five CTAs an SM"): both measured slower than the default.
-BUILDS = {"default": {}, "d128_min5": {"ATTN_D128_MIN_CTAS": 5}, "h8_min5": {"ATTN_H8_MIN_CTAS": 5}}
+# `tiled4`: the tiled kernels with 4 n-tiles (32 columns) instead of 2.
+BUILDS = {"default": {}, "d128_min5": {"ATTN_D128_MIN_CTAS": 5}, "h8_min5": {"ATTN_H8_MIN_CTAS": 5},
+          "tiled4": {"ATTN_TILED_NTL": 4}}
 BUILD = "default"           # the build every launch takes (set by perf/bench_gpu.py --attn-build for A/B runs)
 
 
@@ -135,21 +137,25 @@ def split_stride(n_items: int, n_group: int, n_sm: int, ctas_per_sm: int) -> int
 
 
 # Tiled kernels (attention.cu attn_tiled_body): 8 * ATTN_TILED_NTL mma columns of (token, head) pairs a CTA.
-TILE_COLUMNS = 16
 TILED = True                # False: many-token launches take the looped kernels (perf/bench_gpu.py --prefill-attn)
 
 
-def tiled_tokens(head_dim: int, head_tile: int) -> int:
-    """Tokens per CTA of the tiled kernel: 16 columns of (token, head) pairs."""
-    return TILE_COLUMNS // head_tile
+def tiled_ntl(build: str = "default") -> int:
+    """n-tiles of 8 columns a tiled CTA takes in this build (attention.cu ATTN_TILED_NTL)."""
+    return BUILDS[build].get("ATTN_TILED_NTL", 2)
 
 
-def tiled_smem_bytes(head_dim: int, head_tile: int) -> int:
-    """sizeof(TSmem<head_dim, head_tile, 2>) in attention.cu (the kernel traps on less): K and V rows
+def tiled_tokens(head_tile: int, ntl: int = 2) -> int:
+    """Tokens per CTA of the tiled kernel: 8 * ntl columns of (token, head) pairs."""
+    return 8 * ntl // head_tile
+
+
+def tiled_smem_bytes(head_dim: int, head_tile: int, ntl: int = 2) -> int:
+    """sizeof(TSmem<head_dim, head_tile, ntl>) in attention.cu (the kernel traps on less): K and V rows
     (KPS x (head_dim + 16) bytes each), their scales, q' fragments, scores, the fold of all groups, the
     split's row offsets, then the per-column and per-token fields, rounded up to 16 bytes."""
-    kps, nw, nc = keys_per_split, 4, TILE_COLUMNS
-    ng, tt = head_dim // 32, tiled_tokens(head_dim, head_tile)
+    kps, nw, nc = keys_per_split, 4, 8 * ntl
+    ng, tt = head_dim // 32, tiled_tokens(head_tile, ntl)
     size = (2 * kps * (head_dim + 16) + 2 * kps * ng * 4 + ng * (nc // 8) * 2 * 32 * 16 + nc * (kps + 8) * 4
             + nc * head_dim * 4 + kps * 4 + 11 * nc * 4 + 2 * nw * tt * 4 + 3 * tt * 4)
     return -(-size // 16) * 16
@@ -211,12 +217,13 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     qscale = np.float32(float(scale) * _LOG2E)
     n_group = runtime.cdiv(n_split, group_splits(n_split, n_kv * n_ht))
     if looped and TILED and hd <= 128:
-        tt = tiled_tokens(hd, ht)
-        runtime.launch(_CU, f"attn_d{hd}_h{ht}_tiled", (runtime.cdiv(n_tok, tt), n_kv * n_ht), (_THREADS,),
+        ntl = tiled_ntl(build)
+        runtime.launch(_CU, f"attn_d{hd}_h{ht}_tiled", (runtime.cdiv(n_tok, tiled_tokens(ht, ntl)), n_kv * n_ht),
+                       (_THREADS,),
                        (q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, out, qscale,
                         np.int32(n_tok), np.int32(n_heads), np.int32(n_kv), np.int32(group), np.int32(n_ht),
                         np.int32(page_size), np.int32(page_tables.shape[1])),
-                       shared_mem=tiled_smem_bytes(hd, ht), options=options)
+                       shared_mem=tiled_smem_bytes(hd, ht, ntl), options=options)
         return
     z = 1 if looped else split_stride(n_tok * n_kv * n_ht * n_group, n_group, runtime.sm_count(q.device.id),
                                       split_min_ctas(hd, ht, build))

@@ -161,7 +161,7 @@ def test_attention_launch_modes(monkeypatch, n_heads, n_kv, hd, n_tok, want):
     if want[1] is not None:
         assert grid == want[1]
     if name.endswith("_tiled"):
-        assert smem == ak.tiled_smem_bytes(hd, int(name.split("_h")[1].split("_")[0]))
+        assert smem == ak.tiled_smem_bytes(hd, int(name.split("_h")[1].split("_")[0]), 2)
         monkeypatch.setattr(ak, "TILED", False)
         assert run()[0] == name.replace("_tiled", "_looped")
 

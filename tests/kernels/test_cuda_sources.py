@@ -85,13 +85,14 @@ def test_tiled_attention_shared_memory_size(tmp_path):
     """attention.tiled_smem_bytes (the dynamic shared memory the tiled kernels are launched with) is
     sizeof(TSmem) of every instantiation: a host program built from attention.cu prints the sizes."""
     from strata_lite.kernels.cuda.attention import tiled_smem_bytes
-    shapes = [(d, h) for d in (64, 128) for h in (1, 2, 4, 8)]
+    shapes = [(d, h, n) for d in (64, 128) for h in (1, 2, 4, 8) for n in (2, 4)]
     prog = tmp_path / "sizes.cu"
     prog.write_text('#include "attention.cu"\n#include <cstdio>\nint main() {\n'
-                    + "".join(f'    printf("%d\\n", (int)sizeof(TSmem<{d}, {h}, 2>));\n' for d, h in shapes) + "}\n")
+                    + "".join(f'    printf("%d\\n", (int)sizeof(TSmem<{d}, {h}, {n}>));\n' for d, h, n in shapes)
+                    + "}\n")
     exe = tmp_path / "sizes"
     r = subprocess.run(["nvcc", "-std=c++17", f"-I{CUDA_DIR}", "-gencode", "arch=compute_90,code=sm_90",
                         "-o", str(exe), str(prog)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
-    assert got == [tiled_smem_bytes(d, h) for d, h in shapes]
+    assert got == [tiled_smem_bytes(d, h, n) for d, h, n in shapes]

@@ -182,8 +182,9 @@ def test_groups_of_splits(n_heads, n_kv, hd, lens, pos, sizes, monkeypatch):
         np.testing.assert_array_equal(runs[z].view(np.uint32), runs[None].view(np.uint32))
 
 
+@pytest.mark.parametrize("build", ["default", "tiled4"])
 @pytest.mark.parametrize("n_heads,n_kv,hd", [s for s in SHAPES if s[2] <= 128])
-def test_tiled_kernels_give_every_token_its_own_bits(n_heads, n_kv, hd, monkeypatch):
+def test_tiled_kernels_give_every_token_its_own_bits(n_heads, n_kv, hd, build, monkeypatch):
     """Many-token launches take the tiled kernels (tokens of one sequence sharing each split's K and V rows):
     a 70-token chunk crossing a split (128) and pages, other sequences' decode tokens between its tokens (runs
     of one inside a tile), a tile shared by two sequences. Every token gets the bits of the looped kernels and
@@ -196,6 +197,7 @@ def test_tiled_kernels_give_every_token_its_own_bits(n_heads, n_kv, hd, monkeypa
     pos = list(range(100, 130)) + [299, 5] + list(range(130, 170)) + [259, 200, 201, 699]
     q = rng.standard_normal((len(seq), n_heads, hd)).astype(np.float32)
     scale = hd ** -0.5
+    monkeypatch.setattr(ak, "BUILD", build)
     tiled = run_cuda(c, q, seq, pos, scale, max_keys=700, split_tokens=1)
     check_against_refs(c, q, seq, pos, scale, tiled)
     par = run_cuda(c, q, seq, pos, scale, max_keys=700, split_tokens=len(seq))
