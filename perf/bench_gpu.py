@@ -233,7 +233,7 @@ def prefill_attention_call(cp, depth, n_tok=512, **shape):
     ws = ak.attention_workspace(n_tok, n_heads, hd, keys)
     def call():
         ak.attention(q, seq, pos, tables, kp, ks, vp, vs, scale, out, ws, keys)
-    call.out = out
+    call.out, call.args = out, (q, seq, pos, tables, kp, ks, vp, vs, scale)
     return call, 4 * hd * n_heads * sum(range(depth + 1, keys + 1))
 
 

@@ -46,6 +46,8 @@ MATVEC = [("IQ3_XXS", 14336, 4096, 1, 21.0), ("IQ3_XXS", 14336, 4096, 2, 23.5), 
 GEMM = [("IQ3_XXS", 14336, 4096, 512, 178), ("Q4_K", 14336, 4096, 512, 173), ("F16", 14336, 4096, 512, 526)]
 # (keys, llama.cpp µs with its q8_0 KV cache): D = 128, 32 query / 8 KV heads, one token
 ATTENTION = [(4096, None), (32768, 122.7)]
+# keys before a 512-token prompt chunk of one sequence, same heads (the tiled kernels)
+PREFILL_DEPTHS = [0, 32768]
 
 
 @pytest.fixture(scope="session")
@@ -138,3 +140,20 @@ def test_attention_decode(benchmark, device, n_keys, llama_us):
     _check_attention(n_keys)
     call, moved = bg.attention_call(cp, n_keys)
     _run(benchmark, [call] * 16, _bandwidth(moved, copy_bw, **{"llama.cpp us (q8_0 KV)": llama_us}))
+
+
+@pytest.mark.parametrize("depth", PREFILL_DEPTHS, ids=[f"after-{d}-keys" for d in PREFILL_DEPTHS])
+def test_attention_prefill(benchmark, device, depth):
+    """Attention of a 512-token chunk after `depth` keys; its first and last 8 tokens checked against the CPU
+    backend (the bound of _check_attention). TFLOP/s: 4 x head_dim per (token, head, key)."""
+    from strata_lite.kernels.cpu import attention as cpu_attention
+    call, flops = bg.prefill_attention_call(cp, depth)
+    call()
+    q, seq, pos, *cache, scale = call.args
+    host = [a.get() for a in cache]
+    for rows in (slice(0, 8), slice(504, 512)):
+        want = np.empty_like(q[rows].get())
+        cpu_attention.attention(q[rows].get(), seq[rows].get(), pos[rows].get(), *host, scale, want)
+        excess = np.abs(call.out[rows].get() - want) - 2e-5 * (np.abs(want) + np.abs(want).max())
+        assert excess.max() <= 0.0, f"prompt attention after {depth} keys off the CPU backend by {excess.max():.3g}"
+    _run(benchmark, [call] * 2, lambda t: {"us": round(t * 1e6, 1), "TFLOP/s": round(flops / t / 1e12, 1)})
