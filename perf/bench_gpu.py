@@ -238,7 +238,8 @@ def prefill_attention_call(cp, depth, n_tok=512, **shape):
 
 
 # --prefill-attn: (label, attention.TILED, attention.BUILD) of each kernel timed
-PREFILL_MODES = [("tiled", True, "default"), ("tiled4", True, "tiled4"), ("looped", False, "default")]
+PREFILL_MODES = [("tiled", True, "default"), ("tiled split_single", True, "split_single"),
+                 ("looped", False, "default")]
 
 
 def prefill_attention_rows(cp, rounds=2):
@@ -266,9 +267,32 @@ def prefill_attention_rows(cp, rounds=2):
     return rows
 
 
+def attention_seconds(runner, batch):
+    """Seconds one forward of batch spends in the backend's attention launches (CUDA events around each)."""
+    import cupy as cp
+    be, events = runner.backend, []
+    plain = be.attention
+
+    def timed_attention(*args, **kw):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        out = plain(*args, **kw)
+        b.record()
+        events.append((a, b))
+        return out
+    be.attention = timed_attention
+    try:
+        runner.forward(batch)
+        cp.cuda.get_current_stream().synchronize()
+    finally:
+        del be.attention                         # the class's method again
+    return sum(cp.cuda.get_elapsed_time(a, b) for a, b in events) * 1e-3
+
+
 def prefill_rows(model_path, depths=PREFILL_DEPTHS, n_pp=512, rounds=2):
-    """(label, tiled tok/s, looped tok/s): one eager forward of an n_pp-token prompt chunk at each depth (keys
-    already in the cache before it), attention.TILED on and off alternating, best of 3 per round."""
+    """(label, tiled tok/s, looped tok/s, tiled attention ms, looped attention ms): one eager forward of an
+    n_pp-token prompt chunk at each depth (keys already in the cache before it), attention.TILED on and off
+    alternating, best of 3 per round; then the milliseconds of one forward spent in attention launches."""
     from strata_lite.batch import Batch
     from strata_lite.kernels.cuda import attention as ak
     from strata_lite.runner import ModelRunner, load_model
@@ -290,7 +314,14 @@ def prefill_rows(model_path, depths=PREFILL_DEPTHS, n_pp=512, rounds=2):
                     tps[tiled] = max(tps[tiled], n_pp / timed(cp, lambda: runner.forward(batch), n_iter=3, warm=1))
                 finally:
                     ak.TILED = True
-        rows.append((f"{name} prompt {n_pp} after {depth}", tps[True], tps[False]))
+        attn = {}
+        for tiled in (True, False):
+            ak.TILED = tiled
+            try:
+                attn[tiled] = attention_seconds(runner, batch) * 1e3
+            finally:
+                ak.TILED = True
+        rows.append((f"{name} prompt {n_pp} after {depth}", tps[True], tps[False], attn[True], attn[False]))
     return rows
 
 
@@ -1039,9 +1070,10 @@ def main(argv=None) -> int:
         prows = []
         for path in synth_models(args.models, args.quick, args.only):
             prows += prefill_rows(path)
-        print(f"\n{'prompt forward at depth (best of 2 rounds)':60s} {'tiled tok/s':>12s} {'looped tok/s':>13s}")
-        for label, tiled, looped in prows:
-            print(f"{label:60s} {tiled:12,.0f} {looped:13,.0f}")
+        print(f"\n{'prompt forward at depth (best of 2 rounds)':60s} {'tiled tok/s':>12s} {'looped tok/s':>13s} "
+              f"{'attention ms tiled / looped':>28s}")
+        for label, tiled, looped, attn_tiled, attn_looped in prows:
+            print(f"{label:60s} {tiled:12,.0f} {looped:13,.0f} {attn_tiled:13.2f} / {attn_looped:.2f}")
         write_json(args.json, be, prefill_attention=arows, prefill=prows)
         return 0
     if args.pdl_ab:

@@ -70,6 +70,24 @@ __device__ __forceinline__ void split_f16(float x, u32& hi, u32& lo) {
 }
 __device__ __forceinline__ float join_f16_sums(float hi, float lo) { return __fmaf_rn(lo, 1.f / 2048.f, hi); }
 
+// split_f16 of two floats, packed: hi = hi(a) | hi(b) << 16, lo likewise. cvt.rn.f16x2.f32 rounds each float as
+// cvt.rn.f16.f32 does and packs them (its first operand into the upper half), so the bits are split_f16's with
+// two conversions and the packing fewer; the A/B build `split_single` (attention.py BUILDS) keeps split_f16.
+__device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) {
+#ifdef ATTN_SPLIT_SINGLE
+    u32 ah, al, bh, bl;
+    split_f16(a, ah, al);
+    split_f16(b, bh, bl);
+    hi = ah | bh << 16;
+    lo = al | bl << 16;
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(b), "f"(a));
+    const float ra = __fmul_rn(__fsub_rn(a, f16_to_f32((u16)(hi & 0xffffu))), 2048.f);
+    const float rb = __fmul_rn(__fsub_rn(b, f16_to_f32((u16)(hi >> 16))), 2048.f);
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(rb), "f"(ra));
+#endif
+}
+
 // cp.async (sm_80+): global -> shared without a register round trip; waited for with cp_async_wait<N>
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     u32 a;
@@ -204,13 +222,9 @@ __device__ __forceinline__ void q_fragments(const Work& w, int grp, const Smem<D
     }
     const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        u32 ah, al, bh1, bl1;
-        split_f16(__fmul_rn(__fmul_rn(xs[2 * i], w.qscale), f), ah, al);
-        split_f16(__fmul_rn(__fmul_rn(xs[2 * i + 1], w.qscale), f), bh1, bl1);
-        bh[i] = ah | bh1 << 16;
-        bl[i] = al | bl1 << 16;
-    }
+    for (int i = 0; i < 4; i++)
+        split_f16x2(__fmul_rn(__fmul_rn(xs[2 * i], w.qscale), f), __fmul_rn(__fmul_rn(xs[2 * i + 1], w.qscale), f),
+                    bh[i], bl[i]);
 }
 
 // q' fragments of every group, built once per CTA where they fit in registers (head_dim <= 128; 256 builds
@@ -363,29 +377,28 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
                 // and lane (g, tq) takes its fragments from lanes 8g + 2tq and 8g + 2tq + 1 (columns g >= HT
                 // get another head's values: they are never stored). Loads in bounds whatever the key and
                 // head, the zeros by selection: no branches in the loop.
-                u32 ph[2], pl[2];
+                float pv[2];
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     const int k = kb + 8 * j;
-                    const float pv = __fmul_rn(__fmul_rn(pS[k], pvs[k * C::NG]), fv);
-                    split_f16(head_ok && k + lane % 8 < nk ? pv : 0.f, ph[j], pl[j]);
+                    const float p = __fmul_rn(__fmul_rn(pS[k], pvs[k * C::NG]), fv);
+                    pv[j] = head_ok && k + lane % 8 < nk ? p : 0.f;
                 }
-                const u32 wh = ph[0] | ph[1] << 16, wl = pl[0] | pl[1] << 16;
+                u32 wh, wl;
+                split_f16x2(pv[0], pv[1], wh, wl);
                 bh0 = __shfl_sync(0xffffffffu, wh, src);
                 bh1 = __shfl_sync(0xffffffffu, wh, src + 1);
                 bl0 = __shfl_sync(0xffffffffu, wl, src);
                 bl1 = __shfl_sync(0xffffffffu, wl, src + 1);
             } else {
-                u32 ph[4], pl[4];
+                float pv[4];
 #pragma unroll
                 for (int j = 0; j < 4; j++) {    // P' of head g (0 past the keys and for heads past hcount)
-                    const float pv = __fmul_rn(__fmul_rn(sh.S[g * C::SSTR + kk[j]], vsc[kk[j] * C::NG + grp]), fv);
-                    split_f16(g < w.hcount && kk[j] < nk ? pv : 0.f, ph[j], pl[j]);
+                    const float p = __fmul_rn(__fmul_rn(sh.S[g * C::SSTR + kk[j]], vsc[kk[j] * C::NG + grp]), fv);
+                    pv[j] = g < w.hcount && kk[j] < nk ? p : 0.f;
                 }
-                bh0 = ph[0] | ph[1] << 16;
-                bh1 = ph[2] | ph[3] << 16;
-                bl0 = pl[0] | pl[1] << 16;
-                bl1 = pl[2] | pl[3] << 16;
+                split_f16x2(pv[0], pv[1], bh0, bl0);
+                split_f16x2(pv[2], pv[3], bh1, bl1);
             }
 #pragma unroll
             for (int m = 0; m < 2; m++) {
@@ -815,14 +828,18 @@ __device__ __forceinline__ void tiled_values(const u8* vrows, int nk, int nta, i
 #pragma unroll
             for (int nt = 0; nt < NTL; nt++) {
                 if (nt >= nta) break;            // warp-uniform
-                u32 ph[4], pl[4];
+                const float2 p02 = *(const float2*)(pS[nt] + kb + 2 * tq);       // keys kk[0], kk[2]
+                const float2 p13 = *(const float2*)(pS[nt] + kb + 2 * tq + 8);   // keys kk[1], kk[3]
+                const float ps[4] = {p02.x, p13.x, p02.y, p13.y};
+                float pv[4];
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    const float pv = __fmul_rn(__fmul_rn(pS[nt][kk[j]], vs[j]), fvc[nt]);
-                    split_f16(kk[j] < nkc[nt] ? pv : 0.f, ph[j], pl[j]);
+                    const float p = __fmul_rn(__fmul_rn(ps[j], vs[j]), fvc[nt]);
+                    pv[j] = kk[j] < nkc[nt] ? p : 0.f;
                 }
-                const u32 bh0 = ph[0] | ph[1] << 16, bh1 = ph[2] | ph[3] << 16;
-                const u32 bl0 = pl[0] | pl[1] << 16, bl1 = pl[2] | pl[3] << 16;
+                u32 bh0, bh1, bl0, bl1;
+                split_f16x2(pv[0], pv[1], bh0, bl0);
+                split_f16x2(pv[2], pv[3], bh1, bl1);
 #pragma unroll
                 for (int m = 0; m < 2; m++) {
                     mma_f16(ch[nt][m], a[m], bh0, bh1);
@@ -913,13 +930,9 @@ __device__ __forceinline__ void attn_tiled_body(
             const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
             u32 bh[4], bl[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                u32 ah, al, bh1, bl1;
-                split_f16(__fmul_rn(__fmul_rn(xs[2 * i], qscale), f), ah, al);
-                split_f16(__fmul_rn(__fmul_rn(xs[2 * i + 1], qscale), f), bh1, bl1);
-                bh[i] = ah | bh1 << 16;
-                bl[i] = al | bl1 << 16;
-            }
+            for (int i = 0; i < 4; i++)
+                split_f16x2(__fmul_rn(__fmul_rn(xs[2 * i], qscale), f), __fmul_rn(__fmul_rn(xs[2 * i + 1], qscale), f),
+                            bh[i], bl[i]);
             *(uint4*)sh.qfr[grp][nt][0][l] = make_uint4(bh[0], bh[1], bh[2], bh[3]);
             *(uint4*)sh.qfr[grp][nt][1][l] = make_uint4(bl[0], bl[1], bl[2], bl[3]);
         }
