@@ -69,24 +69,15 @@ __device__ __forceinline__ void split_f16(float x, u32& hi, u32& lo) {
     lo = f32_to_f16_rn(__fmul_rn(__fsub_rn(x, f16_to_f32(h)), 2048.f));
 }
 __device__ __forceinline__ float join_f16_sums(float hi, float lo) { return __fmaf_rn(lo, 1.f / 2048.f, hi); }
-
-// split_f16 of two floats, packed: hi = hi(a) | hi(b) << 16, lo likewise. cvt.rn.f16x2.f32 rounds each float as
-// cvt.rn.f16.f32 does and packs them (its first operand into the upper half), so the bits are split_f16's with
-// two conversions and the packing fewer; the A/B build `split_single` (attention.py BUILDS) keeps split_f16.
+// split_f16 of two floats, packed: hi = hi(a) | hi(b) << 16, lo likewise.
 __device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) {
-#ifdef ATTN_SPLIT_SINGLE
     u32 ah, al, bh, bl;
     split_f16(a, ah, al);
     split_f16(b, bh, bl);
     hi = ah | bh << 16;
     lo = al | bl << 16;
-#else
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(b), "f"(a));
-    const float ra = __fmul_rn(__fsub_rn(a, f16_to_f32((u16)(hi & 0xffffu))), 2048.f);
-    const float rb = __fmul_rn(__fsub_rn(b, f16_to_f32((u16)(hi >> 16))), 2048.f);
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(rb), "f"(ra));
-#endif
 }
+
 
 // cp.async (sm_80+): global -> shared without a register round trip; waited for with cp_async_wait<N>
 __device__ __forceinline__ u32 smem_u32(const void* p) {
