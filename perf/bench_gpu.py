@@ -238,7 +238,8 @@ def prefill_attention_call(cp, depth, n_tok=512, **shape):
 
 
 # --prefill-attn: (label, attention.TILED, attention.BUILD) of each kernel timed
-PREFILL_MODES = [("tiled", True, "default"), ("tiled4", True, "tiled4"), ("looped", False, "default")]
+PREFILL_MODES = [("tiled", True, "default"), ("tiled1", True, "tiled1"), ("tiled4", True, "tiled4"),
+                 ("looped", False, "default")]
 
 
 def prefill_attention_rows(cp, rounds=2):

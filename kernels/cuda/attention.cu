@@ -1046,7 +1046,7 @@ __device__ __forceinline__ void attn_tiled_body(
 }
 
 // attn_d{D}_h{HT}_tiled: ATTN_TILED_NTL n-tiles, 2 by default (16 columns: 4 tokens at head tile 4, 2 at head
-// tile 8); the A/B build `tiled4` (attention.py BUILDS) takes 4.
+// tile 8); the A/B builds `tiled1` and `tiled4` (attention.py BUILDS) take 1 and 4.
 #ifndef ATTN_TILED_NTL
 #define ATTN_TILED_NTL 2
 #endif

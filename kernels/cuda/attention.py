@@ -101,9 +101,9 @@ def _head_tile(group: int, head_dim: int) -> int:
 # Compile-time overrides of the split-parallel kernels' CTAs per SM (attention.cu ATTN_MIN_CTAS) for A/B builds
 # (perf/bench_gpu.py --attn-ab times each at several shapes, --attn-build runs a whole benchmark on one).
 # H200 (2026-12-06, perf/kernel_notes.md "Attention at five CTAs an SM"): both measured slower than the default.
-# `tiled4`: the tiled kernels with 4 n-tiles (32 columns) instead of 2.
+# `tiled1` / `tiled4`: the tiled kernels with 1 / 4 n-tiles (8 / 32 columns) instead of 2.
 BUILDS = {"default": {}, "d128_min5": {"ATTN_D128_MIN_CTAS": 5}, "h8_min5": {"ATTN_H8_MIN_CTAS": 5},
-          "tiled4": {"ATTN_TILED_NTL": 4}}
+          "tiled1": {"ATTN_TILED_NTL": 1}, "tiled4": {"ATTN_TILED_NTL": 4}}
 BUILD = "default"           # the build every launch takes (set by perf/bench_gpu.py --attn-build for A/B runs)
 
 

@@ -182,7 +182,7 @@ def test_groups_of_splits(n_heads, n_kv, hd, lens, pos, sizes, monkeypatch):
         np.testing.assert_array_equal(runs[z].view(np.uint32), runs[None].view(np.uint32))
 
 
-@pytest.mark.parametrize("build", ["default", "tiled4"])
+@pytest.mark.parametrize("build", ["default", "tiled1", "tiled4"])
 @pytest.mark.parametrize("n_heads,n_kv,hd", [s for s in SHAPES if s[2] <= 128])
 def test_tiled_kernels_give_every_token_its_own_bits(n_heads, n_kv, hd, build, monkeypatch):
     """Many-token launches take the tiled kernels (tokens of one sequence sharing each split's K and V rows):
