@@ -15,9 +15,10 @@ chosen from host ints, give the same bits (attention.cu explains why):
     own groups;
   * looped (more tokens, or max_keys <= keys_per_split): one CTA per (token, kv head, head tile) walks its
     groups (kernels named *_looped); no workspace traffic, no merge;
-  * tiled (the looped case at head_dim 64 and 128, while TILED is on): one CTA per TILE_COLUMNS / head tile
-    tokens of one sequence (a prompt chunk's consecutive tokens), kv head and head tile walks the splits of
-    their keys, each split's K and V rows staged and converted once for all of them (kernels *_tiled).
+  * tiled (the looped case at head_dim 64 and 128, while TILED is on): one CTA per 16 / head tile tokens
+    (16 mma columns of (token, head) pairs; a prompt chunk's consecutive tokens of one sequence), kv head and
+    head tile walks the splits of their keys, each split's K and V rows staged and converted once for all of
+    them (kernels *_tiled; the same bits as the looped kernels).
 CTAs past a token's key count exit at once, so a graph captured with max_keys = context length replays
 for any positions. Index validity (token_seq, token_pos, page_tables) is the caller's, checked when the
 batch is built; `max_keys` must be >= token_pos + 1 of every token.
@@ -101,7 +102,8 @@ def _head_tile(group: int, head_dim: int) -> int:
 # Compile-time overrides of the split-parallel kernels' CTAs per SM (attention.cu ATTN_MIN_CTAS) for A/B builds
 # (perf/bench_gpu.py --attn-ab times each at several shapes, --attn-build runs a whole benchmark on one).
 # H200 (2026-12-06, perf/kernel_notes.md "Attention at five CTAs an SM"): both measured slower than the default.
-# `tiled1` / `tiled4`: the tiled kernels with 1 / 4 n-tiles (8 / 32 columns) instead of 2.
+# `tiled1` / `tiled4`: the tiled kernels with 1 / 4 n-tiles (8 / 32 columns) instead of 2 (perf/bench_gpu.py
+# --prefill-attn; H100, 2026-12-06: both slower at 32K keys, perf/kernel_notes.md "Prompt attention").
 BUILDS = {"default": {}, "d128_min5": {"ATTN_D128_MIN_CTAS": 5}, "h8_min5": {"ATTN_H8_MIN_CTAS": 5},
           "tiled1": {"ATTN_TILED_NTL": 1}, "tiled4": {"ATTN_TILED_NTL": 4}}
 BUILD = "default"           # the build every launch takes (set by perf/bench_gpu.py --attn-build for A/B runs)
