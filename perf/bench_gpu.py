@@ -191,7 +191,8 @@ def attn_ab_rows(cp, rounds=2):
     kernels' CTAs per SM), builds alternating over `rounds`; (label, [µs per round] per build, same bits as the
     default build). Graph replays of 16 launches over one copy of the cache (beyond L2 from 16 x 4K keys)."""
     from strata_lite.kernels.cuda import attention as ak
-    builds = [b for b in ak.BUILDS if "ATTN_TILED_NTL" not in ak.BUILDS[b]]   # tiled builds: --prefill-attn
+    builds = [b for b in ak.BUILDS if not any(k.startswith("ATTN_TILED") for k in ak.BUILDS[b])]   # tiled ones:
+    # --prefill-attn
     rows = []
     for name, keys, n_seq, shape in ATTN_AB_SHAPES:
         call, _ = attention_call(cp, keys, n_seq, **shape)
@@ -238,8 +239,8 @@ def prefill_attention_call(cp, depth, n_tok=512, **shape):
 
 
 # --prefill-attn: (label, attention.TILED, attention.BUILD) of each kernel timed
-PREFILL_MODES = [("tiled", True, "default"), ("tiled1", True, "tiled1"), ("tiled4", True, "tiled4"),
-                 ("looped", False, "default")]
+PREFILL_MODES = [("tiled", True, "default"), ("tiled_fold", True, "tiled_fold"), ("tiled1", True, "tiled1"),
+                 ("tiled4", True, "tiled4"), ("looped", False, "default")]
 
 
 def prefill_attention_rows(cp, rounds=2):

@@ -676,6 +676,7 @@ struct TSmem {
     alignas(16) float A[NC * D];                 // the fold of all groups, per column and channel
     alignas(16) int rowoff[KPS];                 // cache row per key of the split
     float qf[NC], qinv[NC];                      // per column: 2^(13 - e), 2^(e - 13)
+    float sm[NC], sl[NC];                        // per column: this split's softmax max and sum (tiled_fold)
     float Mg[NC], Lg[NC], M[NC], L[NC];          // per column: the running fold of the group and of all groups
     float gca[NC], gcb[NC], oca[NC], ocb[NC];    // this split's fold weights: into the group, the group into all
     int flag[NC];                                // this split: 1 active, 2 first of a group, 4 last, 8 group 0
@@ -850,6 +851,80 @@ __device__ __forceinline__ void tiled_values(const u8* vrows, int nk, int nta, i
     }
 }
 
+// The A/B build `tiled_fold` (attention.py BUILDS): the columns' fold weights computed by 16 lanes at once after
+// the softmax, and the softmax of a whole split without remainder code; the same operations per column.
+#ifdef ATTN_TILED_PAR_FOLD
+constexpr bool TILED_PAR_FOLD = true;
+#else
+constexpr bool TILED_PAR_FOLD = false;
+#endif
+
+// Softmax statistics of one column over its nk keys' scores Sc (one warp, as phase_softmax): m = max, p =
+// exp2(s - m) in place, sum of p (lane sums over keys lane, lane + 32, ..., then warp_sum).
+__device__ __forceinline__ void column_softmax(float* Sc, int nk, float& m, float& sum) {
+    const int lane = threadIdx.x % WARP;
+    m = neg_inf();
+    sum = 0.f;
+    if (TILED_PAR_FOLD && nk == KPS) {
+        float v[KPS / WARP];
+#pragma unroll
+        for (int i = 0; i < KPS / WARP; i++) {
+            v[i] = Sc[lane + i * WARP];
+            m = fmaxf(m, v[i]);
+        }
+        m = warp_max(m);
+#pragma unroll
+        for (int i = 0; i < KPS / WARP; i++) {
+            const float p = exp2f(__fsub_rn(v[i], m));
+            Sc[lane + i * WARP] = p;
+            sum = __fadd_rn(sum, p);
+        }
+    } else {
+        for (int k = lane; k < nk; k += WARP) m = fmaxf(m, Sc[k]);
+        m = warp_max(m);
+        for (int k = lane; k < nk; k += WARP) {
+            const float p = exp2f(__fsub_rn(Sc[k], m));
+            Sc[k] = p;
+            sum = __fadd_rn(sum, p);
+        }
+    }
+    sum = warp_sum(sum);
+}
+
+// Column c (token j) after the softmax of split s (max m, sum l): its group's running fold (Mg, Lg) and, at the
+// group's last split, the group folded into all groups (M, L), as attn_body folds each element; the weights and
+// flag tell the element folds after phase C what to do. Group sizes are powers of two (group_splits).
+template <class Sm>
+__device__ __forceinline__ void column_fold(Sm& sh, int c, int j, int s, float m, float l) {
+    const int P = sh.pgrp[j], gi = s >> (__ffs(P) - 1);
+    const bool first = s == gi * P, last = s + 1 == min((gi + 1) * P, sh.nown[j]);
+    if (first) {
+        sh.Mg[c] = m;
+        sh.Lg[c] = l;
+    } else {
+        float mn, ca, cb;
+        fold_weights(sh.Mg[c], m, mn, ca, cb);
+        sh.Lg[c] = fold_apply(sh.Lg[c], ca, l, cb);
+        sh.Mg[c] = mn;
+        sh.gca[c] = ca;
+        sh.gcb[c] = cb;
+    }
+    if (last) {
+        if (gi == 0) {
+            sh.M[c] = sh.Mg[c];
+            sh.L[c] = sh.Lg[c];
+        } else {
+            float mn, ca, cb;
+            fold_weights(sh.M[c], sh.Mg[c], mn, ca, cb);
+            sh.L[c] = fold_apply(sh.L[c], ca, sh.Lg[c], cb);
+            sh.M[c] = mn;
+            sh.oca[c] = ca;
+            sh.ocb[c] = cb;
+        }
+    }
+    sh.flag[c] = 1 | first << 1 | last << 2 | (gi == 0) << 3;
+}
+
 template <int D, int HT, int NTL>
 __device__ __forceinline__ void attn_tiled_body(
     const float* __restrict__ q, const i32* __restrict__ token_seq, const i32* __restrict__ token_pos,
@@ -944,57 +1019,34 @@ __device__ __forceinline__ void attn_tiled_body(
                 __syncthreads();
                 stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(s + 1), kvh, n_kv);
             }
-            // phase B per column (one warp each), then the column's fold weights for this split
+            // phase B per column (one warp each), then the column's fold weights for this split (by lane 0, or in
+            // the A/B build tiled_fold for all columns at once below)
             for (int c = warp; c < NC; c += NW) {
                 const int j = c / HT;
                 const int nkj = j < nrun && c % HT < hcount ? min(KPS, sh.nkeys[j] - s * KPS) : 0;
                 if (nkj <= 0) {                  // warp-uniform: no token, or the token's keys are done
-                    if (lane == 0) sh.flag[c] = 0;
+                    if (!TILED_PAR_FOLD && lane == 0) sh.flag[c] = 0;
                     continue;
                 }
-                float* Sc = sh.S + c * C::SSTR;
-                float m = neg_inf();
-                for (int k = lane; k < nkj; k += WARP) m = fmaxf(m, Sc[k]);
-                m = warp_max(m);
-                float sum = 0.f;
-                for (int k = lane; k < nkj; k += WARP) {
-                    const float p = exp2f(__fsub_rn(Sc[k], m));
-                    Sc[k] = p;
-                    sum = __fadd_rn(sum, p);
-                }
-                sum = warp_sum(sum);
+                float m, sum;
+                column_softmax(sh.S + c * C::SSTR, nkj, m, sum);
                 if (lane == 0) {
-                    const int P = sh.pgrp[j], gi = s / P;
-                    const bool first = s == gi * P, last = s + 1 == min((gi + 1) * P, sh.nown[j]);
-                    if (first) {
-                        sh.Mg[c] = m;
-                        sh.Lg[c] = sum;
+                    if (TILED_PAR_FOLD) {
+                        sh.sm[c] = m;
+                        sh.sl[c] = sum;
                     } else {
-                        float mn, ca, cb;
-                        fold_weights(sh.Mg[c], m, mn, ca, cb);
-                        sh.Lg[c] = fold_apply(sh.Lg[c], ca, sum, cb);
-                        sh.Mg[c] = mn;
-                        sh.gca[c] = ca;
-                        sh.gcb[c] = cb;
+                        column_fold(sh, c, j, s, m, sum);
                     }
-                    if (last) {
-                        if (gi == 0) {
-                            sh.M[c] = sh.Mg[c];
-                            sh.L[c] = sh.Lg[c];
-                        } else {
-                            float mn, ca, cb;
-                            fold_weights(sh.M[c], sh.Mg[c], mn, ca, cb);
-                            sh.L[c] = fold_apply(sh.L[c], ca, sh.Lg[c], cb);
-                            sh.M[c] = mn;
-                            sh.oca[c] = ca;
-                            sh.ocb[c] = cb;
-                        }
-                    }
-                    sh.flag[c] = 1 | first << 1 | last << 2 | (gi == 0) << 3;
                 }
             }
             if (more) cp_async_wait<1>(); else cp_async_wait<0>();   // V(s) is here
             __syncthreads();
+            if (TILED_PAR_FOLD && warp == 0 && lane < NC) {   // tiled_fold: lane c folds column c
+                const int j = lane / HT;
+                const bool live = j < nrun && lane % HT < hcount && sh.nkeys[j] > s * KPS;
+                if (live) column_fold(sh, lane, j, s, sh.sm[lane], sh.sl[lane]);
+                else sh.flag[lane] = 0;
+            }
             float acc[NTL][C::GPW][2][4];
             tiled_values<D, HT, NTL>(vrows, nk, nta, s, nrun, hcount, sh, acc);
             __syncthreads();                     // V buffer, its scales and the p's free

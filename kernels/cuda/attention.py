@@ -104,8 +104,11 @@ def _head_tile(group: int, head_dim: int) -> int:
 # H200 (2026-12-06, perf/kernel_notes.md "Attention at five CTAs an SM"): both measured slower than the default.
 # `tiled1` / `tiled4`: the tiled kernels with 1 / 4 n-tiles (8 / 32 columns) instead of 2 (perf/bench_gpu.py
 # --prefill-attn; H100, 2026-12-06: both slower at 32K keys, perf/kernel_notes.md "Prompt attention").
+# `tiled_fold`: the tiled kernels' fold weights for all columns at once and whole-split softmax loops (not yet
+# measured).
 BUILDS = {"default": {}, "d128_min5": {"ATTN_D128_MIN_CTAS": 5}, "h8_min5": {"ATTN_H8_MIN_CTAS": 5},
-          "tiled1": {"ATTN_TILED_NTL": 1}, "tiled4": {"ATTN_TILED_NTL": 4}}
+          "tiled1": {"ATTN_TILED_NTL": 1}, "tiled4": {"ATTN_TILED_NTL": 4},
+          "tiled_fold": {"ATTN_TILED_PAR_FOLD": 1}}
 BUILD = "default"           # the build every launch takes (set by perf/bench_gpu.py --attn-build for A/B runs)
 
 
@@ -159,7 +162,7 @@ def tiled_smem_bytes(head_dim: int, head_tile: int, ntl: int = 2) -> int:
     kps, nw, nc = keys_per_split, 4, 8 * ntl
     ng, tt = head_dim // 32, tiled_tokens(head_tile, ntl)
     size = (2 * kps * (head_dim + 16) + 2 * kps * ng * 4 + ng * (nc // 8) * 2 * 32 * 16 + nc * (kps + 8) * 4
-            + nc * head_dim * 4 + kps * 4 + 11 * nc * 4 + 2 * nw * tt * 4 + 3 * tt * 4)
+            + nc * head_dim * 4 + kps * 4 + 13 * nc * 4 + 2 * nw * tt * 4 + 3 * tt * 4)
     return -(-size // 16) * 16
 
 
