@@ -132,11 +132,13 @@ class Backend(ABC):
         self.kv_store(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales)
     @abstractmethod
     def attention(self, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
-                  scale: float, out=None, max_keys: int | None = None):
+                  scale: float, out=None, max_keys: int | None = None, split_rows: int = 0):
         """Causal attention of q (n, n_heads, head_dim) over positions 0..token_pos[t] of sequence
         token_seq[t] (already stored); index arrays as kv_store; scale host float -> (n, n_heads, head_dim).
         max_keys: host int >= every token_pos + 1 (Batch.max_pos), sizing the launch; None = the
-        reserved maximum. A backend may ignore it."""
+        reserved maximum. split_rows: host int, the first split_rows tokens are short runs of their sequences
+        (decode and verify tokens: Batch.short_run_rows) that may be computed apart from the rest. A backend
+        may ignore both; a token's output is the same either way."""
 
     # ----------------------------------------------------------------------------- sampling
     # Semantics: kernels/sample_rows.py. The token-count table holds, per row, how often each token

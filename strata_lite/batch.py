@@ -32,6 +32,21 @@ class Batch:
         return Batch(ids, np.arange(start_pos, start_pos + n, dtype=np.int32), np.zeros(n, np.int32),
                      np.asarray([pages], dtype=np.int32), rows)
 
+    # runs (consecutive tokens of one sequence) of at most this many tokens count as short: a decode token with
+    # its drafted tokens (spec/: at most 8 drafts)
+    SHORT_RUN = 16
+
+    @cached_property
+    def short_run_rows(self) -> int:
+        """Tokens before the first run of more than SHORT_RUN tokens (the engine's plans put the decoding
+        sequences, one token or a few to verify each, before the prompt chunks): a backend may compute their
+        attention apart from the chunks' (Backend.attention split_rows)."""
+        seq = self.token_seq
+        starts = np.flatnonzero(np.diff(seq)) + 1 if len(seq) else seq
+        bounds = np.concatenate(([0], starts, [len(seq)]))
+        long_runs = np.flatnonzero(np.diff(bounds) > self.SHORT_RUN)
+        return int(bounds[long_runs[0]]) if len(long_runs) else len(seq)
+
     @cached_property
     def max_pos(self) -> int:
         """Largest position + 1 (0 for an empty batch): the most keys any token attends to (computed once:

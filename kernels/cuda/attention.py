@@ -177,13 +177,16 @@ def _check(name, arr, dtype, shape_or_ndim):
 
 
 def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale: float,
-              out, ws: AttentionWorkspace, max_keys: int) -> None:
+              out, ws: AttentionWorkspace, max_keys: int, split_rows: int = 0) -> None:
     """out (n_tok, n_heads, head_dim) float32 = causal attention of q (same shape) over the int8 cache.
 
     token_seq, token_pos (n_tok,) int32; page_tables (n_seqs, max_pages) int32; pages/scales of one layer.
     Query head h reads kv head h // (n_heads // n_kv_heads). `scale` multiplies q.k (e.g. head_dim**-0.5).
-    `max_keys` (host int, >= every token_pos + 1, <= ws.max_keys) sizes the grid. The kernels are
-    BUILD's (every build gives the same bits)."""
+    `max_keys` (host int, >= every token_pos + 1, <= ws.max_keys) sizes the grid. split_rows (host int): the
+    first split_rows tokens are short runs of their sequences (Batch.short_run_rows: a mixed step's decode
+    and verify tokens); in a launch that would go looped or tiled, up to ws.split_tokens of them go
+    split-parallel first (one CTA per group of splits, not one walking the whole context) and the rest after.
+    The kernels are BUILD's (every build and mode gives the same bits)."""
     build = BUILD
     options = build_options(build)
     if q.ndim != 3:
@@ -219,6 +222,12 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     n_ht = runtime.cdiv(group, ht)
     n_split = runtime.cdiv(max_keys, keys_per_split)
     looped = n_tok > ws.split_tokens or n_split == 1
+    if looped and n_split > 1 and split_rows > 0:
+        k = min(split_rows, ws.split_tokens, n_tok)
+        for rows in (slice(0, k), slice(k, n_tok)):
+            attention(q[rows], token_seq[rows], token_pos[rows], page_tables, k_pages, k_scales, v_pages, v_scales,
+                      scale, out[rows], ws, max_keys)
+        return
     qscale = np.float32(float(scale) * _LOG2E)
     n_group = runtime.cdiv(n_split, group_splits(n_split, n_kv * n_ht))
     if looped and TILED and hd <= 128:

@@ -213,14 +213,14 @@ class CudaBackend(Backend):
                       table=self._rope_table(freq_base, n_rot))
 
     def attention(self, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale,
-                  out=None, max_keys=None):
+                  out=None, max_keys=None, split_rows=0):
         if out is None:
             out = self.cp.empty_like(q)
         if self._attn_ws is None:
             raise ValueError("attention before reserve(): no workspace")
         keys = self.max_keys if max_keys is None else int(max_keys)
         attn_k.attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
-                         float(scale), out, self._attn_ws, keys)
+                         float(scale), out, self._attn_ws, keys, split_rows=int(split_rows))
         return out
 
     # ------------------------------------------------------------------ sampling

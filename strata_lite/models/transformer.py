@@ -75,6 +75,7 @@ class BlockRows:
         self.ids, self.pos = be.from_host(batch.token_ids), be.from_host(batch.positions)
         self.seq, self.tables = be.from_host(batch.token_seq), be.from_host(batch.page_tables)
         self.max_keys = batch.max_pos
+        self.short_rows = batch.short_run_rows
 
 
 def decoder_block(be, cfg, lw, hw, x, rows: BlockRows, layer_kv, obs=None) -> None:
@@ -98,7 +99,7 @@ def decoder_block(be, cfg, lw, hw, x, rows: BlockRows, layer_kv, obs=None) -> No
     be.rope_kv_store(q, k, v, rows.seq, rows.pos, rows.tables, *layer_kv, cfg.rope_freq_base, cfg.n_rot,
                      cfg.rope_neox, lw.q_scale, lw.k_inv_scale)
     a = be.attention(q, rows.seq, rows.pos, rows.tables, *layer_kv, 1.0 / math.sqrt(cfg.head_dim),
-                     max_keys=rows.max_keys)                      # (n, n_heads, head_dim)
+                     max_keys=rows.max_keys, split_rows=rows.short_rows)   # (n, n_heads, head_dim)
     a = a.reshape(n, cfg.n_heads * cfg.head_dim)
     obs(a, hw.attn_output)
     be.qmatmul_add(lw.attn_output, a, x)

@@ -129,6 +129,32 @@ def test_attention_groups_and_split_stride():
     assert split_stride(1, 1, 132, 5) == 1
 
 
+class _DeviceArray(np.ndarray):
+    """A host array that says it lives on device 0 (attention() reads q.device.id for the SM count)."""
+    device = SimpleNamespace(id=0)
+
+
+def _record_attention_launches(monkeypatch, n_heads, n_kv, hd, n_tok, split_rows=0, max_keys=256):
+    """(kernel name, grid, dynamic shared memory, tokens of the launch: q's rows, the merge's grid) of each
+    launch of one attention call."""
+    from strata_lite.kernels.cuda import attention as ak
+    from strata_lite.kernels.kv_layout import kv_scale_groups
+    calls = []
+    monkeypatch.setattr(ak.runtime, "launch", lambda cu, name, grid, block, args, shared_mem=0, options=():
+                        calls.append((name, tuple(grid), shared_mem,
+                                      grid[0] if name == "attn_merge" else args[0].shape[0])))
+    monkeypatch.setattr(ak.runtime, "sm_count", lambda device_id: 132)
+    q = np.zeros((n_tok, n_heads, hd), np.float32).view(_DeviceArray)
+    ints = np.zeros(n_tok, np.int32)
+    pages = np.zeros((4, 64, n_kv, hd), np.int8)
+    scales = np.zeros((4, 64, n_kv, kv_scale_groups(hd)), np.float32)
+    ws = SimpleNamespace(n_heads=n_heads, head_dim=hd, max_tokens=n_tok, split_tokens=64, max_keys=max_keys,
+                         n_splits=-(-max_keys // ak.keys_per_split), acc=np.zeros(1), ml=np.zeros(1))
+    ak.attention(q, ints, ints, np.zeros((1, 4), np.int32), pages, scales, pages, scales, 0.1, q, ws, max_keys,
+                 split_rows=split_rows)
+    return calls
+
+
 @pytest.mark.parametrize("n_heads,n_kv,hd,n_tok,want", [
     (32, 8, 128, 512, ("attn_d128_h4_tiled", (128, 8))),     # a prompt chunk of the 8B shape: 4 tokens a CTA
     (14, 2, 64, 100, ("attn_d64_h8_tiled", (50, 2))),        # the 0.5B shape: 2 tokens a CTA
@@ -139,31 +165,34 @@ def test_attention_launch_modes(monkeypatch, n_heads, n_kv, hd, n_tok, want):
     """Launches of more tokens than the workspace's split_tokens take the tiled kernels at head_dim <= 128 (with
     the dynamic shared memory of tiled_smem_bytes), the looped ones at 256 or with attention.TILED off."""
     from strata_lite.kernels.cuda import attention as ak
-    from strata_lite.kernels.kv_layout import kv_scale_groups
-    calls = []
-    monkeypatch.setattr(ak.runtime, "launch", lambda cu, name, grid, block, args, shared_mem=0, options=():
-                        calls.append((name, tuple(grid), shared_mem)))
-    monkeypatch.setattr(ak.runtime, "sm_count", lambda device_id: 132)
-    host = np.zeros((n_tok, n_heads, hd), np.float32)      # q and out: a float32 array on device 0
-    q = SimpleNamespace(ndim=3, shape=host.shape, dtype=host.dtype, flags=host.flags, device=SimpleNamespace(id=0))
-    ints = np.zeros(n_tok, np.int32)
-    pages = np.zeros((4, 64, n_kv, hd), np.int8)
-    scales = np.zeros((4, 64, n_kv, kv_scale_groups(hd)), np.float32)
-    ws = SimpleNamespace(n_heads=n_heads, head_dim=hd, max_tokens=n_tok, split_tokens=64, max_keys=256,
-                         n_splits=2, acc=None, ml=None)
-
-    def run():
-        calls.clear()
-        ak.attention(q, ints, ints, np.zeros((1, 4), np.int32), pages, scales, pages, scales, 0.1, q, ws, 256)
-        return calls[0]
-    name, grid, smem = run()
+    name, grid, smem, _ = _record_attention_launches(monkeypatch, n_heads, n_kv, hd, n_tok)[0]
     assert name == want[0]
     if want[1] is not None:
         assert grid == want[1]
     if name.endswith("_tiled"):
         assert smem == ak.tiled_smem_bytes(hd, int(name.split("_h")[1].split("_")[0]), 2)
         monkeypatch.setattr(ak, "TILED", False)
-        assert run()[0] == name.replace("_tiled", "_looped")
+        assert _record_attention_launches(monkeypatch, n_heads, n_kv, hd, n_tok)[0][0] == name.replace("_tiled",
+                                                                                                          "_looped")
+
+
+def test_mixed_steps_split_their_short_runs(monkeypatch):
+    """A mixed step's leading short runs (split_rows: decode / verify tokens) go split-parallel (kernel and
+    merge over those tokens only), the prompt chunk after them tiled; at most split_tokens of them; nothing
+    changes where the launch is split-parallel anyway or has one split of keys."""
+    launches = _record_attention_launches(monkeypatch, 32, 8, 128, 100, split_rows=3)
+    assert [(n, t) for n, _, _, t in launches] == [("attn_d128_h4", 3), ("attn_merge", 3), ("attn_d128_h4_tiled", 97)]
+    assert launches[2][1] == (25, 8)
+    launches = _record_attention_launches(monkeypatch, 32, 8, 128, 200, split_rows=90)
+    assert [(n, t) for n, _, _, t in launches] == [("attn_d128_h4", 64), ("attn_merge", 64),
+                                                    ("attn_d128_h4_tiled", 136)]
+    launches = _record_attention_launches(monkeypatch, 32, 8, 128, 70, split_rows=20)   # 50 left: split-parallel
+    assert [(n, t) for n, _, _, t in launches] == [("attn_d128_h4", 20), ("attn_merge", 20), ("attn_d128_h4", 50),
+                                                    ("attn_merge", 50)]
+    assert [n for n, *_ in _record_attention_launches(monkeypatch, 32, 8, 128, 40, split_rows=3)] == \
+        ["attn_d128_h4", "attn_merge"]
+    assert [n for n, *_ in _record_attention_launches(monkeypatch, 32, 8, 128, 100, split_rows=3, max_keys=128)] == \
+        ["attn_d128_h4_tiled"]
 
 
 def test_step_graph_buckets_follow_the_engine_size():

@@ -45,7 +45,7 @@ class Cache:
         self.dpt = cp.asarray(self.pt)
 
 
-def run_cuda(c, q, seq, pos, scale, max_keys, split_tokens=64, ws=None):
+def run_cuda(c, q, seq, pos, scale, max_keys, split_tokens=64, ws=None, split_rows=0):
     """out (numpy) of the CUDA attention, `out` poisoned with NaN first."""
     from strata_lite.kernels.cuda.attention import attention, attention_workspace
     cp = c.cp
@@ -54,7 +54,7 @@ def run_cuda(c, q, seq, pos, scale, max_keys, split_tokens=64, ws=None):
         ws = attention_workspace(max(n, 1), n_heads, hd, max_keys, split_tokens=split_tokens)
     out = cp.full(q.shape, np.nan, cp.float32)
     attention(cp.asarray(q), cp.asarray(np.asarray(seq, np.int32)), cp.asarray(np.asarray(pos, np.int32)),
-              c.dpt, *c.dev, scale, out, ws, max_keys)
+              c.dpt, *c.dev, scale, out, ws, max_keys, split_rows=split_rows)
     return out.get()
 
 
@@ -207,6 +207,23 @@ def test_tiled_kernels_give_every_token_its_own_bits(n_heads, n_kv, hd, build, m
     monkeypatch.setattr(ak, "TILED", False)
     looped = run_cuda(c, q, seq, pos, scale, max_keys=700, split_tokens=1)
     np.testing.assert_array_equal(tiled.view(np.uint32), looped.view(np.uint32))
+
+
+@pytest.mark.parametrize("n_heads,n_kv,hd", [(32, 8, 128), (14, 2, 64)])
+def test_mixed_steps_short_runs_apart(n_heads, n_kv, hd):
+    """split_rows: a mixed step's leading decode and verify tokens (runs of 1 and 3) computed split-parallel and
+    the 80-token chunk after them tiled give every token the bits of one launch of all of them, and the
+    references' values."""
+    import cupy as cp
+    rng = np.random.default_rng(31 + hd)
+    c = Cache(cp, rng, [3000, 2000, 700], n_kv, hd, page_size=64)
+    seq = [1, 2, 2, 2] + [0] * 80
+    pos = [1999, 600, 601, 602] + list(range(2900, 2980))
+    q = rng.standard_normal((len(seq), n_heads, hd)).astype(np.float32)
+    apart = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=3000, split_rows=4)
+    check_against_refs(c, q, seq, pos, hd ** -0.5, apart)
+    together = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=3000)
+    np.testing.assert_array_equal(apart.view(np.uint32), together.view(np.uint32))
 
 
 def test_tiled_kernels_fold_each_tokens_own_groups(monkeypatch):
