@@ -238,6 +238,42 @@ def prefill_attention_call(cp, depth, n_tok=512, **shape):
     return call, 4 * hd * n_heads * sum(range(depth + 1, keys + 1))
 
 
+def mixed_attention_call(cp, n_decode=4, keys=32768, chunk=256, **shape):
+    """(call(split_rows), out): one attention launch of a mixed step: n_decode sequences' decode tokens at
+    position keys - 1, then a chunk-token prompt chunk of another sequence from position 0 (attention_inputs'
+    cache of n_decode + 1 sequences)."""
+    from strata_lite.kernels.cuda import attention as ak
+    _, _, _, tables, kp, ks, vp, vs, scale, _ = attention_inputs(cp, keys, n_decode + 1, **shape)
+    n_heads, hd = shape.get("n_heads", 32), shape.get("hd", 128)
+    n_tok = n_decode + chunk
+    q = cp.asarray(np.random.default_rng(4).standard_normal((n_tok, n_heads, hd), dtype=np.float32))
+    seq = cp.asarray(np.array(list(range(n_decode)) + [n_decode] * chunk, np.int32))
+    pos = cp.asarray(np.array([keys - 1] * n_decode + list(range(chunk)), np.int32))
+    out = cp.empty_like(q)
+    ws = ak.attention_workspace(n_tok, n_heads, hd, keys)
+    def call(split_rows):
+        ak.attention(q, seq, pos, tables, kp, ks, vp, vs, scale, out, ws, keys, split_rows=split_rows)
+    return call, out
+
+
+def mixed_attention_rows(cp, rounds=2):
+    """--prefill-attn: (label, [µs with the decode tokens apart], [µs all in one launch], same bits) of a
+    mixed step's attention: 4 decode tokens after 32K keys beside a 256-token chunk from position 0."""
+    rows = []
+    for name, shape in PREFILL_SHAPES:
+        call, out = mixed_attention_call(cp, **shape)
+        times, outs = {4: [], 0: []}, {}
+        for _ in range(rounds):
+            for split in (4, 0):
+                call(split)
+                outs[split] = out.copy()
+                times[split].append(timed_in_graph(cp, [lambda: call(split)] * 4, n_iter=5) * 1e6)
+        same = bool(cp.array_equal(outs[4].view(cp.uint32), outs[0].view(cp.uint32)))
+        rows.append((f"{name}, 4 decode tokens after 32K keys + 256-token chunk", times[4], times[0], same))
+        del call
+    return rows
+
+
 # --prefill-attn: (label, attention.TILED, attention.BUILD) of each kernel timed
 PREFILL_MODES = [("tiled", True, "default"), ("tiled_fold", True, "tiled_fold"), ("tiled1", True, "tiled1"),
                  ("tiled4", True, "tiled4"), ("looped", False, "default")]
@@ -1067,6 +1103,11 @@ def main(argv=None) -> int:
             print(f"{label:48s} " + " ".join(f"{'/'.join(f'{t:.0f}' for t in times[m]):>16s}" for m in modes)
                   + f" {min(times['looped']) / min(times['tiled']):11.2f}x {tflops:8.1f}"
                   + ("" if same else "  DIFFERENT BITS"))
+        mrows = mixed_attention_rows(cp)
+        print(f"\n{'mixed step attention, us per launch (rounds)':64s} {'decodes apart':>16s} {'one launch':>16s}")
+        for label, apart, together, same in mrows:
+            print(f"{label:64s} {'/'.join(f'{t:.0f}' for t in apart):>16s} {'/'.join(f'{t:.0f}' for t in together):>16s}"
+                  + ("" if same else "  DIFFERENT BITS"))
         os.makedirs(args.models, exist_ok=True)
         prows = []
         for path in synth_models(args.models, args.quick, args.only):
@@ -1075,7 +1116,7 @@ def main(argv=None) -> int:
               f"{'attention ms tiled / looped':>28s}")
         for label, tiled, looped, attn_tiled, attn_looped in prows:
             print(f"{label:60s} {tiled:12,.0f} {looped:13,.0f} {attn_tiled:13.2f} / {attn_looped:.2f}")
-        write_json(args.json, be, prefill_attention=arows, prefill=prows)
+        write_json(args.json, be, prefill_attention=arows, mixed_attention=mrows, prefill=prows)
         return 0
     if args.pdl_ab:
         os.makedirs(args.models, exist_ok=True)
