@@ -18,6 +18,7 @@ usage: python perf/bench_gpu.py [--models DIR] [--quick] [--json FILE]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -279,10 +280,21 @@ PREFILL_MODES = [("tiled", True, "default"), ("tiled_fold", True, "tiled_fold"),
                  ("tiled4", True, "tiled4"), ("looped", False, "default")]
 
 
+@contextlib.contextmanager
+def attention_mode(tiled: bool, build: str = "default"):
+    """Many-token attention launches tiled or looped (attention.TILED) in attention build `build` inside the
+    block; the defaults again after it."""
+    from strata_lite.kernels.cuda import attention as ak
+    ak.TILED, ak.BUILD = tiled, build
+    try:
+        yield
+    finally:
+        ak.TILED, ak.BUILD = True, "default"
+
+
 def prefill_attention_rows(cp, rounds=2):
     """--prefill-attn: (label, {mode: [µs per round]}, TFLOP/s of the default tiled kernel, same bits in every
     mode) per shape and depth, PREFILL_MODES alternating over `rounds`, graph replays of 4 launches."""
-    from strata_lite.kernels.cuda import attention as ak
     rows = []
     for name, shape in PREFILL_SHAPES:
         for depth in PREFILL_DEPTHS:
@@ -290,13 +302,10 @@ def prefill_attention_rows(cp, rounds=2):
             times, outs = {m[0]: [] for m in PREFILL_MODES}, {}
             for _ in range(rounds):
                 for mode, tiled, build in PREFILL_MODES:
-                    ak.TILED, ak.BUILD = tiled, build
-                    try:
+                    with attention_mode(tiled, build):
                         call()
                         outs[mode] = call.out.copy()
                         times[mode].append(timed_in_graph(cp, [call] * 4, n_iter=5) * 1e6)   # per launch
-                    finally:
-                        ak.TILED, ak.BUILD = True, "default"
             same = all(bool(cp.array_equal(o.view(cp.uint32), outs["tiled"].view(cp.uint32))) for o in outs.values())
             rows.append((f"{name}, 512 tokens after {depth} keys", times,
                          flops / (min(times["tiled"]) * 1e-6) / 1e12, same))
@@ -331,7 +340,6 @@ def prefill_rows(model_path, depths=PREFILL_DEPTHS, n_pp=512, rounds=2):
     n_pp-token prompt chunk at each depth (keys already in the cache before it), attention.TILED on and off
     alternating, best of 3 per round; then the milliseconds of one forward spent in attention launches."""
     from strata_lite.batch import Batch
-    from strata_lite.kernels.cuda import attention as ak
     from strata_lite.runner import ModelRunner, load_model
     import cupy as cp
     loaded = load_model(model_path, backend="cuda")
@@ -346,18 +354,12 @@ def prefill_rows(model_path, depths=PREFILL_DEPTHS, n_pp=512, rounds=2):
         tps = {True: 0.0, False: 0.0}
         for _ in range(rounds):
             for tiled in (True, False):
-                ak.TILED = tiled
-                try:
+                with attention_mode(tiled):
                     tps[tiled] = max(tps[tiled], n_pp / timed(cp, lambda: runner.forward(batch), n_iter=3, warm=1))
-                finally:
-                    ak.TILED = True
         attn = {}
         for tiled in (True, False):
-            ak.TILED = tiled
-            try:
+            with attention_mode(tiled):
                 attn[tiled] = attention_seconds(runner, batch) * 1e3
-            finally:
-                ak.TILED = True
         rows.append((f"{name} prompt {n_pp} after {depth}", tps[True], tps[False], attn[True], attn[False]))
     return rows
 

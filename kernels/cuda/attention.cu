@@ -78,6 +78,36 @@ __device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) 
     lo = al | bl << 16;
 }
 
+// q' fragments of 8 consecutive channels xs of one head (phase_scores' B operand: bh[i] = channels (2i, 2i + 1)):
+// each x * qscale * f split into hi and lo f16 halves.
+__device__ __forceinline__ void q_pairs(const float (&xs)[8], float qscale, float f, u32 (&bh)[4], u32 (&bl)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        split_f16x2(__fmul_rn(__fmul_rn(xs[2 * i], qscale), f), __fmul_rn(__fmul_rn(xs[2 * i + 1], qscale), f),
+                    bh[i], bl[i]);
+}
+
+// Phase A's A operand of k-step st of one 16-key tile and 32-channel group, from this lane's 8-byte reads wa, wb
+// of rows pk and pk + 8 (int8 exact in f16; phase_scores explains the row and channel order).
+__device__ __forceinline__ void k_fragment(const u32x2& wa, const u32x2& wb, int st, u32 (&a)[4]) {
+    const u32 xa = (st ? wa.b : wa.a) ^ 0x80808080u, xb = (st ? wb.b : wb.a) ^ 0x80808080u;
+    a[0] = i8pair_to_h2(xa, 0x4140);
+    a[1] = i8pair_to_h2(xb, 0x4140);
+    a[2] = i8pair_to_h2(xa, 0x4342);
+    a[3] = i8pair_to_h2(xb, 0x4342);
+}
+
+// Phase C's A operand of tile m of a key step from the biased V words x of keys (k0, k1, k2, k3)
+// (phase_values explains the order): bytes 2m, 2m + 1 of each key, as f16 pairs.
+__device__ __forceinline__ void v_fragment(const u32 (&x)[4], int m, u32 (&a)[4]) {
+    const u32 t01 = __byte_perm(x[0], x[1], m ? 0x7362 : 0x5140);   // bytes 2m, 2m + 1 of keys
+    const u32 t23 = __byte_perm(x[2], x[3], m ? 0x7362 : 0x5140);   // (k0, k1) and (k2, k3)
+    a[0] = i8pair_to_h2(t01, 0x4140);
+    a[1] = i8pair_to_h2(t01, 0x4342);
+    a[2] = i8pair_to_h2(t23, 0x4140);
+    a[3] = i8pair_to_h2(t23, 0x4342);
+}
+
 
 // cp.async (sm_80+): global -> shared without a register round trip; waited for with cp_async_wait<N>
 __device__ __forceinline__ u32 smem_u32(const void* p) {
@@ -212,10 +242,7 @@ __device__ __forceinline__ void q_fragments(const Work& w, int grp, const Smem<D
         f = sh.qf[g];
     }
     const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        split_f16x2(__fmul_rn(__fmul_rn(xs[2 * i], w.qscale), f), __fmul_rn(__fmul_rn(xs[2 * i + 1], w.qscale), f),
-                    bh[i], bl[i]);
+    q_pairs(xs, w.qscale, f, bh, bl);
 }
 
 // q' fragments of every group, built once per CTA where they fit in registers (head_dim <= 128; 256 builds
@@ -261,9 +288,8 @@ __device__ __forceinline__ void phase_scores(const Work& w, const QFrags<D, HT>&
             float ch[4] = {0.f, 0.f, 0.f, 0.f}, cl[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int st = 0; st < 2; st++) {
-                const u32 xa = (st ? wa.b : wa.a) ^ 0x80808080u, xb = (st ? wb.b : wb.a) ^ 0x80808080u;
-                const u32 a[4] = {i8pair_to_h2(xa, 0x4140), i8pair_to_h2(xb, 0x4140), i8pair_to_h2(xa, 0x4342),
-                                  i8pair_to_h2(xb, 0x4342)};
+                u32 a[4];
+                k_fragment(wa, wb, st, a);
                 mma_f16(ch, a, bh[2 * st], bh[2 * st + 1]);
                 mma_f16(cl, a, bl[2 * st], bl[2 * st + 1]);
             }
@@ -287,6 +313,46 @@ __device__ __forceinline__ void phase_scores(const Work& w, const QFrags<D, HT>&
     }
 }
 
+// The A/B build `tiled_fold` (attention.py BUILDS): the columns' fold weights computed by 16 lanes at once after
+// the softmax, and the softmax of a whole split without remainder code; the same operations per column.
+#ifdef ATTN_TILED_PAR_FOLD
+constexpr bool TILED_PAR_FOLD = true;
+#else
+constexpr bool TILED_PAR_FOLD = false;
+#endif
+
+// Softmax statistics of one column (a head, or a token's head) over its nk keys' scores Sc, one warp: m = max,
+// p = exp2(s - m) in place, sum of p (lane sums over keys lane, lane + 32, ..., then warp_sum).
+__device__ __forceinline__ void column_softmax(float* Sc, int nk, float& m, float& sum) {
+    const int lane = threadIdx.x % WARP;
+    m = neg_inf();
+    sum = 0.f;
+    if (TILED_PAR_FOLD && nk == KPS) {
+        float v[KPS / WARP];
+#pragma unroll
+        for (int i = 0; i < KPS / WARP; i++) {
+            v[i] = Sc[lane + i * WARP];
+            m = fmaxf(m, v[i]);
+        }
+        m = warp_max(m);
+#pragma unroll
+        for (int i = 0; i < KPS / WARP; i++) {
+            const float p = exp2f(__fsub_rn(v[i], m));
+            Sc[lane + i * WARP] = p;
+            sum = __fadd_rn(sum, p);
+        }
+    } else {
+        for (int k = lane; k < nk; k += WARP) m = fmaxf(m, Sc[k]);
+        m = warp_max(m);
+        for (int k = lane; k < nk; k += WARP) {
+            const float p = exp2f(__fsub_rn(Sc[k], m));
+            Sc[k] = p;
+            sum = __fadd_rn(sum, p);
+        }
+    }
+    sum = warp_sum(sum);
+}
+
 // Phase B: softmax statistics per head (one warp per head), p = exp2(s - m) in place of the scores;
 // log2(e) is folded into qscale, and all KPS scores sit in shared memory, so nothing is rescaled in a split.
 template <int D, int HT>
@@ -294,17 +360,8 @@ __device__ __forceinline__ void phase_softmax(const Work& w, int nk, Smem<D, HT>
     using C = Cfg<D, HT>;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     for (int h = warp; h < w.hcount; h += NW) {
-        float* S = sh.S + h * C::SSTR;
-        float m = neg_inf();
-        for (int k = lane; k < nk; k += WARP) m = fmaxf(m, S[k]);
-        m = warp_max(m);
-        float sum = 0.f;
-        for (int k = lane; k < nk; k += WARP) {
-            const float p = exp2f(__fsub_rn(S[k], m));
-            S[k] = p;
-            sum = __fadd_rn(sum, p);
-        }
-        sum = warp_sum(sum);
+        float m, sum;
+        column_softmax(sh.S + h * C::SSTR, nk, m, sum);
         if (lane == 0) {
             sh.sm[h] = m;
             sh.sl[h] = sum;
@@ -393,10 +450,8 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
             }
 #pragma unroll
             for (int m = 0; m < 2; m++) {
-                const u32 t01 = __byte_perm(x[0], x[1], m ? 0x7362 : 0x5140);   // bytes 2m, 2m + 1 of keys
-                const u32 t23 = __byte_perm(x[2], x[3], m ? 0x7362 : 0x5140);   // (k0, k1) and (k2, k3)
-                const u32 a[4] = {i8pair_to_h2(t01, 0x4140), i8pair_to_h2(t01, 0x4342), i8pair_to_h2(t23, 0x4140),
-                                  i8pair_to_h2(t23, 0x4342)};
+                u32 a[4];
+                v_fragment(x, m, a);
                 mma_f16(ch[m], a, bh0, bh1);
                 mma_f16(cl[m], a, bl0, bl1);
             }
@@ -709,13 +764,7 @@ __device__ __forceinline__ void tiled_scores(const u8* krows, int nk, int nta, T
             const u32x2 wb = *(const u32x2*)(krows + (kb + pk + 8) * C::RS + grp * 32 + 8 * tq);
             u32 a[2][4];
 #pragma unroll
-            for (int st = 0; st < 2; st++) {
-                const u32 xa = (st ? wa.b : wa.a) ^ 0x80808080u, xb = (st ? wb.b : wb.a) ^ 0x80808080u;
-                a[st][0] = i8pair_to_h2(xa, 0x4140);
-                a[st][1] = i8pair_to_h2(xb, 0x4140);
-                a[st][2] = i8pair_to_h2(xa, 0x4342);
-                a[st][3] = i8pair_to_h2(xb, 0x4342);
-            }
+            for (int st = 0; st < 2; st++) k_fragment(wa, wb, st, a[st]);
             const float ka = ksc[(kb + pk) * C::NG + grp], kz = ksc[(kb + pk + 8) * C::NG + grp];
 #pragma unroll
             for (int nt = 0; nt < NTL; nt++) {
@@ -809,14 +858,7 @@ __device__ __forceinline__ void tiled_values(const u8* vrows, int nk, int nta, i
             }
             u32 a[2][4];
 #pragma unroll
-            for (int m = 0; m < 2; m++) {
-                const u32 t01 = __byte_perm(x[0], x[1], m ? 0x7362 : 0x5140);   // bytes 2m, 2m + 1 of keys
-                const u32 t23 = __byte_perm(x[2], x[3], m ? 0x7362 : 0x5140);   // (k0, k1) and (k2, k3)
-                a[m][0] = i8pair_to_h2(t01, 0x4140);
-                a[m][1] = i8pair_to_h2(t01, 0x4342);
-                a[m][2] = i8pair_to_h2(t23, 0x4140);
-                a[m][3] = i8pair_to_h2(t23, 0x4342);
-            }
+            for (int m = 0; m < 2; m++) v_fragment(x, m, a[m]);
 #pragma unroll
             for (int nt = 0; nt < NTL; nt++) {
                 if (nt >= nta) break;            // warp-uniform
@@ -849,46 +891,6 @@ __device__ __forceinline__ void tiled_values(const u8* vrows, int nk, int nta, i
                     acc[nt][gi][m][i] = __fmul_rn(join_f16_sums(ch[nt][m][i], cl[nt][m][i]), sh.fvinv[warp][j]);
                 }
     }
-}
-
-// The A/B build `tiled_fold` (attention.py BUILDS): the columns' fold weights computed by 16 lanes at once after
-// the softmax, and the softmax of a whole split without remainder code; the same operations per column.
-#ifdef ATTN_TILED_PAR_FOLD
-constexpr bool TILED_PAR_FOLD = true;
-#else
-constexpr bool TILED_PAR_FOLD = false;
-#endif
-
-// Softmax statistics of one column over its nk keys' scores Sc (one warp, as phase_softmax): m = max, p =
-// exp2(s - m) in place, sum of p (lane sums over keys lane, lane + 32, ..., then warp_sum).
-__device__ __forceinline__ void column_softmax(float* Sc, int nk, float& m, float& sum) {
-    const int lane = threadIdx.x % WARP;
-    m = neg_inf();
-    sum = 0.f;
-    if (TILED_PAR_FOLD && nk == KPS) {
-        float v[KPS / WARP];
-#pragma unroll
-        for (int i = 0; i < KPS / WARP; i++) {
-            v[i] = Sc[lane + i * WARP];
-            m = fmaxf(m, v[i]);
-        }
-        m = warp_max(m);
-#pragma unroll
-        for (int i = 0; i < KPS / WARP; i++) {
-            const float p = exp2f(__fsub_rn(v[i], m));
-            Sc[lane + i * WARP] = p;
-            sum = __fadd_rn(sum, p);
-        }
-    } else {
-        for (int k = lane; k < nk; k += WARP) m = fmaxf(m, Sc[k]);
-        m = warp_max(m);
-        for (int k = lane; k < nk; k += WARP) {
-            const float p = exp2f(__fsub_rn(Sc[k], m));
-            Sc[k] = p;
-            sum = __fadd_rn(sum, p);
-        }
-    }
-    sum = warp_sum(sum);
 }
 
 // Column c (token j) after the softmax of split s (max m, sum l): its group's running fold (Mg, Lg) and, at the
@@ -995,10 +997,7 @@ __device__ __forceinline__ void attn_tiled_body(
             }
             const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
             u32 bh[4], bl[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                split_f16x2(__fmul_rn(__fmul_rn(xs[2 * i], qscale), f), __fmul_rn(__fmul_rn(xs[2 * i + 1], qscale), f),
-                            bh[i], bl[i]);
+            q_pairs(xs, qscale, f, bh, bl);
             *(uint4*)sh.qfr[grp][nt][0][l] = make_uint4(bh[0], bh[1], bh[2], bh[3]);
             *(uint4*)sh.qfr[grp][nt][1][l] = make_uint4(bl[0], bl[1], bl[2], bl[3]);
         }
