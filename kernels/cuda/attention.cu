@@ -711,10 +711,21 @@ ATTN_KERNEL(256, 4)
 // compute on zeros and are never stored.
 extern __shared__ __align__(16) u8 attn_dyn_smem[];
 
+// The A/B build `tiled_1buf` (attention.py BUILDS): K and V rows take turns in one buffer (V(s) staged while
+// the softmax runs, K(s + 1) after phase C), 18 KB less shared memory at head_dim 128: 4 CTAs an SM, not 3.
+#ifdef ATTN_TILED_ONE_BUF
+constexpr bool TILED_ONE_BUF = true;
+#define ATTN_TILED_MIN_CTAS 4
+#else
+constexpr bool TILED_ONE_BUF = false;
+#define ATTN_TILED_MIN_CTAS 1
+#endif
+
 template <int D, int HT, int NTL>
 struct TCfg {
     static constexpr int NC = 8 * NTL;           // columns
     static constexpr int TT = NC / HT;           // tokens per tile
+    static constexpr int KV_BYTES = (TILED_ONE_BUF ? 1 : 2) * KPS * Cfg<D, HT>::RS;
     static_assert(D <= 128, "tiled kernels stage K and V side by side (head_dim <= 128)");
 };
 
@@ -724,7 +735,7 @@ template <int D, int HT, int NTL>
 struct TSmem {
     using C = Cfg<D, HT>;
     static constexpr int NC = TCfg<D, HT, NTL>::NC, TT = TCfg<D, HT, NTL>::TT;
-    alignas(16) u8 kv[2 * KPS * C::RS];          // K rows, then V rows
+    alignas(16) u8 kv[TCfg<D, HT, NTL>::KV_BYTES];  // K rows, then V rows (or V over K: tiled_1buf)
     alignas(16) float scl[2][KPS * C::NG];       // K, V scales of the split's keys
     alignas(16) u32 qfr[C::NG][NTL][2][WARP][4]; // q' fragments (hi, lo) per group, n-tile and lane
     alignas(16) float S[NC * C::SSTR];           // scores, then p, per column; then (head_dim 64) part 1's sums
@@ -944,7 +955,7 @@ __device__ __forceinline__ void attn_tiled_body(
     const int h0 = kvh * G + tile * HT, hcount = min(HT, G - tile * HT), width = n_kv * n_ht;
     const int tend = min((int)(blockIdx.x + 1) * TT, n_tok);
     u8* krows = sh.kv;
-    u8* vrows = sh.kv + KPS * C::RS;
+    u8* vrows = TILED_ONE_BUF ? sh.kv : sh.kv + KPS * C::RS;
     for (int r0 = blockIdx.x * TT; r0 < tend;) {
         const int seq = token_seq[r0];
         int r1 = r0 + 1;
@@ -1003,17 +1014,20 @@ __device__ __forceinline__ void attn_tiled_body(
         }
         __syncthreads();                         // row offsets and fragments are in
         stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(0), kvh, n_kv);
-        stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(0), kvh, n_kv);
+        if constexpr (!TILED_ONE_BUF)
+            stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(0), kvh, n_kv);
         float Ag[NTL][C::GPW][2][4];
         for (int s = 0; s < nomax; s++) {
             const int nk = keys_of(s);
             const bool more = s + 1 < nomax;
             const int row_next = more ? page_row(s + 1) : 0;
-            cp_async_wait<1>();                  // K(s) is here
+            if constexpr (TILED_ONE_BUF) cp_async_wait<0>(); else cp_async_wait<1>();   // K(s) is here
             __syncthreads();
             tiled_scores<D, HT, NTL>(krows, nk, nta, sh);
             __syncthreads();                     // K buffer and scales free
-            if (more) {
+            if constexpr (TILED_ONE_BUF) {
+                stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, nk, kvh, n_kv);
+            } else if (more) {
                 sh.rowoff[tid] = row_next;
                 __syncthreads();
                 stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(s + 1), kvh, n_kv);
@@ -1038,7 +1052,7 @@ __device__ __forceinline__ void attn_tiled_body(
                     }
                 }
             }
-            if (more) cp_async_wait<1>(); else cp_async_wait<0>();   // V(s) is here
+            if (!TILED_ONE_BUF && more) cp_async_wait<1>(); else cp_async_wait<0>();   // V(s) is here
             __syncthreads();
             if (TILED_PAR_FOLD && warp == 0 && lane < NC) {   // tiled_fold: lane c folds column c
                 const int j = lane / HT;
@@ -1049,7 +1063,15 @@ __device__ __forceinline__ void attn_tiled_body(
             float acc[NTL][C::GPW][2][4];
             tiled_values<D, HT, NTL>(vrows, nk, nta, s, nrun, hcount, sh, acc);
             __syncthreads();                     // V buffer, its scales and the p's free
-            if (more) stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(s + 1), kvh, n_kv);
+            if (more) {
+                if constexpr (TILED_ONE_BUF) {
+                    sh.rowoff[tid] = row_next;
+                    __syncthreads();
+                    stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(s + 1), kvh, n_kv);
+                } else {
+                    stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(s + 1), kvh, n_kv);
+                }
+            }
             const int part = warp / C::NG;       // head_dim 64: part 1's sums go through the score buffer
             if constexpr (C::KSPLIT > 1) {
                 static_assert((C::KSPLIT - 1) * NC * D <= NC * C::SSTR, "part sums must fit in the scores");
@@ -1102,7 +1124,7 @@ __device__ __forceinline__ void attn_tiled_body(
 #define ATTN_TILED_NTL 2
 #endif
 #define ATTN_TILED_KERNEL(D, HT)                                                                            \
-    extern "C" __global__ void __launch_bounds__(NT) attn_d##D##_h##HT##_tiled(                             \
+    extern "C" __global__ void __launch_bounds__(NT, ATTN_TILED_MIN_CTAS) attn_d##D##_h##HT##_tiled(                             \
         const float* __restrict__ q, const i32* __restrict__ token_seq, const i32* __restrict__ token_pos, \
         const i32* __restrict__ page_tables, const i8* __restrict__ k_pages,                               \
         const float* __restrict__ k_scales, const i8* __restrict__ v_pages,                                \
