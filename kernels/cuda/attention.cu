@@ -715,10 +715,19 @@ extern __shared__ __align__(16) u8 attn_dyn_smem[];
 // the softmax runs, K(s + 1) after phase C), 18 KB less shared memory at head_dim 128: 4 CTAs an SM, not 3.
 #ifdef ATTN_TILED_ONE_BUF
 constexpr bool TILED_ONE_BUF = true;
-#define ATTN_TILED_MIN_CTAS 4
+#define ATTN_TILED_BOUNDS __launch_bounds__(NT, 4)
 #else
 constexpr bool TILED_ONE_BUF = false;
-#define ATTN_TILED_MIN_CTAS 1
+#define ATTN_TILED_BOUNDS __launch_bounds__(NT)
+#endif
+
+// The A/B build `tiled_lean`: phase C without the per-key masks in splits where every column's token has all
+// the split's keys (a run's splits but the last ones), and the folds after phase C with each column's flag and
+// weights read once, not once per value (the same float operations on the same operands).
+#ifdef ATTN_TILED_LEAN
+constexpr bool TILED_LEAN = true;
+#else
+constexpr bool TILED_LEAN = false;
 #endif
 
 template <int D, int HT, int NTL>
@@ -815,8 +824,9 @@ __device__ __forceinline__ void tiled_scores(const u8* krows, int nk, int nta, T
 
 // Phase C for NTL n-tiles: as phase_values, the V fragments converted once per key step and multiplied with
 // every active n-tile's P'. Lane (g, tq) makes the P' of column 8 nt + g for its four keys (the k positions
-// of phase_values: keys 2tq, 2tq + 8, 2tq + 1, 2tq + 9), zero past the column's own keys (nkc).
-template <int D, int HT, int NTL>
+// of phase_values: keys 2tq, 2tq + 8, 2tq + 1, 2tq + 9), zero past the column's own keys (nkc) with MASK;
+// without it (every present column has all KPS keys of the split), absent columns multiply their zero scores.
+template <int D, int HT, int NTL, bool MASK>
 __device__ __forceinline__ void tiled_values(const u8* vrows, int nk, int nta, int s, int nrun, int hcount,
                                              TSmem<D, HT, NTL>& sh, float (&acc)[NTL][Cfg<D, HT>::GPW][2][4]) {
     using C = Cfg<D, HT>;
@@ -880,7 +890,7 @@ __device__ __forceinline__ void tiled_values(const u8* vrows, int nk, int nta, i
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const float p = __fmul_rn(__fmul_rn(ps[j], vs[j]), fvc[nt]);
-                    pv[j] = kk[j] < nkc[nt] ? p : 0.f;
+                    pv[j] = !MASK || kk[j] < nkc[nt] ? p : 0.f;
                 }
                 u32 bh0, bh1, bl0, bl1;
                 split_f16x2(pv[0], pv[1], bh0, bl0);
@@ -986,8 +996,11 @@ __device__ __forceinline__ void attn_tiled_body(
             }
         }
         __syncthreads();
-        int nkmax = 0;
-        for (int j = 0; j < nrun; j++) nkmax = max(nkmax, sh.nkeys[j]);
+        int nkmax = 0, nkmin = 1 << 30;
+        for (int j = 0; j < nrun; j++) {
+            nkmax = max(nkmax, sh.nkeys[j]);
+            nkmin = min(nkmin, sh.nkeys[j]);
+        }
         const int nomax = (nkmax + KPS - 1) / KPS;
         auto page_row = [&](int s) {             // cache row of this thread's key of split s
             const int p = s * KPS + tid;
@@ -1016,7 +1029,7 @@ __device__ __forceinline__ void attn_tiled_body(
         stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(0), kvh, n_kv);
         if constexpr (!TILED_ONE_BUF)
             stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(0), kvh, n_kv);
-        float Ag[NTL][C::GPW][2][4];
+        float Ag[NTL][C::GPW][2][4] = {};
         for (int s = 0; s < nomax; s++) {
             const int nk = keys_of(s);
             const bool more = s + 1 < nomax;
@@ -1061,7 +1074,10 @@ __device__ __forceinline__ void attn_tiled_body(
                 else sh.flag[lane] = 0;
             }
             float acc[NTL][C::GPW][2][4];
-            tiled_values<D, HT, NTL>(vrows, nk, nta, s, nrun, hcount, sh, acc);
+            if (TILED_LEAN && nk == KPS && nkmin >= (s + 1) * KPS)   // CTA-uniform: every token has the split
+                tiled_values<D, HT, NTL, false>(vrows, nk, nta, s, nrun, hcount, sh, acc);
+            else
+                tiled_values<D, HT, NTL, true>(vrows, nk, nta, s, nrun, hcount, sh, acc);
             __syncthreads();                     // V buffer, its scales and the p's free
             if (more) {
                 if constexpr (TILED_ONE_BUF) {
@@ -1093,7 +1109,44 @@ __device__ __forceinline__ void attn_tiled_body(
                         });
                 }
             }
-            if (part == 0) {
+            if (part == 0 && TILED_LEAN) {
+                // this thread's values are of columns nt * 8 + 2 tq + e (for_each_value's h): per column, its flag
+                // and weights once, then its values of the group fold branch-free, the fold of all groups at
+                // the group's last split
+#pragma unroll
+                for (int nt = 0; nt < NTL; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int col = nt * 8 + 2 * (lane % 4) + e, f = sh.flag[col];
+                        if (!(f & 1)) continue;
+                        const bool first = f & 2;
+                        const float ca = sh.gca[col], cb = sh.gcb[col];
+#pragma unroll
+                        for (int gi = 0; gi < C::GPW; gi++)
+#pragma unroll
+                            for (int m = 0; m < 2; m++)
+#pragma unroll
+                                for (int i = e; i < 4; i += 2) {
+                                    float& ag = Ag[nt][gi][m][i];
+                                    const float x = acc[nt][gi][m][i];
+                                    ag = first ? x : fold_apply(ag, ca, x, cb);
+                                }
+                        if (f & 4) {
+                            const bool g0 = f & 8;
+                            const float oa = sh.oca[col], ob = sh.ocb[col];
+#pragma unroll
+                            for (int gi = 0; gi < C::GPW; gi++)
+#pragma unroll
+                                for (int m = 0; m < 2; m++)
+#pragma unroll
+                                    for (int i = e; i < 4; i += 2) {
+                                        float& a = sh.A[col * D + value_channel<D, HT>(gi, m, i)];
+                                        const float ag = Ag[nt][gi][m][i];
+                                        a = g0 ? ag : fold_apply(a, oa, ag, ob);
+                                    }
+                        }
+                    }
+            } else if (part == 0) {
 #pragma unroll
                 for (int nt = 0; nt < NTL; nt++)
                     for_each_value<D, HT>([&](int gi, int m, int i, int h, int c) {
@@ -1124,7 +1177,7 @@ __device__ __forceinline__ void attn_tiled_body(
 #define ATTN_TILED_NTL 2
 #endif
 #define ATTN_TILED_KERNEL(D, HT)                                                                            \
-    extern "C" __global__ void __launch_bounds__(NT, ATTN_TILED_MIN_CTAS) attn_d##D##_h##HT##_tiled(                             \
+    extern "C" __global__ void ATTN_TILED_BOUNDS attn_d##D##_h##HT##_tiled(                             \
         const float* __restrict__ q, const i32* __restrict__ token_seq, const i32* __restrict__ token_pos, \
         const i32* __restrict__ page_tables, const i8* __restrict__ k_pages,                               \
         const float* __restrict__ k_scales, const i8* __restrict__ v_pages,                                \

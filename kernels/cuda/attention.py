@@ -105,12 +105,14 @@ def _head_tile(group: int, head_dim: int) -> int:
 # `tiled1` / `tiled4`: the tiled kernels with 1 / 4 n-tiles (8 / 32 columns) instead of 2 (perf/bench_gpu.py
 # --prefill-attn; H100, 2026-12-06: both slower at 32K keys, perf/kernel_notes.md "Prompt attention").
 # `tiled_fold`: the tiled kernels' fold weights for all columns at once and whole-split softmax loops;
-# `tiled_1buf`: K and V rows taking turns in one shared buffer (4 CTAs an SM at head_dim 128, not 3); both, and
-# the two together (not yet measured).
+# `tiled_1buf`: K and V rows taking turns in one shared buffer (4 CTAs an SM at head_dim 128, not 3);
+# `tiled_lean`: phase C unmasked in the splits every token of the run has whole, the folds' weights read once a
+# column; `tiled_all`: the three together (not yet measured).
 BUILDS = {"default": {}, "d128_min5": {"ATTN_D128_MIN_CTAS": 5}, "h8_min5": {"ATTN_H8_MIN_CTAS": 5},
           "tiled1": {"ATTN_TILED_NTL": 1}, "tiled4": {"ATTN_TILED_NTL": 4},
           "tiled_fold": {"ATTN_TILED_PAR_FOLD": 1}, "tiled_1buf": {"ATTN_TILED_ONE_BUF": 1},
-          "tiled_fold_1buf": {"ATTN_TILED_PAR_FOLD": 1, "ATTN_TILED_ONE_BUF": 1}}
+          "tiled_lean": {"ATTN_TILED_LEAN": 1},
+          "tiled_all": {"ATTN_TILED_PAR_FOLD": 1, "ATTN_TILED_ONE_BUF": 1, "ATTN_TILED_LEAN": 1}}
 BUILD = "default"           # the build every launch takes (set by perf/bench_gpu.py --attn-build for A/B runs)
 
 
