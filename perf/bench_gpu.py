@@ -276,9 +276,8 @@ def mixed_attention_rows(cp, rounds=2):
 
 
 # --prefill-attn: (label, attention.TILED, attention.BUILD) of each kernel timed
-# (the builds tiled1 / tiled4, measured slower on an H100 on 2026-12-06, are left out: --attn-build runs them)
-PREFILL_MODES = [("tiled", True, "default"), ("tiled_fold", True, "tiled_fold"), ("tiled_1buf", True, "tiled_1buf"),
-                 ("tiled_lean", True, "tiled_lean"), ("tiled_all", True, "tiled_all"), ("looped", False, "default")]
+PREFILL_MODES = [("tiled", True, "default"), ("tiled1", True, "tiled1"), ("tiled4", True, "tiled4"),
+                 ("looped", False, "default")]
 
 
 @contextlib.contextmanager

@@ -313,21 +313,16 @@ __device__ __forceinline__ void phase_scores(const Work& w, const QFrags<D, HT>&
     }
 }
 
-// The A/B build `tiled_fold` (attention.py BUILDS): the columns' fold weights computed by 16 lanes at once after
-// the softmax, and the softmax of a whole split without remainder code; the same operations per column.
-#ifdef ATTN_TILED_PAR_FOLD
-constexpr bool TILED_PAR_FOLD = true;
-#else
-constexpr bool TILED_PAR_FOLD = false;
-#endif
-
 // Softmax statistics of one column (a head, or a token's head) over its nk keys' scores Sc, one warp: m = max,
-// p = exp2(s - m) in place, sum of p (lane sums over keys lane, lane + 32, ..., then warp_sum).
+// p = exp2(s - m) in place, sum of p (lane sums over keys lane, lane + 32, ..., then warp_sum). WHOLE (the tiled
+// kernels): a whole split's KPS keys in registers, without the strided loops' remainder code (the same
+// operations in the same order).
+template <bool WHOLE = false>
 __device__ __forceinline__ void column_softmax(float* Sc, int nk, float& m, float& sum) {
     const int lane = threadIdx.x % WARP;
     m = neg_inf();
     sum = 0.f;
-    if (TILED_PAR_FOLD && nk == KPS) {
+    if (WHOLE && nk == KPS) {
         float v[KPS / WARP];
 #pragma unroll
         for (int i = 0; i < KPS / WARP; i++) {
@@ -711,30 +706,10 @@ ATTN_KERNEL(256, 4)
 // compute on zeros and are never stored.
 extern __shared__ __align__(16) u8 attn_dyn_smem[];
 
-// The A/B build `tiled_1buf` (attention.py BUILDS): K and V rows take turns in one buffer (V(s) staged while
-// the softmax runs, K(s + 1) after phase C), 18 KB less shared memory at head_dim 128: 4 CTAs an SM, not 3.
-#ifdef ATTN_TILED_ONE_BUF
-constexpr bool TILED_ONE_BUF = true;
-#define ATTN_TILED_BOUNDS __launch_bounds__(NT, 4)
-#else
-constexpr bool TILED_ONE_BUF = false;
-#define ATTN_TILED_BOUNDS __launch_bounds__(NT)
-#endif
-
-// The A/B build `tiled_lean`: phase C without the per-key masks in splits where every column's token has all
-// the split's keys (a run's splits but the last ones), and the folds after phase C with each column's flag and
-// weights read once, not once per value (the same float operations on the same operands).
-#ifdef ATTN_TILED_LEAN
-constexpr bool TILED_LEAN = true;
-#else
-constexpr bool TILED_LEAN = false;
-#endif
-
 template <int D, int HT, int NTL>
 struct TCfg {
     static constexpr int NC = 8 * NTL;           // columns
     static constexpr int TT = NC / HT;           // tokens per tile
-    static constexpr int KV_BYTES = (TILED_ONE_BUF ? 1 : 2) * KPS * Cfg<D, HT>::RS;
     static_assert(D <= 128, "tiled kernels stage K and V side by side (head_dim <= 128)");
 };
 
@@ -744,14 +719,14 @@ template <int D, int HT, int NTL>
 struct TSmem {
     using C = Cfg<D, HT>;
     static constexpr int NC = TCfg<D, HT, NTL>::NC, TT = TCfg<D, HT, NTL>::TT;
-    alignas(16) u8 kv[TCfg<D, HT, NTL>::KV_BYTES];  // K rows, then V rows (or V over K: tiled_1buf)
+    alignas(16) u8 kv[KPS * C::RS];              // K rows, then V rows over them (V(s) staged after phase A)
     alignas(16) float scl[2][KPS * C::NG];       // K, V scales of the split's keys
     alignas(16) u32 qfr[C::NG][NTL][2][WARP][4]; // q' fragments (hi, lo) per group, n-tile and lane
     alignas(16) float S[NC * C::SSTR];           // scores, then p, per column; then (head_dim 64) part 1's sums
     alignas(16) float A[NC * D];                 // the fold of all groups, per column and channel
     alignas(16) int rowoff[KPS];                 // cache row per key of the split
     float qf[NC], qinv[NC];                      // per column: 2^(13 - e), 2^(e - 13)
-    float sm[NC], sl[NC];                        // per column: this split's softmax max and sum (tiled_fold)
+    float sm[NC], sl[NC];                        // per column: this split's softmax max and sum
     float Mg[NC], Lg[NC], M[NC], L[NC];          // per column: the running fold of the group and of all groups
     float gca[NC], gcb[NC], oca[NC], ocb[NC];    // this split's fold weights: into the group, the group into all
     int flag[NC];                                // this split: 1 active, 2 first of a group, 4 last, 8 group 0
@@ -964,8 +939,7 @@ __device__ __forceinline__ void attn_tiled_body(
     const int kvh = blockIdx.y / n_ht, tile = blockIdx.y % n_ht;
     const int h0 = kvh * G + tile * HT, hcount = min(HT, G - tile * HT), width = n_kv * n_ht;
     const int tend = min((int)(blockIdx.x + 1) * TT, n_tok);
-    u8* krows = sh.kv;
-    u8* vrows = TILED_ONE_BUF ? sh.kv : sh.kv + KPS * C::RS;
+    u8* const rows = sh.kv;                      // K(s), then V(s), then K(s + 1): one buffer, so 4 CTAs an SM
     for (int r0 = blockIdx.x * TT; r0 < tend;) {
         const int seq = token_seq[r0];
         int r1 = r0 + 1;
@@ -1026,67 +1000,47 @@ __device__ __forceinline__ void attn_tiled_body(
             *(uint4*)sh.qfr[grp][nt][1][l] = make_uint4(bl[0], bl[1], bl[2], bl[3]);
         }
         __syncthreads();                         // row offsets and fragments are in
-        stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(0), kvh, n_kv);
-        if constexpr (!TILED_ONE_BUF)
-            stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(0), kvh, n_kv);
+        stage_rows<D, HT>(rows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(0), kvh, n_kv);
         float Ag[NTL][C::GPW][2][4] = {};
         for (int s = 0; s < nomax; s++) {
             const int nk = keys_of(s);
             const bool more = s + 1 < nomax;
             const int row_next = more ? page_row(s + 1) : 0;
-            if constexpr (TILED_ONE_BUF) cp_async_wait<0>(); else cp_async_wait<1>();   // K(s) is here
+            cp_async_wait<0>();                  // K(s) is here
             __syncthreads();
-            tiled_scores<D, HT, NTL>(krows, nk, nta, sh);
-            __syncthreads();                     // K buffer and scales free
-            if constexpr (TILED_ONE_BUF) {
-                stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, nk, kvh, n_kv);
-            } else if (more) {
-                sh.rowoff[tid] = row_next;
-                __syncthreads();
-                stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(s + 1), kvh, n_kv);
-            }
-            // phase B per column (one warp each), then the column's fold weights for this split (by lane 0, or in
-            // the A/B build tiled_fold for all columns at once below)
+            tiled_scores<D, HT, NTL>(rows, nk, nta, sh);
+            __syncthreads();                     // K rows and scales free: V(s) comes while the softmax runs
+            stage_rows<D, HT>(rows, sh.scl[1], v_pages, v_scales, sh.rowoff, nk, kvh, n_kv);
+            // phase B per column (one warp each), its statistics kept for the fold weights below
             for (int c = warp; c < NC; c += NW) {
                 const int j = c / HT;
                 const int nkj = j < nrun && c % HT < hcount ? min(KPS, sh.nkeys[j] - s * KPS) : 0;
-                if (nkj <= 0) {                  // warp-uniform: no token, or the token's keys are done
-                    if (!TILED_PAR_FOLD && lane == 0) sh.flag[c] = 0;
-                    continue;
-                }
+                if (nkj <= 0) continue;          // warp-uniform: no token, or the token's keys are done
                 float m, sum;
-                column_softmax(sh.S + c * C::SSTR, nkj, m, sum);
+                column_softmax<true>(sh.S + c * C::SSTR, nkj, m, sum);
                 if (lane == 0) {
-                    if (TILED_PAR_FOLD) {
-                        sh.sm[c] = m;
-                        sh.sl[c] = sum;
-                    } else {
-                        column_fold(sh, c, j, s, m, sum);
-                    }
+                    sh.sm[c] = m;
+                    sh.sl[c] = sum;
                 }
             }
-            if (!TILED_ONE_BUF && more) cp_async_wait<1>(); else cp_async_wait<0>();   // V(s) is here
+            cp_async_wait<0>();                  // V(s) is here
             __syncthreads();
-            if (TILED_PAR_FOLD && warp == 0 && lane < NC) {   // tiled_fold: lane c folds column c
+            if (warp == 0 && lane < NC) {        // the fold weights of all columns at once: lane c, column c
                 const int j = lane / HT;
                 const bool live = j < nrun && lane % HT < hcount && sh.nkeys[j] > s * KPS;
                 if (live) column_fold(sh, lane, j, s, sh.sm[lane], sh.sl[lane]);
                 else sh.flag[lane] = 0;
             }
             float acc[NTL][C::GPW][2][4];
-            if (TILED_LEAN && nk == KPS && nkmin >= (s + 1) * KPS)   // CTA-uniform: every token has the split
-                tiled_values<D, HT, NTL, false>(vrows, nk, nta, s, nrun, hcount, sh, acc);
+            if (nk == KPS && nkmin >= (s + 1) * KPS)   // CTA-uniform: every token has the whole split
+                tiled_values<D, HT, NTL, false>(rows, nk, nta, s, nrun, hcount, sh, acc);
             else
-                tiled_values<D, HT, NTL, true>(vrows, nk, nta, s, nrun, hcount, sh, acc);
-            __syncthreads();                     // V buffer, its scales and the p's free
+                tiled_values<D, HT, NTL, true>(rows, nk, nta, s, nrun, hcount, sh, acc);
+            __syncthreads();                     // V rows, their scales and the p's free
             if (more) {
-                if constexpr (TILED_ONE_BUF) {
-                    sh.rowoff[tid] = row_next;
-                    __syncthreads();
-                    stage_rows<D, HT>(krows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(s + 1), kvh, n_kv);
-                } else {
-                    stage_rows<D, HT>(vrows, sh.scl[1], v_pages, v_scales, sh.rowoff, keys_of(s + 1), kvh, n_kv);
-                }
+                sh.rowoff[tid] = row_next;
+                __syncthreads();
+                stage_rows<D, HT>(rows, sh.scl[0], k_pages, k_scales, sh.rowoff, keys_of(s + 1), kvh, n_kv);
             }
             const int part = warp / C::NG;       // head_dim 64: part 1's sums go through the score buffer
             if constexpr (C::KSPLIT > 1) {
@@ -1109,7 +1063,7 @@ __device__ __forceinline__ void attn_tiled_body(
                         });
                 }
             }
-            if (part == 0 && TILED_LEAN) {
+            if (part == 0) {
                 // this thread's values are of columns nt * 8 + 2 tq + e (for_each_value's h): per column, its flag
                 // and weights once, then its values of the group fold branch-free, the fold of all groups at
                 // the group's last split
@@ -1146,19 +1100,6 @@ __device__ __forceinline__ void attn_tiled_body(
                                     }
                         }
                     }
-            } else if (part == 0) {
-#pragma unroll
-                for (int nt = 0; nt < NTL; nt++)
-                    for_each_value<D, HT>([&](int gi, int m, int i, int h, int c) {
-                        const int col = nt * 8 + h, f = sh.flag[col];
-                        if (!(f & 1)) return;
-                        float& ag = Ag[nt][gi][m][i];
-                        ag = f & 2 ? acc[nt][gi][m][i] : fold_apply(ag, sh.gca[col], acc[nt][gi][m][i], sh.gcb[col]);
-                        if (f & 4) {
-                            float& a = sh.A[col * D + c];
-                            a = f & 8 ? ag : fold_apply(a, sh.oca[col], ag, sh.ocb[col]);
-                        }
-                    });
             }
         }
         __syncthreads();                         // the folds are in
@@ -1176,8 +1117,11 @@ __device__ __forceinline__ void attn_tiled_body(
 #ifndef ATTN_TILED_NTL
 #define ATTN_TILED_NTL 2
 #endif
+// CTAs an SM the registers are bounded for: 4 at 16 columns (what the shared memory allows at head_dim 128),
+// 2 at 32 (tiled4: its accumulators would spill under 128 registers)
+#define ATTN_TILED_MIN_CTAS (ATTN_TILED_NTL <= 2 ? 4 : 2)
 #define ATTN_TILED_KERNEL(D, HT)                                                                            \
-    extern "C" __global__ void ATTN_TILED_BOUNDS attn_d##D##_h##HT##_tiled(                             \
+    extern "C" __global__ void __launch_bounds__(NT, ATTN_TILED_MIN_CTAS) attn_d##D##_h##HT##_tiled(         \
         const float* __restrict__ q, const i32* __restrict__ token_seq, const i32* __restrict__ token_pos, \
         const i32* __restrict__ page_tables, const i8* __restrict__ k_pages,                               \
         const float* __restrict__ k_scales, const i8* __restrict__ v_pages,                                \

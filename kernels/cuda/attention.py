@@ -104,15 +104,8 @@ def _head_tile(group: int, head_dim: int) -> int:
 # H200 (2026-12-06, perf/kernel_notes.md "Attention at five CTAs an SM"): both measured slower than the default.
 # `tiled1` / `tiled4`: the tiled kernels with 1 / 4 n-tiles (8 / 32 columns) instead of 2 (perf/bench_gpu.py
 # --prefill-attn; H100, 2026-12-06: both slower at 32K keys, perf/kernel_notes.md "Prompt attention").
-# `tiled_fold`: the tiled kernels' fold weights for all columns at once and whole-split softmax loops;
-# `tiled_1buf`: K and V rows taking turns in one shared buffer (4 CTAs an SM at head_dim 128, not 3);
-# `tiled_lean`: phase C unmasked in the splits every token of the run has whole, the folds' weights read once a
-# column; `tiled_all`: the three together (not yet measured).
 BUILDS = {"default": {}, "d128_min5": {"ATTN_D128_MIN_CTAS": 5}, "h8_min5": {"ATTN_H8_MIN_CTAS": 5},
-          "tiled1": {"ATTN_TILED_NTL": 1}, "tiled4": {"ATTN_TILED_NTL": 4},
-          "tiled_fold": {"ATTN_TILED_PAR_FOLD": 1}, "tiled_1buf": {"ATTN_TILED_ONE_BUF": 1},
-          "tiled_lean": {"ATTN_TILED_LEAN": 1},
-          "tiled_all": {"ATTN_TILED_PAR_FOLD": 1, "ATTN_TILED_ONE_BUF": 1, "ATTN_TILED_LEAN": 1}}
+          "tiled1": {"ATTN_TILED_NTL": 1}, "tiled4": {"ATTN_TILED_NTL": 4}}
 BUILD = "default"           # the build every launch takes (set by perf/bench_gpu.py --attn-build for A/B runs)
 
 
@@ -154,24 +147,18 @@ def tiled_ntl(build: str = "default") -> int:
     return BUILDS[build].get("ATTN_TILED_NTL", 2)
 
 
-def tiled_one_buf(build: str = "default") -> bool:
-    """Whether a tiled CTA's K and V rows take turns in one shared buffer in this build (ATTN_TILED_ONE_BUF)."""
-    return bool(BUILDS[build].get("ATTN_TILED_ONE_BUF", 0))
-
-
 def tiled_tokens(head_tile: int, ntl: int = 2) -> int:
     """Tokens per CTA of the tiled kernel: 8 * ntl columns of (token, head) pairs."""
     return 8 * ntl // head_tile
 
 
-def tiled_smem_bytes(head_dim: int, head_tile: int, ntl: int = 2, one_buf: bool = False) -> int:
-    """sizeof(TSmem<head_dim, head_tile, ntl>) in attention.cu (the kernel traps on less): K and V rows
-    (KPS x (head_dim + 16) bytes each, one buffer of them with one_buf), their scales, q' fragments, scores,
-    the fold of all groups, the split's row offsets, then the per-column and per-token fields, rounded up to
-    16 bytes."""
+def tiled_smem_bytes(head_dim: int, head_tile: int, ntl: int = 2) -> int:
+    """sizeof(TSmem<head_dim, head_tile, ntl>) in attention.cu (the kernel traps on less): one buffer of KPS
+    rows of head_dim + 16 bytes (K, then V), K and V scales, q' fragments, scores, the fold of all groups, the
+    split's row offsets, then the per-column and per-token fields, rounded up to 16 bytes."""
     kps, nw, nc = keys_per_split, 4, 8 * ntl
     ng, tt = head_dim // 32, tiled_tokens(head_tile, ntl)
-    size = ((1 if one_buf else 2) * kps * (head_dim + 16) + 2 * kps * ng * 4 + ng * (nc // 8) * 2 * 32 * 16 + nc * (kps + 8) * 4
+    size = (kps * (head_dim + 16) + 2 * kps * ng * 4 + ng * (nc // 8) * 2 * 32 * 16 + nc * (kps + 8) * 4
             + nc * head_dim * 4 + kps * 4 + 13 * nc * 4 + 2 * nw * tt * 4 + 3 * tt * 4)
     return -(-size // 16) * 16
 
@@ -247,7 +234,7 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
                        (q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, out, qscale,
                         np.int32(n_tok), np.int32(n_heads), np.int32(n_kv), np.int32(group), np.int32(n_ht),
                         np.int32(page_size), np.int32(page_tables.shape[1])),
-                       shared_mem=tiled_smem_bytes(hd, ht, ntl, tiled_one_buf(build)), options=options)
+                       shared_mem=tiled_smem_bytes(hd, ht, ntl), options=options)
         return
     z = 1 if looped else split_stride(n_tok * n_kv * n_ht * n_group, n_group, runtime.sm_count(q.device.id),
                                       split_min_ctas(hd, ht, build))

@@ -81,11 +81,9 @@ def test_cu_compiles_with_nvrtc(src, arch):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-@pytest.mark.parametrize("one_buf", [False, True], ids=["two_buffers", "tiled_1buf"])
-def test_tiled_attention_shared_memory_size(tmp_path, one_buf):
+def test_tiled_attention_shared_memory_size(tmp_path):
     """attention.tiled_smem_bytes (the dynamic shared memory the tiled kernels are launched with) is
-    sizeof(TSmem) of every instantiation, in the default build and in `tiled_1buf` (one K / V buffer): a host
-    program built from attention.cu prints the sizes."""
+    sizeof(TSmem) of every instantiation: a host program built from attention.cu prints the sizes."""
     from strata_lite.kernels.cuda.attention import tiled_smem_bytes
     shapes = [(d, h, n) for d in (64, 128) for h in (1, 2, 4, 8) for n in (1, 2, 4)]
     prog = tmp_path / "sizes.cu"
@@ -94,7 +92,7 @@ def test_tiled_attention_shared_memory_size(tmp_path, one_buf):
                     + "}\n")
     exe = tmp_path / "sizes"
     r = subprocess.run(["nvcc", "-std=c++17", f"-I{CUDA_DIR}", "-gencode", "arch=compute_90,code=sm_90",
-                        *(["-DATTN_TILED_ONE_BUF=1"] if one_buf else []), "-o", str(exe), str(prog)], capture_output=True, text=True)
+                        "-o", str(exe), str(prog)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
-    assert got == [tiled_smem_bytes(d, h, n, one_buf) for d, h, n in shapes]
+    assert got == [tiled_smem_bytes(d, h, n) for d, h, n in shapes]
