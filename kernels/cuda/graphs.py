@@ -31,6 +31,10 @@ class _StaticBatch:
     """The Batch shape the model reads, over static device buffers (bucket size b). token_ids, positions and
     page_tables are views of one device int32 buffer, so a step's inputs cross in one host-to-device copy."""
 
+    # Batch.short_run_rows: a captured step holds decode and verify tokens only, and its attention runs them
+    # all split-parallel (at most the workspace's split_tokens), so nothing is computed apart
+    short_run_rows = 0
+
     def __init__(self, cp, b: int, max_pages: int, max_keys: int, scratch_page: int, logits: bool = True,
                  row_inputs: tuple = ()):
         self._host = np.zeros(2 * b + b * max_pages, np.int32)       # ids | positions | page tables

@@ -566,6 +566,8 @@ class _NextTokenRows:
     """A captured step's batch as the block reads it, with each row's token replaced by device ids (the
     greedy token after the row: step_forward); every row a logit row (the head runs on all of them)."""
 
+    short_run_rows = 0   # as the captured step's (graphs._StaticBatch): decode and verify rows only
+
     def __init__(self, batch, ids):
         self.token_ids, self.positions, self.token_seq = ids, batch.positions, batch.token_seq
         self.page_tables, self.max_pos = batch.page_tables, batch.max_pos
