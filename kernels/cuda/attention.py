@@ -103,7 +103,8 @@ def _head_tile(group: int, head_dim: int) -> int:
 # (perf/bench_gpu.py --attn-ab times each at several shapes, --attn-build runs a whole benchmark on one).
 # H200 (2026-12-06, perf/kernel_notes.md "Attention at five CTAs an SM"): both measured slower than the default.
 # `tiled1` / `tiled4`: the tiled kernels with 1 / 4 n-tiles (8 / 32 columns) instead of 2 (perf/bench_gpu.py
-# --prefill-attn; H100, 2026-12-06: both slower at 32K keys, perf/kernel_notes.md "Prompt attention").
+# --prefill-attn; H100, 2026-12-06, 60fb8d2: both 1.25-1.37x slower at 32K keys, perf/kernel_notes.md "Prompt
+# attention").
 BUILDS = {"default": {}, "d128_min5": {"ATTN_D128_MIN_CTAS": 5}, "h8_min5": {"ATTN_H8_MIN_CTAS": 5},
           "tiled1": {"ATTN_TILED_NTL": 1}, "tiled4": {"ATTN_TILED_NTL": 4}}
 BUILD = "default"           # the build every launch takes (set by perf/bench_gpu.py --attn-build for A/B runs)
