@@ -104,6 +104,38 @@ def test_prompt_chunks_and_decode_graphs_are_batch_invariant(synth_path):
     np.testing.assert_array_equal(three[2], whole[-1])
 
 
+def test_a_mixed_step_gives_its_decode_tokens_and_its_chunk_their_own_bits(synth_path):
+    """A mixed step (two decode tokens, then a 100-token prompt chunk of a third sequence: more tokens than the
+    attention workspace splits, so the decode tokens' attention runs split-parallel apart and the chunk's tiled)
+    gives the decode tokens the bits of a decode step of their own (a captured graph) and the chunk the bits of
+    its forward alone."""
+    from strata_lite.batch import Batch
+    from strata_lite.runner import ModelRunner, load_model
+    loaded = load_model(synth_path, backend="cuda")
+    runner = ModelRunner(loaded, kv_tokens=1024, page_size=64, host_bytes=0, n_ctx=512,
+                         max_step_tokens=N_TOK, max_seqs=4)
+    be = runner.backend
+    ids = _prompt(loaded.config.n_vocab, seed=3)
+    a, b, alone, mixed = runner.kv.alloc(4), runner.kv.alloc(2), runner.kv.alloc(2), runner.kv.alloc(2)
+    runner.forward(Batch.single(ids[:150], 0, a, logit_rows=[]))
+    runner.forward(Batch.single(ids[:60], 0, b, logit_rows=[]))
+    tables = np.zeros((3, 4), np.int32)
+    tables[0], tables[1, :2], tables[2, :2] = a, b, mixed
+    decode = Batch(np.array([ids[150], ids[60]], np.int32), np.array([150, 60], np.int32),
+                   np.array([0, 1], np.int32), tables[:2], np.arange(2))
+    assert runner.graphs.accepts(decode)
+    want_decode = be.to_host(runner.forward(decode))
+    chunk = ids[100:200]
+    want_chunk = be.to_host(runner.forward(Batch.single(chunk, 0, alone)))
+    step = Batch(np.concatenate([decode.token_ids, chunk]),
+                 np.concatenate([decode.positions, np.arange(100, dtype=np.int32)]),
+                 np.array([0, 1] + [2] * 100, np.int32), tables, np.arange(102))
+    assert step.short_run_rows == 2 and not runner.graphs.accepts(step)
+    got = be.to_host(runner.forward(step))
+    np.testing.assert_array_equal(got[:2], want_decode)
+    np.testing.assert_array_equal(got[2:], want_chunk)
+
+
 def test_decode_steps_of_many_sequences_replay_bucket_32_with_the_bits_of_prompt_chunks(synth_path):
     """20 sequences decoding together replay the 32-token graph (captured for an engine of 32 sequences:
     graphs.step_buckets) beside 12 padded rows, through the small-token kernels (Q4_K / Q5_K) and mmq's
