@@ -696,7 +696,10 @@ ATTN_KERNEL(256, 4)
 // kernel does that per token for HT columns (half of them empty at the 8B shape's 4 heads a kv head). Grid
 // (ceil(n_tok / TT), n_kv * n_ht), block NT, dynamic shared memory sizeof(TSmem) (attention.py
 // tiled_smem_bytes). A CTA takes tokens TT * x .. and walks each run of consecutive tokens of one sequence in
-// turn (a mixed step's decode tokens are runs of one), every split of the run's keys in order.
+// turn (a mixed step's decode tokens are runs of one), every split of the run's keys in order: K(s) in the one
+// row buffer for phase A, V(s) over it while the softmax runs, K(s + 1) over that after phase C (49 KB at head_dim
+// 128: 4 CTAs an SM); the columns' fold weights by one lane each at once; phase C without per-key masks where every
+// token of the run has the whole split.
 // Every column's arithmetic is the looped kernel's: the same fragments and k positions in every mma, the same
 // float operations in the same order (per column: q's normalization, the scores' group sums, the softmax over
 // the token's own keys of the split, P' with the exponent of the token's own V scales, the fold of splits in
@@ -710,7 +713,7 @@ template <int D, int HT, int NTL>
 struct TCfg {
     static constexpr int NC = 8 * NTL;           // columns
     static constexpr int TT = NC / HT;           // tokens per tile
-    static_assert(D <= 128, "tiled kernels stage K and V side by side (head_dim <= 128)");
+    static_assert(D <= 128, "tiled kernels are built for head_dim <= 128 (256 takes the looped kernels)");
 };
 
 // Shared memory of one tiled CTA (dynamic: > 48 KB at head_dim 128). Every array's size is a multiple of 16
