@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for the GPU machine (no network there): install the wheels brought in .whl/ (made here with
 # ../shared/device/get-wheels.sh, see docs/cuda.md), run the GPU tests, then the GPU benchmark; the table last.
-# usage: perf/gpu_run.sh [pytest args...]   (env: SKIP_TESTS=1, SKIP_BENCH=1, BENCH_ARGS="--quick",
+# usage: perf/gpu_run.sh [pytest args...]   (test paths relative to the checkout run instead of all of tests/;
+#        other args go to pytest as given, e.g. -k "tiled or graph")   (env: SKIP_TESTS=1, SKIP_BENCH=1, BENCH_ARGS="--quick",
 #        MODEL_TESTS=1: also the default model's goldens, drafting and server suites on the CUDA backend; the
 #        model must already be in $STRATA_LITE_CACHE, see docs/cuda.md "On the GPU machine"; KERNEL_SUITE=1:
 #        also the pytest-benchmark kernel suite perf/bench_gpu_kernels.py, its JSON in $OUT; HOST_CPU=1: also the
@@ -24,6 +25,12 @@ ROOT=$PWD; rm -rf /tmp/sl; mkdir -p /tmp/sl/strata_lite
 for f in strata_lite/*; do ln -s "$ROOT/$f" /tmp/sl/strata_lite/; done
 for d in kernels loader server; do ln -s "$ROOT/$d" /tmp/sl/strata_lite/$d; done
 export PYTHONPATH="$SITE":/tmp/sl
+# pytest runs from /tmp (below): test paths given relative to the checkout become absolute, and replace tests/
+targets=(); args=()
+for a in "$@"; do
+  if [[ -n "$a" && "$a" != -* && -e "$ROOT/${a%%::*}" ]]; then targets+=("$ROOT/$a"); else args+=("$a"); fi
+done
+[ ${#targets[@]} -gt 0 ] || targets=("$ROOT/tests")
 cd /tmp
 export PYTHONUNBUFFERED=1
 python3 - <<'PY'
@@ -34,7 +41,7 @@ PY
 # each phase under its own time limit (seconds), so one that hangs cannot take the other's turn
 rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout "${TEST_LIMIT:-1800}" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE "$ROOT/tests" "$@" \
+  timeout "${TEST_LIMIT:-1800}" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE "${targets[@]}" ${args[@]+"${args[@]}"} \
     > "$OUT/gpu_tests.log" 2>&1
   rc=$?
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -n 40
