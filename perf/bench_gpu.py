@@ -192,8 +192,8 @@ def attn_ab_rows(cp, rounds=2):
     kernels' CTAs per SM), builds alternating over `rounds`; (label, [µs per round] per build, same bits as the
     default build). Graph replays of 16 launches over one copy of the cache (beyond L2 from 16 x 4K keys)."""
     from strata_lite.kernels.cuda import attention as ak
-    builds = [b for b in ak.BUILDS if not any(k.startswith("ATTN_TILED") for k in ak.BUILDS[b])]   # tiled ones:
-    # --prefill-attn
+    # (the tiled kernels' builds are --prefill-attn's)
+    builds = [b for b in ak.BUILDS if not any(k.startswith("ATTN_TILED") for k in ak.BUILDS[b])]
     rows = []
     for name, keys, n_seq, shape in ATTN_AB_SHAPES:
         call, _ = attention_call(cp, keys, n_seq, **shape)

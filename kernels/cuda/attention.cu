@@ -390,6 +390,16 @@ __device__ __forceinline__ void for_each_value(F f) {
 #pragma unroll
             for (int i = 0; i < 4; i++) f(gi, m, i, 2 * (threadIdx.x % 4) + (i & 1), value_channel<D, HT>(gi, m, i));
 }
+// f(gi, m, i, c) for those of head 2 tq + e only (i & 1 == e)
+template <int D, int HT, class F>
+__device__ __forceinline__ void for_each_value_of_head(int e, F f) {
+#pragma unroll
+    for (int gi = 0; gi < Cfg<D, HT>::GPW; gi++)
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int i = e; i < 4; i += 2) f(gi, m, i, value_channel<D, HT>(gi, m, i));
+}
 template <int D, int HT>
 __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int nk, Smem<D, HT>& sh,
                                              float (&acc)[Cfg<D, HT>::GPW][2][4]) {
@@ -1078,29 +1088,19 @@ __device__ __forceinline__ void attn_tiled_body(
                         if (!(f & 1)) continue;
                         const bool first = f & 2;
                         const float ca = sh.gca[col], cb = sh.gcb[col];
-#pragma unroll
-                        for (int gi = 0; gi < C::GPW; gi++)
-#pragma unroll
-                            for (int m = 0; m < 2; m++)
-#pragma unroll
-                                for (int i = e; i < 4; i += 2) {
-                                    float& ag = Ag[nt][gi][m][i];
-                                    const float x = acc[nt][gi][m][i];
-                                    ag = first ? x : fold_apply(ag, ca, x, cb);
-                                }
+                        for_each_value_of_head<D, HT>(e, [&](int gi, int m, int i, int c) {
+                            float& ag = Ag[nt][gi][m][i];
+                            const float x = acc[nt][gi][m][i];
+                            ag = first ? x : fold_apply(ag, ca, x, cb);
+                        });
                         if (f & 4) {
                             const bool g0 = f & 8;
                             const float oa = sh.oca[col], ob = sh.ocb[col];
-#pragma unroll
-                            for (int gi = 0; gi < C::GPW; gi++)
-#pragma unroll
-                                for (int m = 0; m < 2; m++)
-#pragma unroll
-                                    for (int i = e; i < 4; i += 2) {
-                                        float& a = sh.A[col * D + value_channel<D, HT>(gi, m, i)];
-                                        const float ag = Ag[nt][gi][m][i];
-                                        a = g0 ? ag : fold_apply(a, oa, ag, ob);
-                                    }
+                            for_each_value_of_head<D, HT>(e, [&](int gi, int m, int i, int c) {
+                                float& a = sh.A[col * D + c];
+                                const float ag = Ag[nt][gi][m][i];
+                                a = g0 ? ag : fold_apply(a, oa, ag, ob);
+                            });
                         }
                     }
             }
