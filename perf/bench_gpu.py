@@ -189,8 +189,9 @@ ATTN_AB_SHAPES = [("8B 32/8 D=128", 4096, 1, {}), ("8B 32/8 D=128", 32768, 1, {}
 
 def attn_ab_rows(cp, rounds=2):
     """--attn-ab: every shape of ATTN_AB_SHAPES under each attention build (attention.BUILDS: the split-parallel
-    kernels' CTAs per SM), builds alternating over `rounds`; (label, [µs per round] per build, same bits as the
-    default build). Graph replays of 16 launches over one copy of the cache (beyond L2 from 16 x 4K keys)."""
+    kernels' CTAs per SM; P' or q' in one f16), builds alternating over `rounds`; (label, [µs per round] per
+    build, same bits as the default build in every build that keeps them). Graph replays of 16 launches over one
+    copy of the cache (beyond L2 from 16 x 4K keys)."""
     from strata_lite.kernels.cuda import attention as ak
     # (the tiled kernels' builds are --prefill-attn's)
     builds = [b for b in ak.BUILDS if not any(k.startswith("ATTN_TILED") for k in ak.BUILDS[b])]
@@ -208,8 +209,13 @@ def attn_ab_rows(cp, rounds=2):
                     times[b].append(timed_in_graph(cp, [call] * 16) * 1e6)
                 finally:
                     ak.BUILD = "default"
-        same = all(bool(cp.array_equal(outs[b].view(cp.uint32), outs["default"].view(cp.uint32))) for b in builds)
-        rows.append((f"{name}, {n_seq} x {keys} keys", times, same))
+        base = outs["default"]
+        same = all(bool(cp.array_equal(outs[b].view(cp.uint32), base.view(cp.uint32)))
+                   for b in builds if not any(ak.f16_rounding(b)))
+        dev = ", ".join(f"{b} {float(cp.abs(outs[b] - base).max() / cp.abs(base).max()):.1e}"
+                        for b in builds if any(ak.f16_rounding(b)))
+        rows.append((f"{name}, {n_seq} x {keys} keys" + (f" (max |out - default's| / max: {dev})" if dev else ""),
+                     times, same))
         del call
     return rows
 
@@ -275,9 +281,10 @@ def mixed_attention_rows(cp, rounds=2):
     return rows
 
 
-# --prefill-attn: (label, attention.TILED, attention.BUILD) of each kernel timed
+# --prefill-attn: (label, attention.TILED, attention.BUILD) of each kernel timed; `p16` / `pq16` round P' / P'
+# and q' to one f16 (attention.BUILDS), so they are compared with the default's outputs, not its bits
 PREFILL_MODES = [("tiled", True, "default"), ("tiled1", True, "tiled1"), ("tiled4", True, "tiled4"),
-                 ("looped", False, "default")]
+                 ("looped", False, "default"), ("p16", True, "p16"), ("pq16", True, "pq16")]
 
 
 @contextlib.contextmanager
@@ -294,7 +301,10 @@ def attention_mode(tiled: bool, build: str = "default"):
 
 def prefill_attention_rows(cp, rounds=2):
     """--prefill-attn: (label, {mode: [µs per round]}, TFLOP/s of the default tiled kernel, same bits in every
-    mode) per shape and depth, PREFILL_MODES alternating over `rounds`, graph replays of 4 launches."""
+    mode that keeps them, {mode: max |out - tiled's| / max |tiled's|} of the modes that round to f16) per shape
+    and depth, PREFILL_MODES alternating over `rounds`, graph replays of 4 launches."""
+    from strata_lite.kernels.cuda import attention as ak
+    exact = {m for m, _, build in PREFILL_MODES if not any(ak.f16_rounding(build))}
     rows = []
     for name, shape in PREFILL_SHAPES:
         for depth in PREFILL_DEPTHS:
@@ -306,9 +316,11 @@ def prefill_attention_rows(cp, rounds=2):
                         call()
                         outs[mode] = call.out.copy()
                         times[mode].append(timed_in_graph(cp, [call] * 4, n_iter=5) * 1e6)   # per launch
-            same = all(bool(cp.array_equal(o.view(cp.uint32), outs["tiled"].view(cp.uint32))) for o in outs.values())
+            base = outs["tiled"]
+            same = all(bool(cp.array_equal(outs[m].view(cp.uint32), base.view(cp.uint32))) for m in exact)
+            dev = {m: float(cp.abs(o - base).max() / cp.abs(base).max()) for m, o in outs.items() if m not in exact}
             rows.append((f"{name}, 512 tokens after {depth} keys", times,
-                         flops / (min(times["tiled"]) * 1e-6) / 1e12, same))
+                         flops / (min(times["tiled"]) * 1e-6) / 1e12, same, dev))
             del call
     return rows
 
@@ -1100,11 +1112,11 @@ def main(argv=None) -> int:
         arows = prefill_attention_rows(cp)
         modes = [m[0] for m in PREFILL_MODES]
         print(f"\n{'prompt attention, us per launch (rounds)':48s} " + " ".join(f"{m:>16s}" for m in modes)
-              + f" {'looped/tiled':>12s} {'TFLOP/s':>8s}")
-        for label, times, tflops, same in arows:
+              + f" {'looped/tiled':>12s} {'TFLOP/s':>8s}  max |out - tiled's| / max |tiled's|")
+        for label, times, tflops, same, dev in arows:
             print(f"{label:48s} " + " ".join(f"{'/'.join(f'{t:.0f}' for t in times[m]):>16s}" for m in modes)
-                  + f" {min(times['looped']) / min(times['tiled']):11.2f}x {tflops:8.1f}"
-                  + ("" if same else "  DIFFERENT BITS"))
+                  + f" {min(times['looped']) / min(times['tiled']):11.2f}x {tflops:8.1f}  "
+                  + " ".join(f"{m} {d:.1e}" for m, d in dev.items()) + ("" if same else "  DIFFERENT BITS"))
         mrows = mixed_attention_rows(cp)
         print(f"\n{'mixed step attention, us per launch (rounds)':64s} {'decodes apart':>16s} {'one launch':>16s}")
         for label, apart, together, same in mrows:

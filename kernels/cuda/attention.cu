@@ -38,6 +38,16 @@ __device__ __forceinline__ int exponent_of(float m) {
     return min(100, max(-100, ((__float_as_int(m) >> 23) & 0xff) - 127));
 }
 
+// A/B switches (attention.py BUILDS `p16`, `pq16`): q' (phase A's B operand) and P' (phase C's) as hi + lo f16
+// halves (1) or as hi alone (0: the lo accumulators stay zero, join_f16_sums(hi, 0) is hi, and the compiler drops
+// the lo halves' arithmetic), each output then within what tests/kernels/reference.py f16_rounding_bound allows.
+#ifndef ATTN_Q_LO
+#define ATTN_Q_LO 1
+#endif
+#ifndef ATTN_P_LO
+#define ATTN_P_LO 1
+#endif
+
 // Tensor-core products: mma.sync m16n8k16, f16 inputs, f32 accumulators (sm_80+). Fragments (PTX ISA,
 // g = lane / 4, tq = lane % 4; low half of a register = lower index): a[0] = A[g][2tq, 2tq+1],
 // a[1] = A[g+8][2tq, 2tq+1], a[2] = A[g][2tq+8, 2tq+9], a[3] = A[g+8][2tq+8, 2tq+9]; b0 = B[2tq, 2tq+1][g],
@@ -291,7 +301,7 @@ __device__ __forceinline__ void phase_scores(const Work& w, const QFrags<D, HT>&
                 u32 a[4];
                 k_fragment(wa, wb, st, a);
                 mma_f16(ch, a, bh[2 * st], bh[2 * st + 1]);
-                mma_f16(cl, a, bl[2 * st], bl[2 * st + 1]);
+                if (ATTN_Q_LO) mma_f16(cl, a, bl[2 * st], bl[2 * st + 1]);
             }
             const float ka = ksc[(kb + pk) * C::NG + grp], kz = ksc[(kb + pk + 8) * C::NG + grp];
 #pragma unroll
@@ -441,8 +451,10 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
                 split_f16x2(pv[0], pv[1], wh, wl);
                 bh0 = __shfl_sync(0xffffffffu, wh, src);
                 bh1 = __shfl_sync(0xffffffffu, wh, src + 1);
-                bl0 = __shfl_sync(0xffffffffu, wl, src);
-                bl1 = __shfl_sync(0xffffffffu, wl, src + 1);
+                if (ATTN_P_LO) {
+                    bl0 = __shfl_sync(0xffffffffu, wl, src);
+                    bl1 = __shfl_sync(0xffffffffu, wl, src + 1);
+                }
             } else {
                 float pv[4];
 #pragma unroll
@@ -458,7 +470,7 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
                 u32 a[4];
                 v_fragment(x, m, a);
                 mma_f16(ch[m], a, bh0, bh1);
-                mma_f16(cl[m], a, bl0, bl1);
+                if (ATTN_P_LO) mma_f16(cl[m], a, bl0, bl1);
             }
         }
         const float fvinv = pow2i(ev - 13);
@@ -784,7 +796,7 @@ __device__ __forceinline__ void tiled_scores(const u8* krows, int nk, int nta, T
 #pragma unroll
                 for (int st = 0; st < 2; st++) {
                     mma_f16(ch, a[st], bh[2 * st], bh[2 * st + 1]);
-                    mma_f16(cl, a[st], bl[2 * st], bl[2 * st + 1]);
+                    if (ATTN_Q_LO) mma_f16(cl, a[st], bl[2 * st], bl[2 * st + 1]);
                 }
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
@@ -886,7 +898,7 @@ __device__ __forceinline__ void tiled_values(const u8* vrows, int nk, int nta, i
 #pragma unroll
                 for (int m = 0; m < 2; m++) {
                     mma_f16(ch[nt][m], a[m], bh0, bh1);
-                    mma_f16(cl[nt][m], a[m], bl0, bl1);
+                    if (ATTN_P_LO) mma_f16(cl[nt][m], a[m], bl0, bl1);
                 }
             }
         }

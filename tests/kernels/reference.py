@@ -63,8 +63,18 @@ def gather_kv(pages, scales, page_table_row, n_pos):
     return dequantize_groups(pages[pg, sl], scales[pg, sl])
 
 
-def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale):
-    """Causal GQA attention in float64 over the dequantized int8 cache."""
+# Rounding to f16 (11 significant bits): within 2^-11 of the value. The CUDA attention builds that round the
+# weights P' of the p.V products to one f16 (kernels/cuda/attention.py BUILDS `p16`, `pq16`) move each weight by
+# that, so each output by at most 2^-11 of the same sum over |V| (attention(..., magnitudes=True)); `pq16`
+# also rounds q' of the q.k products, moving each score by at most D = 2^-11 x score_magnitudes, so each weight
+# by a factor within exp(+-2D) and each output by at most ((1 + 2^-11) exp(2D) - 1) times the sum over |V|
+# (exp(2D) - 1 without the weights' rounding).
+F16_ROUNDING = 2.0 ** -11
+
+
+def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, magnitudes=False):
+    """Causal GQA attention in float64 over the dequantized int8 cache (magnitudes: the same weights over |V|,
+    sum p |v| / l per output: what rounding each weight by a relative e moves an output by at most e times)."""
     n_tok, n_heads, hd = q.shape
     n_kv = k_pages.shape[2]
     G = n_heads // n_kv
@@ -78,8 +88,34 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
             sc = K[:, g, :] @ q[t, h].astype(np.float64) * scale
             w = np.exp(sc - sc.max())
             w /= w.sum()
-            out[t, h] = w @ V[:, g, :]
+            out[t, h] = w @ (np.abs(V[:, g, :]) if magnitudes else V[:, g, :])
     return out
+
+
+def score_magnitudes(q, token_seq, token_pos, page_tables, k_pages, k_scales, scale):
+    """(n_tok, n_heads): the largest over each token's keys of scale x sum |q_i k_i| (float64, dequantized K)."""
+    n_tok, n_heads, hd = q.shape
+    G = n_heads // k_pages.shape[2]
+    out = np.empty((n_tok, n_heads), np.float64)
+    for t in range(n_tok):
+        K = np.abs(gather_kv(k_pages, k_scales, page_tables[int(token_seq[t])], int(token_pos[t]) + 1))
+        for h in range(n_heads):
+            out[t, h] = (K[:, h // G, :] @ np.abs(q[t, h].astype(np.float64))).max() * scale
+    return out
+
+
+def f16_rounding_bound(p_f16, q_f16, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
+                       scale):
+    """What rounding the weights P' (p_f16) and q' (q_f16) to one f16 moves each attention output by at most
+    (F16_ROUNDING above), per output: 0 where neither is rounded."""
+    if not (p_f16 or q_f16):
+        return 0.0
+    mag = attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, True)
+    p_part = F16_ROUNDING if p_f16 else 0.0
+    if not q_f16:
+        return p_part * mag
+    d = F16_ROUNDING * score_magnitudes(q, token_seq, token_pos, page_tables, k_pages, k_scales, scale)
+    return ((1 + p_part) * np.exp(2 * d)[..., None] - 1) * mag
 
 
 def round_query(q, path):
