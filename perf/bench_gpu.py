@@ -281,8 +281,8 @@ def mixed_attention_rows(cp, rounds=2):
     return rows
 
 
-# --prefill-attn: (label, attention.TILED, attention.BUILD) of each kernel timed; `p16` / `pq16` round P' / P'
-# and q' to one f16 (attention.BUILDS), so they are compared with the default's outputs, not its bits
+# --prefill-attn: (label, attention.TILED, attention.BUILD) of each kernel timed; `p16` rounds P' and `pq16` P' and
+# q' to one f16 (attention.BUILDS), so they are compared with the default's outputs, not its bits
 PREFILL_MODES = [("tiled", True, "default"), ("tiled1", True, "tiled1"), ("tiled4", True, "tiled4"),
                  ("looped", False, "default"), ("p16", True, "p16"), ("pq16", True, "pq16")]
 
