@@ -23,7 +23,8 @@ from .sequence import SeqStatus
 log = logging.getLogger("strata_lite")
 MAX_STEP_RATIO = 3.0     # with the time budget on, no step takes longer than this many decode-only steps
                          # (or what the fixed cost of a step that reads takes, where that is more)
-PUBLISH_S = 0.05         # /slots and the gauges: refreshed when who runs or waits changes, else at most this often
+PUBLISH_S = 0.05         # /slots and the gauges: refreshed when who runs or waits, or in which state, changes,
+                         # else at most this often
 
 
 class StepLoop:
@@ -299,11 +300,11 @@ class StepLoop:
 
     def _publish(self, force: bool = True) -> None:
         """(Under self._cond.) Counts for submit's queue check, gauges and the slot snapshot. Without force,
-        only when the running or waiting sequences changed or PUBLISH_S passed since the last time: a decode
-        step takes ~1 ms on a GPU, and the slot snapshot alone cost ~10 µs of it (sequence lengths and decode
-        rates in /slots and the KV gauges lag by PUBLISH_S at most)."""
+        only when the running or waiting sequences or their states (reading, decoding) changed or PUBLISH_S
+        passed since the last time: a decode step takes ~1 ms on a GPU, and the slot snapshot alone cost ~10 µs
+        of it (sequence lengths and decode rates in /slots and the KV gauges lag by PUBLISH_S at most)."""
         s, r = self._sched, self._runner
-        key, now = (tuple(q.id for q in s.running), len(s.waiting)), time.monotonic()
+        key, now = (tuple((q.id, q.status) for q in s.running), len(s.waiting)), time.monotonic()
         if not force and key == self._published[0] and now - self._published[1] < PUBLISH_S:
             return
         self._published = (key, now)
