@@ -11,8 +11,9 @@
 //   A  scores q.k on the tensor cores (int8 K exact in f16, q split into two f16 halves);
 //   B  softmax over the split's scores, one warp per head: m = max, p = exp2(s - m) (log2(e) is folded
 //      into q), l = sum p; all KPS scores sit in shared memory, so nothing is rescaled inside a split;
-//   C  acc[h][c] = sum of p[h][k] * v[k][c] on the tensor cores (int8 V exact, p times the V scale split in
-//      two f16 halves).
+//   C  acc[h][c] = sum of p[h][k] * v[k][c] on the tensor cores (int8 V exact, p times the V scale rounded
+//      to one f16: each output within 2^-11 of sum p |v| / l of the float result, tests/kernels/reference.py
+//      f16_rounding_bound; a weight's hi + lo halves cost twice the mma for error far below the int8 cache's).
 // Splits are folded in groups of consecutive splits (group_splits: by the token's own key count). A
 // group's partial (m, l, acc) is either written to the workspace and folded by attn_merge (groups in
 // parallel: decode), or folded in the same CTA (`_looped` kernels: one CTA walks all its groups; many
@@ -38,14 +39,11 @@ __device__ __forceinline__ int exponent_of(float m) {
     return min(100, max(-100, ((__float_as_int(m) >> 23) & 0xff) - 127));
 }
 
-// A/B switches (attention.py BUILDS `p16`, `pq16`): q' (phase A's B operand) and P' (phase C's) as hi + lo f16
-// halves (1) or as hi alone (0: the lo accumulators stay zero, join_f16_sums(hi, 0) is hi, and the compiler drops
-// the lo halves' arithmetic), each output then within what tests/kernels/reference.py f16_rounding_bound allows.
+// A/B switch (attention.py BUILDS `q16`): q' (phase A's B operand) as hi + lo f16 halves (1) or as hi alone (0: the
+// lo accumulators stay zero, join_f16_sums(hi, 0) is hi, and the compiler drops the lo halves' arithmetic), each
+// output then within what tests/kernels/reference.py f16_rounding_bound allows for q' in one f16.
 #ifndef ATTN_Q_LO
 #define ATTN_Q_LO 1
-#endif
-#ifndef ATTN_P_LO
-#define ATTN_P_LO 1
 #endif
 
 // Tensor-core products: mma.sync m16n8k16, f16 inputs, f32 accumulators (sm_80+). Fragments (PTX ISA,
@@ -79,6 +77,10 @@ __device__ __forceinline__ void split_f16(float x, u32& hi, u32& lo) {
     lo = f32_to_f16_rn(__fmul_rn(__fsub_rn(x, f16_to_f32(h)), 2048.f));
 }
 __device__ __forceinline__ float join_f16_sums(float hi, float lo) { return __fmaf_rn(lo, 1.f / 2048.f, hi); }
+// Two floats rounded to f16 (nearest, ties to even), packed: a in the low half.
+__device__ __forceinline__ u32 pack_f16x2(float a, float b) {
+    return (u32)f32_to_f16_rn(a) | (u32)f32_to_f16_rn(b) << 16;
+}
 // split_f16 of two floats, packed: hi = hi(a) | hi(b) << 16, lo likewise.
 __device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) {
     u32 ah, al, bh, bl;
@@ -375,8 +377,8 @@ __device__ __forceinline__ void phase_softmax(const Work& w, int nk, Smem<D, HT>
 }
 
 // Phase C: acc = sum over the split's keys of p[h][k] * vs[k][G] * v[k][c] = 2^(e_G - 13) * (V^T P'), with
-// A = 16 channels x 16 keys of V (exact) and B = 16 keys x 8 heads of P' = p * vs * 2^(13 - e_G) (hi and lo
-// halves; e_G the exponent of the split's largest scale of group G, so P' < 2^14). Warp w takes group w
+// A = 16 channels x 16 keys of V (exact) and B = 16 keys x 8 heads of P' = p * vs * 2^(13 - e_G) (one
+// f16, nearest; e_G the exponent of the split's largest scale of group G, so P' < 2^14). Warp w takes group w
 // (head_dim 64: two warps per group take alternate key steps, `part`; 256: groups w and w + 4). Tile m of
 // group G: row g is channel 32G + 4g + 2m, row g + 8 the next one; index k of a key step is key 2tq, 2tq + 8,
 // 2tq + 1, 2tq + 9 for k = 2tq, 2tq + 1, 2tq + 8, 2tq + 9: one 4-byte read per key (channels 4g .. 4g + 3)
@@ -424,7 +426,7 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
         for (int k = lane; k < nk; k += WARP) mv = fmaxf(mv, vsc[k * C::NG + grp]);
         const int ev = exponent_of(warp_max(mv));
         const float fv = pow2i(13 - ev);
-        float ch[2][4] = {}, cl[2][4] = {};
+        float c[2][4] = {};
         // HT <= 4: this lane's P' pair is head lane / 8, keys kb + lane % 8 (+ 8)
         const bool head_ok = lane / 8 < w.hcount;
         const float* pS = sh.S + min(lane / 8, HT - 1) * C::SSTR + lane % 8;
@@ -432,7 +434,7 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
         const int src = g % 4 * 8 + 2 * tq;
         for (int kb = part * 16; kb < nk; kb += 16 * C::KSPLIT) {
             const int kk[4] = {kb + 2 * tq, kb + 2 * tq + 8, kb + 2 * tq + 1, kb + 2 * tq + 9};
-            u32 x[4], bh0, bh1, bl0, bl1;
+            u32 x[4], b0, b1;
 #pragma unroll
             for (int j = 0; j < 4; j++) x[j] = *(const u32*)(vrows + kk[j] * C::RS + grp * 32 + 4 * g) ^ 0x80808080u;
             if constexpr (HT <= 4) {
@@ -447,14 +449,9 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
                     const float p = __fmul_rn(__fmul_rn(pS[k], pvs[k * C::NG]), fv);
                     pv[j] = head_ok && k + lane % 8 < nk ? p : 0.f;
                 }
-                u32 wh, wl;
-                split_f16x2(pv[0], pv[1], wh, wl);
-                bh0 = __shfl_sync(0xffffffffu, wh, src);
-                bh1 = __shfl_sync(0xffffffffu, wh, src + 1);
-                if (ATTN_P_LO) {
-                    bl0 = __shfl_sync(0xffffffffu, wl, src);
-                    bl1 = __shfl_sync(0xffffffffu, wl, src + 1);
-                }
+                const u32 w2 = pack_f16x2(pv[0], pv[1]);
+                b0 = __shfl_sync(0xffffffffu, w2, src);
+                b1 = __shfl_sync(0xffffffffu, w2, src + 1);
             } else {
                 float pv[4];
 #pragma unroll
@@ -462,22 +459,21 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
                     const float p = __fmul_rn(__fmul_rn(sh.S[g * C::SSTR + kk[j]], vsc[kk[j] * C::NG + grp]), fv);
                     pv[j] = g < w.hcount && kk[j] < nk ? p : 0.f;
                 }
-                split_f16x2(pv[0], pv[1], bh0, bl0);
-                split_f16x2(pv[2], pv[3], bh1, bl1);
+                b0 = pack_f16x2(pv[0], pv[1]);
+                b1 = pack_f16x2(pv[2], pv[3]);
             }
 #pragma unroll
             for (int m = 0; m < 2; m++) {
                 u32 a[4];
                 v_fragment(x, m, a);
-                mma_f16(ch[m], a, bh0, bh1);
-                if (ATTN_P_LO) mma_f16(cl[m], a, bl0, bl1);
+                mma_f16(c[m], a, b0, b1);
             }
         }
         const float fvinv = pow2i(ev - 13);
 #pragma unroll
         for (int m = 0; m < 2; m++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[gi][m][i] = __fmul_rn(join_f16_sums(ch[m][i], cl[m][i]), fvinv);
+            for (int i = 0; i < 4; i++) acc[gi][m][i] = __fmul_rn(c[m][i], fvinv);
     }
 }
 
@@ -867,7 +863,7 @@ __device__ __forceinline__ void tiled_values(const u8* vrows, int nk, int nta, i
             fvc[nt] = sh.fv[warp][min(j, TT - 1)];
             pS[nt] = sh.S + c * C::SSTR;
         }
-        float ch[NTL][2][4] = {}, cl[NTL][2][4] = {};
+        float c[NTL][2][4] = {};
         for (int kb = part * 16; kb < nk; kb += 16 * C::KSPLIT) {
             const int kk[4] = {kb + 2 * tq, kb + 2 * tq + 8, kb + 2 * tq + 1, kb + 2 * tq + 9};
             u32 x[4];
@@ -892,14 +888,9 @@ __device__ __forceinline__ void tiled_values(const u8* vrows, int nk, int nta, i
                     const float p = __fmul_rn(__fmul_rn(ps[j], vs[j]), fvc[nt]);
                     pv[j] = !MASK || kk[j] < nkc[nt] ? p : 0.f;
                 }
-                u32 bh0, bh1, bl0, bl1;
-                split_f16x2(pv[0], pv[1], bh0, bl0);
-                split_f16x2(pv[2], pv[3], bh1, bl1);
+                const u32 b0 = pack_f16x2(pv[0], pv[1]), b1 = pack_f16x2(pv[2], pv[3]);
 #pragma unroll
-                for (int m = 0; m < 2; m++) {
-                    mma_f16(ch[nt][m], a[m], bh0, bh1);
-                    if (ATTN_P_LO) mma_f16(cl[nt][m], a[m], bl0, bl1);
-                }
+                for (int m = 0; m < 2; m++) mma_f16(c[nt][m], a[m], b0, b1);
             }
         }
 #pragma unroll
@@ -909,7 +900,7 @@ __device__ __forceinline__ void tiled_values(const u8* vrows, int nk, int nta, i
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int j = min((nt * 8 + 2 * tq + (i & 1)) / HT, TT - 1);
-                    acc[nt][gi][m][i] = __fmul_rn(join_f16_sums(ch[nt][m][i], cl[nt][m][i]), sh.fvinv[warp][j]);
+                    acc[nt][gi][m][i] = __fmul_rn(c[nt][m][i], sh.fvinv[warp][j]);
                 }
     }
 }

@@ -104,20 +104,19 @@ def _head_tile(group: int, head_dim: int) -> int:
 # H200 (2026-12-06, perf/kernel_notes.md "Attention at five CTAs an SM"): both measured slower than the default.
 # `tiled1` / `tiled4`: the tiled kernels with 1 / 4 n-tiles (8 / 32 columns) instead of 2 (perf/bench_gpu.py
 # --prefill-attn; H100, 2026-12-06, 60fb8d2: both 1.25-1.37x slower at 32K keys, perf/kernel_notes.md "Prompt
-# attention"). `p16`: the weights P' of the p.V products as one f16 instead of hi + lo halves (attention.cu
-# ATTN_P_LO; half the phase-C mma; each output within 2^-11 of the float sum over |V|, so not the default's
-# bits); `pq16` also q' of the q.k products (ATTN_Q_LO). perf/kernel_notes.md, "Phase C's weights in one f16".
+# attention"). Every build takes the weights P' of the p.V products as one f16 (attention.cu phase_values: each
+# output within 2^-11 of the float sum over |V|); `q16` also q' of the q.k products (ATTN_Q_LO: half phase A's
+# mma; each score moved by up to 2^-11 of its sum over |q k|, reference.f16_rounding_bound). perf/kernel_notes.md,
+# "Phase C's weights in one f16".
 BUILDS = {"default": {}, "d128_min5": {"ATTN_D128_MIN_CTAS": 5}, "h8_min5": {"ATTN_H8_MIN_CTAS": 5},
-          "tiled1": {"ATTN_TILED_NTL": 1}, "tiled4": {"ATTN_TILED_NTL": 4},
-          "p16": {"ATTN_P_LO": 0}, "pq16": {"ATTN_P_LO": 0, "ATTN_Q_LO": 0}}
+          "tiled1": {"ATTN_TILED_NTL": 1}, "tiled4": {"ATTN_TILED_NTL": 4}, "q16": {"ATTN_Q_LO": 0}}
 BUILD = "default"           # the build every launch takes (set by perf/bench_gpu.py --attn-build for A/B runs)
 
 
 def f16_rounding(build: str) -> tuple:
-    """(P' in one f16, q' in one f16) of a build: (False, False) keeps the default build's bits (the builds that
-    change only the launch shape or the CTAs per SM)."""
-    over = BUILDS[build]
-    return over.get("ATTN_P_LO", 1) == 0, over.get("ATTN_Q_LO", 1) == 0
+    """(P' in one f16, q' in one f16) of a build's kernels: P' always; q' in `q16` only, so the other builds keep
+    the default build's bits."""
+    return True, BUILDS[build].get("ATTN_Q_LO", 1) == 0
 
 
 @functools.lru_cache(maxsize=None)

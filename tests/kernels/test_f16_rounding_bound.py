@@ -1,5 +1,5 @@
-"""reference.f16_rounding_bound, the tolerance of the CUDA attention builds that round to f16 (p16, pq16), against
-a float64 model of that rounding: the attention of a random int8 cache with q' (the scaled query, its largest
+"""reference.f16_rounding_bound, the tolerance of the CUDA attention kernels (P' in one f16; q' too in the build
+`q16`), against a float64 model of that rounding: the attention of a random int8 cache with q' (the scaled query, its largest
 element in [2^13, 2^14)) and the weights P' = p x vs x 2^(13 - e_G) (per 128-key split and 32-channel V group, e_G
 the exponent of the split's largest V scale) rounded to f16 as the kernels round them, everything else in float64.
 The model's error must stay within the bound, and for P' alone with a sharp softmax (one key's weight dominating,
@@ -68,7 +68,7 @@ CASES = [(3000, 8, 2, 128, 1.0, 1.0, False), (3000, 8, 2, 128, 3.0, 4.0, True), 
          (500, 8, 2, 128, 4.0, 8.0, True)]
 
 
-@pytest.mark.parametrize("p_f16,q_f16", [(True, False), (True, True)], ids=["p16", "pq16"])
+@pytest.mark.parametrize("p_f16,q_f16", [(True, False), (True, True)], ids=["p16", "q16"])
 @pytest.mark.parametrize("n,n_heads,n_kv,hd,amp,qamp,sharp", CASES)
 def test_bound_holds_and_is_tight(n, n_heads, n_kv, hd, amp, qamp, sharp, p_f16, q_f16):
     rng = np.random.default_rng(n + hd)

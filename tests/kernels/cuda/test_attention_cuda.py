@@ -6,9 +6,9 @@ are float32 rounding in the kernel: q.k over head_dim products (~sqrt(head_dim) 
 (2 ulp), p @ v over up to a few thousand keys and the fold of the splits' partials. All of that stays
 well under 1e-5 of the output scale: |out - ref| <= 1e-5 * |ref| + 1e-5 * max|ref| (an absolute floor
 relative to the output magnitude, since single outputs can be near zero). Against the CPU backend (also
-float32, different order) the bound is the sum of both errors: 2e-5. The A/B builds that round P' or q' to f16
-(attention.py BUILDS `p16`, `pq16`) get what that rounding moves an output by on top
-(reference.f16_rounding_bound).
+float32, different order) the bound is the sum of both errors: 2e-5. On top of that, what rounding the p.V
+weights P' to one f16 moves an output by (reference.f16_rounding_bound: every build), and for the A/B build
+`q16` (attention.py BUILDS) q' as well.
 """
 import sys
 from pathlib import Path
@@ -154,7 +154,7 @@ def test_every_build_gives_the_same_bits(n_heads, n_kv, hd, monkeypatch):
         monkeypatch.setattr(ak, "BUILD", build)
         runs[build] = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=3000)
     for build in ak.BUILDS:
-        if any(ak.f16_rounding(build)):
+        if ak.f16_rounding(build) != ak.f16_rounding("default"):
             monkeypatch.setattr(ak, "BUILD", build)
             check_against_refs(c, q, seq, pos, hd ** -0.5, runs[build])
         else:
