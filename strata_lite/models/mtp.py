@@ -17,7 +17,7 @@ import numpy as np
 from ..batch import Batch
 from ..loader.mtp import draft_head
 from .k_smoothing import k_channel_scales
-from .transformer import BlockRows, Transformer, _Layer, decoder_block
+from .transformer import BlockRows, Transformer, _Layer, decoder_block, store_kv
 
 
 class MtpHead:
@@ -47,20 +47,34 @@ class MtpHead:
         hidden (n, n_embd): the main model's last hidden state at each i (or the previous draft's block
         output). -> (logits (len(batch.logit_rows), n_vocab) of the token at i + 2 for the batch's logit
         rows, the block's output at every row (n, n_embd)). Rows that only fill the KV layer (a prompt
-        chunk's) skip the head, the block's largest mat-mul. With a draft vocabulary the logits have its
+        chunk's) skip the head, the block's largest mat-mul (and those whose output nobody reads the block's
+        attention and FFN: store_kv). With a draft vocabulary the logits have its
         n_head columns (token_ids)."""
-        be, cfg = self.backend, self.cfg
+        be = self.backend
         rows = BlockRows(be, batch)
-        e = be.rmsnorm(be.embed(self.embed, rows.ids), self.enorm, cfg.rms_eps)
-        h = be.rmsnorm(hidden, self.hnorm, cfg.rms_eps)
-        x = be.qmatmul(self.eh_embed, e)
-        be.add(x, be.qmatmul(self.eh_hidden, h), out=x)
-        decoder_block(be, cfg, self.layer, self.mtp.block, x, rows, layer_kv)
+        x = self._input(rows, hidden)
+        decoder_block(be, self.cfg, self.layer, self.mtp.block, x, rows, layer_kv)
         n, sel = x.shape[0], batch.logit_rows
         if len(sel) == 0:
             return be.empty((0, self.n_head)), x
         y = x if len(sel) == n else be.take_rows(x, be.from_host(sel))
         return self.logits(y), x
+
+    def store_kv(self, batch: Batch, hidden, layer_kv) -> None:
+        """forward's KV rows alone (its logit rows are ignored): rows whose block output nobody reads, only
+        their K and V for later rows' attention (a fill's earlier positions), skip the block's attention and
+        FFN. The rows stored are forward's bits (transformer.store_kv)."""
+        rows = BlockRows(self.backend, batch)
+        store_kv(self.backend, self.cfg, self.layer, self._input(rows, hidden), rows, layer_kv)
+
+    def _input(self, rows: BlockRows, hidden):
+        """eh_proj([enorm(embed(t[i+1])); hnorm(h[i])]) -> the block's input (n, n_embd)."""
+        be, cfg = self.backend, self.cfg
+        e = be.rmsnorm(be.embed(self.embed, rows.ids), self.enorm, cfg.rms_eps)
+        h = be.rmsnorm(hidden, self.hnorm, cfg.rms_eps)
+        x = be.qmatmul(self.eh_embed, e)
+        be.add(x, be.qmatmul(self.eh_hidden, h), out=x)
+        return x
 
     def token_ids(self, columns) -> np.ndarray:
         """Logits columns (host ints) -> the token ids they score."""

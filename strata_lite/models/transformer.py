@@ -89,15 +89,7 @@ def decoder_block(be, cfg, lw, hw, x, rows: BlockRows, layer_kv, obs=None) -> No
             lw.compiled(x, rows.seq, rows.pos, rows.tables, *layer_kv)
             return
         obs = _ignore
-    h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps, round_for=lw.qkv or lw.qk or lw.attn_q)
-    obs(h, hw.attn_q, hw.attn_k, hw.attn_v)
-    q, k, v = _project_qkv(be, cfg, lw, h)
-    if cfg.qk_norm:
-        q = be.rmsnorm(q.reshape(-1, cfg.head_dim), lw.attn_q_norm, cfg.rms_eps).reshape(q.shape)
-        k = be.rmsnorm(k.reshape(-1, cfg.head_dim), lw.attn_k_norm, cfg.rms_eps).reshape(k.shape)
-    # K smoothing (k_smoothing.py) folded into rope: q*s . k/s = q . k
-    be.rope_kv_store(q, k, v, rows.seq, rows.pos, rows.tables, *layer_kv, cfg.rope_freq_base, cfg.n_rot,
-                     cfg.rope_neox, lw.q_scale, lw.k_inv_scale)
+    q = store_kv(be, cfg, lw, x, rows, layer_kv, lambda h: obs(h, hw.attn_q, hw.attn_k, hw.attn_v))
     a = be.attention(q, rows.seq, rows.pos, rows.tables, *layer_kv, 1.0 / math.sqrt(cfg.head_dim),
                      max_keys=rows.max_keys, split_rows=rows.short_rows)   # (n, n_heads, head_dim)
     a = a.reshape(n, cfg.n_heads * cfg.head_dim)
@@ -112,6 +104,24 @@ def decoder_block(be, cfg, lw, hw, x, rows: BlockRows, layer_kv, obs=None) -> No
         act = be.silu_mul(g, be.qmatmul(lw.ffn_up, h), out=g)
     obs(act, hw.ffn_down)
     be.qmatmul_add(lw.ffn_down, act, x)
+
+
+def store_kv(be, cfg, lw, x, rows: BlockRows, layer_kv, obs=None):
+    """The first part of decoder_block on x (n, n_embd): its K and V rows stored into layer_kv (the same bits
+    as the whole block stores: every step is row by row). -> q (n, n_heads, head_dim), roped, for the
+    attention; rows that only need their KV rows written (models/mtp.py) stop here. obs(h): the observer of
+    the normed input, if any."""
+    h = be.rmsnorm(x, lw.attn_norm, cfg.rms_eps, round_for=lw.qkv or lw.qk or lw.attn_q)
+    if obs is not None:
+        obs(h)
+    q, k, v = _project_qkv(be, cfg, lw, h)
+    if cfg.qk_norm:
+        q = be.rmsnorm(q.reshape(-1, cfg.head_dim), lw.attn_q_norm, cfg.rms_eps).reshape(q.shape)
+        k = be.rmsnorm(k.reshape(-1, cfg.head_dim), lw.attn_k_norm, cfg.rms_eps).reshape(k.shape)
+    # K smoothing (k_smoothing.py) folded into rope: q*s . k/s = q . k
+    be.rope_kv_store(q, k, v, rows.seq, rows.pos, rows.tables, *layer_kv, cfg.rope_freq_base, cfg.n_rot,
+                     cfg.rope_neox, lw.q_scale, lw.k_inv_scale)
+    return q
 
 
 class _Layer:

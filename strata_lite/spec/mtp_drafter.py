@@ -18,8 +18,8 @@ fill keeps those rows for sequences whose kept tokens are the greedy ones (with 
 nothing runs after the step for it) and computes only the others. On the CPU backend the fill defers the rows
 (`defer`, `pending`: the hidden states on the host and the tokens after them) until a draft asks for the
 sequence's first token, the step completes the page of its first waiting row (before the scheduler commits
-that page to the prefix trie) or DEFER_MAX_ROWS rows wait, and then writes them in one forward of the block:
-a sequence that does not draft from the block pays for its rows in forwards of up to DEFER_MAX_ROWS rows
+that page to the prefix trie) or DEFER_MAX_ROWS rows wait, and then writes them in one forward (their K and V;
+the whole block only on a row whose output a first draft reads: _fill_rows): a sequence that does not draft from the block pays for its rows in forwards of up to DEFER_MAX_ROWS rows
 (where a row costs less than alone: docs/speculative.md) instead of once a step. The rows' bits are the same
 either way (batch invariance).
 
@@ -54,10 +54,10 @@ from ..models.mtp import MtpHead
 from .suffix_index import Draft
 
 
-# deferred KV rows of one sequence are written once this many wait, even before their page is complete: the
-# shipped block on a 2-core AVX2 CPU costs ~0.27-0.31 ms a row in a forward of 32 rows, as little as in one of 64
-# (0.31-0.37) against 0.70-0.82 alone (perf/bench_mtp_block.py), and the step that writes them carries half
-# a page's forward instead of a whole one (~9 instead of ~20 ms)
+# deferred KV rows of one sequence are written once this many wait, even before their page is complete: on a
+# 2-core Zen 5 CPU (AVX-512 VNNI) the shipped block's fill of 32 rows (their K and V, the last row's whole block:
+# _fill_rows) takes 0.52 ms, 0.016 a row, against 0.21 for one row alone (perf/bench_mtp_block.py), and the step
+# that writes them carries half a page's rows instead of a whole one
 DEFER_MAX_ROWS = 32
 
 
@@ -287,11 +287,11 @@ class MtpDrafter:
                                          fused[1])
         if not rows:
             return
-        out, _ = self._forward(hidden, rows, ids, pos, seq_of, tables, [])
+        out, at_row = self._fill_rows(hidden, rows, ids, pos, seq_of, tables, first_rows)
         if first_seqs and self.fill_graphs is not None:
             out = out.copy()      # kept past the step (a sequence may sit the next one out): off the graph's buffer
         for seq, row in zip(first_seqs, first_rows):
-            self.first[seq] = _First(seq.n_computed, out, row, None, None)
+            self.first[seq] = _First(seq.n_computed, out, at_row[row], None, None)
 
     def _defer(self, hidden, deferred) -> None:
         """Keep the rows `deferred` ((seq, first batch row, first position, rows) of this step) in self.pending:
@@ -328,10 +328,11 @@ class MtpDrafter:
             parts.extend(p.rows)
             last.append(len(ids) - 1 if _gives_first_draft(seq, p) else None)
         hidden = self.backend.from_host(np.concatenate(parts))
-        out, _ = self._forward(hidden, list(range(len(ids))), ids, pos, seq_of, tables, [])
+        keep = [row for row in last if row is not None]
+        out, at_row = self._fill_rows(hidden, list(range(len(ids))), ids, pos, seq_of, tables, keep)
         for seq, row in zip(seqs, last):
             if row is not None:
-                self.first[seq] = _First(seq.n_computed, out, row, None, None)
+                self.first[seq] = _First(seq.n_computed, out, at_row[row], None, None)
 
     def fill_eagerly(self) -> None:
         """Write the block's KV rows in the step that computes them from now on (no deferral; the first
@@ -356,20 +357,42 @@ class MtpDrafter:
         batch.validate(self.kv.n_pages, self.kv.page_size, self.n_vocab)
         return batch
 
-    def _forward(self, hidden, rows, ids, pos, seq_of, tables, logit_rows):
-        be = self.backend
-        batch = self._batch(ids, pos, seq_of, tables, logit_rows)
-        n_hidden = hidden.shape[0]
-        if len(rows) != n_hidden or rows != list(range(n_hidden)):
-            hidden = be.take_rows(hidden, be.from_host(np.asarray(rows, np.int32)))
-        graphs = self.chain_graphs if len(logit_rows) else self.fill_graphs
-        if graphs is not None and graphs.accepts(batch):
-            if len(logit_rows):
-                logits, out = graphs.run(batch, hidden)
-                return out, logits
-            return graphs.run(batch, hidden), None
+    def _forward(self, hidden, ids, pos, seq_of, tables):
+        """One chain step: the block and head on every row (hidden: one row each) -> (block outputs, logits)."""
+        batch = self._batch(ids, pos, seq_of, tables, list(range(len(ids))))
+        if self.chain_graphs is not None and self.chain_graphs.accepts(batch):
+            logits, out = self.chain_graphs.run(batch, hidden)
+            return out, logits
         logits, out = self.head.forward(batch, hidden, self.kv.layer(self.layer))
         return out, logits
+
+    def _fill_rows(self, hidden, rows, ids, pos, seq_of, tables, keep):
+        """A fill's block rows: the main model's states hidden[rows], the tokens after them (ids) at positions pos
+        -> (block outputs, {index in ids: its row in them}) for the rows `keep` (indices into ids: each the last
+        of its sequence's rows) whose block output a first draft reads. A captured fill graph runs the whole block
+        on every row. Eagerly the other rows only store their K and V (MtpHead.store_kv: the block's attention,
+        output projection and FFN, ~90 % of its arithmetic a row, skipped), then the kept rows run the block,
+        their attention reading those rows; the KV rows and the kept outputs are the bits of one whole forward."""
+        be = self.backend
+        if len(rows) != hidden.shape[0] or rows != list(range(hidden.shape[0])):
+            hidden = be.take_rows(hidden, be.from_host(np.asarray(rows, np.int32)))
+        if self.fill_graphs is not None:
+            batch = self._batch(ids, pos, seq_of, tables, [])
+            if self.fill_graphs.accepts(batch):
+                return self.fill_graphs.run(batch, hidden), {r: r for r in keep}
+        kept = set(keep)
+        only_kv = [r for r in range(len(ids)) if r not in kept]
+        if only_kv:
+            part = self._batch([ids[r] for r in only_kv], [pos[r] for r in only_kv],
+                               [seq_of[r] for r in only_kv], tables, [])
+            sub = hidden if not keep else be.take_rows(hidden, be.from_host(np.asarray(only_kv, np.int32)))
+            self.head.store_kv(part, sub, self.kv.layer(self.layer))
+        if not keep:
+            return None, {}
+        part = self._batch([ids[r] for r in keep], [pos[r] for r in keep], [seq_of[r] for r in keep], tables, [])
+        sub = hidden if not only_kv else be.take_rows(hidden, be.from_host(np.asarray(keep, np.int32)))
+        _, out = self.head.forward(part, sub, self.kv.layer(self.layer))
+        return out, {r: i for i, r in enumerate(keep)}
 
     def _argmax(self, logits) -> list[tuple[int, float]]:
         """(argmax token, its softmax probability) per row (Backend.argmax_prob)."""
@@ -436,8 +459,8 @@ class MtpDrafter:
                     break
             hidden = self._gather([state[s][1:] for s in live])
             idx = list(range(len(live)))
-            out, logits = self._forward(hidden, idx, [drafts[s][0][-1] for s in live],
-                                        [s.n_computed + j - 1 for s in live], idx, [s.page_row() for s in live], idx)
+            out, logits = self._forward(hidden, [drafts[s][0][-1] for s in live],
+                                        [s.n_computed + j - 1 for s in live], idx, [s.page_row() for s in live])
             for i, (s, (tok, p)) in enumerate(zip(live, self._argmax(logits))):
                 toks, conf = drafts[s]
                 toks.append(tok)
@@ -497,14 +520,16 @@ class MtpDrafter:
 
     def warm_up(self, next_ids, pages) -> None:
         """Compile the block's kernels: its rows over the runner's warm-up prompt (whose hidden states the
-        last forward handed over), the head and the greedy sampling on the last one, then one chain row."""
+        last forward handed over) as a fill writes them, the head and the greedy sampling on the last one, then
+        one chain row."""
         hidden, self.hidden = self.hidden, None
         n = hidden.shape[0]
         idx = list(range(n))
-        out, logits = self._forward(hidden, idx, list(next_ids[:n]), idx, [0] * n, [pages], [n - 1])
-        self._argmax(logits)
+        out, at_row = self._fill_rows(hidden, idx, list(next_ids[:n]), idx, [0] * n, [pages], [n - 1])
+        last = self._gather([(out, at_row[n - 1])])
+        self._argmax(self.head.logits(last))
         if n > 1:
-            self._forward(self._gather([(out, n - 1)]), [0], [int(next_ids[0])], [n - 1], [0], [pages], [0])
+            self._forward(last, [int(next_ids[0])], [n - 1], [0], [pages])
 
     def forget(self, seq) -> None:
         self.first.pop(seq, None)

@@ -93,6 +93,38 @@ def test_mtp_forward_is_the_same_in_chunks(tiny):
         np.testing.assert_allclose(two, one, rtol=0, atol=0.03 * np.abs(one).max())
 
 
+@pytest.mark.parametrize("n_kv_only", [4, 11], ids=["compiled-block-rows", "per-call-rows"])
+def test_kv_rows_alone_are_the_rows_of_the_whole_block(tiny, n_kv_only):
+    """MtpHead.store_kv (a fill's rows that only need their K and V: attention and FFN skipped) writes the KV
+    layer's bits of the whole block's forward, and the next row's block output after them is the bits of one
+    whole pass (where the backend is batch-invariant). 4 rows: the whole block runs as the backend's one-call
+    block (<= 8 tokens) while store_kv takes the per-call kernels; 11: both per call."""
+    llm, path, _ = tiny
+    if not llm.backend.int8:
+        pytest.skip("the float kernels are not batch-invariant (test_mtp_forward_is_the_same_in_chunks)")
+    cfg, be = llm.config, llm.backend
+    head = MtpHead(llm.model, load_mtp(GGUFFile(path), cfg))
+    _, hidden = _main_hidden(llm, IDS)
+    n = n_kv_only + 1
+
+    def layer():
+        return tuple(a[0] for a in be.kv_arrays(1, llm.kv.n_pages, llm.kv.page_size, cfg.n_kv_heads, cfg.head_dim))
+
+    def rows(lo, hi):
+        b = Batch.single(IDS[lo + 1:hi + 1], lo, llm._pages)
+        b.validate(llm.kv.n_pages, llm.kv.page_size, cfg.n_vocab)
+        return b
+
+    whole = layer()
+    want = be.to_host(head.forward(rows(0, n), hidden[:n], whole)[1])[-1]
+    split = layer()
+    head.store_kv(rows(0, n_kv_only), hidden[:n_kv_only], split)
+    got = be.to_host(head.forward(rows(n_kv_only, n), hidden[n_kv_only:n], split)[1])[-1]
+    for a, b in zip(split, whole):
+        np.testing.assert_array_equal(be.to_host(a), be.to_host(b))
+    np.testing.assert_array_equal(got, want)
+
+
 def test_more_than_one_mtp_block_is_refused(tmp_path):
     path = write_tiny_model(tmp_path / "m.gguf", extra_meta={"qwen2.nextn_predict_layers": 2})
     with pytest.raises(GGUFError, match="nextn_predict_layers' = 2"):
