@@ -118,6 +118,18 @@ def f16_rounding_bound(p_f16, q_f16, q, token_seq, token_pos, page_tables, k_pag
     return ((1 + p_part) * np.exp(2 * d)[..., None] - 1) * mag
 
 
+def assert_within(got, want, rtol, atol):
+    """|got - want| <= rtol |want| + atol elementwise, atol a scalar or an array broadcast against want (what
+    numpy's assert_allclose does not take: its message formats atol as a number); NaN fails."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    lim = rtol * np.abs(want) + atol
+    bad = ~(np.abs(got - want) <= lim)
+    if bad.any():
+        i = np.unravel_index(np.argmax(np.where(bad, np.abs(got - want) - lim, -np.inf)), bad.shape)
+        raise AssertionError(f"{int(bad.sum())} of {bad.size} elements outside rtol {rtol:g} + atol; worst at {i}: "
+                             f"got {got[i]!r}, want {want[i]!r}, allowed {np.broadcast_to(lim, bad.shape)[i]!r}")
+
+
 def round_query(q, path):
     """q (..., head_dim) float32 as attention's q.k path multiplies it (kernels/cpu/attention_int8.py), per
     32 channels: "int8" as ggml's Q8_0 (act_reference.ref_q8_0), "int16" q = rint(x / d) * d with

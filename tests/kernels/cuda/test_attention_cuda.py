@@ -67,10 +67,10 @@ def check_against_refs(c, q, seq, pos, scale, got):
     from strata_lite.kernels.cuda import attention as ak
     want = ref.attention(q, seq, pos, c.pt, *c.host, scale)
     f16 = ref.f16_rounding_bound(*ak.f16_rounding(ak.BUILD), q, seq, pos, c.pt, *c.host, scale)
-    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * np.abs(want).max() + f16)
+    ref.assert_within(got, want, RTOL, RTOL * np.abs(want).max() + f16)
     cpu = np.full_like(q, np.nan)
     cpu_attention(q, seq, pos, c.pt, *c.host, scale, cpu)
-    np.testing.assert_allclose(got, cpu, rtol=2 * RTOL, atol=2 * RTOL * np.abs(want).max() + f16)
+    ref.assert_within(got, cpu, 2 * RTOL, 2 * RTOL * np.abs(want).max() + f16)
 
 
 # (n_heads, n_kv, head_dim): GQA groups 7 (the 0.5B model), 1, 2, 4 (8B-like), 12 (two head tiles, the second
