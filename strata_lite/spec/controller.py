@@ -32,7 +32,9 @@ draft's, priced the same way). The block's head runs only for sequences that pas
 sequences, where E0 / T0 is high and the block's forwards hold up the whole step, it runs only for drafts
 the width choice may take; the chain stops at a token that cannot pay for itself (R_i < P_i). When no
 sequence has drafted from the block for PROBE_EVERY steps, one without a suffix draft gets a one-token
-MTP probe, so the estimates can recover. Before any step is timed, P_i = m_i (MTP) or 0 (suffix).
+MTP probe, so the estimates can recover; the wait doubles after each probe (up to PROBE_MAX steps) while the
+block is picked only for probes, and returns to PROBE_EVERY once it is picked on its price: where drafts do
+not pay (many decoding sequences on a CPU), the probes' heads and verified tokens fade to ~1 step in 256. Before any step is timed, P_i = m_i (MTP) or 0 (suffix).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ from .suffix_index import LENGTHS, MIN_CONF, NO_DRAFT, Draft, SequenceIndex, Suf
 
 MAX_DRAFT = 8            # drafted tokens per sequence and step at most (auto)
 PROBE_EVERY = 16         # steps without a draft before a sequence gets a one-token probe
+PROBE_MAX = 256          # the MTP probe's wait at most: it doubles after each probe (the block not picked between)
 DECAY = 0.995            # acceptance counts fade by this per observation (~200 drafts of memory)
 EMA = 0.2                # per-sequence first-token acceptance average
 COST_WINDOW = 256        # decode / verify steps in the cost fit
@@ -199,6 +202,7 @@ class SpecController:
         self.mtp_first_p = 0.5                # running mean of the MTP's first-token probability
         self.mtp_step_p = 0.5                 # running mean of the MTP's probability at depths >= 1
         self.mtp_idle = 0                     # steps with an MTP first token ready but no MTP draft verified
+        self.mtp_probe_every = PROBE_EVERY    # mtp_idle that brings the next one-token MTP probe
         self._mtp_probe = None                # the sequence of this step's one-token MTP probe, if any
         self._price = None                    # this step's (E0 / T0, c, t_1): _token_price
         self.totals = dict(drafted=0, accepted=0, steps=0)
@@ -282,6 +286,9 @@ class SpecController:
         if ready:
             took = any(s in chosen and s.spec.source == "mtp" for s in ready)
             self.mtp_idle = 0 if took else self.mtp_idle + 1
+            if took:    # probes back off while only probes draft from the block; a draft it won resets them
+                self.mtp_probe_every = (min(2 * self.mtp_probe_every, PROBE_MAX) if self._mtp_probe is not None
+                                        else PROBE_EVERY)
         return chosen
 
     def _draft_mtp(self, ready: dict) -> None:
@@ -290,7 +297,8 @@ class SpecController:
         has run yet) get a chain (MtpDrafter.propose: the head, then one forward per further token, stopped
         where a token could no longer pay for itself; under a fixed width only at the cap or where no page is
         free); each takes its chain when _pick_mtp still holds with the chain's own confidences. With none
-        picking the block for PROBE_EVERY steps (auto widths), one sequence without a suffix draft gets a
+        picking the block for mtp_probe_every steps (auto widths: PROBE_EVERY, doubled after each probe up to
+        PROBE_MAX until the block is picked on its price again), one sequence without a suffix draft gets a
         one-token probe."""
         cost = self._mtp_cost()
         caps, floors = {}, {}
@@ -304,7 +312,7 @@ class SpecController:
                     floors[seq] = [self._token_price("mtp", i, cost) / a if a > 0 else math.inf
                                    for i, a in enumerate(reach)]
         probe = None
-        if not caps and self.width == "auto" and self.mtp_idle >= PROBE_EVERY:
+        if not caps and self.width == "auto" and self.mtp_idle >= self.mtp_probe_every:
             probe = next((s for s in ready if not len(s.spec.draft)), None)
             if probe is not None:
                 caps[probe] = 1

@@ -584,6 +584,37 @@ def test_block_forwards_are_priced_at_the_steps_rate(files, llm):
     assert ctl._token_price("mtp", 0, cost) == pytest.approx(4 / 0.13 * (0.01 + cost.head * 0.1))
 
 
+def test_mtp_probes_back_off_while_the_block_does_not_pay(files, llm):
+    """A block too dear to pay (4x its byte ratio, as the "dear" case above) drafts only the one-token probes:
+    after 16 idle steps, then 32, 64, 128 and 256, and then every 256; once the block is picked on its price (made
+    free for a step) the next probe comes after 16 idle steps again."""
+    from strata_lite.spec.controller import PROBE_EVERY, PROBE_MAX
+    real = mtp_cost(llm.model.weights, mtp_weights(files["embedded"], llm.config, None))
+    mtp = _ChainMtp([0.3 ** (i + 1) for i in range(8)], MtpCost(4 * real.head, 4 * real.block))
+    ctl = _timed_controller("mtp", mtp)
+    seq = _decoding([7, 3, 9, 4])
+    ctl.attach(seq)
+
+    def probe_gaps(n_steps):
+        gaps, last = [], 0
+        for step in range(1, n_steps + 1):
+            before = len(mtp.calls)
+            got = ctl.drafts([seq], {seq: 4})
+            if len(mtp.calls) > before:
+                assert got == {seq: [1]}                      # a probe: one token
+                gaps.append(step - last)
+                last = step
+        return gaps
+
+    assert probe_gaps(1100) == [PROBE_EVERY + 1, 33, 65, 129, 257, 257, 257] and PROBE_MAX == 256
+    dear = mtp.cost
+    mtp.cost = MtpCost(0.0, 0.0)
+    assert ctl.drafts([seq], {seq: 4})[seq] and ctl._mtp_probe is None     # picked on its price, not a probe
+    assert ctl.mtp_probe_every == PROBE_EVERY
+    mtp.cost = dear
+    assert probe_gaps(20) == [PROBE_EVERY + 1]
+
+
 def test_auto_takes_the_suffix_draft_when_the_block_does_not_pay():
     """In auto, a block too dear to pay leaves the sequence its (weak: G = 0.29) suffix draft, which costs
     nothing to produce, and no chain runs; a free block, whose estimated gain (0.33) and then its chain's
