@@ -75,22 +75,27 @@ def test_block_graphs_give_the_eager_bits(mtp_path):
     def layer_rows():
         return [be.to_host(a).copy() for a in kv.layer(d.layer)]
 
-    # a prompt's 40 rows (more than the largest bucket: eager), then a verify-shaped fill of 3 rows and a
-    # chain step, each through the graphs and again eagerly over the same positions
-    d._forward(hidden(40), list(range(40)), ids[1:41], list(range(40)), [0] * 40, [pages], [])
+    # a prompt's 40 rows (more than the largest bucket: eager, their K and V alone), then a verify-shaped fill of
+    # 3 rows (the last one's block output kept) and a chain step, each through the graphs and again eagerly over
+    # the same positions (the eager fill: K and V of the first two rows, the whole block on the third)
+    d._fill_rows(hidden(40), list(range(40)), ids[1:41], list(range(40)), [0] * 40, [pages], [])
     h3, h1 = hidden(3), hidden(1)
-    steps = [((h3, [0, 1, 2], ids[41:44], [40, 41, 42], [0] * 3, [pages], []), fill),
-             ((h1, [0], [ids[44]], [43], [0], [pages], [0]), chain)]
-    for args, counted in steps:
+
+    def fill_step():
+        out, at_row = d._fill_rows(h3, [0, 1, 2], ids[41:44], [40, 41, 42], [0] * 3, [pages], [2])
+        return [be.to_host(out)[at_row[2]]]
+
+    def chain_step():
+        out, logits = d._forward(h1, [ids[44]], [43], [0], [pages])
+        return [be.to_host(out), be.to_host(logits)]
+
+    for step, counted in ((fill_step, fill), (chain_step, chain)):
         d.fill_graphs, d.chain_graphs = fill, chain
         runs = counted.runs
-        with_logits = bool(args[-1])             # a fill asks for no logits (the graph then returns none)
-        out_g, logits_g = d._forward(*args)
+        got = step() + layer_rows()
         assert counted.runs == runs + 1
-        got = [be.to_host(out_g)] + ([be.to_host(logits_g)] if with_logits else []) + layer_rows()
         d.fill_graphs = d.chain_graphs = None
-        out_e, logits_e = d._forward(*args)
-        want = [be.to_host(out_e)] + ([be.to_host(logits_e)] if with_logits else []) + layer_rows()
+        want = step() + layer_rows()
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g, w)
 
@@ -111,8 +116,8 @@ def test_device_chain_equals_the_step_loop(mtp_path, draft_vocab):
     for s in seqs:                                   # the block's KV rows of each prompt, eagerly
         n = s.n_computed
         hid = be.from_host(rng.standard_normal((n, cfg.n_embd)).astype(np.float32))
-        d._forward(hid, list(range(n)), [int(t) for t in rng.integers(0, cfg.n_vocab, n)], list(range(n)),
-                   [0] * n, [s.pages], [])
+        d._fill_rows(hid, list(range(n)), [int(t) for t in rng.integers(0, cfg.n_vocab, n)], list(range(n)),
+                     [0] * n, [s.pages], [])
     outs = be.from_host(rng.standard_normal((3, cfg.n_embd)).astype(np.float32))
     caps = {seqs[0]: 5, seqs[1]: 4, seqs[2]: 3}
     floors = {seqs[1]: [0.0, 0.0, 1.0]}             # seqs[1] stops before its third token
@@ -171,8 +176,8 @@ def test_rows_filled_in_the_step_graph_equal_the_eager_fill(mtp_path, kept):
         assert first is None      # the head runs when a draft asks for it
     got = [be.to_host(out)[row]] + [be.to_host(a).copy() for a in kv.layer(d.layer)]
     d.fill_graphs = None                                     # the reference: the row again, eagerly
-    ref, _ = d._forward(be.from_host(hidden), [0], [nxt], [40], [0], [seq.pages], [])
-    want = [be.to_host(ref)[0]] + [be.to_host(a).copy() for a in kv.layer(d.layer)]
+    ref, at_row = d._fill_rows(be.from_host(hidden), [0], [nxt], [40], [0], [seq.pages], [0])
+    want = [be.to_host(ref)[at_row[0]]] + [be.to_host(a).copy() for a in kv.layer(d.layer)]
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
     if kept == "greedy":          # the row is the graph's own buffer: a chain goes on from it until the next replay
