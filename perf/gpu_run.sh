@@ -33,6 +33,12 @@ done
 [ ${#targets[@]} -gt 0 ] || targets=("$ROOT/tests")
 cd /tmp
 export PYTHONUNBUFFERED=1
+# a package the machine lacks fails here in one line, not as every test's collection error
+if ! python3 -c "import strata_lite" 2> "$OUT/import.log"; then
+  echo "strata_lite does not import on this machine: $(tail -n 1 "$OUT/import.log")"
+  echo "(bring the missing package's wheel in .whl/: docs/cuda.md, \"Install\")"
+  exit 1
+fi
 python3 - <<'PY'
 import cupy, numba, numpy
 print("cupy", cupy.__version__, "numba", numba.__version__, "numpy", numpy.__version__,
