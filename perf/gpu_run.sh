@@ -36,7 +36,7 @@ export PYTHONUNBUFFERED=1
 # a package the machine lacks fails here in one line, not as every test's collection error
 if ! python3 -c "import strata_lite" 2> "$OUT/import.log"; then
   echo "strata_lite does not import on this machine: $(tail -n 1 "$OUT/import.log")"
-  echo "(bring the missing package's wheel in .whl/: docs/cuda.md, \"Install\")"
+  echo "(bring the missing package's wheel in .whl/: docs/cuda.md, \"Tests\")"
   exit 1
 fi
 python3 - <<'PY'
