@@ -48,8 +48,7 @@ class MtpHead:
         output). -> (logits (len(batch.logit_rows), n_vocab) of the token at i + 2 for the batch's logit
         rows, the block's output at every row (n, n_embd)). Rows that only fill the KV layer (a prompt
         chunk's) skip the head, the block's largest mat-mul (and those whose output nobody reads the block's
-        attention and FFN: store_kv). With a draft vocabulary the logits have its
-        n_head columns (token_ids)."""
+        attention and FFN: store_kv). With a draft vocabulary the logits have its n_head columns (token_ids)."""
         be = self.backend
         rows = BlockRows(be, batch)
         x = self._input(rows, hidden)

@@ -34,7 +34,8 @@ the width choice may take; the chain stops at a token that cannot pay for itself
 sequence has drafted from the block for PROBE_EVERY steps, one without a suffix draft gets a one-token
 MTP probe, so the estimates can recover; the wait doubles after each probe (up to PROBE_MAX steps) while the
 block is picked only for probes, and returns to PROBE_EVERY once it is picked on its price: where drafts do
-not pay (many decoding sequences on a CPU), the probes' heads and verified tokens fade to ~1 step in 256. Before any step is timed, P_i = m_i (MTP) or 0 (suffix).
+not pay (many decoding sequences on a CPU), the probes' heads and verified tokens fade to ~1 step in 256.
+Before any step is timed, P_i = m_i (MTP) or 0 (suffix).
 """
 from __future__ import annotations
 

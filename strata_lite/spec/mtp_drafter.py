@@ -19,8 +19,9 @@ nothing runs after the step for it) and computes only the others. On the CPU bac
 (`defer`, `pending`: the hidden states on the host and the tokens after them) until a draft asks for the
 sequence's first token, the step completes the page of its first waiting row (before the scheduler commits
 that page to the prefix trie) or DEFER_MAX_ROWS rows wait, and then writes them in one forward (their K and V;
-the whole block only on a row whose output a first draft reads: _fill_rows): a sequence that does not draft from the block pays for its rows in forwards of up to DEFER_MAX_ROWS rows
-(where a row costs less than alone: docs/speculative.md) instead of once a step. The rows' bits are the same
+the whole block only on a row whose output a first draft reads: _fill_rows): a sequence that does not draft
+from the block pays for its rows in forwards of up to DEFER_MAX_ROWS rows (where a row costs less than alone:
+docs/speculative.md) instead of once a step. The rows' bits are the same
 either way (batch invariance).
 
 Drafting (`propose`, at plan time): per sequence, step j feeds the block its own previous block output as

@@ -66,9 +66,9 @@ def gather_kv(pages, scales, page_table_row, n_pos):
 # Rounding to f16 (11 significant bits): within 2^-11 of the value. The CUDA attention kernels round the
 # weights P' of the p.V products to one f16 (kernels/cuda/attention.cu phase_values), moving each weight by
 # that, so each output by at most 2^-11 of the same sum over |V| (attention(..., magnitudes=True)); the A/B
-# build `q16` (kernels/cuda/attention.py BUILDS) also rounds q' of the q.k products, moving each score by at most D = 2^-11 x score_magnitudes, so each weight
-# by a factor within exp(+-2D) and each output by at most ((1 + 2^-11) exp(2D) - 1) times the sum over |V|
-# (exp(2D) - 1 without the weights' rounding).
+# build `q16` (kernels/cuda/attention.py BUILDS) also rounds q' of the q.k products, moving each score by at most
+# D = 2^-11 x score_magnitudes, so each weight by a factor within exp(+-2D) and each output by at most
+# ((1 + 2^-11) exp(2D) - 1) times the sum over |V| (exp(2D) - 1 without the weights' rounding).
 F16_ROUNDING = 2.0 ** -11
 
 

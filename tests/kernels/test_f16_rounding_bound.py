@@ -1,10 +1,10 @@
 """reference.f16_rounding_bound, the tolerance of the CUDA attention kernels (P' in one f16; q' too in the build
-`q16`), against a float64 model of that rounding: the attention of a random int8 cache with q' (the scaled query, its largest
-element in [2^13, 2^14)) and the weights P' = p x vs x 2^(13 - e_G) (per 128-key split and 32-channel V group, e_G
-the exponent of the split's largest V scale) rounded to f16 as the kernels round them, everything else in float64.
-The model's error must stay within the bound, and for P' alone with a sharp softmax (one key's weight dominating,
-so its rounding shows whole) come near it: that bound is what the rounding can do, not a loose allowance (q''s,
-every product of a score rounded the same way, is 20-250x the modelled error: perf/kernel_notes.md).
+`q16`), against a float64 model of that rounding: the attention of a random int8 cache with q' (the scaled query,
+its largest element in [2^13, 2^14)) and the weights P' = p x vs x 2^(13 - e_G) (per 128-key split and 32-channel V
+group, e_G the exponent of the split's largest V scale) rounded to f16 as the kernels round them, everything else in
+float64. The model's error must stay within the bound, and for P' alone with a sharp softmax (one key's weight
+dominating, so its rounding shows whole) come near it: that bound is what the rounding can do, not a loose allowance
+(q''s, every product of a score rounded the same way, is 20-250x the modelled error: perf/kernel_notes.md).
 """
 import numpy as np
 import pytest
