@@ -49,15 +49,22 @@ class Transformer:
         n = len(batch.token_ids)
         rows = BlockRows(be, batch)
         x = be.embed(self.token_embd, rows.ids)                         # (n, n_embd)
-        for i, (lw, hw) in enumerate(zip(self.layers, self.weights.layers)):
+        # the last block's output is read at the logit rows only (unless every row's hidden state is asked for,
+        # or an observer sees every row): the other rows need just their K and V there
+        last_at_logit_rows = (obs is None and not all_hidden and len(batch.logit_rows) < n
+                              and isinstance(batch.token_ids, np.ndarray))
+        blocks = list(zip(self.layers, self.weights.layers))
+        for i, (lw, hw) in enumerate(blocks[:-1] if last_at_logit_rows else blocks):
             decoder_block(be, cfg, lw, hw, x, rows, kv.layer(i), obs)
+        if last_at_logit_rows:
+            x = self._last_block_at_logit_rows(batch, x, kv)
         x_all = x
         if len(batch.logit_rows) == 0:                                  # a prompt chunk that ends mid-prompt
             empty = be.empty((0, cfg.n_vocab))
             if all_hidden:
                 return empty, x_all
             return (empty, be.empty((0, cfg.n_embd))) if return_hidden else empty
-        if len(batch.logit_rows) != n:                                  # all rows: no copy
+        if x.shape[0] != len(batch.logit_rows):                         # all rows: no copy
             x = be.take_rows(x, be.from_host(batch.logit_rows))
         h = be.rmsnorm(x, self.output_norm, cfg.rms_eps)
         if obs is not None:
@@ -66,6 +73,27 @@ class Transformer:
         if all_hidden:
             return logits, x_all
         return (logits, x) if return_hidden else logits
+
+
+    def _last_block_at_logit_rows(self, batch: Batch, x, kv):
+        """The last decoder block on x (n, n_embd) where only the logit rows' outputs are read: the other rows'
+        K and V stored (store_kv), then the whole block on the logit rows alone -> their outputs
+        (len(logit_rows), n_embd). The rows stored and the outputs are the bits of the whole block on every
+        row (batch invariance); the other rows' attention, output projection and FFN are skipped (a prompt
+        chunk's: all but its last row)."""
+        be, cfg = self.backend, self.cfg
+        i = len(self.layers) - 1
+        lw, layer_kv = self.layers[i], kv.layer(i)
+        sel = np.asarray(batch.logit_rows, dtype=np.int64)
+        rest = np.setdiff1d(np.arange(len(batch.token_ids)), sel)
+        if len(rest):
+            part = x if not len(sel) else be.take_rows(x, be.from_host(rest.astype(np.int32)))
+            store_kv(be, cfg, lw, part, BlockRows(be, batch.select(rest)), layer_kv)
+        if not len(sel):
+            return be.empty((0, cfg.n_embd))
+        y = be.take_rows(x, be.from_host(sel.astype(np.int32)))
+        decoder_block(be, cfg, lw, self.weights.layers[i], y, BlockRows(be, batch.select(sel)), layer_kv)
+        return y
 
 
 class BlockRows:
