@@ -74,7 +74,6 @@ class Transformer:
             return logits, x_all
         return (logits, x) if return_hidden else logits
 
-
     def _last_block_at_logit_rows(self, batch: Batch, x, kv):
         """The last decoder block on x (n, n_embd) where only the logit rows' outputs are read: the other rows'
         K and V stored (store_kv), then the whole block on the logit rows alone -> their outputs
