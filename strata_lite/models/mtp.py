@@ -17,7 +17,7 @@ import numpy as np
 from ..batch import Batch
 from ..loader.mtp import draft_head
 from .k_smoothing import k_channel_scales
-from .transformer import BlockRows, Transformer, _Layer, decoder_block, store_kv
+from .transformer import BlockRows, Transformer, _Layer, block_at_rows, decoder_block
 
 
 class MtpHead:
@@ -48,7 +48,7 @@ class MtpHead:
         output). -> (logits (len(batch.logit_rows), n_vocab) of the token at i + 2 for the batch's logit
         rows, the block's output at every row (n, n_embd)). Rows that only fill the KV layer (a prompt
         chunk's) skip the head, the block's largest mat-mul (and those whose output nobody reads the block's
-        attention and FFN: store_kv). With a draft vocabulary the logits have its n_head columns (token_ids)."""
+        attention and FFN: block_at_rows). With a draft vocabulary the logits have its n_head columns (token_ids)."""
         be = self.backend
         rows = BlockRows(be, batch)
         x = self._input(rows, hidden)
@@ -59,12 +59,13 @@ class MtpHead:
         y = x if len(sel) == n else be.take_rows(x, be.from_host(sel))
         return self.logits(y), x
 
-    def store_kv(self, batch: Batch, hidden, layer_kv) -> None:
-        """forward's KV rows alone (its logit rows are ignored): rows whose block output nobody reads, only
-        their K and V for later rows' attention (a fill's earlier positions), skip the block's attention and
-        FFN. The rows stored are forward's bits (transformer.store_kv)."""
+    def block_at_rows(self, batch: Batch, hidden, layer_kv, keep):
+        """forward's block outputs at the rows keep alone (len(keep), n_embd; None without kept rows): the other
+        rows store only their K and V for later rows' attention (a fill's earlier positions), the block's attention
+        and FFN skipped there (transformer.block_at_rows: forward's bits). No head."""
         rows = BlockRows(self.backend, batch)
-        store_kv(self.backend, self.cfg, self.layer, self._input(rows, hidden), rows, layer_kv)
+        return block_at_rows(self.backend, self.cfg, self.layer, self.mtp.block, self._input(rows, hidden), batch,
+                             keep, layer_kv)
 
     def _input(self, rows: BlockRows, hidden):
         """eh_proj([enorm(embed(t[i+1])); hnorm(h[i])]) -> the block's input (n, n_embd)."""

@@ -57,7 +57,9 @@ class Transformer:
         for i, (lw, hw) in enumerate(blocks[:-1] if last_at_logit_rows else blocks):
             decoder_block(be, cfg, lw, hw, x, rows, kv.layer(i), obs)
         if last_at_logit_rows:
-            x = self._last_block_at_logit_rows(batch, x, kv)
+            i = len(blocks) - 1
+            x = block_at_rows(be, cfg, *blocks[i], x, batch, batch.logit_rows, kv.layer(i))
+            x = be.empty((0, cfg.n_embd)) if x is None else x
         x_all = x
         if len(batch.logit_rows) == 0:                                  # a prompt chunk that ends mid-prompt
             empty = be.empty((0, cfg.n_vocab))
@@ -73,27 +75,6 @@ class Transformer:
         if all_hidden:
             return logits, x_all
         return (logits, x) if return_hidden else logits
-
-    def _last_block_at_logit_rows(self, batch: Batch, x, kv):
-        """The last decoder block on x (n, n_embd) where only the logit rows' outputs are read: the other rows'
-        K and V stored (store_kv), then the whole block on the logit rows alone -> their outputs
-        (len(logit_rows), n_embd). The rows stored and the outputs are the bits of the whole block on every
-        row (batch invariance); the other rows' attention, output projection and FFN are skipped (a prompt
-        chunk's: all but its last row)."""
-        be, cfg = self.backend, self.cfg
-        i = len(self.layers) - 1
-        lw, layer_kv = self.layers[i], kv.layer(i)
-        sel = np.asarray(batch.logit_rows, dtype=np.int64)
-        rest = np.setdiff1d(np.arange(len(batch.token_ids)), sel)
-        if len(rest):
-            part = x if not len(sel) else be.take_rows(x, be.from_host(rest.astype(np.int32)))
-            store_kv(be, cfg, lw, part, BlockRows(be, batch.select(rest)), layer_kv)
-        if not len(sel):
-            return be.empty((0, cfg.n_embd))
-        y = be.take_rows(x, be.from_host(sel.astype(np.int32)))
-        decoder_block(be, cfg, lw, self.weights.layers[i], y, BlockRows(be, batch.select(sel)), layer_kv)
-        return y
-
 
 class BlockRows:
     """A batch's per-token arrays on the device, as every block reads them."""
@@ -149,6 +130,24 @@ def store_kv(be, cfg, lw, x, rows: BlockRows, layer_kv, obs=None):
     be.rope_kv_store(q, k, v, rows.seq, rows.pos, rows.tables, *layer_kv, cfg.rope_freq_base, cfg.n_rot,
                      cfg.rope_neox, lw.q_scale, lw.k_inv_scale)
     return q
+
+
+def block_at_rows(be, cfg, lw, hw, x, batch: Batch, keep, layer_kv):
+    """decoder_block on x (n, n_embd) where only the rows `keep` (host indices into the batch) are read after it:
+    the other rows store their K and V alone (store_kv: their attention, output projection and FFN skipped), then
+    the whole block runs on the kept rows, their attention reading those rows. -> the kept rows' outputs
+    (len(keep), n_embd), None without kept rows. The rows stored and the outputs are the bits of the whole block
+    on every row (batch invariance)."""
+    keep = np.asarray(keep, dtype=np.int64)
+    rest = np.setdiff1d(np.arange(len(batch.token_ids)), keep)
+    if len(rest):
+        part = x if not len(keep) else be.take_rows(x, be.from_host(rest.astype(np.int32)))
+        store_kv(be, cfg, lw, part, BlockRows(be, batch.select(rest)), layer_kv)
+    if not len(keep):
+        return None
+    y = be.take_rows(x, be.from_host(keep.astype(np.int32)))
+    decoder_block(be, cfg, lw, hw, y, BlockRows(be, batch.select(keep)), layer_kv)
+    return y
 
 
 class _Layer:

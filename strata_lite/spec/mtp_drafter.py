@@ -371,28 +371,16 @@ class MtpDrafter:
         """A fill's block rows: the main model's states hidden[rows], the tokens after them (ids) at positions pos
         -> (block outputs, {index in ids: its row in them}) for the rows `keep` (indices into ids: each the last
         of its sequence's rows) whose block output a first draft reads. A captured fill graph runs the whole block
-        on every row. Eagerly the other rows only store their K and V (MtpHead.store_kv: the block's attention,
+        on every row. Eagerly the other rows only store their K and V (MtpHead.block_at_rows: the block's attention,
         output projection and FFN, ~90 % of its arithmetic a row, skipped), then the kept rows run the block,
         their attention reading those rows; the KV rows and the kept outputs are the bits of one whole forward."""
         be = self.backend
-        if len(rows) != hidden.shape[0] or rows != list(range(hidden.shape[0])):
+        if rows != list(range(hidden.shape[0])):
             hidden = be.take_rows(hidden, be.from_host(np.asarray(rows, np.int32)))
-        if self.fill_graphs is not None:
-            batch = self._batch(ids, pos, seq_of, tables, [])
-            if self.fill_graphs.accepts(batch):
-                return self.fill_graphs.run(batch, hidden), {r: r for r in keep}
-        kept = set(keep)
-        only_kv = [r for r in range(len(ids)) if r not in kept]
-        if only_kv:
-            part = self._batch([ids[r] for r in only_kv], [pos[r] for r in only_kv],
-                               [seq_of[r] for r in only_kv], tables, [])
-            sub = hidden if not keep else be.take_rows(hidden, be.from_host(np.asarray(only_kv, np.int32)))
-            self.head.store_kv(part, sub, self.kv.layer(self.layer))
-        if not keep:
-            return None, {}
-        part = self._batch([ids[r] for r in keep], [pos[r] for r in keep], [seq_of[r] for r in keep], tables, [])
-        sub = hidden if not only_kv else be.take_rows(hidden, be.from_host(np.asarray(keep, np.int32)))
-        _, out = self.head.forward(part, sub, self.kv.layer(self.layer))
+        batch = self._batch(ids, pos, seq_of, tables, [])
+        if self.fill_graphs is not None and self.fill_graphs.accepts(batch):
+            return self.fill_graphs.run(batch, hidden), {r: r for r in keep}
+        out = self.head.block_at_rows(batch, hidden, self.kv.layer(self.layer), keep)
         return out, {r: i for i, r in enumerate(keep)}
 
     def _argmax(self, logits) -> list[tuple[int, float]]:

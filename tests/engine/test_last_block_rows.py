@@ -1,5 +1,5 @@
 """Transformer.forward runs the last decoder block's attention, output projection and FFN on the logit rows only
-(the other rows store their K and V: models/transformer.py _last_block_at_logit_rows). The logits and every layer
+(the other rows store their K and V: models/transformer.py block_at_rows). The logits and every layer
 of the KV cache must be the bits of the whole block on every row (the path all_hidden still takes), for a prompt
 chunk ending at its last row, one ending mid-prompt (no logit rows), and a mixed step of a decode token beside a
 chunk, on the int8 (batch-invariant) kernels of both architectures' tiny models."""

@@ -95,10 +95,10 @@ def test_mtp_forward_is_the_same_in_chunks(tiny):
 
 @pytest.mark.parametrize("n_kv_only", [4, 11], ids=["compiled-block-rows", "per-call-rows"])
 def test_kv_rows_alone_are_the_rows_of_the_whole_block(tiny, n_kv_only):
-    """MtpHead.store_kv (a fill's rows that only need their K and V: attention and FFN skipped) writes the KV
-    layer's bits of the whole block's forward, and the next row's block output after them is the bits of one
-    whole pass (where the backend is batch-invariant). 4 rows: the whole block runs as the backend's one-call
-    block (<= 8 tokens) while store_kv takes the per-call kernels; 11: both per call."""
+    """MtpHead.block_at_rows without kept rows (a fill's rows that only need their K and V: attention and FFN
+    skipped) writes the KV layer's bits of the whole block's forward, and the next row's block output after them
+    is the bits of one whole pass (where the backend is batch-invariant). 4 rows: the whole block runs as the backend's one-call
+    block (<= 8 tokens) while the K / V rows alone take the per-call kernels; 11: both per call."""
     llm, path, _ = tiny
     if not llm.backend.int8:
         pytest.skip("the float kernels are not batch-invariant (test_mtp_forward_is_the_same_in_chunks)")
@@ -118,7 +118,7 @@ def test_kv_rows_alone_are_the_rows_of_the_whole_block(tiny, n_kv_only):
     whole = layer()
     want = be.to_host(head.forward(rows(0, n), hidden[:n], whole)[1])[-1]
     split = layer()
-    head.store_kv(rows(0, n_kv_only), hidden[:n_kv_only], split)
+    head.block_at_rows(rows(0, n_kv_only), hidden[:n_kv_only], split, [])
     got = be.to_host(head.forward(rows(n_kv_only, n), hidden[n_kv_only:n], split)[1])[-1]
     for a, b in zip(split, whole):
         np.testing.assert_array_equal(be.to_host(a), be.to_host(b))
