@@ -745,33 +745,84 @@ MM_Q_TOK_KERNELS(q8_0, TQ8_0) MM_Q_TOK_KERNELS(q5_0, TQ5_0)
 #endif
 
 // ------------------------------------------------------------------ one-token launches with their rounding
-// A one-token mat-mul that rounds its own activations (qmatmul.py matmul_fused): every CTA first makes the
-// token's int8 activations in shared memory, then runs the one-token kernel's body over them (XS: the same
-// code with shared-memory loads), so a decode step skips the launch that would have rounded them. NORM: x is
-// rmsnorm'd first, as elementwise.cu's rmsnorm_q8_0 / _q8_k would (its scale by rms_row_scale4 with the nthr
-// threads that launch would have, the products (x * scale) * w), else x is rounded as it is (quant_q8_0 /
-// _q8_k); each XB-block is rounded by one warp with act_quant.cuh's functions. So sq / sd hold the bits those
-// launches leave in xq / xd, and every output is the unfused launch's bits. CTA 0 also writes them to gq / gd
-// (and the normed floats to xn, NORM), as those launches do, for later readers of the same rounding. x (k,)
-// float32, 16-byte aligned; k a multiple of XB; the CTA's dynamic shared memory k + 4 * (k / XB) bytes.
+// A one-token mat-mul that rounds its own activations (qmatmul_fused.py): every CTA first makes the token's
+// int8 activations in shared memory, then runs the one-token kernel's body over them (XS: the same code with
+// shared-memory loads), so a decode step skips the launch that would have rounded them. NORM: x is rmsnorm'd
+// first, as elementwise.cu's rmsnorm_q8_0 / _q8_k would (its scale by rms_row_scale4 with the nthr threads that
+// launch would have, the products (x * scale) * w), else x is rounded as it is (quant_q8_0 / _q8_k); each
+// XB-block is rounded by one warp with act_quant.cuh's functions. So sq / sd hold the bits those launches leave
+// in xq / xd, and every output is the unfused launch's bits. CTA 0 also writes them to gq / gd (and the normed
+// floats to xn, NORM), as those launches do, for later readers of the same rounding. x (k,) float32, 16-byte
+// aligned; k a multiple of XB; the CTA's dynamic shared memory k + 4 * (k / XB) bytes.
+// What does not depend on the kernel before (the weights, the norm's weights) is asked for before
+// grid_dependency_sync: the CTA's weight rows into L2 (prefetch_rows), the first PRE rounds' norm weights into
+// registers; after it, the rounds' x values are loaded with the sum of squares' so their latencies overlap.
+template <int RW, bool GLU>
+__device__ __forceinline__ void prefetch_rows(const u8* W, int row_bytes, int n_out) {
+    const int t = threadIdx.y * WARP + threadIdx.x, nt = blockDim.x * blockDim.y;
+    const int per = (GLU ? RW / 2 : RW) * blockDim.y, n_rows = GLU ? n_out / 2 : n_out;
+    const int r0 = blockIdx.x * per, r1 = min(r0 + per, n_rows);   // warp_rows' rows of this CTA's warps
+    if (r0 >= r1) return;
+    const i64 bytes = (i64)(r1 - r0) * row_bytes;
+#pragma unroll
+    for (int part = 0; part < (GLU ? 2 : 1); ++part) {
+        const u8* base = W + ((i64)r0 + part * n_rows) * row_bytes;
+        for (i64 off = (i64)t * 128; off < bytes; off += (i64)nt * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
+    }
+}
+template <int XB>
+struct ActRounds {
+    static constexpr int V = XB / WARP;                  // values a lane holds of a block
+    // rounds kept in registers: four of Q8_0's; none of Q8_K's, whose 8 values a lane spill the one-row kernels'
+    // 32 registers (sm_90)
+    static constexpr int PRE = XB == 32 ? 4 : 0;
+    float w[PRE > 0 ? PRE : 1][V];
+    // the norm's weights of this warp's first PRE rounds (blocks threadIdx.y + r * blockDim.y)
+    __device__ __forceinline__ void load_weights(const float* nw, int k) {
+#pragma unroll
+        for (int r = 0; r < PRE; ++r) {
+            const int b = threadIdx.y + r * blockDim.y;
+#pragma unroll
+            for (int i = 0; i < V; ++i) w[r][i] = b < k / XB ? nw[b * XB + WARP * i + threadIdx.x] : 0.0f;
+        }
+    }
+};
 template <int XB, bool NORM>
-__device__ __forceinline__ void act_prologue(const float* __restrict__ x, const float* __restrict__ nw, double eps,
-                                             int nthr, int k, float* xn, i8* gq, float* gd, i8* sq, float* sd) {
-    __shared__ float part[8];
-    const int lane = threadIdx.x, t = threadIdx.y * WARP + threadIdx.x;
+__device__ __forceinline__ void act_prologue(const float* __restrict__ x, const float* __restrict__ nw,
+                                             const ActRounds<XB>& pre, double eps, int nthr, int k, float* xn, i8* gq,
+                                             float* gd, i8* sq, float* sd) {
+    typedef ActRounds<XB> A;
+    __shared__ float part[MM_WARPS];
+    const int lane = threadIdx.x, t = threadIdx.y * WARP + threadIdx.x, nb = k / XB;
+    float xv[A::PRE > 0 ? A::PRE : 1][A::V];
+#pragma unroll
+    for (int r = 0; r < A::PRE; ++r) {
+        const int b = threadIdx.y + r * blockDim.y;
+#pragma unroll
+        for (int i = 0; i < A::V; ++i) xv[r][i] = b < nb ? x[b * XB + WARP * i + lane] : 0.0f;
+    }
     float sc = 1.0f;
     if constexpr (NORM) sc = rms_row_scale4(x, k, eps, t, nthr, part);
     const bool first = blockIdx.x == 0 && blockIdx.y == 0;
-    for (int b = threadIdx.y; b < k / XB; b += blockDim.y) {
-        float v[XB / WARP];
+    int r = 0;
+    for (int b = threadIdx.y; b < nb; b += blockDim.y, ++r) {
+        float v[A::V];
 #pragma unroll
-        for (int i = 0; i < XB / WARP; ++i) {
-            const int j = b * XB + 32 * i + lane;
-            v[i] = x[j];
+        for (int i = 0; i < A::V; ++i) {
+            const int j = b * XB + WARP * i + lane;
+            float xj = x[j], g = 1.0f;
+#pragma unroll
+            for (int rr = 0; rr < A::PRE; ++rr)
+                if (r == rr) xj = xv[rr][i];
             if constexpr (NORM) {
-                v[i] = __fmul_rn(__fmul_rn(v[i], sc), nw[j]);
-                if (first) xn[j] = v[i];
+                g = nw[j];
+#pragma unroll
+                for (int rr = 0; rr < A::PRE; ++rr)
+                    if (r == rr) g = pre.w[rr][i];
             }
+            v[i] = NORM ? __fmul_rn(__fmul_rn(xj, sc), g) : xj;
+            if (NORM && first) xn[j] = v[i];
         }
         if constexpr (XB == 32) {
             round_q8_0(v[0], sq + b * 32, sd + b);
@@ -783,26 +834,29 @@ __device__ __forceinline__ void act_prologue(const float* __restrict__ x, const 
     }
     __syncthreads();
 }
-#define MM_FUSED_KERNEL(KNAME, NORM, T, BOUNDS, BODY)                                                     \
+#define MM_FUSED_KERNEL(KNAME, NORM, T, RW, GLU, BOUNDS, BODY)                                            \
     extern "C" __global__ void BOUNDS KNAME(                                                              \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const float* __restrict__ x,           \
         const float* __restrict__ nw, double eps, int nthr, float* xn, i8* gq, float* gd, OUT_PARAMS) {   \
         GRID_SMEM(T);                                                                                     \
         extern __shared__ __align__(16) u8 act_smem[];                                                    \
+        prefetch_rows<RW, GLU>(W, row_bytes, n_out);                                                      \
+        ActRounds<T::XB> pre;                                                                             \
+        if (NORM) pre.load_weights(nw, k);                                                                \
         load_grid<T>(grid);                                                                               \
         grid_dependency_sync();                                                                           \
         i8* sq = (i8*)act_smem;                                                                           \
         float* sd = (float*)(act_smem + k);                                                               \
-        act_prologue<T::XB, NORM>(x, nw, eps, nthr, k, xn, gq, gd, sq, sd);                               \
+        act_prologue<T::XB, NORM>(x, nw, pre, eps, nthr, k, xn, gq, gd, sq, sd);                          \
         BODY;                                                                                             \
     }
 // PREFIX mmn (rmsnorm + rounding), mmnglu (the same, GLU) or mmr (rounding); the bodies and bounds of the
 // one-token kernels they stand for (MM_Q_KERNELS, MM_Q_GLU_TILE1_R4, MM_IQ3_KERNEL)
 #define MM_FUSED_Q(PREFIX, NORM, NAME, T, RW, GLU, BOUNDS)                                                \
-    MM_FUSED_KERNEL(PREFIX##_##NAME##_t1_r##RW##_g1, NORM, T, BOUNDS,                                    \
+    MM_FUSED_KERNEL(PREFIX##_##NAME##_t1_r##RW##_g1, NORM, T, RW, GLU, BOUNDS,                           \
                     (mm_q<T, 1, RW, 1, GLU, true>(W, row_bytes, n_out, k, sq, sd, 1, OUT_ARGS, grid)))
 #define MM_FUSED_IQ3(PREFIX, NORM, RW, GLU, BOUNDS, SUFFIX)                                               \
-    MM_FUSED_KERNEL(PREFIX##_iq3_xxs_t1_r##RW##_gw##SUFFIX, NORM, TIQ3_XXS, BOUNDS,                      \
+    MM_FUSED_KERNEL(PREFIX##_iq3_xxs_t1_r##RW##_gw##SUFFIX, NORM, TIQ3_XXS, RW, GLU, BOUNDS,             \
                     (mm_q_iq3<1, RW, GLU, true>(W, row_bytes, n_out, k, sq, sd, 1, OUT_ARGS, grid)))
 #define MM_FUSED_KERNELS(NAME, T)                                                                         \
     MM_FUSED_Q(mmn, true, NAME, T, 1, false, __launch_bounds__(256, FULL_SM_CTAS))                       \
