@@ -813,25 +813,12 @@ def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
     return rows
 
 
-def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None, fused=None):
+def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None):
     """(label, µs per step, graph µs, inputs µs, sampling µs) of a batch-1 decode step with the engine sized
     for ctx: the graph replay timed by CUDA events, the host work around it (batch checks and the input copy;
     greedy sampling after the step finished: the ids the graph computed, copied back) by host clocks.
     programmatic: capture the graphs with (True) or without (False) programmatic dependent launch (None: the
-    backend's default). fused: the one-token mat-muls that round their own activations (qmatmul_fused) "off",
-    "on" (the default bound on their CTAs' reads) or "all" (no bound); None: the default."""
-    from strata_lite.kernels.cuda import qmatmul_fused as qf
-
-    defaults = qf.FUSED_ACT, qf.FUSED_MAX_BYTES
-    if fused is not None:
-        qf.FUSED_ACT, qf.FUSED_MAX_BYTES = fused != "off", (1 << 62) if fused == "all" else defaults[1]
-    try:
-        return _step_breakdown(model_path, ctx, n_steps, programmatic, [] if fused is None else [f"fused {fused}"])
-    finally:
-        qf.FUSED_ACT, qf.FUSED_MAX_BYTES = defaults
-
-
-def _step_breakdown(model_path, ctx, n_steps, programmatic, variant):
+    backend's default)."""
     from strata_lite.batch import Batch
     from strata_lite.kernels.cuda.graphs import StepGraphs
     from strata_lite.kernels.sample_rows import SampleRows
@@ -841,11 +828,12 @@ def _step_breakdown(model_path, ctx, n_steps, programmatic, variant):
     loaded = load_model(model_path, backend="cuda")
     runner = ModelRunner(loaded, kv_tokens=ctx + 512, page_size=64, host_bytes=0, n_ctx=ctx, max_step_tokens=512,
                          max_seqs=1)
+    variant = []
     if programmatic is not None:
         runner.graphs = None
         runner.graphs = StepGraphs(step_forward(runner.backend, runner.model, runner.kv), max_pages=ctx // 64,
                                    max_keys=ctx, scratch_page=runner.scratch_page, programmatic=programmatic)
-        variant = variant + [f"PDL {'on' if runner.graphs.programmatic else 'off'}"]
+        variant = [f"PDL {'on' if runner.graphs.programmatic else 'off'}"]
     batch = Batch(np.array([5], np.int32), np.full(1, ctx - 1, np.int32), np.zeros(1, np.int32),
                   np.arange(ctx // 64, dtype=np.int32)[None], np.arange(1, dtype=np.int64))
     greedy = SampleRows.greedy(1)
@@ -1020,9 +1008,6 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-attn", action="store_true",
                     help="only prompt chunks at depth: attention of 512 tokens after 0 / 8K / 32K keys and the "
                          "synthetic models' 512-token forwards there, tiled and looped kernels alternating")
-    ap.add_argument("--fused-ab", action="store_true",
-                    help="only the decode step breakdown, the one-token mat-muls rounding their own activations off / "
-                         "on / on without the bound on their reads (qmatmul_fused), twice each, alternating")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="only the decode step breakdown, graphs captured without and with programmatic dependent "
                          "launch (twice each, alternating)")
@@ -1146,13 +1131,6 @@ def main(argv=None) -> int:
         for label, tiled, looped, attn_tiled, attn_looped in prows:
             print(f"{label:60s} {tiled:12,.0f} {looped:13,.0f} {attn_tiled:13.2f} / {attn_looped:.2f}")
         write_json(args.json, be, prefill_attention=arows, mixed_attention=mrows, prefill=prows)
-        return 0
-    if args.fused_ab:
-        os.makedirs(args.models, exist_ok=True)
-        brows = [step_breakdown(path, fused=f) for path in synth_models(args.models, args.quick, args.only)
-                 for f in ("off", "on", "all", "off", "on", "all")]
-        print_breakdown(brows)
-        write_json(args.json, be, step_breakdown=brows)
         return 0
     if args.pdl_ab:
         os.makedirs(args.models, exist_ok=True)

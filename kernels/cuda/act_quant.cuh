@@ -1,44 +1,8 @@
 // ggml's activation rounding for the quantized mat-mul, bit-exact with kernels/cpu/act_quant.py: one warp
 // per block, used by qmatmul.cu's quant kernels and elementwise.cu's fused rmsnorm + rounding, so both
-// give the same bits; and rmsnorm's row scale, shared by elementwise.cu's rmsnorm kernels and the mat-muls
-// that normalize their own input (qmatmul.cu act_prologue).
+// give the same bits.
 #pragma once
 #include "common.cuh"
-
-// The sum of v over the threads t < nthr of a CTA (nthr a multiple of 32; t the flat thread id, every thread
-// of the CTA calls it: a barrier): a fixed xor tree per warp (warp_sum), then the warps' sums in warp order,
-// which every thread adds itself. part: shared scratch of >= nthr / 32 floats. Batch invariance: the order
-// depends on nthr only.
-__device__ __forceinline__ float rms_block_sum(float v, int t, int nthr, float* part) {
-    v = warp_sum(v);
-    if (t % WARP == 0 && t < nthr) part[t / WARP] = v;
-    __syncthreads();
-    float s = 0.0f;
-    for (int i = 0; i < nthr / WARP; ++i) s += part[i];   // every thread, same order
-    return s;
-}
-
-// rmsnorm's scale 1 / sqrt(mean(x^2) + eps) from the sum of squares ss of d values: one double op per row, as
-// the CPU kernel.
-__device__ __forceinline__ float rms_scale(float ss, int d, double eps) {
-    return (float)(1.0 / sqrt((double)ss / d + eps));
-}
-
-// rmsnorm's scale of one row x of d floats (d % 4 == 0, 16-byte aligned) by the threads t < nthr of a CTA:
-// thread t sums the squares of float4s t, t + nthr, ... by explicit fma in that order, then rms_block_sum.
-// The bits depend on nthr only: elementwise.cu's rmsnorm kernels take nthr = blockDim.x, the fused mat-muls
-// the nthr of the rmsnorm launch they replace (qmatmul.py norm_threads).
-__device__ __forceinline__ float rms_row_scale4(const float* x, int d, double eps, int t, int nthr, float* part) {
-    const float4* x4 = (const float4*)x;
-    float ss = 0.0f;
-    if (t < nthr)
-        for (int j = t; j < d / 4; j += nthr) {
-            const float4 v = x4[j];
-            ss = __fmaf_rn(v.x, v.x, ss); ss = __fmaf_rn(v.y, v.y, ss);
-            ss = __fmaf_rn(v.z, v.z, ss); ss = __fmaf_rn(v.w, v.w, ss);
-        }
-    return rms_scale(rms_block_sum(ss, t, nthr, part), d, eps);
-}
 
 // Q8_0, lane = weight v of a 32-block -> xq[lane], *xd. s = amax/127, q = rint(x / s) (as x * (1/s)),
 // xd = s rounded to f16 (kernels/cpu/act_quant._q8_0_rows).

@@ -8,7 +8,6 @@ are allocated once by `reserve` from the sizes the runner plans, before anything
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import numpy as np
@@ -18,7 +17,6 @@ from ..kv_layout import kv_shapes
 from . import attention as attn_k
 from . import elementwise as ew
 from . import qmatmul as qm
-from . import qmatmul_fused as qf
 from . import sampling as smp
 from .kv_store import kv_store, rope_kv_store
 from .layouts import device_row_bytes
@@ -44,7 +42,6 @@ class CudaBackend(Backend):
         self.plan = VramPlan(self.device, vram_reserve_mib)
         self._act = self._attn_ws = self._sample_ws = None
         self._rounded = None            # (rmsnorm output, format) whose rounding sits in self._act
-        self._pending = None            # a one-token rmsnorm + rounding not launched yet (rmsnorm, _flush)
         self._rope_tables = {}          # (freq_base, n_rot) -> ew.RopeTable or None (_rope_table)
         self.max_keys = 0
 
@@ -86,7 +83,7 @@ class CudaBackend(Backend):
                 + attn_k.attention_workspace_nbytes(max_tokens, n_heads, head_dim, max_keys))
         self.plan.check_fits(need, f"the step workspaces ({max_tokens} tokens, {max_keys} keys)")
         self._act = qm.ActBuffers(max_tokens, max_width)
-        self._rounded = self._pending = None
+        self._rounded = None
         self._attn_ws = attn_k.attention_workspace(max_tokens, n_heads, head_dim, max_keys)
         self._sample_ws = smp.sampling_workspace(max_rows, n_vocab)
         self.max_tokens, self.max_keys = int(max_tokens), int(max_keys)
@@ -120,20 +117,9 @@ class CudaBackend(Backend):
 
     def _matmul(self, w, x, out, **epilogue) -> None:
         """qm.matmul, or the mat-mul alone when x is the rmsnorm output already rounded for w's format
-        (rmsnorm round_for), or one fused launch (qmatmul_fused) where x is a pending one-token rmsnorm's
-        output (the norm, its rounding and the mat-mul) or any other one-token input (the rounding and the
-        mat-mul): the same bits every way. Any other rounding into the same buffers ends the mark."""
+        (rmsnorm round_for). Any other rounding into the same buffers ends that."""
         act = self._workspace_act(x.shape[0])
         fmt = qm.act_format(w.qtype)
-        pending = self._pending
-        if pending is not None:
-            px, weight, eps, normed, pfmt = pending
-            self._pending = None
-            if normed is x and pfmt == fmt and qf.matmul_fused(w, px, out, act, norm=(weight, eps, normed),
-                                                               **epilogue):
-                self._rounded = (normed, fmt)
-                return
-            self._launch_norm(*pending)
         rounded = self._rounded
         if fmt is not None and rounded is not None and rounded[0] is x and rounded[1] == fmt:
             xq, xd = act.views(fmt, x.shape[0], w.n_in)
@@ -141,8 +127,6 @@ class CudaBackend(Backend):
             return
         if fmt is not None and rounded is not None and rounded[1] == fmt:
             self._rounded = None
-        if fmt is not None and qf.FUSED_ACT and x.shape[0] == 1 and qf.matmul_fused(w, x, out, act, **epilogue):
-            return
         qm.matmul(w, x, out, act, **epilogue)
 
     def _workspace_act(self, n):
@@ -152,34 +136,16 @@ class CudaBackend(Backend):
         return self._act
 
     def rmsnorm(self, x, weight, eps, out=None, round_for=None):
-        """rmsnorm of x into out; with round_for (the matrix the output feeds), also rounded for its format
-        in the same launch. A one-token row whose mat-mul has a fused launch (qmatmul_fused) is not launched
-        here: it stays pending until the next backend call, which is that mat-mul (one launch for both) or
-        anything else (the launch then, before it)."""
         if out is None:
             out = self.cp.empty_like(x)
         fmt = None if round_for is None else qm.act_format(round_for.qtype)
         if fmt is not None and ew.can_round(x, weight, out, fmt) and x.shape[1] == round_for.n_in:
-            if (qf.FUSED_ACT and x.shape[0] == 1 and out.data.ptr != x.data.ptr
-                    and any(qf.fused_kernel(round_for, 1, glu, True) for glu in (False, True))):
-                self._pending = (x, weight, float(eps), out, fmt)
-                return out
-            self._launch_norm(x, weight, float(eps), out, fmt)
+            xq, xd = self._workspace_act(x.shape[0]).views(fmt, x.shape[0], x.shape[1])
+            ew.rmsnorm_round(x, weight, float(eps), out, fmt, xq, xd)
+            self._rounded = (out, fmt)          # holds out: its identity cannot be reused while marked
             return out
         ew.rmsnorm(x, weight, float(eps), out)
         return out
-
-    def _launch_norm(self, x, weight, eps, out, fmt) -> None:
-        """rmsnorm + the rounding for fmt in one launch, the rounding into the workspace (self._rounded)."""
-        xq, xd = self._workspace_act(x.shape[0]).views(fmt, x.shape[0], x.shape[1])
-        ew.rmsnorm_round(x, weight, eps, out, fmt, xq, xd)
-        self._rounded = (out, fmt)          # holds out: its identity cannot be reused while marked
-
-    def _flush(self) -> None:
-        """Launch a pending rmsnorm (rmsnorm) before any work that could read its output or its buffers."""
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            self._launch_norm(*pending)
 
     def _rope_table(self, freq_base, n_rot):
         """The cos / sin table of (freq_base, n_rot) for positions < max_keys, made at its first use after
@@ -304,22 +270,3 @@ class CudaBackend(Backend):
     def synchronize(self) -> None:
         """Wait for the stream; a CUDA fault raised by earlier kernels surfaces here."""
         self.stream.synchronize()
-
-
-def _flushing(method):
-    """The backend method, after launching a pending rmsnorm (CudaBackend._flush)."""
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        if self._pending is not None:
-            self._flush()
-        return method(self, *args, **kwargs)
-    return run
-
-
-# every public method but those that touch no device array, rmsnorm (which flushes itself or defers) and the
-# mat-muls (_matmul consumes or flushes it)
-_NOT_FLUSHING = {"describe", "empty", "upload_weight", "fuse_rows", "reserve", "rmsnorm", "qmatmul", "qmatmul_split",
-                 "qmatmul_add", "qmatmul_glu", "is_fault", "kv_arrays"}
-for _name, _method in list(vars(CudaBackend).items()):
-    if callable(_method) and not _name.startswith("_") and _name not in _NOT_FLUSHING:
-        setattr(CudaBackend, _name, _flushing(_method))

@@ -20,7 +20,17 @@ struct alignas(16) F4 { float x, y, z, w; };
 // out may alias x: each element is read and written by the same thread, after the reduction.
 __device__ __forceinline__ float block_sum_fixed(float v) {
     __shared__ float part[NORM_MAX_WARPS];
-    return rms_block_sum(v, threadIdx.x, blockDim.x, part);
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
+    v = warp_sum(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < n_warps; ++i) s += part[i];   // every thread, same order
+    return s;
+}
+
+__device__ __forceinline__ float row_scale(float ss, int d, double eps) {
+    return (float)(1.0 / sqrt((double)ss / d + eps));  // one double op per row, as the CPU kernel
 }
 
 extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, double eps, float* out, int d) {
@@ -28,21 +38,26 @@ extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, double ep
     const i64 base = (i64)blockIdx.x * d;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) { float v = x[base + j]; ss += v * v; }
-    const float sc = rms_scale(block_sum_fixed(ss), d, eps);
+    const float sc = row_scale(block_sum_fixed(ss), d, eps);
     for (int j = threadIdx.x; j < d; j += blockDim.x) out[base + j] = x[base + j] * sc * w[j];
 }
 
 // One row of rmsnorm in float4s (d % 4 == 0, 16-byte aligned); the row's output also goes to copy when
-// given (shared memory of the fused rounding kernel). The scale is act_quant.cuh's rms_row_scale4 over the CTA's
-// threads, so every caller with the same block size gives the same bits.
+// given (shared memory of the fused rounding kernel). Squares summed by explicit fma, so every caller
+// gives the same bits.
 __device__ __forceinline__ void rmsnorm_row4(const float* x, const float* w, double eps, float* out, int d,
                                              F4* copy) {
-    __shared__ float part[NORM_MAX_WARPS];
     const F4* x4 = (const F4*)(x + (i64)blockIdx.x * d);
     const F4* w4 = (const F4*)w;
     F4* o4 = (F4*)(out + (i64)blockIdx.x * d);
     const int d4 = d / 4;
-    const float sc = rms_row_scale4(x + (i64)blockIdx.x * d, d, eps, threadIdx.x, blockDim.x, part);
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < d4; j += blockDim.x) {
+        const F4 v = x4[j];
+        ss = __fmaf_rn(v.x, v.x, ss); ss = __fmaf_rn(v.y, v.y, ss);
+        ss = __fmaf_rn(v.z, v.z, ss); ss = __fmaf_rn(v.w, v.w, ss);
+    }
+    const float sc = row_scale(block_sum_fixed(ss), d, eps);
     for (int j = threadIdx.x; j < d4; j += blockDim.x) {
         const F4 v = x4[j], g = w4[j];
         const F4 h = F4{__fmul_rn(__fmul_rn(v.x, sc), g.x), __fmul_rn(__fmul_rn(v.y, sc), g.y),

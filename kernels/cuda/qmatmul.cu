@@ -164,7 +164,7 @@ __device__ __forceinline__ void add_owned_tails(const typename T::U* v, const ty
 // waits on one round's loads at a time instead of each round's in turn; G = "s": the same loop without that.
 // Each output's arithmetic is mm_q's (TILE 1, G 1) in the same order: the same bits. Token blockIdx.y, as
 // mm_q's grid of one-token tiles.
-template <class T, int RW, bool GLU, bool PIPE, bool XS = false>
+template <class T, int RW, bool GLU, bool PIPE>
 __device__ __forceinline__ void mm_q1(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                       const i8* __restrict__ xq, const float* __restrict__ xd, const Out& o,
                                       const u32* tab) {
@@ -194,8 +194,8 @@ __device__ __forceinline__ void mm_q1(const u8* __restrict__ W, int row_bytes, i
         if constexpr (S == 1) {
             if (u < n_units) {
                 i32 x[T::NW];
-                T::template xload<XS>(xq, u, x);
-                const float s = ldx<XS>(xd + u / UPX);
+                T::xload(xq, u, x);
+                const float s = __ldg(xd + u / UPX);
 #pragma unroll
                 for (int r = 0; r < RW; ++r) {
                     typename T::U v;
@@ -211,14 +211,14 @@ __device__ __forceinline__ void mm_q1(const u8* __restrict__ W, int row_bytes, i
             typename T::U v[RW];
             typename T::I iv[RW];
             i32 x[T::NW];
-            T::template xload<XS>(xq, uc, x);
+            T::xload(xq, uc, x);
 #pragma unroll
             for (int r = 0; r < RW; ++r) {
                 F::unpack(cur[r], wr[r], k, uc, tab, v[r]);
                 iv[r] = T::ints(v[r], x);
             }
             group_scatter<S, RW>(iv);
-            add_owned_tails<T, S, RW>(v, iv, p, ldx<XS>(xd + uc / UPX), adds, acc);
+            add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + uc / UPX), adds, acc);
         }
 #pragma unroll
         for (int r = 0; r < RW; ++r) cur[r] = nxt[r];
@@ -301,7 +301,7 @@ __device__ __forceinline__ void iq3_weights(uint2 q, u32 aux, const u32* grid, u
 // One sub-block of RW rows (unit u, block b of its row) against every token of the tile: its RW integer parts
 // (RAW: from the raw fields q, aux by iq3_dot, one token; else from the decoded weights v), reduce-scattered over
 // the block's lanes, and the lane's owned float tails added to acc + t * OWN where adds (mm_q_iq3).
-template <int TILE, int RW, bool RAW, bool XS = false>
+template <int TILE, int RW, bool RAW>
 __device__ __forceinline__ void iq3_tokens(const TIQ3_XXS::U* v, const uint2* q, const u32* aux, const u32* grid,
                                            const i8* xq, const float* xd, int k, int t0, int nt, int u, int b,
                                            int p, bool adds, float* acc) {
@@ -311,7 +311,7 @@ __device__ __forceinline__ void iq3_tokens(const TIQ3_XXS::U* v, const uint2* q,
     for (int t = 0; t < TILE; ++t) {
         const int tt = t0 + min(t, nt - 1);
         i32 x[T::NW], iv[RW];
-        T::template xload<XS>(xq + (size_t)tt * k, u, x);
+        T::xload(xq + (size_t)tt * k, u, x);
 #pragma unroll
         for (int r = 0; r < RW; ++r) {
             if constexpr (RAW)
@@ -320,7 +320,7 @@ __device__ __forceinline__ void iq3_tokens(const TIQ3_XXS::U* v, const uint2* q,
                 iv[r] = T::ints(v[r], x);
         }
         group_scatter<S, RW>(iv);
-        add_owned_tails<T, S, RW>(v, iv, p, ldx<XS>(xd + (size_t)tt * (k >> 8) + b), adds, acc + t * OWN);
+        add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + (size_t)tt * (k >> 8) + b), adds, acc + t * OWN);
     }
 }
 
@@ -343,7 +343,7 @@ __device__ __forceinline__ void iq3_tokens(const TIQ3_XXS::U* v, const uint2* q,
 // 37.2); under a minimum of 4 CTAs an SM (one token, _m4 in every build: 64 registers, no spill) it wins on those
 // too (4096x14336 17.0 -> 15.3, gate+up pairs 26.2 -> 22.6). The explore build also has the 8-token ones under a
 // minimum of 2 (_m2: 128 registers).
-template <int TILE, int RW, bool GLU, bool XS = false>
+template <int TILE, int RW, bool GLU>
 __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                          const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
                                          const Out& o, const u32* grid) {
@@ -377,7 +377,7 @@ __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes
                 v[r].ls = 2 * (i32)(aux[r] >> 28) + 1;
                 if constexpr (TILE > 1) iq3_weights(q[r], aux[r], grid, v[r].w);
             }
-            iq3_tokens<TILE, RW, TILE == 1, XS>(v, q, aux, grid, xq, xd, k, t0, nt, u, b, p, owner, acc);
+            iq3_tokens<TILE, RW, TILE == 1>(v, q, aux, grid, xq, xd, k, t0, nt, u, b, p, owner, acc);
         }
 #pragma unroll
         for (int r = 0; r < RW; ++r) f[r] += 784;
@@ -388,7 +388,7 @@ __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes
         T::U v[RW];
 #pragma unroll
         for (int r = 0; r < RW; ++r) T::decode(f[r] - 784 * n_full - 8 * lane, k, uc, grid, v[r]);
-        iq3_tokens<TILE, RW, false, XS>(v, nullptr, nullptr, grid, xq, xd, k, t0, nt, uc, uc / T::UPX, p, adds, acc);
+        iq3_tokens<TILE, RW, false>(v, nullptr, nullptr, grid, xq, xd, k, t0, nt, uc, uc / T::UPX, p, adds, acc);
     }
     store_tok_groups<S, TILE, RW, GLU>(o, rows, n_out, t0, nt, acc);
 }
@@ -405,13 +405,13 @@ __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes
 // last token again: the shuffles take the whole warp); lanes past the row's last unit decode nothing and add
 // nothing (rows hold whole superblocks, so whole groups are past it). A unit's NV integer parts are
 // reduce-scattered over its group, and each lane adds the float tails of the values it owns.
-template <class T, int TILE, int RW, int G, bool GLU, bool XS = false>
+template <class T, int TILE, int RW, int G, bool GLU>
 __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                      const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
                                      const Out& o, const u32* tab) {
 #ifndef QMM_MMQ_ONE_TOKEN
     if constexpr (TILE == 1 && G == 1 && T::S > 1) {   // mm_q1's loop (same bits)
-        mm_q1<T, RW, GLU, false, XS>(W, row_bytes, n_out, k, xq, xd, o, tab);
+        mm_q1<T, RW, GLU, false>(W, row_bytes, n_out, k, xq, xd, o, tab);
         return;
     }
 #endif
@@ -444,8 +444,8 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
                 for (int t = 0; t < TILE; ++t) {
                     if (t < nt) {
                         i32 x[T::NW];
-                        T::template xload<XS>(xq + (size_t)(t0 + t) * k, u, x);
-                        const float s = ldx<XS>(xd + (size_t)(t0 + t) * n_xd + u / UPX);
+                        T::xload(xq + (size_t)(t0 + t) * k, u, x);
+                        const float s = __ldg(xd + (size_t)(t0 + t) * n_xd + u / UPX);
 #pragma unroll
                         for (int r = 0; r < RW; ++r) {
                             float a, b;
@@ -479,7 +479,7 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
 #pragma unroll
                 for (int t = 0; t < TILE; ++t) {
                     i32 x[T::NW];
-                    T::template xload<XS>(xq + (size_t)(t0 + min(t, nt - 1)) * k, u, x);
+                    T::xload(xq + (size_t)(t0 + min(t, nt - 1)) * k, u, x);
 #pragma unroll
                     for (int r = 0; r < RW; ++r) iv[t * RW + r] = T::ints(v[g][r], x);
                 }
@@ -492,7 +492,7 @@ __device__ __forceinline__ void mm_q(const u8* __restrict__ W, int row_bytes, in
                     for (int rr = 1; rr < RW; ++rr)
                         if (r == rr) q = v[g][rr];
                     float a, b;
-                    T::tail(q, iv[i], ldx<XS>(xd + (size_t)(t0 + min(t, nt - 1)) * n_xd + u / UPX), a, b);
+                    T::tail(q, iv[i], __ldg(xd + (size_t)(t0 + min(t, nt - 1)) * n_xd + u / UPX), a, b);
                     if (adds) acc[i] = __fmaf_rn(a, b, acc[i]);
                 }
             }
@@ -538,12 +538,12 @@ __device__ __forceinline__ void mm_q_tok(const u8* __restrict__ W, int row_bytes
             for (int t = 0; t < TILE; ++t) {
                 const int tt = t0 + min(t, nt - 1);
                 i32 x[T::NW];
-                T::template xload<false>(xq + (size_t)tt * k, u, x);
+                T::xload(xq + (size_t)tt * k, u, x);
                 typename T::I iv[RW];
 #pragma unroll
                 for (int r = 0; r < RW; ++r) iv[r] = T::ints(v[r], x);
                 group_scatter<S, RW>(iv);
-                add_owned_tails<T, S, RW>(v, iv, p, ldx<false>(xd + (size_t)tt * n_xd + u / UPX), adds, acc[t]);
+                add_owned_tails<T, S, RW>(v, iv, p, __ldg(xd + (size_t)tt * n_xd + u / UPX), adds, acc[t]);
             }
         }
         store_tok_groups<S, TILE, RW, GLU>(o, rows, n_out, t0, nt, acc[0]);
@@ -578,11 +578,11 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         if (has) T::decode(wr, k, u, tab, v);
         for (int t = 0; t < n_tok; ++t) {
             i32 x[T::NW];
-            T::template xload<false>(xq + (size_t)t * k, u, x);
+            T::xload(xq + (size_t)t * k, u, x);
             typename T::I iv = T::ints(v, x);
             group_scatter<S, 1>(&iv);
             float a, b;
-            T::tail(v, iv, ldx<false>(xd + (size_t)t * n_xd + u / UPX), a, b);
+            T::tail(v, iv, __ldg(xd + (size_t)t * n_xd + u / UPX), a, b);
             if (has) part[t * stride + j * WARP + lane] = lane % S == 0 ? make_float2(a, b) : make_float2(0.0f, 0.0f);
         }
     }
@@ -743,134 +743,6 @@ MM_Q_TOK_KERNELS(iq3_xxs, TIQ3_XXS)
 #ifdef QMM_EXPLORE
 MM_Q_TOK_KERNELS(q8_0, TQ8_0) MM_Q_TOK_KERNELS(q5_0, TQ5_0)
 #endif
-
-// ------------------------------------------------------------------ one-token launches with their rounding
-// A one-token mat-mul that rounds its own activations (qmatmul_fused.py): every CTA first makes the token's
-// int8 activations in shared memory, then runs the one-token kernel's body over them (XS: the same code with
-// shared-memory loads), so a decode step skips the launch that would have rounded them. NORM: x is rmsnorm'd
-// first, as elementwise.cu's rmsnorm_q8_0 / _q8_k would (its scale by rms_row_scale4 with the nthr threads that
-// launch would have, the products (x * scale) * w), else x is rounded as it is (quant_q8_0 / _q8_k); each
-// XB-block is rounded by one warp with act_quant.cuh's functions. So sq / sd hold the bits those launches leave
-// in xq / xd, and every output is the unfused launch's bits. CTA 0 also writes them to gq / gd (and the normed
-// floats to xn, NORM), as those launches do, for later readers of the same rounding. x (k,) float32, 16-byte
-// aligned; k a multiple of XB; the CTA's dynamic shared memory k + 4 * (k / XB) bytes.
-// What does not depend on the kernel before (the weights, the norm's weights) is asked for before
-// grid_dependency_sync: the CTA's weight rows into L2 (prefetch_rows), the first PRE rounds' norm weights into
-// registers; after it, the rounds' x values are loaded with the sum of squares' so their latencies overlap.
-template <int RW, bool GLU>
-__device__ __forceinline__ void prefetch_rows(const u8* W, int row_bytes, int n_out) {
-    const int t = threadIdx.y * WARP + threadIdx.x, nt = blockDim.x * blockDim.y;
-    const int per = (GLU ? RW / 2 : RW) * blockDim.y, n_rows = GLU ? n_out / 2 : n_out;
-    const int r0 = blockIdx.x * per, r1 = min(r0 + per, n_rows);   // warp_rows' rows of this CTA's warps
-    if (r0 >= r1) return;
-    const i64 bytes = (i64)(r1 - r0) * row_bytes;
-#pragma unroll
-    for (int part = 0; part < (GLU ? 2 : 1); ++part) {
-        const u8* base = W + ((i64)r0 + part * n_rows) * row_bytes;
-        for (i64 off = (i64)t * 128; off < bytes; off += (i64)nt * 128)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
-    }
-}
-template <int XB>
-struct ActRounds {
-    static constexpr int V = XB / WARP;                  // values a lane holds of a block
-    // rounds kept in registers: four of Q8_0's; none of Q8_K's, whose 8 values a lane spill the one-row kernels'
-    // 32 registers (sm_90)
-    static constexpr int PRE = XB == 32 ? 4 : 0;
-    float w[PRE > 0 ? PRE : 1][V];
-    // the norm's weights of this warp's first PRE rounds (blocks threadIdx.y + r * blockDim.y)
-    __device__ __forceinline__ void load_weights(const float* nw, int k) {
-#pragma unroll
-        for (int r = 0; r < PRE; ++r) {
-            const int b = threadIdx.y + r * blockDim.y;
-#pragma unroll
-            for (int i = 0; i < V; ++i) w[r][i] = b < k / XB ? nw[b * XB + WARP * i + threadIdx.x] : 0.0f;
-        }
-    }
-};
-template <int XB, bool NORM>
-__device__ __forceinline__ void act_prologue(const float* __restrict__ x, const float* __restrict__ nw,
-                                             const ActRounds<XB>& pre, double eps, int nthr, int k, float* xn, i8* gq,
-                                             float* gd, i8* sq, float* sd) {
-    typedef ActRounds<XB> A;
-    __shared__ float part[MM_WARPS];
-    const int lane = threadIdx.x, t = threadIdx.y * WARP + threadIdx.x, nb = k / XB;
-    float xv[A::PRE > 0 ? A::PRE : 1][A::V];
-#pragma unroll
-    for (int r = 0; r < A::PRE; ++r) {
-        const int b = threadIdx.y + r * blockDim.y;
-#pragma unroll
-        for (int i = 0; i < A::V; ++i) xv[r][i] = b < nb ? x[b * XB + WARP * i + lane] : 0.0f;
-    }
-    float sc = 1.0f;
-    if constexpr (NORM) sc = rms_row_scale4(x, k, eps, t, nthr, part);
-    const bool first = blockIdx.x == 0 && blockIdx.y == 0;
-    int r = 0;
-    for (int b = threadIdx.y; b < nb; b += blockDim.y, ++r) {
-        float v[A::V];
-#pragma unroll
-        for (int i = 0; i < A::V; ++i) {
-            const int j = b * XB + WARP * i + lane;
-            float xj = x[j], g = 1.0f;
-#pragma unroll
-            for (int rr = 0; rr < A::PRE; ++rr)
-                if (r == rr) xj = xv[rr][i];
-            if constexpr (NORM) {
-                g = nw[j];
-#pragma unroll
-                for (int rr = 0; rr < A::PRE; ++rr)
-                    if (r == rr) g = pre.w[rr][i];
-            }
-            v[i] = NORM ? __fmul_rn(__fmul_rn(xj, sc), g) : xj;
-            if (NORM && first) xn[j] = v[i];
-        }
-        if constexpr (XB == 32) {
-            round_q8_0(v[0], sq + b * 32, sd + b);
-            if (first) round_q8_0(v[0], gq + b * 32, gd + b);
-        } else {
-            round_q8_k(v, sq + b * 256, sd + b);
-            if (first) round_q8_k(v, gq + b * 256, gd + b);
-        }
-    }
-    __syncthreads();
-}
-#define MM_FUSED_KERNEL(KNAME, NORM, T, RW, GLU, BOUNDS, BODY)                                            \
-    extern "C" __global__ void BOUNDS KNAME(                                                              \
-        const u8* __restrict__ W, int row_bytes, int n_out, int k, const float* __restrict__ x,           \
-        const float* __restrict__ nw, double eps, int nthr, float* xn, i8* gq, float* gd, OUT_PARAMS) {   \
-        GRID_SMEM(T);                                                                                     \
-        extern __shared__ __align__(16) u8 act_smem[];                                                    \
-        prefetch_rows<RW, GLU>(W, row_bytes, n_out);                                                      \
-        ActRounds<T::XB> pre;                                                                             \
-        if (NORM) pre.load_weights(nw, k);                                                                \
-        load_grid<T>(grid);                                                                               \
-        grid_dependency_sync();                                                                           \
-        i8* sq = (i8*)act_smem;                                                                           \
-        float* sd = (float*)(act_smem + k);                                                               \
-        act_prologue<T::XB, NORM>(x, nw, pre, eps, nthr, k, xn, gq, gd, sq, sd);                          \
-        BODY;                                                                                             \
-    }
-// PREFIX mmn (rmsnorm + rounding), mmnglu (the same, GLU) or mmr (rounding); the bodies and bounds of the
-// one-token kernels they stand for (MM_Q_KERNELS, MM_Q_GLU_TILE1_R4, MM_IQ3_KERNEL)
-#define MM_FUSED_Q(PREFIX, NORM, NAME, T, RW, GLU, BOUNDS)                                                \
-    MM_FUSED_KERNEL(PREFIX##_##NAME##_t1_r##RW##_g1, NORM, T, RW, GLU, BOUNDS,                           \
-                    (mm_q<T, 1, RW, 1, GLU, true>(W, row_bytes, n_out, k, sq, sd, 1, OUT_ARGS, grid)))
-#define MM_FUSED_IQ3(PREFIX, NORM, RW, GLU, BOUNDS, SUFFIX)                                               \
-    MM_FUSED_KERNEL(PREFIX##_iq3_xxs_t1_r##RW##_gw##SUFFIX, NORM, TIQ3_XXS, RW, GLU, BOUNDS,             \
-                    (mm_q_iq3<1, RW, GLU, true>(W, row_bytes, n_out, k, sq, sd, 1, OUT_ARGS, grid)))
-#define MM_FUSED_KERNELS(NAME, T)                                                                         \
-    MM_FUSED_Q(mmn, true, NAME, T, 1, false, __launch_bounds__(256, FULL_SM_CTAS))                       \
-    MM_FUSED_Q(mmn, true, NAME, T, 2, false, __launch_bounds__(256, 1))                                  \
-    MM_FUSED_Q(mmr, false, NAME, T, 1, false, __launch_bounds__(256, FULL_SM_CTAS))                      \
-    MM_FUSED_Q(mmr, false, NAME, T, 2, false, __launch_bounds__(256, 1))                                 \
-    MM_FUSED_Q(mmnglu, true, NAME, T, 2, true, __launch_bounds__(256, 1))
-MM_FUSED_KERNELS(q8_0, TQ8_0) MM_FUSED_KERNELS(q4_0, TQ4_0) MM_FUSED_KERNELS(q5_0, TQ5_0)
-MM_FUSED_KERNELS(iq4_nl, TIQ4_NL) MM_FUSED_KERNELS(q4_k, TQ4_K) MM_FUSED_KERNELS(q5_k, TQ5_K)
-MM_FUSED_KERNELS(q6_k, TQ6_K) MM_FUSED_KERNELS(iq3_xxs, TIQ3_XXS)
-MM_FUSED_Q(mmnglu, true, iq3_xxs, TIQ3_XXS, 4, true, __launch_bounds__(256, 1))
-MM_FUSED_IQ3(mmn, true, 2, false, __launch_bounds__(256, 1), ) MM_FUSED_IQ3(mmn, true, 2, false, __launch_bounds__(256, 4), _m4)
-MM_FUSED_IQ3(mmr, false, 2, false, __launch_bounds__(256, 1), ) MM_FUSED_IQ3(mmr, false, 2, false, __launch_bounds__(256, 4), _m4)
-MM_FUSED_IQ3(mmnglu, true, 4, true, __launch_bounds__(256, 1), ) MM_FUSED_IQ3(mmnglu, true, 4, true, __launch_bounds__(256, 4), _m4)
 
 // Float weights with float activations: unit = 8 weights (one 16-byte load of f16/bf16, two of f32). Plain
 // loads: measured faster here than __ldg (F16 4096x14336: 31.2 against 34.2 us on an H200).

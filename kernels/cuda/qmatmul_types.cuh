@@ -50,14 +50,6 @@ __constant__ u32 IQ4NL_VALUES[4] = {0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x715
 // measured 1.1-3.7x slower on an H200: the 2-byte aligned blocks read overlapping words, which L1 serves;
 // perf/kernel_notes.md.)
 __device__ __forceinline__ u32 ldw(const unsigned int* p) { return __ldg(p); }
-// Activation loads (xq, xd): __ldg from global memory, plain loads (XS) where a fused one-token launch keeps
-// them in shared memory (qmatmul.cu act_prologue); XS is a template argument of the mat-mul bodies, so the
-// kernels without it keep their code.
-template <bool XS = false, class P>
-__device__ __forceinline__ P ldx(const P* p) {
-    if constexpr (XS) return *p;
-    else return __ldg(p);
-}
 __device__ __forceinline__ uint4 ldw4(const uint4* p) { return __ldg(p); }
 __device__ __forceinline__ u16 ld16(const u8* p) { return __ldg((const unsigned short*)p); }   // p 2-byte aligned
 __device__ __forceinline__ float ldf16(const u8* p) { return f16_to_f32(ld16(p)); }
@@ -175,12 +167,11 @@ struct TBase {
     // offset of the unit's first weight in its row (= of its first activation in the token's row)
     static __device__ __forceinline__ int offset(int u) { return u * UNIT_; }
     // the unit's activations of one token row xr, in decode's weight order
-    template <bool XS = false>
     static __device__ __forceinline__ void xload(const i8* xr, int u, i32* x) {
         const uint4* q = (const uint4*)(xr + offset(u));   // activations: cached (every row reads them)
 #pragma unroll
         for (int i = 0; i < NW_ / 4; ++i) {
-            const uint4 v = ldx<XS>(q + i);
+            const uint4 v = __ldg(q + i);
             x[4 * i] = v.x; x[4 * i + 1] = v.y; x[4 * i + 2] = v.z; x[4 * i + 3] = v.w;
         }
     }
