@@ -547,15 +547,12 @@ BUILDS_EXPLORE = [("Q4_K", 14336, 4096, False, 1), ("Q4_K", 28672, 4096, True, 1
 
 def iq3_group_rows(qm, tile: int, glu: bool, ref_build: str):
     """launch_rows entries of IQ3_XXS's group-loop kernels of a token tile: the default build's and the explore
-    build's under launch bounds (qmatmul.EXPLORE_IQ3_GROUPS_MB) and with other weight-load cache policies
-    (qmatmul.EXPLORE_IQ3_LOADS), checked against ref_build's dp4a kernel."""
+    build's under launch bounds (qmatmul.EXPLORE_IQ3_GROUPS_MB), checked against ref_build's dp4a kernel."""
     variant = qm.iq3_groups_variant(tile, glu)
     name = f"t{tile} r{variant[1]} groups"
     return [(name, dict(variant=variant), ref_build)] + [
         (f"{name} m{v[3]}", dict(variant=v, build="explore"), ref_build)
-        for v in qm.EXPLORE_IQ3_GROUPS_MB[glu] if v[0] == tile] + [
-        (f"{name} {'no L1' if v[2] == 'wn' else 'streaming'} loads" + (f" m{v[3]}" if len(v) > 3 else ""),
-         dict(variant=v, build="explore"), ref_build) for v in qm.EXPLORE_IQ3_LOADS[glu] if v[0] == tile]
+        for v in qm.EXPLORE_IQ3_GROUPS_MB[glu] if v[0] == tile]
 
 
 def builds_rows(cp, copy_bw):

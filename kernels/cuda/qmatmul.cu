@@ -343,7 +343,7 @@ __device__ __forceinline__ void iq3_tokens(const TIQ3_XXS::U* v, const uint2* q,
 // 37.2); under a minimum of 4 CTAs an SM (one token, _m4 in every build: 64 registers, no spill) it wins on those
 // too (4096x14336 17.0 -> 15.3, gate+up pairs 26.2 -> 22.6). The explore build also has the 8-token ones under a
 // minimum of 2 (_m2: 128 registers).
-template <int TILE, int RW, bool GLU, int LM = 0>
+template <int TILE, int RW, bool GLU>
 __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes, int n_out, int k,
                                          const i8* __restrict__ xq, const float* __restrict__ xd, int n_tok,
                                          const Out& o, const u32* grid) {
@@ -371,9 +371,9 @@ __device__ __forceinline__ void mm_q_iq3(const u8* __restrict__ W, int row_bytes
             u32 aux[RW];
 #pragma unroll
             for (int r = 0; r < RW; ++r) {
-                q[r] = ld_u2<LM>((const uint2*)(f[r] + 256 * h));
-                aux[r] = ld_u1<LM>((const unsigned int*)(f[r] + aux_off + 128 * h));
-                v[r].d4 = __fmul_rn(f16_to_f32(ld_h<LM>(f[r] + d_off + 8 * h)), 0.25f);
+                q[r] = __ldg((const uint2*)(f[r] + 256 * h));
+                aux[r] = ldw((const unsigned int*)(f[r] + aux_off + 128 * h));
+                v[r].d4 = __fmul_rn(ldf16(f[r] + d_off + 8 * h), 0.25f);
                 v[r].ls = 2 * (i32)(aux[r] >> 28) + 1;
                 if constexpr (TILE > 1) iq3_weights(q[r], aux[r], grid, v[r].w);
             }
@@ -705,18 +705,16 @@ __device__ __forceinline__ void mm_q_sk(const u8* __restrict__ W, int row_bytes,
         mm_q_tok<T, TILE, RW, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                \
     }
 // mm_q_iq3's kernels (IQ3_XXS's loop over whole groups): PREFIX mm or mmglu, TILE tokens, RW rows a warp (GLU:
-// RW / 2 row pairs), named ..._g<G><SUFFIX> (G: w, or in the explore build wn / wc for the weight loads' cache
-// policy LM 1 / 2, ld_u2), under BOUNDS
-#define MM_IQ3_KERNEL_AS(PREFIX, TILE, RW, GLU, BOUNDS, G, SUFFIX, LM)                                    \
-    extern "C" __global__ void BOUNDS PREFIX##_iq3_xxs_t##TILE##_r##RW##_g##G##SUFFIX(                   \
+// RW / 2 row pairs), named ..._gw<SUFFIX>, under BOUNDS
+#define MM_IQ3_KERNEL(PREFIX, TILE, RW, GLU, BOUNDS, SUFFIX)                                              \
+    extern "C" __global__ void BOUNDS PREFIX##_iq3_xxs_t##TILE##_r##RW##_gw##SUFFIX(                     \
         const u8* __restrict__ W, int row_bytes, int n_out, int k, const i8* __restrict__ xq,             \
         const float* __restrict__ xd, int n_tok, OUT_PARAMS) {                                            \
         GRID_SMEM(TIQ3_XXS);                                                                              \
         load_grid<TIQ3_XXS>(grid);                                                                        \
         grid_dependency_sync();                                                                           \
-        mm_q_iq3<TILE, RW, GLU, LM>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);               \
+        mm_q_iq3<TILE, RW, GLU>(W, row_bytes, n_out, k, xq, xd, n_tok, OUT_ARGS, grid);                   \
     }
-#define MM_IQ3_KERNEL(PREFIX, TILE, RW, GLU, BOUNDS, SUFFIX) MM_IQ3_KERNEL_AS(PREFIX, TILE, RW, GLU, BOUNDS, w, SUFFIX, 0)
 #define MM_Q_TOK_KERNELS(NAME, T)                                                                         \
     MM_Q_TOK_KERNEL(mm, NAME, T, 8, 4, false, T8_MIN2) MM_Q_TOK_KERNEL(mmglu, NAME, T, 8, 4, true, T8_MIN2)    \
     MM_Q_TOK_KERNEL(mm, NAME, T, 4, 2, false, __launch_bounds__(256))                                     \
@@ -737,13 +735,8 @@ MM_IQ3_KERNEL(mmglu, 4, 4, true, T8_ANY, ) MM_IQ3_KERNEL(mmglu, 8, 4, true, T8_A
 // one token under a minimum of 4 CTAs an SM (sm_90: 64 registers, no spill; qmatmul.py IQ3_GROUPS_CHOICES)
 MM_IQ3_KERNEL(mm, 1, 2, false, __launch_bounds__(256, 4), _m4)
 MM_IQ3_KERNEL(mmglu, 1, 4, true, __launch_bounds__(256, 4), _m4)
-#ifdef QMM_EXPLORE   // qmatmul.py EXPLORE_IQ3_GROUPS_MB, EXPLORE_IQ3_LOADS
+#ifdef QMM_EXPLORE   // qmatmul.py EXPLORE_IQ3_GROUPS_MB
 MM_IQ3_KERNEL(mm, 8, 4, false, T8_MIN2, _m2) MM_IQ3_KERNEL(mmglu, 8, 4, true, T8_MIN2, _m2)
-#define MM_IQ3_LOADS(G, LM)                                                                               \
-    MM_IQ3_KERNEL_AS(mm, 1, 2, false, __launch_bounds__(256, 1), G, , LM)                                 \
-    MM_IQ3_KERNEL_AS(mm, 1, 2, false, __launch_bounds__(256, 4), G, _m4, LM)                              \
-    MM_IQ3_KERNEL_AS(mmglu, 1, 4, true, __launch_bounds__(256, 4), G, _m4, LM)
-MM_IQ3_LOADS(wn, 1) MM_IQ3_LOADS(wc, 2)
 #endif
 MM_Q_TOK_KERNELS(q4_k, TQ4_K) MM_Q_TOK_KERNELS(q5_k, TQ5_K) MM_Q_TOK_KERNELS(q6_k, TQ6_K)
 MM_Q_TOK_KERNELS(iq3_xxs, TIQ3_XXS)

@@ -182,10 +182,6 @@ def iq3_groups_variant(tile: int, glu: bool = False) -> tuple[int, int, str]:
 # --explore: one token under 4 (every build; sm_90: 64 registers), 8 tokens under 2 (the explore build: 128)
 EXPLORE_IQ3_GROUPS_MB = {glu: tuple((*iq3_groups_variant(tile, glu), mb) for tile, mb in ((1, 4), (8, 2)))
                          for glu in (False, True)}
-# one-token group-loop kernels of the explore build whose weight loads skip L1 (G "wn") or stream (G "wc"), (tile,
-# RW, G[, MB]) by GLU, for perf/bench_gpu.py --explore: the default's kernels with another cache policy
-EXPLORE_IQ3_LOADS = {False: tuple(v for g in ("wn", "wc") for v in ((1, 2, g), (1, 2, g, 4))),
-                     True: tuple((1, 4, g, 4) for g in ("wn", "wc"))}
 # builds of qmatmul.cu / qmatmul_mma.cu (nvcc / NVRTC defines). "default": Q4_K / Q5_K summed as integers over
 # their 256-weight blocks before one float tail (qmatmul_types.cuh K4_S = 4, as ggml's own dot); "unit_tails":
 # each 64-weight unit its own float tail (K4_S = 1: other bits, the same in all of its kernels; the default until

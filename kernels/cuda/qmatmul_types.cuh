@@ -50,45 +50,6 @@ __constant__ u32 IQ4NL_VALUES[4] = {0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x715
 // measured 1.1-3.7x slower on an H200: the 2-byte aligned blocks read overlapping words, which L1 serves;
 // perf/kernel_notes.md.)
 __device__ __forceinline__ u32 ldw(const unsigned int* p) { return __ldg(p); }
-// Weight loads of IQ3_XXS's group loop by cache policy LM (the explore build's A/B, qmatmul.cu mm_q_iq3): 0 the
-// read-only path (__ldg), 1 not allocated in L1 (ld.global.nc.L1::no_allocate), 2 streaming (__ldcs, evict first).
-// The aligned planes of the device layout read whole sectors a warp, which the file's 2-byte aligned blocks did not.
-template <int LM>
-__device__ __forceinline__ uint2 ld_u2(const uint2* p) {
-    if constexpr (LM == 1) {
-        uint2 v;
-        asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-        return v;
-    } else if constexpr (LM == 2) {
-        return __ldcs(p);
-    } else {
-        return __ldg(p);
-    }
-}
-template <int LM>
-__device__ __forceinline__ u32 ld_u1(const unsigned int* p) {
-    if constexpr (LM == 1) {
-        u32 v;
-        asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
-        return v;
-    } else if constexpr (LM == 2) {
-        return __ldcs(p);
-    } else {
-        return __ldg(p);
-    }
-}
-template <int LM>
-__device__ __forceinline__ u16 ld_h(const u8* p) {   // p 2-byte aligned
-    if constexpr (LM == 1) {
-        u16 v;
-        asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
-        return v;
-    } else if constexpr (LM == 2) {
-        return __ldcs((const unsigned short*)p);
-    } else {
-        return __ldg((const unsigned short*)p);
-    }
-}
 __device__ __forceinline__ uint4 ldw4(const uint4* p) { return __ldg(p); }
 __device__ __forceinline__ u16 ld16(const u8* p) { return __ldg((const unsigned short*)p); }   // p 2-byte aligned
 __device__ __forceinline__ float ldf16(const u8* p) { return f16_to_f32(ld16(p)); }

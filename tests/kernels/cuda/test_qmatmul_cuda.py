@@ -535,8 +535,7 @@ def test_iq3_xxs_group_loop(cp, qm, n_out, n_in):
             _check_vs_float64(QType.IQ3_XXS, raw, x_host, ref)
         variants = [(1, 4, groups), (1, 4, groups, 4), (2, 4, groups), (4, 4, groups), (8, 4, groups)] if glu else \
             [(1, 2, groups), (1, 2, groups, 4), (2, 2, groups), (4, 2, groups), (8, 4, groups)]
-        builds = [(v, "default") for v in variants] + [(v, "explore") for v in qm.EXPLORE_IQ3_GROUPS_MB[glu]
-                                                        + qm.EXPLORE_IQ3_LOADS[glu]]
+        builds = [(v, "default") for v in variants] + [(v, "explore") for v in qm.EXPLORE_IQ3_GROUPS_MB[glu]]
         for variant, build in builds:
             for n in sorted({1, variant[0], 8, 16}):
                 out = cp.full((n, width), np.nan, cp.float32)
