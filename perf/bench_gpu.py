@@ -168,9 +168,8 @@ def attention_call(cp, n_keys, n_seq=1, **shape):
     q, kp, ks, vp, vs = args[0], args[4], args[5], args[6], args[7]
     ws = ak.attention_workspace(n_seq, q.shape[1], q.shape[2], n_keys)
     def call():
-        ak.attention(*args, ws, n_keys, head_tile=call.head_tile)
+        ak.attention(*args, ws, n_keys)
     call.out = args[-1]
-    call.head_tile = None
     return call, kp.nbytes + vp.nbytes + ks.nbytes + vs.nbytes
 
 
@@ -217,40 +216,6 @@ def attn_ab_rows(cp, rounds=2):
                         for b in builds if ak.f16_rounding(b) != ak.f16_rounding("default"))
         rows.append((f"{name}, {n_seq} x {keys} keys" + (f" (max |out - default's| / max: {dev})" if dev else ""),
                      times, same))
-        del call
-    return rows
-
-
-# --head-tile-ab: (label, keys per sequence, sequences, shape) of decode attention launches at the model's head tile
-# and at split_head_tile's
-HEAD_TILE_SHAPES = [("0.5B 14/2 D=64", keys, n, dict(n_heads=14, n_kv=2, hd=64))
-                    for keys, n in ((512, 1), (1024, 1), (4096, 1), (32768, 1), (4096, 2))] + [
-                   ("8B 32/8 D=128", keys, n, {}) for keys, n in ((512, 1), (1024, 1), (4096, 1))]
-
-
-def head_tile_rows(cp, rounds=2):
-    """--head-tile-ab: each HEAD_TILE_SHAPES launch at the model's head tile and at split_head_tile's, alternating
-    over `rounds`: (label, {tile: [µs per round]}, same bits). Graph replays of 16 launches."""
-    from strata_lite.kernels.cuda import attention as ak
-    rows = []
-    for name, keys, n_seq, shape in HEAD_TILE_SHAPES:
-        call, _ = attention_call(cp, keys, n_seq, **shape)
-        q = call.out
-        group, hd = q.shape[1] // shape.get("n_kv", 8), q.shape[2]
-        n_split = -(-keys // ak.keys_per_split)
-        n_group = -(-n_split // ak.group_splits(n_split, ak.group_width(shape.get("n_kv", 8), group, hd)))
-        model = ak._head_tile(group, hd)
-        split = ak.split_head_tile(group, hd, n_seq, shape.get("n_kv", 8), n_group, cp.cuda.Device().attributes[
-            "MultiProcessorCount"])
-        times, outs = {model: [], split: []}, {}
-        for _ in range(rounds):
-            for ht in (model, split):
-                call.head_tile = ht
-                call()
-                outs[ht] = call.out.copy()
-                times[ht].append(timed_in_graph(cp, [call] * 16) * 1e6)
-        same = bool(cp.array_equal(outs[model].view(cp.uint32), outs[split].view(cp.uint32)))
-        rows.append((f"{name}, {n_seq} x {keys} keys, head tile {model} / {split}", times, same))
         del call
     return rows
 
@@ -848,25 +813,12 @@ def verify_cost_rows(cp, model_path, tokens=(1, 2, 3, 4), rounds=2):
     return rows
 
 
-def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None, head_tiles=None):
+def step_breakdown(model_path, ctx=4096, n_steps=100, programmatic=None):
     """(label, µs per step, graph µs, inputs µs, sampling µs) of a batch-1 decode step with the engine sized
     for ctx: the graph replay timed by CUDA events, the host work around it (batch checks and the input copy;
     greedy sampling after the step finished: the ids the graph computed, copied back) by host clocks.
     programmatic: capture the graphs with (True) or without (False) programmatic dependent launch (None: the
-    backend's default). head_tiles: split-parallel attention launches take smaller head tiles where the model's
-    leaves SMs idle (True, attention.split_head_tile) or keep the model's (False); None: the default."""
-    from strata_lite.kernels.cuda import attention as ak
-    default = ak.SPLIT_HEAD_TILES
-    if head_tiles is not None:
-        ak.SPLIT_HEAD_TILES = head_tiles
-    try:
-        return _step_breakdown(model_path, ctx, n_steps, programmatic,
-                               [] if head_tiles is None else [f"head tiles {'split' if head_tiles else 'model'}"])
-    finally:
-        ak.SPLIT_HEAD_TILES = default
-
-
-def _step_breakdown(model_path, ctx, n_steps, programmatic, variant):
+    backend's default)."""
     from strata_lite.batch import Batch
     from strata_lite.kernels.cuda.graphs import StepGraphs
     from strata_lite.kernels.sample_rows import SampleRows
@@ -876,11 +828,12 @@ def _step_breakdown(model_path, ctx, n_steps, programmatic, variant):
     loaded = load_model(model_path, backend="cuda")
     runner = ModelRunner(loaded, kv_tokens=ctx + 512, page_size=64, host_bytes=0, n_ctx=ctx, max_step_tokens=512,
                          max_seqs=1)
+    variant = []
     if programmatic is not None:
         runner.graphs = None
         runner.graphs = StepGraphs(step_forward(runner.backend, runner.model, runner.kv), max_pages=ctx // 64,
                                    max_keys=ctx, scratch_page=runner.scratch_page, programmatic=programmatic)
-        variant = variant + [f"PDL {'on' if runner.graphs.programmatic else 'off'}"]
+        variant = [f"PDL {'on' if runner.graphs.programmatic else 'off'}"]
     batch = Batch(np.array([5], np.int32), np.full(1, ctx - 1, np.int32), np.zeros(1, np.int32),
                   np.arange(ctx // 64, dtype=np.int32)[None], np.arange(1, dtype=np.int64))
     greedy = SampleRows.greedy(1)
@@ -1055,9 +1008,6 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-attn", action="store_true",
                     help="only prompt chunks at depth: attention of 512 tokens after 0 / 8K / 32K keys and the "
                          "synthetic models' 512-token forwards there, tiled and looped kernels alternating")
-    ap.add_argument("--head-tile-ab", action="store_true",
-                    help="only decode attention at the model's head tile against split_head_tile's, then the decode "
-                         "step of the Q4_K_M models at 512 and 4K keys with and without it (twice each, alternating)")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="only the decode step breakdown, graphs captured without and with programmatic dependent "
                          "launch (twice each, alternating)")
@@ -1181,19 +1131,6 @@ def main(argv=None) -> int:
         for label, tiled, looped, attn_tiled, attn_looped in prows:
             print(f"{label:60s} {tiled:12,.0f} {looped:13,.0f} {attn_tiled:13.2f} / {attn_looped:.2f}")
         write_json(args.json, be, prefill_attention=arows, mixed_attention=mrows, prefill=prows)
-        return 0
-    if args.head_tile_ab:
-        hrows = head_tile_rows(cp)
-        print(f"\n{'decode attention, model / split head tile (us)':72s} {'model':>14s} {'split':>14s}")
-        for label, times, same in hrows:
-            a, b = times.values() if len(times) == 2 else (next(iter(times.values())),) * 2
-            print(f"{label + ('' if same else ' DIFFERENT BITS'):72s} {' / '.join(f'{t:.1f}' for t in a):>14s} "
-                  f"{' / '.join(f'{t:.1f}' for t in b):>14s}")
-        os.makedirs(args.models, exist_ok=True)
-        brows = [step_breakdown(path, ctx=ctx, head_tiles=h) for path in synth_models(args.models, args.quick, "q4_k_m")
-                 for ctx in (512, 4096) for h in (False, True, False, True)]
-        print_breakdown(brows)
-        write_json(args.json, be, head_tiles=hrows, step_breakdown=brows)
         return 0
     if args.pdl_ab:
         os.makedirs(args.models, exist_ok=True)

@@ -480,11 +480,10 @@ __device__ __forceinline__ void phase_values(const Work& w, const u8* vrows, int
 // Splits folded together in the CTA before anything leaves it: a token with n_own splits of keys folds
 // them in groups of group_splits consecutive splits (left to right within a group, then the groups left to
 // right). The group size is a function of the token's own split count and of the model's shape (width =
-// kv heads x the model's head tiles (attention.py group_width: the CTAs a split of one token needs at the
-// model's head tile, whatever tile a launch takes) only, so both modes and every launch share the order: the
-// largest of 1, 2, 4, 8 that leaves a single token at least GROUP_CTAS work items (groups x width), so a decode
-// keeps ~4 CTAs per SM busy while long contexts leave one partial per group, not per split, to the workspace
-// and the merge.
+// kv heads x head tiles: the CTAs a split of one token needs) only, so both modes and every launch share
+// the order: the largest of 1, 2, 4, 8 that leaves a single token at least GROUP_CTAS work items (groups x
+// width), so a decode keeps ~4 CTAs per SM busy while long contexts leave one partial per group, not per
+// split, to the workspace and the merge.
 #define GROUP_CTAS 512       // attention.py: GROUP_CTAS
 __device__ __forceinline__ int group_splits(int n_own, int width) {
     const int r = n_own * width / GROUP_CTAS;                          // attention.py: group_splits
@@ -505,7 +504,7 @@ __device__ __forceinline__ void attn_body(
     const i32* __restrict__ page_tables, const i8* __restrict__ k_pages, const float* __restrict__ k_scales,
     const i8* __restrict__ v_pages, const float* __restrict__ v_scales, float* __restrict__ out,
     float* __restrict__ ws_acc, float* __restrict__ ws_ml, float qscale, int n_heads, int n_kv, int G,
-    int n_ht, int width, int page_size, int max_pages, int ws_splits) {
+    int n_ht, int page_size, int max_pages, int ws_splits) {
     using C = Cfg<D, HT>;
     static_assert(KPS == NT, "one key of a split per thread");
     constexpr int HPW = (HT + NW - 1) / NW;      // heads per warp in the q normalization
@@ -534,7 +533,7 @@ __device__ __forceinline__ void attn_body(
     w.seq = token_seq[w.t];
     w.n_keys = token_pos[w.t] + 1;
     const int n_own = (w.n_keys + KPS - 1) / KPS;
-    const int P = group_splits(n_own, width), n_grp = (n_own + P - 1) / P;
+    const int P = group_splits(n_own, n_kv * n_ht), n_grp = (n_own + P - 1) / P;
     const int z = LOOPED ? 0 : (int)blockIdx.z, Z = LOOPED ? 1 : (int)gridDim.z;
     if (z >= n_grp) return;                      // whole CTA: past this token's keys
     u8* krows = sh.kv;
@@ -678,12 +677,12 @@ __device__ __forceinline__ void attn_body(
         const i32* __restrict__ page_tables, const i8* __restrict__ k_pages,                               \
         const float* __restrict__ k_scales, const i8* __restrict__ v_pages,                                \
         const float* __restrict__ v_scales, float* __restrict__ out, float* __restrict__ ws_acc,           \
-        float* __restrict__ ws_ml, float qscale, int n_heads, int n_kv, int G, int n_ht, int width,         \
-        int page_size, int max_pages, int ws_splits) {                                                     \
+        float* __restrict__ ws_ml, float qscale, int n_heads, int n_kv, int G, int n_ht, int page_size,    \
+        int max_pages, int ws_splits) {                                                                    \
         grid_dependency_sync();                                                                           \
         attn_body<D, HT, LOOPED>(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,         \
-                                 v_scales, out, ws_acc, ws_ml, qscale, n_heads, n_kv, G, n_ht, width,      \
-                                 page_size, max_pages, ws_splits);                                         \
+                                 v_scales, out, ws_acc, ws_ml, qscale, n_heads, n_kv, G, n_ht, page_size,  \
+                                 max_pages, ws_splits);                                                    \
     }
 #ifndef ATTN_D128_MIN_CTAS
 #define ATTN_D128_MIN_CTAS 4

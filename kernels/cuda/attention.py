@@ -9,8 +9,7 @@ Flash-decoding with a FIXED number of keys per split (`keys_per_split`), the spl
 head tiles): a token's splits, groups and the order they are folded in depend only on its own position and
 the model, never on the batch (batch invariance). Two modes,
 chosen from host ints, give the same bits (attention.cu explains why):
-  * split-parallel (n_tok <= ws.split_tokens): grid (n_tok, n_kv_heads * head tiles, Z) (head tiles of the
-    launch's own size, split_head_tile: smaller where the grid would leave SMs idle), CTA z computing
+  * split-parallel (n_tok <= ws.split_tokens): grid (n_tok, n_kv_heads * head tiles, Z), CTA z computing
     groups z, z + Z, ... split by split (`split_stride`: about split_min_ctas CTAs per SM, each loading its next split
     while it computes one), one partial per group to the workspace, then attn_merge folds each token's
     own groups;
@@ -95,33 +94,9 @@ def attention_workspace(max_tokens: int, n_heads: int, head_dim: int, max_keys: 
 
 
 def _head_tile(group: int, head_dim: int) -> int:
-    """Query heads per CTA, the model's head tile: the group rounded up to a power of two, at most 8 (4 for
-    head_dim 256)."""
+    """Query heads per CTA: the group rounded up to a power of two, at most 8 (4 for head_dim 256)."""
     cap = 4 if head_dim == 256 else 8
     return min(cap, 1 << (group - 1).bit_length())
-
-
-def group_width(n_kv: int, group: int, head_dim: int) -> int:
-    """The width group_splits takes: kv heads x the model's head tiles. Fixed by the model, so a token's groups
-    (and the bits of its output) do not follow the head tile a launch takes (split_head_tile)."""
-    return n_kv * runtime.cdiv(group, _head_tile(group, head_dim))
-
-
-SPLIT_HEAD_TILES = True     # False: split-parallel launches keep the model's head tile (perf/bench_gpu.py A/B)
-
-
-def split_head_tile(group: int, head_dim: int, n_tok: int, n_kv: int, n_group: int, n_sm: int) -> int:
-    """Query heads per CTA of a split-parallel launch of n_tok tokens with n_group groups each: the model's head
-    tile, halved while the launch's work items (tokens x kv heads x head tiles x groups) would still fit one CTA
-    an SM. Few tokens over short contexts leave most SMs idle at the model's tile (the 0.5B shape at 4K keys: 64
-    work items for 132 SMs at its 8 heads a CTA, 128 at 4). Every head's arithmetic is the same in any tile (its
-    own mma column, softmax and weights; group_width fixes its groups), so the output bits are too."""
-    ht = _head_tile(group, head_dim)
-    if not SPLIT_HEAD_TILES:
-        return ht
-    while ht > 1 and n_tok * n_kv * runtime.cdiv(group, ht // 2) * n_group <= n_sm:
-        ht //= 2
-    return ht
 
 
 # Compile-time overrides of the split-parallel kernels' CTAs per SM (attention.cu ATTN_MIN_CTAS) for A/B builds
@@ -209,7 +184,7 @@ def _check(name, arr, dtype, shape_or_ndim):
 
 
 def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale: float,
-              out, ws: AttentionWorkspace, max_keys: int, split_rows: int = 0, head_tile: int | None = None) -> None:
+              out, ws: AttentionWorkspace, max_keys: int, split_rows: int = 0) -> None:
     """out (n_tok, n_heads, head_dim) float32 = causal attention of q (same shape) over the int8 cache.
 
     token_seq, token_pos (n_tok,) int32; page_tables (n_seqs, max_pages) int32; pages/scales of one layer.
@@ -218,8 +193,7 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     first split_rows tokens are short runs of their sequences (Batch.short_run_rows: a mixed step's decode
     and verify tokens); in a launch that would go looped or tiled, up to ws.split_tokens of them go
     split-parallel first (one CTA per group of splits, not one walking the whole context) and the rest after.
-    The kernels are BUILD's (every build and mode gives the same bits). head_tile (tests, benchmarks): the query
-    heads per CTA of a split-parallel launch (a power of two up to the model's; default split_head_tile's)."""
+    The kernels are BUILD's (every build and mode gives the same bits)."""
     build = BUILD
     options = build_options(build)
     if q.ndim != 3:
@@ -251,15 +225,10 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     if n_tok == 0:
         return
     group = n_heads // n_kv
-    if head_tile is not None and (head_tile < 1 or head_tile & (head_tile - 1) or head_tile > _head_tile(group, hd)):
-        raise ValueError(f"head_tile={head_tile} must be a power of two up to the model's {_head_tile(group, hd)}")
-    width = group_width(n_kv, group, hd)
+    ht = _head_tile(group, hd)
+    n_ht = runtime.cdiv(group, ht)
     n_split = runtime.cdiv(max_keys, keys_per_split)
     looped = n_tok > ws.split_tokens or n_split == 1
-    n_group = runtime.cdiv(n_split, group_splits(n_split, width))
-    ht = (_head_tile(group, hd) if looped else
-          head_tile or split_head_tile(group, hd, n_tok, n_kv, n_group, runtime.sm_count(q.device.id)))
-    n_ht = runtime.cdiv(group, ht)
     if looped and n_split > 1 and split_rows > 0:
         k = min(split_rows, ws.split_tokens, n_tok)
         for rows in (slice(0, k), slice(k, n_tok)):
@@ -267,6 +236,7 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
                       scale, out[rows], ws, max_keys)
         return
     qscale = np.float32(float(scale) * _LOG2E)
+    n_group = runtime.cdiv(n_split, group_splits(n_split, n_kv * n_ht))
     if looped and TILED and hd <= 128:
         ntl = tiled_ntl(build)
         runtime.launch(_CU, f"attn_d{hd}_h{ht}_tiled", (runtime.cdiv(n_tok, tiled_tokens(ht, ntl)), n_kv * n_ht),
@@ -281,9 +251,8 @@ def attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, 
     runtime.launch(_CU, f"attn_d{hd}_h{ht}" + ("_looped" if looped else ""), (n_tok, n_kv * n_ht, z), (_THREADS,),
                    (q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, out,
                     ws.acc, ws.ml, qscale, np.int32(n_heads), np.int32(n_kv), np.int32(group), np.int32(n_ht),
-                    np.int32(width), np.int32(page_size), np.int32(page_tables.shape[1]), np.int32(ws.n_splits)),
-                   options=options)
+                    np.int32(page_size), np.int32(page_tables.shape[1]), np.int32(ws.n_splits)), options=options)
     if not looped:
         runtime.launch(_CU, "attn_merge", (n_tok, n_heads, hd // 32), (_THREADS,),
                        (ws.acc, ws.ml, token_pos, out, np.int32(n_heads), np.int32(hd), np.int32(ws.n_splits),
-                        np.int32(width)), options=options)
+                        np.int32(n_kv * n_ht)), options=options)

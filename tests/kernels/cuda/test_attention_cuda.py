@@ -47,7 +47,7 @@ class Cache:
         self.dpt = cp.asarray(self.pt)
 
 
-def run_cuda(c, q, seq, pos, scale, max_keys, split_tokens=64, ws=None, split_rows=0, head_tile=None):
+def run_cuda(c, q, seq, pos, scale, max_keys, split_tokens=64, ws=None, split_rows=0):
     """out (numpy) of the CUDA attention, `out` poisoned with NaN first."""
     from strata_lite.kernels.cuda.attention import attention, attention_workspace
     cp = c.cp
@@ -56,7 +56,7 @@ def run_cuda(c, q, seq, pos, scale, max_keys, split_tokens=64, ws=None, split_ro
         ws = attention_workspace(max(n, 1), n_heads, hd, max_keys, split_tokens=split_tokens)
     out = cp.full(q.shape, np.nan, cp.float32)
     attention(cp.asarray(q), cp.asarray(np.asarray(seq, np.int32)), cp.asarray(np.asarray(pos, np.int32)),
-              c.dpt, *c.dev, scale, out, ws, max_keys, split_rows=split_rows, head_tile=head_tile)
+              c.dpt, *c.dev, scale, out, ws, max_keys, split_rows=split_rows)
     return out.get()
 
 
@@ -190,39 +190,6 @@ def test_groups_of_splits(n_heads, n_kv, hd, lens, pos, sizes, monkeypatch):
     runs["looped"] = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=lens[0], split_tokens=1)
     for z in (1, 3, "looped"):
         np.testing.assert_array_equal(runs[z].view(np.uint32), runs[None].view(np.uint32))
-
-
-# (n_heads, n_kv, head_dim, sequence lengths, token positions): the 0.5B shape (7 heads a kv head: tiles of 8, 4, 2
-# and 1, the last partial), the 8B shape with groups of 2 splits (16K+ keys at width 8), 16 heads of 256
-HEAD_TILE_CASES = [(14, 2, 64, [4000, 700], [3999, 699, 2000]), (32, 8, 128, [17000, 300], [16999, 299, 9000]),
-                   (16, 1, 256, [2100], [2099, 64])]
-
-
-@pytest.mark.parametrize("n_heads,n_kv,hd,lens,pos", HEAD_TILE_CASES)
-def test_split_launches_give_the_same_bits_at_every_head_tile(n_heads, n_kv, hd, lens, pos):
-    """A split-parallel launch may take a smaller head tile than the model's (attention.split_head_tile: more CTAs
-    for few tokens over short contexts); every head tile gives the model tile's bits (the groups of splits fixed by
-    group_width), which are the looped kernels' and match the references; and split_head_tile takes smaller tiles
-    only where the model's leaves SMs idle."""
-    import cupy as cp
-    from strata_lite.kernels.cuda import attention as ak
-    rng = np.random.default_rng(n_heads + hd)
-    c = Cache(cp, rng, lens, n_kv, hd, page_size=64)
-    seq = [0, 1, 0][:len(pos)] if len(lens) > 1 else [0] * len(pos)
-    q = rng.standard_normal((len(seq), n_heads, hd)).astype(np.float32)
-    group = n_heads // n_kv
-    model_tile = ak._head_tile(group, hd)
-    runs = {ht: run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=lens[0], head_tile=ht)
-            for ht in (1, 2, 4, 8) if ht <= model_tile}
-    check_against_refs(c, q, seq, pos, hd ** -0.5, runs[model_tile])
-    looped = run_cuda(c, q, seq, pos, hd ** -0.5, max_keys=lens[0], split_tokens=1)
-    for ht, got in runs.items():
-        np.testing.assert_array_equal(got.view(np.uint32), runs[model_tile].view(np.uint32), err_msg=f"tile {ht}")
-    np.testing.assert_array_equal(looped.view(np.uint32), runs[model_tile].view(np.uint32))
-    assert ak.split_head_tile(7, 64, 1, 2, 32, 132) == 4          # the 0.5B shape at 4K keys: 64 -> 128 CTAs
-    assert ak.split_head_tile(7, 64, 1, 2, 256, 132) == 8         # at 32K: 512 already
-    assert ak.split_head_tile(4, 128, 1, 8, 4, 132) == 1          # the 8B shape at 512 keys: 32 -> 128
-    assert ak.split_head_tile(4, 128, 16, 8, 32, 132) == 4        # 16 sequences at 4K
 
 
 @pytest.mark.parametrize("build", ["default", "tiled1", "tiled4"])
