@@ -32,12 +32,12 @@ class Batch:
         return Batch(ids, np.arange(start_pos, start_pos + n, dtype=np.int32), np.zeros(n, np.int32),
                      np.asarray([pages], dtype=np.int32), rows)
 
-    def select(self, rows, logit_rows=()) -> "Batch":
-        """The batch of the given rows only (host indices, in that order) with the same page tables; logit_rows
-        index into the selection."""
+    def select(self, rows) -> "Batch":
+        """The batch of the given rows only (host indices, in that order) with the same page tables and no logit
+        rows (transformer.block_at_rows: rows whose block output is read after it, or that store K and V only)."""
         rows = np.asarray(rows, dtype=np.int64)
         return Batch(self.token_ids[rows], self.positions[rows], self.token_seq[rows], self.page_tables,
-                     np.asarray(logit_rows, dtype=np.int32))
+                     np.zeros(0, np.int32))
 
     # runs (consecutive tokens of one sequence) of at most this many tokens count as short: a decode token with
     # its drafted tokens (spec/: at most 8 drafts)

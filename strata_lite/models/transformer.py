@@ -76,6 +76,7 @@ class Transformer:
             return logits, x_all
         return (logits, x) if return_hidden else logits
 
+
 class BlockRows:
     """A batch's per-token arrays on the device, as every block reads them."""
 
