@@ -990,6 +990,8 @@ def main(argv=None) -> int:
                          "MMA_64_CANDIDATES (IQ3_XXS's 2 x 4 under 6 CTAs an SM, Q4_K / Q5_K's 4 x 2 over >= 4,096 "
                          "rows); off: "
                          "tensor_core_variant's choice, for A/B runs of that choice")
+    ap.add_argument("--warps-per-cta", type=int, choices=(4, 8), default=None,
+                    help="warps per CTA of the dp4a and float mat-muls (qmatmul.WARPS_PER_CTA; A/B runs)")
     ap.add_argument("--iq3-groups", choices=("auto", "off"), default="auto",
                     help="off: no IQ3_XXS launch takes the loop over whole groups (qmatmul.IQ3_GROUPS_CHOICES), "
                          "for A/B runs of that choice")
@@ -1028,6 +1030,8 @@ def main(argv=None) -> int:
         qm.IQ3_GROUPS_CHOICES = {}
     if args.mma_64 is not None:
         qm.MMA_64 = args.mma_64 == "on"
+    if args.warps_per_cta is not None:
+        qm.WARPS_PER_CTA = args.warps_per_cta
     ak.BUILD = args.attn_build
     be = CudaBackend()
     copy_bw = copy_bandwidth(cp)

@@ -45,7 +45,8 @@ MMA_64_CANDIDATES = {QType.IQ3_XXS: {MMA_MIDDLE: (2, 4, 6)}, QType.Q4_K: {MMA_NA
 MMA_64_MAX_TOKENS = 64
 MMA_64_MIN_CTAS = 128       # the 4 x 2 candidate: 64 tokens over >= 4,096 rows (measured at 4,096)
 MMA_64 = True
-WARPS_PER_CTA = 8           # warps per CTA of the dp4a mat-mul (8 measured a little faster than 4 on an H200)
+WARPS_PER_CTA = 8           # warps per CTA of the dp4a and float mat-muls (8 measured a little faster than 4 on an H200)
+SPLIT_K_WARPS = 8           # warps per CTA (and per row) of the split-K kernel; at least SPLIT_K_MAX_TOKENS
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>...); a launch takes the smallest >= n
 ACT_WARPS = 8               # quantization blocks (warps) per CTA
 ACT_TILE_THREADS = 256      # threads (16-byte chunks) per CTA of act_tiles
@@ -77,7 +78,7 @@ DP4A_GLU_ROWS = {1: 2, 2: 4, 4: 4, 8: 4}
 # under the bound of one CTA: 30.6), on mm_q1's loop under a minimum of one CTA an SM (H100 2026-12-05: 29.6 ->
 # 26.9 us)
 DP4A_GLU_TILE1 = {QType.IQ3_XXS: 4}
-# One token over few, long rows: the split-K kernel mmsk_<type> (WARPS_PER_CTA warps per row, the same
+# One token over few, long rows: the split-K kernel mmsk_<type> (SPLIT_K_WARPS warps per row, the same
 # bits as the dp4a kernel; qmatmul.cu mm_q_sk) where the matrix has at most SPLIT_K_MAX_ROWS rows and its
 # rows at least SPLIT_K_MIN_ROUNDS rounds of 32 units. H200 (2026-12-02, kernel_notes.md), 896x4864: Q6_K
 # 7.8 -> 3.7 us, Q5_0 4.6 -> 2.9; 4096x14336 (2,048 warps already): IQ3_XXS 18.8 -> 21.4, Q4_K 12.1 -> 16.4,
@@ -581,7 +582,7 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
         if n > SPLIT_K_MAX_TOKENS or glu or smem > SPLIT_K_SMEM:
             raise ValueError(f"the split-K kernel takes at most {SPLIT_K_MAX_TOKENS} tokens, no GLU, and at most "
                              f"{SPLIT_K_SMEM // 8} (token, unit) pairs")
-        launch(CU, f"mmsk_{name}", (w.n_out,), (32, WARPS_PER_CTA), args, shared_mem=smem, options=BUILDS[build])
+        launch(CU, f"mmsk_{name}", (w.n_out,), (32, SPLIT_K_WARPS), args, shared_mem=smem, options=BUILDS[build])
         return
     tile, rw, g, *mb = variant if variant is not None else dp4a_variant(w.qtype, _tile(n), glu, w.n_out, n,
                                                                        sm_count(w.raw.device.id))

@@ -416,6 +416,28 @@ def test_every_glu_variant_gives_the_same_bits(cp, qm, qtype):
                 assert np.array_equal(out.get().view(np.uint32), ref[:n].view(np.uint32)), (build, variant, n)
 
 
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_warps_per_cta_give_the_same_bits(cp, qm, monkeypatch, qtype):
+    """Every warp keeps its rows' sums to itself, so 4 warps a CTA give the bits of 8 (dense and GLU, 1, 2, 4, 8
+    and 13 tokens, the one-token loops, IQ3_XXS's group loop on a grid that fits one wave included)."""
+    bs = gguf.GGML_QUANT_SIZES[qtype][0]
+    n_out, n_in = (2 * 37, 4608) if bs == 256 else (2 * 37, 2400) if bs == 32 else (2 * 37, 1032)
+    w, _ = _weight(qm, qtype, n_out, n_in, seed=70)
+    act = qm.ActBuffers(13, n_in)
+    for glu in (False, True):
+        width = n_out // 2 if glu else n_out
+        for n in (1, 2, 4, 8, 13):
+            x = cp.asarray(_x(n, n_in, seed=71 + n))
+            got = {}
+            for warps in (8, 4):
+                monkeypatch.setattr(qm, "WARPS_PER_CTA", warps)
+                out = cp.full((n, width), np.nan, cp.float32)
+                qm.matmul(w, x, out, act, glu=glu)
+                got[warps] = out.get()
+            assert np.all(np.isfinite(got[8])), (glu, n)
+            assert np.array_equal(got[4].view(np.uint32), got[8].view(np.uint32)), (glu, n)
+
+
 @pytest.mark.parametrize("qtype", FLOAT_TYPES, ids=lambda t: t.name)
 def test_float_row_tiles_give_the_same_bits(cp, qm, qtype):
     """The explore build's float kernels over 4 or 8 rows a warp (dense and GLU, the last warp's rows past the
