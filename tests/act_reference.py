@@ -33,7 +33,7 @@ def ref_bf16(x):
 
 def round_like_ggml(qtype, x, bf16_chunk: bool = False):
     """x as the mat-mul of a qtype weight sees it; bf16_chunk: a BF16 weight's chunk on the CPU's BF16 dot
-    products (kernels/cpu/bf16_gemm.py takes), whose activations are rounded to BF16 as ggml's are."""
+    products (kernels/cpu/half_gemm.py takes), whose activations are rounded to BF16 as ggml's are."""
     if qtype in Q8_0_WEIGHTS:
         return ref_q8_0(x)
     if qtype in Q8_K_WEIGHTS:

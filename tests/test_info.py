@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from strata_lite.kernels.cpu.isa import (BF16_NOTE, REPORTED, WIDE_BUILT, choose_gemm_lanes, choose_isa, host_cpu_name,
+from strata_lite.kernels.cpu.isa import (HALF_NOTE, REPORTED, WIDE_BUILT, choose_gemm_lanes, choose_isa, host_cpu_name,
                                          host_features, kernel_family)
 
 
@@ -22,12 +22,12 @@ def test_info_command_reports_cpu_kernels_gpu_and_cache():
 
 def test_kernel_family_follows_the_environment(monkeypatch):
     monkeypatch.setenv("STRATA_LITE_INT8", "0")
-    assert kernel_family() == ("float kernels (STRATA_LITE_INT8=0)" + BF16_NOTE if host_features()["avx2"]
+    assert kernel_family() == ("float kernels (STRATA_LITE_INT8=0)" + HALF_NOTE if host_features()["avx2"]
                                else "float kernels (this CPU has no AVX2)")
     monkeypatch.delenv("STRATA_LITE_INT8")
     isa, int8 = choose_isa(host_features(), os.environ)      # AVX2 or VNNI: tests/kernels/test_cpu_isa.py
     lanes = choose_gemm_lanes(WIDE_BUILT, isa, host_cpu_name(), os.environ)[1]   # 512-bit prompt tiles, where taken
-    assert kernel_family() == (int8 + lanes + BF16_NOTE if host_features()["avx2"]
+    assert kernel_family() == (int8 + lanes + HALF_NOTE if host_features()["avx2"]
                                else "float kernels (this CPU has no AVX2)")
     assert set(host_features()) == set(REPORTED)
 

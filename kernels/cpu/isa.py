@@ -136,17 +136,20 @@ def int8_enabled() -> bool:
 
 
 BF16_ENV = "STRATA_LITE_BF16_GEMM"   # "0": BF16 prompt chunks keep the float32 tile path (A/B runs)
-BF16_DOT = _FEATURES["avx512bf16"] and os.environ.get(BF16_ENV, "1") != "0"   # bf16_gemm.py takes BF16 chunks
-BF16_NOTE = "; BF16 prompt chunks by vdpbf16ps" if BF16_DOT else ""
+BF16_DOT = _FEATURES["avx512bf16"] and os.environ.get(BF16_ENV, "1") != "0"   # half_gemm.py takes BF16 chunks
+F16_ENV = "STRATA_LITE_F16_GEMM"     # "0": F16 prompt chunks keep the float32 tile path (A/B runs)
+F16_TILES = _FEATURES["avx512f"] and os.environ.get(F16_ENV, "1") != "0"      # half_gemm.py takes F16 chunks
+HALF_NOTE = ("; BF16 prompt chunks by vdpbf16ps" if BF16_DOT else "") + (
+    "; F16 prompt chunks by 16-token FMA tiles" if F16_TILES else "")
 
 
 def kernel_family() -> str:
     """One line naming the CPU kernels in use and why."""
     if int8_enabled():
-        return _INT8_NAME + _LANES_NOTE + BF16_NOTE
+        return _INT8_NAME + _LANES_NOTE + HALF_NOTE
     if not host_has_avx2():
         return "float kernels (this CPU has no AVX2)"
-    return "float kernels (STRATA_LITE_INT8=0)" + BF16_NOTE
+    return "float kernels (STRATA_LITE_INT8=0)" + HALF_NOTE
 
 
 _logged = False

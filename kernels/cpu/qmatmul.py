@@ -6,7 +6,7 @@ Two paths, chosen by the number of tokens:
   * otherwise: dequantize a tile of rows into a float32 scratch buffer (dequant.py, Numba-parallel)
     and multiply it with BLAS (numpy.matmul); the whole matrix is never materialized.
 F16 / BF16 / F32 weights take half_matvec.py up to MATVEC_MAX_TOK tokens; longer calls: F32 straight to BLAS, BF16
-bf16_gemm.py where the CPU has AVX512_BF16, F16 and other BF16 the tile path above.
+half_gemm.py where the CPU has AVX512_BF16, F16 half_gemm.py where it has AVX-512, others the tile path above.
 """
 import ctypes
 import glob
@@ -18,7 +18,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from . import bf16_gemm, half_matvec, q8_0_gemm, q8_0_int8
+from . import half_gemm, half_matvec, q8_0_gemm, q8_0_int8
 from . import matvec as mv
 from .act_quant import round_activations
 from .dequant import (QK, QK_HALF, F16_TABLE, IQ3XXS_GRID, IQ4NL_VALUES, check_raw,
@@ -80,8 +80,8 @@ def qmatmul(qtype, raw: np.ndarray, n_cols: int, x: np.ndarray, out: np.ndarray)
         np.matmul(x, raw.view(np.float32).T, out=out)
     elif qtype in _HALF and n_tok <= MATVEC_MAX_TOK and half_matvec.fits(n_cols):
         half_matvec.matvec(raw, qtype == QType.BF16, x, out)
-    elif qtype == QType.BF16 and bf16_gemm.takes(n_cols):
-        bf16_gemm.matmul(raw, x, out)
+    elif qtype in _HALF and half_gemm.takes(qtype == QType.BF16, n_cols):
+        half_gemm.matmul(raw, qtype == QType.BF16, x, out)
     elif qtype in _FUSED and n_tok <= MATVEC_MAX_TOK:
         matvec_fused(qtype, raw, x, out)
     else:
@@ -138,8 +138,8 @@ def qmatmul_packed(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
         np.matmul(x, w.raw.view(np.float32).T, out=out)
     elif qtype in _HALF and n_tok <= MATVEC_MAX_TOK and half_matvec.fits(w.n_in):
         half_matvec.matvec(w.raw, qtype == QType.BF16, x, out)
-    elif qtype == QType.BF16 and bf16_gemm.takes(w.n_in):
-        bf16_gemm.matmul(w.raw, x, out)
+    elif qtype in _HALF and half_gemm.takes(qtype == QType.BF16, w.n_in):
+        half_gemm.matmul(w.raw, qtype == QType.BF16, x, out)
     elif qtype in _FUSED and n_tok <= MATVEC_MAX_TOK:
         matvec_fused(qtype, w.raw, x, out)
     else:

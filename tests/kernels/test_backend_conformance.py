@@ -62,10 +62,10 @@ def weight(qtype, raw, n_in, name="blk.0.ffn_up.weight"):
 
 def _bf16_chunk(be, n_tok: int, n_in: int) -> bool:
     """Whether a BF16 call of n_tok tokens takes the CPU's BF16 dot products (activations rounded to BF16)."""
-    from strata_lite.kernels.cpu import bf16_gemm
+    from strata_lite.kernels.cpu import half_gemm
     from strata_lite.kernels.cpu.backend import CpuBackend
     from strata_lite.kernels.cpu.qmatmul import MATVEC_MAX_TOK
-    return isinstance(be, CpuBackend) and n_tok > MATVEC_MAX_TOK and bf16_gemm.takes(n_in)
+    return isinstance(be, CpuBackend) and n_tok > MATVEC_MAX_TOK and half_gemm.takes(True, n_in)
 
 
 @pytest.mark.parametrize("n_tok", [1, 5, 40])

@@ -114,7 +114,7 @@ def test_import_time_choice_and_override(value):
     want_lanes = isa.choose_gemm_lanes(isa.WIDE_BUILT, want[0], isa.host_cpu_name(), env)
     assert chosen == want[0] and built == (isa.vnni_kind(isa.host_features()) is not None)
     assert lanes == want_lanes[0]
-    assert family == (want[1] + want_lanes[1] + isa.BF16_NOTE if isa.host_features()["avx2"] else
+    assert family == (want[1] + want_lanes[1] + isa.HALF_NOTE if isa.host_features()["avx2"] else
                       "float kernels (this CPU has no AVX2)")
     if value == "avx2":
         assert chosen == isa.AVX2

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from strata_lite.kernels.cpu import bf16_gemm
+from strata_lite.kernels.cpu import half_gemm
 from strata_lite.kernels.cpu import half_matvec as hm
 from strata_lite.kernels.cpu.backend import CpuBackend
 from strata_lite.kernels.cpu.qmatmul import MATVEC_MAX_TOK, qmatmul
@@ -77,7 +77,7 @@ def test_row_groups_change_no_bits(qtype):
 @pytest.mark.parametrize("qtype", [QT.F16, QT.BF16, QT.F32])
 def test_qmatmul_and_the_backend_take_it(qtype):
     """Up to MATVEC_MAX_TOK tokens both entry points give the kernel's bits; a row of 904 weights (not whole
-    steps) and a 20-token chunk take the tile path (BF16's chunk: bf16_gemm.py where the CPU has it, with the
+    steps) and a 20-token chunk take the tile path or half_gemm.py's tiles where the CPU has them (BF16's with the
     activations rounded to BF16), within float32 rounding of float64."""
     rng = np.random.default_rng(7)
     be = CpuBackend()
@@ -96,8 +96,8 @@ def test_qmatmul_and_the_backend_take_it(qtype):
             _matvec(qtype, raw, x, direct)
             np.testing.assert_array_equal(out, direct)
         xr = x
-        if qtype == QT.BF16 and n_tok > MATVEC_MAX_TOK and bf16_gemm.takes(n_in):   # activations rounded to BF16
-            xr = (bf16_gemm.round_bf16(x).astype(np.uint32) << 16).view(np.float32)
+        if qtype == QT.BF16 and n_tok > MATVEC_MAX_TOK and half_gemm.takes(True, n_in):   # activations rounded to BF16
+            xr = (half_gemm.round_bf16(x).astype(np.uint32) << 16).view(np.float32)
         ref = xr.astype(np.float64) @ ref_w.T
         assert np.abs(out - ref).max() <= REL_TOL * np.abs(ref).max()
 

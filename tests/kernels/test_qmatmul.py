@@ -12,7 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as QType
 
 from act_reference import round_like_ggml
-from strata_lite.kernels.cpu import bf16_gemm
+from strata_lite.kernels.cpu import half_gemm
 from strata_lite.kernels.cpu import qmatmul as qm
 from strata_lite.kernels.cpu.qmatmul import qmatmul
 from strata_lite.kernels.qtypes import SUPPORTED_QTYPES, block_geometry, row_nbytes
@@ -30,7 +30,7 @@ def _check_against_reference(qtype, n_out, n_cols, n_tok, seed=0):
     raw = random_rows(qtype, n_out, n_cols, seed=seed)
     x = np.random.default_rng(seed + 1).standard_normal((n_tok, n_cols), dtype=np.float32)
     w64 = gguf.quants.dequantize(raw, qtype).astype(np.float64)
-    bf16_chunk = qtype == QType.BF16 and n_tok > qm.MATVEC_MAX_TOK and bf16_gemm.takes(n_cols)
+    bf16_chunk = qtype == QType.BF16 and n_tok > qm.MATVEC_MAX_TOK and half_gemm.takes(True, n_cols)
     x64 = round_like_ggml(qtype, x, bf16_chunk=True).astype(np.float64) if bf16_chunk else x.astype(np.float64)
     ref = x64 @ w64.T
     scale = np.abs(x64) @ np.abs(w64).T
