@@ -44,7 +44,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import llvm_ir as L
-from .half_matvec import _widen
+from .half_matvec import widen
 from .isa import BF16_DOT, F16_TILES, host_features
 
 BF16_BUILT = host_features()["avx512bf16"]
@@ -186,7 +186,7 @@ def _widen_rows(typingctx, w, r0, k0, k1, wf):
             src = builder.gep(pw, [builder.add(builder.mul(r, wstr[0]), builder.mul(k0, L.const(2)))])
             dst = builder.gep(pf, [builder.mul(L.const(i), fstr[0])])
             with cgutils.for_range(builder, vectors) as loop:
-                f = _widen(builder, L.load(builder, src, builder.mul(loop.index, L.const(2 * LANES)), L.V16W), False)
+                f = widen(builder, L.load(builder, src, builder.mul(loop.index, L.const(2 * LANES)), L.V16W), False)
                 ptr = builder.gep(dst, [builder.mul(loop.index, L.const(4 * LANES))])
                 builder.store(f, builder.bitcast(ptr, _V16F.as_pointer()), align=4)
         return context.get_dummy_value()

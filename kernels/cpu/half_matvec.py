@@ -70,7 +70,7 @@ def _make_dot_rows(bf16: bool, rows: int, chains: int = 1):
                     if f32:
                         wf = L.load(builder, wrows[j], builder.mul(i, L.const(4 * LANES)), _V16F)
                     else:
-                        wf = _widen(builder, L.load(builder, wrows[j], builder.mul(i, L.const(2 * LANES)), L.V16W),
+                        wf = widen(builder, L.load(builder, wrows[j], builder.mul(i, L.const(2 * LANES)), L.V16W),
                                     bf16)
                     builder.store(builder.call(fma, [wf, xv, builder.load(accs[j][c])]), accs[j][c])
 
@@ -96,7 +96,7 @@ def _make_dot_rows(bf16: bool, rows: int, chains: int = 1):
     return dot_rows
 
 
-def _widen(builder, bits, bf16: bool):
+def widen(builder, bits, bf16: bool):
     """<16 x i16> F16 / BF16 bits -> <16 x float>, exact (F16 signaling NaNs come back quiet)."""
     if bf16:
         return builder.bitcast(builder.shl(builder.zext(bits, _V16I), ir.Constant(_V16I, [16] * LANES)), _V16F)
@@ -119,7 +119,7 @@ def _make_row_to_f32(bf16: bool):
             orow = builder.gep(po, [builder.mul(args[1], ostr[0])])
             with cgutils.for_range(builder, builder.sdiv(wshape[1], L.const(LANES))) as loop:
                 i = loop.index
-                f = _widen(builder, L.load(builder, wrow, builder.mul(i, L.const(2 * LANES)), L.V16W), bf16)
+                f = widen(builder, L.load(builder, wrow, builder.mul(i, L.const(2 * LANES)), L.V16W), bf16)
                 builder.store(f, builder.bitcast(builder.gep(orow, [builder.mul(i, L.const(4 * LANES))]),
                                                  _V16F.as_pointer()), align=4)
             return context.get_dummy_value()
