@@ -89,6 +89,16 @@ def test_matmul_512(benchmark, qtype):
     benchmark.extra_info["GFLOP/s"] = round(2 * 512 * n_cols * n_out / benchmark.stats.stats.min / 1e9, 1)
 
 
+@pytest.mark.parametrize("qtype", [QType.F16, QType.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_cols,n_out", [(1536, 8960), (8960, 1536)], ids=["1536x8960", "8960x1536"])
+def test_half_matmul_512(benchmark, qtype, n_cols, n_out):
+    """512 tokens of F16 / BF16 rows: half_gemm.py's tiles where the CPU has them (F16 over rows of 3,072+
+    weights), else the tile path."""
+    raw, x, out = _setup(qtype, n_cols, n_out, 512)
+    benchmark.pedantic(qmatmul, args=(qtype, raw, n_cols, x, out), rounds=5, iterations=1)
+    benchmark.extra_info["GFLOP/s"] = round(2 * 512 * n_cols * n_out / benchmark.stats.stats.min / 1e9, 1)
+
+
 # ------------------------------------------------------------- the engine's path (PackedWeight)
 PACKED_TYPES = [QType.Q5_0, QType.Q8_0, QType.Q4_0, QType.IQ4_NL, QType.Q4_K, QType.Q6_K, QType.IQ3_XXS]
 PACKED_CASES = [(t, k, n) for t in PACKED_TYPES for (k, n) in _shapes(t)] + [
