@@ -45,7 +45,12 @@ MMA_64_CANDIDATES = {QType.IQ3_XXS: {MMA_MIDDLE: (2, 4, 6)}, QType.Q4_K: {MMA_NA
 MMA_64_MAX_TOKENS = 64
 MMA_64_MIN_CTAS = 128       # the 4 x 2 candidate: 64 tokens over >= 4,096 rows (measured at 4,096)
 MMA_64 = True
-WARPS_PER_CTA = 8           # warps per CTA of the dp4a and float mat-muls (8 measured a little faster than 4 on an H200)
+# Warps per CTA of the dp4a and float mat-muls (each warp keeps its rows' sums to itself: the same bits at any
+# count). H100 (2026-12-07, ab_builds.py --arm "" --arm "--warps-per-cta 4", 512 context, 2 rounds), decode tok/s
+# with 4 against 8: 0.5B shape 1.013 / 1.057 / 1.040 / 1.076 / 1.008 at 1 / 8 / 16 / 32 / 64 sequences, 8B-layer
+# Q4_K_M 1.001 / 1.068 / 1.005 / 1.005 / 0.999 (at 4K context 1.003 / 1.044 / 1.004 / 1.005 / 1.000), IQ3_XXS 0.971
+# / 0.998 / 1.041 / 1.023 / 1.003 with its group-loop choice counted in CTAs of 4 warps (now in 8: IQ3_GROUPS_CTA_WARPS)
+WARPS_PER_CTA = 4
 SPLIT_K_WARPS = 8           # warps per CTA (and per row) of the split-K kernel; at least SPLIT_K_MAX_TOKENS
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>...); a launch takes the smallest >= n
 ACT_WARPS = 8               # quantization blocks (warps) per CTA
@@ -168,6 +173,7 @@ TWO_TOKEN_ONE_ROW_MAX_ROWS = 2048
 # / 14.5, 4 tokens 4096x14336 24.8 / 21.9, 8 tokens 14336x4096 32.5 / 30.3, 4096x14336 28.9 / 36.9, gate+up
 # 50.4 / 48.3. 2-token GLU launches (76 against 64 registers, not timed) keep mm_q.
 IQ3_GROUPS = "w"
+IQ3_GROUPS_CTA_WARPS = 8   # the CTAs CTAS counts (measured with 8 warps; smaller CTAs fill the same waves)
 IQ3_GROUPS_CHOICES = {(1, False): ((None, 3), (4, None)), (1, True): ((4, None),), (2, False): ((None, None),),
                       (4, False): ((None, None),), (4, True): ((None, None),), (8, False): ((None, 1),),
                       (8, True): ((None, None),)}
@@ -243,7 +249,7 @@ def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None, 
         return tile, 1, 1
     if qtype == QType.IQ3_XXS and None not in (n_out, n_tok, n_sm) and n_tok <= tile:
         groups = iq3_groups_variant(tile, glu)
-        n_ctas = cdiv(_launch_warps(n_out, groups[1], glu), WARPS_PER_CTA)
+        n_ctas = cdiv(_launch_warps(n_out, groups[1], glu), IQ3_GROUPS_CTA_WARPS)
         for mb, ctas in IQ3_GROUPS_CHOICES.get((tile, glu), ()):
             if ctas is None or n_ctas <= n_sm * ctas:
                 return groups if mb is None else (*groups, mb)
