@@ -588,7 +588,8 @@ def test_iq3_xxs_auto_takes_the_group_loop_on_one_wave(cp, qm):
     xq, xd = _rounded(cp, qm, QType.IQ3_XXS, _x(1, n_in, seed=85))
     n_sm = qm.sm_count(w.raw.device.id)
     (_, one_wave), (bound, _) = qm.IQ3_GROUPS_CHOICES[(1, False)]
-    expect = (1, 2, qm.IQ3_GROUPS) if n_sm * one_wave * 16 >= n_out else (1, 2, qm.IQ3_GROUPS, bound)
+    rows_a_cta = 2 * qm.IQ3_GROUPS_CTA_WARPS           # two rows a warp, the CTAs the choices count
+    expect = (1, 2, qm.IQ3_GROUPS) if n_sm * one_wave * rows_a_cta >= n_out else (1, 2, qm.IQ3_GROUPS, bound)
     assert qm.dp4a_variant(QType.IQ3_XXS, 1, False, n_out, 1, n_sm) == expect
     out, ref = (cp.full((1, n_out), np.nan, cp.float32) for _ in range(2))
     qm.matmul_prequantized(w, xq, xd, out)
