@@ -49,8 +49,12 @@ MMA_64 = True
 # count). H100 (2026-12-07, ab_builds.py --arm "" --arm "--warps-per-cta 4", 512 context, 2 rounds), decode tok/s
 # with 4 against 8: 0.5B shape 1.013 / 1.057 / 1.040 / 1.076 / 1.008 at 1 / 8 / 16 / 32 / 64 sequences, 8B-layer
 # Q4_K_M 1.001 / 1.068 / 1.005 / 1.005 / 0.999 (at 4K context 1.003 / 1.044 / 1.004 / 1.005 / 1.000), IQ3_XXS 0.971
-# / 0.998 / 1.041 / 1.023 / 1.003 with its group-loop choice counted in CTAs of 4 warps (now in 8: IQ3_GROUPS_CTA_WARPS)
+# / 0.998 / 1.041 / 1.023 / 1.003 with its group-loop choice counted in CTAs of 4 warps, 0.975 / 1.007 / 1.041 / 1.021 /
+# 0.999 counted in 8 (IQ3_GROUPS_CTA_WARPS). So IQ3_XXS one-token launches keep 8 warps (GRID_TABLE_TILE1_WARPS):
+# every CTA of its kernels fills the 1 KB grid table in shared memory (qmatmul_types.cuh GRID_SMEM) and waits on it,
+# which 4-warp CTAs do twice as often for a one-token tile's little work per CTA.
 WARPS_PER_CTA = 4
+GRID_TABLE_TILE1_WARPS = 8
 SPLIT_K_WARPS = 8           # warps per CTA (and per row) of the split-K kernel; at least SPLIT_K_MAX_TOKENS
 TOKEN_TILES = (1, 2, 4, 8)  # token tiles compiled (kernels mm_<type>_t<tile>...); a launch takes the smallest >= n
 ACT_WARPS = 8               # quantization blocks (warps) per CTA
@@ -235,6 +239,12 @@ def _launch_warps(n_out: int, rw: int, glu: bool) -> int:
     """Warps of a mat-vec launch (dp4a or float) over n_out rows at RW rows a warp (GLU: n_out / 2 gate rows, RW / 2
     pairs a warp)."""
     return cdiv(n_out // 2, rw // 2) if glu else cdiv(n_out, rw)
+
+
+def cta_warps(qtype, tile: int) -> int:
+    """Warps per CTA of a dp4a or float launch of token tile `tile`: WARPS_PER_CTA, but GRID_TABLE_TILE1_WARPS for
+    IQ3_XXS one-token tiles (their CTAs fill a grid table first)."""
+    return GRID_TABLE_TILE1_WARPS if (QType(int(qtype)) == QType.IQ3_XXS and tile == 1) else WARPS_PER_CTA
 
 
 def dp4a_variant(qtype, tile: int, glu: bool = False, n_out: int | None = None, n_tok: int | None = None,
@@ -593,8 +603,8 @@ def matmul_prequantized(w: DeviceWeight, xq, xd, out, kernel: str = "auto", mma=
     tile, rw, g, *mb = variant if variant is not None else dp4a_variant(w.qtype, _tile(n), glu, w.n_out, n,
                                                                        sm_count(w.raw.device.id))
     kname = f"{'mmglu' if glu else 'mm'}_{name}_t{tile}_r{rw}_g{g}" + "".join(f"_m{b}" for b in mb)
-    warps = _launch_warps(w.n_out, rw, glu)
-    launch(CU, kname, (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)), (32, WARPS_PER_CTA), args,
+    warps, cta = _launch_warps(w.n_out, rw, glu), cta_warps(w.qtype, tile)
+    launch(CU, kname, (cdiv(warps, cta), cdiv(n, tile)), (32, cta), args,
            options=BUILDS[build])
 
 

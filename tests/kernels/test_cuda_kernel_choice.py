@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
 
-from strata_lite.kernels.cuda.qmatmul import (IQ3_GROUPS, MMA_MIDDLE, MMA_MIN_TOKENS, MMA_NARROW, MMA_VARIANTS,
+from strata_lite.kernels.cuda.qmatmul import (GRID_TABLE_TILE1_WARPS, IQ3_GROUPS, WARPS_PER_CTA, cta_warps, MMA_MIDDLE, MMA_MIN_TOKENS, MMA_NARROW, MMA_VARIANTS,
                                               MMA_WIDEST, ONE_ROW_MAX_ROWS, PER_TOKEN, TOKEN_TILES, dp4a_variant,
                                               matmul, mma_smem, small_variant, split_k, tensor_core_variant)
 
@@ -232,6 +232,16 @@ def test_dense_dp4a_kernels_by_tokens_rows_and_type():
     assert dp4a_variant(QType.Q8_0, 1, n_out=896) == (1, 2, 1)
     assert dp4a_variant(QType.Q5_0, 1, n_out=896) == (1, 1, 1)
     assert dp4a_variant(QType.Q4_K, 1, glu=True, n_out=896) == (1, 2, 1)
+
+
+def test_cta_warps_by_type_and_tile():
+    """dp4a launches take WARPS_PER_CTA warps a CTA, IQ3_XXS one-token tiles (whose CTAs fill a grid table first)
+    GRID_TABLE_TILE1_WARPS (H100 measurements in qmatmul.py)."""
+    assert (WARPS_PER_CTA, GRID_TABLE_TILE1_WARPS) == (4, 8)
+    assert cta_warps(QType.IQ3_XXS, 1) == 8
+    assert [cta_warps(QType.IQ3_XXS, t) for t in TOKEN_TILES[1:]] == [4] * (len(TOKEN_TILES) - 1)
+    for qtype in (QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q8_0, QType.Q5_0, QType.IQ4_NL, QType.F16):
+        assert [cta_warps(qtype, t) for t in TOKEN_TILES] == [4] * len(TOKEN_TILES)
 
 
 def test_iq3_xxs_group_loop_by_tile_and_grid():

@@ -431,6 +431,7 @@ def test_warps_per_cta_give_the_same_bits(cp, qm, monkeypatch, qtype):
             got = {}
             for warps in (8, 4):
                 monkeypatch.setattr(qm, "WARPS_PER_CTA", warps)
+                monkeypatch.setattr(qm, "GRID_TABLE_TILE1_WARPS", warps)
                 out = cp.full((n, width), np.nan, cp.float32)
                 qm.matmul(w, x, out, act, glu=glu)
                 got[warps] = out.get()
