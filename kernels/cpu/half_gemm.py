@@ -25,12 +25,12 @@ differ between a prompt chunk and a decode step by that order (BF16: and the act
 a value at most: docs/bounds.md).
 
 Measured on a 2-core AMD EPYC (Zen 5) VM, 2 threads, 512 tokens, GFLOP/s, 2026-12-07 (docs/cpu.md, "F16 and BF16
-prompt tiles"): BF16 (peak of vdpbf16ps there 1,089) 1536 x 1536 687-707, 17920 x 1536 687-744, 1536 x 8960
-772-780 against 430-570 for tiles of 3 rows x 6 tokens with one accumulator per (row, token) along the row and a
-halving sum; F16 (float32 FMA peak ~545) 315-416 against the tile path's (rows widened to float32, then BLAS)
-179-437: faster on rows of 3,072 weights and more (1536 x 8960: 398-416 against 179-254), slower on shorter ones,
-which keep the tile path (F16_MIN_ROW). Tiles of 8 x 3,
-6 x 4, 4 x 6, 10 x 2, 14 x 2, 16 x 1 and 24 x 1 and other block and chunk sizes were level or slower somewhere.
+prompt tiles"): BF16 (peak of vdpbf16ps there 1,089) 764-825 on rows of 1,536 and 8,960 weights, against 430-620
+for tiles of 3 rows x 6 tokens with one accumulator per (row, token) along the row and a halving sum; F16 (float32
+FMA peak ~545) 383-427 against the tile path's (rows widened to float32, then BLAS) 212-422: faster on rows of
+3,072 weights and more (1536 x 8960: 394 against 212), level or slower on shorter ones, which keep the tile path
+(F16_MIN_ROW). Tiles of 8 x 3, 6 x 4, 4 x 6, 10 x 2, 14 x 2, 16 x 1 and 24 x 1 and other block and chunk sizes were
+level or slower somewhere.
 
 Not compiled where the CPU lacks the instructions (BF16_BUILT / F16_BUILT False): LLVM cannot emit vdpbf16ps for
 such a target, and Numba compiles a function on its first call, which qmatmul.py makes only where built.
@@ -55,9 +55,9 @@ ROWS, GROUPS = 12, 2   # a tile: 12 weight rows x 2 token groups = 24 accumulato
 BF16_BLOCK, BF16_CHUNK = 512, 8    # weights of a row a block (the tile's rows: 12 KB), token groups a chunk
 F16_BLOCK, F16_CHUNK = 256, 16     # (the tile's widened rows: 12 KB of float32)
 # F16 rows shorter than this keep the tile path (rows widened to float32 in tiles, then BLAS), which is as fast or
-# faster there: Zen 5 VM, 2 threads, 512 tokens, GFLOP/s these tiles / the tile path, 2026-12-07: n_in 896 396 /
-# 415, 1536 315-403 / 402-437, 2048 372 / 400, 3072 374 / 371, 4096 369-386 / 363-367, 4864 371 / 343, 8960
-# 398-416 / 179-254 (the tile path's row tiles shrink with the row length: TILE_BYTES of float32 a tile)
+# a little faster there: Zen 5 VM, 2 threads, 512 tokens, GFLOP/s these tiles / the tile path, 2026-12-07: n_in
+# 896 411 / 421, 1536 396-427 / 405-422, 2048 405 / 414, 3072 407 / 384, 4096 402-416 / 365-367, 4864 383 / 346,
+# 8960 394 / 212 (the tile path's row tiles shrink with the row length: TILE_BYTES of float32 a tile)
 F16_MIN_ROW = 3072
 assert BF16_CHUNK % GROUPS == 0 and F16_CHUNK % GROUPS == 0   # a chunk's tiles never reach into the next chunk
 BF16_ENABLED = BF16_DOT            # built, and not switched off by STRATA_LITE_BF16_GEMM=0 (isa.py)
@@ -147,15 +147,18 @@ def _make_tile(bf16: bool):
                         builder.store(builder.fadd(before, builder.load(accs[r][j])), accs[r][j])
             to_out = builder.icmp_signed("!=", builder.and_(mode, L.const(_TO_OUT)), L.const(0))
             with builder.if_else(to_out) as (last, not_last):
-                with last:
-                    for r in range(ROWS):
-                        for j in range(GROUPS):
-                            v = builder.load(accs[r][j])
-                            for lane in range(LANES):
-                                t = builder.add(builder.mul(groups[j], L.const(LANES)), L.const(lane))
-                                with builder.if_then(builder.icmp_signed("<", t, oshape[0])):
-                                    off = builder.add(builder.mul(t, ostr[0]), builder.mul(rows[r], ostr[1]))
-                                    L.store_f32(builder, po, off, builder.extract_element(v, L.const(lane, L.I32)))
+                with last:   # token by token, its ROWS outputs together (one or two lines; rows of 2^k floats
+                    # put a group's 16 tokens in one L1 set, which row-by-row stores thrashed: 2048 rows 531
+                    # against 790 GFLOP/s for 2064)
+                    for j in range(GROUPS):
+                        vs = [builder.load(accs[r][j]) for r in range(ROWS)]
+                        for lane in range(LANES):
+                            t = builder.add(builder.mul(groups[j], L.const(LANES)), L.const(lane))
+                            with builder.if_then(builder.icmp_signed("<", t, oshape[0])):
+                                row_out = builder.mul(t, ostr[0])
+                                for r in range(ROWS):
+                                    off = builder.add(row_out, builder.mul(rows[r], ostr[1]))
+                                    L.store_f32(builder, po, off, builder.extract_element(vs[r], L.const(lane, L.I32)))
                 with not_last:
                     for r in range(ROWS):
                         for j in range(GROUPS):
