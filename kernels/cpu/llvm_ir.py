@@ -180,7 +180,7 @@ def store_f32(builder, ptr, off, value):
 def store_tile(builder, pout, out_strides, t_idx, r_idx, value):
     """out[t, r] = value(k, j) (a float scalar) for every token t_idx[j] and row r_idx[k], token by token (each
     token's rows are adjacent: one or two cache lines). Row by row, a tile's tokens (n_out floats apart) fall in one
-    L1 set where n_out is a power of two and the stores thrash it: 512-token prompt GEMMs over 2,048 or 4,096 rows
+    L1 set where n_out is a multiple of 1,024 and the stores thrash it: 512-token prompt GEMMs over 2,048 or 4,096 rows
     ran at 0.67-0.72 of the GFLOP/s of 2,064 or 4,112 rows (Zen 5, 2026-12-07, docs/cpu.md)."""
     for j, t in enumerate(t_idx):
         row_out = builder.mul(t, out_strides[0])
