@@ -631,9 +631,9 @@ def matmul(w: DeviceWeight, x, out, act: ActBuffers, bias=None, accumulate: bool
         return
     tile = TOKEN_TILES[-1] if rows else _tile(n)
     rw = rows or (2 if glu else FLOAT_TILE8_ROWS if tile == TOKEN_TILES[-1] else 1)
-    warps = _launch_warps(w.n_out, rw, glu)
+    warps, cta = _launch_warps(w.n_out, rw, glu), cta_warps(w.qtype, tile)
     launch(CU, f"{'mmglu' if glu else 'mm'}_{_KNAME[w.qtype]}_t{tile}" + (f"_r{rows}" if rows else ""),
-           (cdiv(warps, WARPS_PER_CTA), cdiv(n, tile)), (32, WARPS_PER_CTA),
+           (cdiv(warps, cta), cdiv(n, tile)), (32, cta),
            (w.raw, np.int32(pitch), np.int32(w.n_out), np.int32(w.n_in), x, np.int32(n), *outs), options=BUILDS[build])
 
 
