@@ -79,6 +79,44 @@ def copy_bandwidth(cp):
     return 2 * n / t
 
 
+_READ_SRC = r"""
+extern "C" __global__ void read_stream(const uint4* __restrict__ p, unsigned long long n16, unsigned* sink) {
+    // each CTA reads UNROLL x blockDim 16-byte words once (the grid covers the buffer), xor-folded so the
+    // loads stay; the store is taken only if the fold hits one arbitrary value
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x * UNROLL + threadIdx.x;
+    unsigned acc = 0;
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) {
+        unsigned long long j = i + (unsigned long long)k * blockDim.x;
+        if (j < n16) { uint4 v = __ldg(p + j); acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+    }
+    if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+"""
+
+
+def read_floor(cp, nbytes: int) -> tuple[float, int]:
+    """(seconds, unroll) of the fastest plain read of nbytes measured: one launch per distinct buffer of nbytes
+    (random words, rotated through >= 1 GiB as the weights are), in one graph, grids of 256-thread CTAs covering
+    the buffer with 1, 2, 4 or 8 16-byte loads a thread; the fastest of those. The time any one-launch kernel
+    that must read those bytes from HBM needs at least (its fixed cost included), so a mat-mul's time over it is
+    its fraction of what the card allows at that size, where "of copy" compares with a 2 GiB copy."""
+    n16 = nbytes // 16
+    copies = max(1, math.ceil(ROTATE_BYTES / nbytes))
+    gen = cp.random.default_rng(0)
+    bufs = [gen.random(n16 * 4, dtype=cp.float32).view(cp.uint32) for _ in range(copies)]
+    sink = cp.zeros(1, cp.uint32)
+    best = None
+    for unroll in (1, 2, 4, 8):
+        kern = cp.RawKernel(_READ_SRC.replace("UNROLL", str(unroll)), "read_stream")
+        grid = (n16 + 256 * unroll - 1) // (256 * unroll)
+        calls = [lambda b=b: kern((grid,), (256,), (b, cp.uint64(n16), sink)) for b in bufs]
+        t = timed_in_graph(cp, calls)
+        best = min(best or (t, unroll), (t, unroll))
+    del bufs
+    return best
+
+
 def bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant=None, build="default", glu=False):
     """(seconds, bytes moved) of one mat-mul through the launcher (variant, build: the dp4a kernel's, on
     activations rounded once outside the timing; see qmatmul.matmul_prequantized; glu: n_out gate and up rows)."""

@@ -7,8 +7,10 @@ Without CuPy or a GPU the module is skipped. A round is one replay of a CUDA gra
 the weights (rotated through 1 GiB, so they come from HBM as in llama.cpp's figures) and a synchronize, so
 pytest-benchmark's times are per graph; extra_info has the per-call figures from CUDA events
 (bench_gpu.timed_in_graph): "us", "GB/s" (weights + activations + outputs; attention: the K/V pages and scales)
-or "TFLOP/s", "of copy" (the fraction of the device-to-device copy bandwidth measured once per session) and
-llama.cpp's figure where its table has the shape; perf/conftest.py prints those as one table after the run.
+or "TFLOP/s", "of copy" (the fraction of the device-to-device copy bandwidth measured once per session),
+for mat-vecs "read floor us" and "of floor" (the fastest plain one-launch read of the same bytes, rotated the
+same way: bench_gpu.read_floor; what the card allows at that size, fixed cost included) and llama.cpp's figure
+where its table has the shape; perf/conftest.py prints those as one table after the run.
 
 Checks, on the first weight copy: mat-muls against float64 over the weights dequantized by the device (bit-exact
 with gguf) and the activations as the launch rounded them, within 3e-5 of sum |x w| per output (the GPU tests'
@@ -108,7 +110,19 @@ def _bandwidth(moved, copy_bw, **ref):
 def test_matvec(benchmark, device, qtype, n_out, n_in, n_tok, llama_us):
     qm, copy_bw = device
     calls, moved = _matmul_case(qm, qtype, n_out, n_in, n_tok)
-    _run(benchmark, calls, _bandwidth(moved, copy_bw, **{"llama.cpp us": llama_us}))
+    floor, _ = _read_floor(moved)
+    _run(benchmark, calls, lambda t: {**_bandwidth(moved, copy_bw)(t), "read floor us": round(floor * 1e6, 2),
+                                      "of floor": round(floor / t, 3), "llama.cpp us": llama_us})
+
+
+_FLOORS: dict[int, tuple[float, int]] = {}
+
+
+def _read_floor(nbytes: int) -> tuple[float, int]:
+    """bench_gpu.read_floor of nbytes, once per size in a session."""
+    if nbytes not in _FLOORS:
+        _FLOORS[nbytes] = bg.read_floor(cp, nbytes)
+    return _FLOORS[nbytes]
 
 
 @pytest.mark.parametrize("qtype,n_out,n_in,n_tok,llama_tflops", GEMM,
