@@ -95,26 +95,24 @@ extern "C" __global__ void read_stream(const uint4* __restrict__ p, unsigned lon
 """
 
 
-def read_floor(cp, nbytes: int) -> tuple[float, int]:
-    """(seconds, unroll) of the fastest plain read of nbytes measured: one launch per distinct buffer of nbytes
-    (random words, rotated through >= 1 GiB as the weights are), in one graph, grids of 256-thread CTAs covering
-    the buffer with 1, 2, 4 or 8 16-byte loads a thread; the fastest of those. The time any one-launch kernel
-    that must read those bytes from HBM needs at least (its fixed cost included), so a mat-mul's time over it is
-    its fraction of what the card allows at that size, where "of copy" compares with a 2 GiB copy."""
+def read_floor(cp, nbytes: int) -> float:
+    """Seconds of the fastest plain read of nbytes measured: one launch per distinct buffer of nbytes (random
+    words, rotated through >= 1 GiB as the weights are), in one graph, grids of 256-thread CTAs covering the
+    buffer with 1, 2, 4 or 8 16-byte loads a thread; the fastest of those. The time any one-launch kernel that
+    must read those bytes from HBM needs at least (its fixed cost included), so a mat-mul's time over it is its
+    fraction of what the card allows at that size, where "of copy" compares with a 2 GiB copy."""
     n16 = nbytes // 16
     copies = max(1, math.ceil(ROTATE_BYTES / nbytes))
     gen = cp.random.default_rng(0)
     bufs = [gen.random(n16 * 4, dtype=cp.float32).view(cp.uint32) for _ in range(copies)]
     sink = cp.zeros(1, cp.uint32)
-    best = None
+    times = []
     for unroll in (1, 2, 4, 8):
         kern = cp.RawKernel(_READ_SRC.replace("UNROLL", str(unroll)), "read_stream")
         grid = (n16 + 256 * unroll - 1) // (256 * unroll)
-        calls = [lambda b=b: kern((grid,), (256,), (b, cp.uint64(n16), sink)) for b in bufs]
-        t = timed_in_graph(cp, calls)
-        best = min(best or (t, unroll), (t, unroll))
+        times.append(timed_in_graph(cp, [lambda b=b: kern((grid,), (256,), (b, cp.uint64(n16), sink)) for b in bufs]))
     del bufs
-    return best
+    return min(times)
 
 
 def bench_matmul(cp, qm, qtype, n_out, n_in, n_tok, variant=None, build="default", glu=False):

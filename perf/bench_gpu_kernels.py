@@ -110,15 +110,15 @@ def _bandwidth(moved, copy_bw, **ref):
 def test_matvec(benchmark, device, qtype, n_out, n_in, n_tok, llama_us):
     qm, copy_bw = device
     calls, moved = _matmul_case(qm, qtype, n_out, n_in, n_tok)
-    floor, _ = _read_floor(moved)
+    floor = _read_floor(moved)
     _run(benchmark, calls, lambda t: {**_bandwidth(moved, copy_bw)(t), "read floor us": round(floor * 1e6, 2),
                                       "of floor": round(floor / t, 3), "llama.cpp us": llama_us})
 
 
-_FLOORS: dict[int, tuple[float, int]] = {}
+_FLOORS: dict[int, float] = {}
 
 
-def _read_floor(nbytes: int) -> tuple[float, int]:
+def _read_floor(nbytes: int) -> float:
     """bench_gpu.read_floor of nbytes, once per size in a session."""
     if nbytes not in _FLOORS:
         _FLOORS[nbytes] = bg.read_floor(cp, nbytes)
