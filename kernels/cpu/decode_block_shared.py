@@ -83,6 +83,14 @@ def _chunk(c, n_chunks, n_items):
     return n_items * c // n_chunks, n_items * (c + 1) // n_chunks
 
 
+@njit(cache=True, inline="always")
+def _rows_per_item(how, n):
+    """Rows an item of a NIBBLE or OWN_BLOCKS mat-vec covers for n tokens: the rows one call of the kernel's
+    own loop takes (one token: nibble_int8 4, q8_0_int8 1), or its row group."""
+    if how == NIBBLE:
+        return 4 if n == 1 else nibble_int8.ROW_GROUP
+    return 1 if n == 1 else q8_0_int8.ROW_GROUP
+
 @njit(cache=True)
 def _n_items(spec, s, raws, n):
     """Work items of the mat-vec in slot s for n tokens: the loop of the kernel qmatmul_packed gives it."""
@@ -91,9 +99,8 @@ def _n_items(spec, s, raws, n):
         return 0
     if how == ROWS4:
         groups = rows // rows4_int8.ROWS
-        return (groups + 1) // 2 if n == 1 else (groups + rows4_int8.GROUP_RUN - 1) // rows4_int8.GROUP_RUN
-    per = 4 if n == 1 else nibble_int8.ROW_GROUP if how == NIBBLE else q8_0_int8.ROW_GROUP
-    return (rows + per - 1) // per
+        return groups if n == 1 else (groups + rows4_int8.GROUP_RUN - 1) // rows4_int8.GROUP_RUN
+    return (rows + _rows_per_item(how, n) - 1) // _rows_per_item(how, n)
 
 @njit(cache=True)
 def _prepare(spec, s, x, bufs, isa):
@@ -129,7 +136,7 @@ def _items(spec, s, raws, tables, i0, i1, n, v, out, isa):
     if how == ROWS4:
         for i in range(i0, i1):
             if n == 1:
-                rows4_int8._dot(kind, isa, raw3, 2 * i, p3, d2, c2, 0, 1, out)
+                rows4_int8._dot(kind, isa, raw3, i, p3, d2, c2, 0, 1, out)
             else:
                 rows4_int8._group_run(kind, isa, raw3, i, p3, d2, c2, out)
     elif how == NIBBLE:
@@ -147,7 +154,7 @@ def _items(spec, s, raws, tables, i0, i1, n, v, out, isa):
     else:
         for i in range(i0, i1):
             if n == 1:
-                q8_0_int8._dot(kind, isa, raw3, 4 * i, q3, d2, 0, 1, out)
+                q8_0_int8._dot(kind, isa, raw3, i, q3, d2, 0, 1, out)
             else:
                 q8_0_int8._row_group(kind, isa, raw3, i, q3, d2, out)
 
@@ -156,8 +163,8 @@ def _item_rows(spec, s, raws, n, i0, i1):
     """The output rows of items i0 .. i1 - 1 of slot s (a kernel call past the last row recomputes the last
     row, which its own item holds)."""
     how = spec[s, _MM]
-    per = (2 * rows4_int8.ROWS if n == 1 else rows4_int8.ROWS * rows4_int8.GROUP_RUN) if how == ROWS4 else \
-        4 if n == 1 or how == NIBBLE else q8_0_int8.ROW_GROUP
+    per = (rows4_int8.ROWS if n == 1 else rows4_int8.ROWS * rows4_int8.GROUP_RUN) if how == ROWS4 else \
+        _rows_per_item(how, n)
     return i0 * per, min(raws[s].shape[0], i1 * per)
 
 @njit(cache=True)

@@ -121,7 +121,9 @@ def _make_dot(block_weights, doc_format: str, isa: int, offset: int = 0):
             return None
         sig = types.void(raw3, types.intp, xq, xd, types.intp, n_tok, out)
         T = n_tok.literal_value
-        R = 4 if T == 1 else 1
+        R = 1           # one row a call for any token count: one stream of weights a thread (rows4_int8.py's
+                        # one-token kernel says why; 4 rows a call read the output matrix at 0.87-0.89 of a plain
+                        # read, 1 row at 1.03-1.06: 2-core Zen 5 VM, 2026-12-07)
 
         def codegen(context, builder, signature, args):
             psign = L.avx2(builder, "psign.b")
@@ -166,7 +168,7 @@ def _make_dot(block_weights, doc_format: str, isa: int, offset: int = 0):
         return sig, codegen
 
     dot.__doc__ = f"""out[t0 + j, r] = dot(W[r], x[t0 + j]) for j < n_tok (a literal 1..MAX_TOK) and rows r0 ..
-    r0 + R - 1 (R = 4 for one token, else 1; rows past the last are clamped to it). raw3 uint8 (rows, blocks,
+    r0 + R - 1 (R = 1). raw3 uint8 (rows, blocks,
     bytes) {doc_format}; xq int8 (tokens, blocks, 32); xd float32 (tokens, blocks); out float32 (tokens, rows).
     Integer dots with isa's instructions (isa.AVX2 or VNNI)."""
     return dot
@@ -219,7 +221,7 @@ _dot_avx2, _dot_vnni = _by_kind(AVX2), _by_kind(VNNI)
 
 @njit(cache=True, inline="always")
 def _dot(kind, isa, raw3, r, xq, xd, t0, nt, out):
-    """The kernel of block format `kind` for nt (1..MAX_TOK) tokens from t0 (one token: 4 rows from r); isa
+    """The kernel of block format `kind` for nt (1..MAX_TOK) tokens from t0 (row r); isa
     VNNI takes the VNNI kernels where they are compiled (a constant: the other branch is pruned), else AVX2."""
     if VNNI_BUILT and isa == VNNI:
         _dot_vnni(kind, raw3, r, xq, xd, t0, nt, out)
@@ -256,8 +258,8 @@ def mv_avx2(raw3, x3, out, kind=Q8_0_KIND, isa=INT8_ISA):
     xd = np.empty(x3.shape[:2], dtype=np.float32)
     _quantize_rows(x3, xq, xd)
     if n_tok == 1:
-        for g in prange((n + 3) // 4):
-            _dot(kind, isa, raw3, 4 * g, xq, xd, 0, 1, out)
+        for r in prange(n):
+            _dot(kind, isa, raw3, r, xq, xd, 0, 1, out)
     else:
         for g in prange((n + ROW_GROUP - 1) // ROW_GROUP):
             _row_group(kind, isa, raw3, g, xq, xd, out)
@@ -272,8 +274,8 @@ def mv_avx2_serial(raw3, x3, out, kind=Q8_0_KIND, isa=INT8_ISA):
     xd = np.empty(x3.shape[:2], dtype=np.float32)
     _quantize_rows(x3, xq, xd)
     if n_tok == 1:
-        for g in range((n + 3) // 4):
-            _dot(kind, isa, raw3, 4 * g, xq, xd, 0, 1, out)
+        for r in range(n):
+            _dot(kind, isa, raw3, r, xq, xd, 0, 1, out)
     else:
         for g in range((n + ROW_GROUP - 1) // ROW_GROUP):
             _row_group(kind, isa, raw3, g, xq, xd, out)

@@ -240,7 +240,10 @@ def _make_dot(kind: int, isa: int):
             return None
         sig = types.void(raw3, types.intp, xp, xd, xc, types.intp, n_tok, out)
         T = n_tok.literal_value
-        G = 2 if T == 1 else 1          # row groups a call: independent chains for one token
+        # one row group a call, also for one token: two groups a call (2,464 bytes apart at 896 columns) made two
+        # streams a thread and read the default model's gate/up at 0.83-0.86 of a plain read, one group at
+        # 0.93-1.09 (2-core Zen 5 VM, 2026-12-07; docs/cpu.md)
+        G = 1
 
         def codegen(context, builder, signature, args):
             (praw, rstr, rshape), (pxp, pstr, _), (pxd, dstr, _), (pxc, cstr, _), (pout, ostr, _) = (
@@ -293,8 +296,7 @@ def _make_dot(kind: int, isa: int):
 
         return sig, codegen
 
-    dot.__doc__ = f"""out[t0 + j, 4 g + q] for j < n_tok (a literal 1..MAX_TOK), q < 4 and row groups g = g0 ..
-    g0 + G - 1 (G = 2 for one token, else 1; groups past the last are clamped to it) of the
+    dot.__doc__ = f"""out[t0 + j, 4 g0 + q] for j < n_tok (a literal 1..MAX_TOK) and q < 4: row group g0 of the
     {NAMES[kind]} interleaved layout raw3 (n_rows, nb, {bb}); xp int8 (tokens, nb, 128), xd
     float32 and xc int32 (tokens, nb) from _prepare."""
     return dot
@@ -370,8 +372,8 @@ def _matmul(raw3, x3, out, kind, isa):
     xc = np.empty((n_tok, nb), dtype=np.int32)
     if n_tok == 1:
         _prepare_serial(x3, xq, xp, xd, xc, offset(kind, isa))
-        for i in prange((n_groups + 1) // 2):
-            _dot(kind, isa, raw3, 2 * i, xp, xd, xc, 0, 1, out)
+        for g in prange(n_groups):
+            _dot(kind, isa, raw3, g, xp, xd, xc, 0, 1, out)
     else:
         _prepare(x3, xq, xp, xd, xc, offset(kind, isa))
         for i in prange((n_groups + GROUP_RUN - 1) // GROUP_RUN):
@@ -387,8 +389,8 @@ def _matmul_serial(raw3, x3, out, kind, isa):
     xc = np.empty((n_tok, nb), dtype=np.int32)
     _prepare_serial(x3, xq, xp, xd, xc, offset(kind, isa))
     if n_tok == 1:
-        for i in range((n_groups + 1) // 2):
-            _dot(kind, isa, raw3, 2 * i, xp, xd, xc, 0, 1, out)
+        for g in range(n_groups):
+            _dot(kind, isa, raw3, g, xp, xd, xc, 0, 1, out)
     else:
         for i in range((n_groups + GROUP_RUN - 1) // GROUP_RUN):
             _group_run(kind, isa, raw3, i, xp, xd, xc, out)
