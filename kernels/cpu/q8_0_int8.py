@@ -138,7 +138,7 @@ def _make_dot(block_weights, doc_format: str, isa: int, offset: int = 0):
             xd0 = [builder.gep(pxd, [builder.mul(t, dstr[0])]) for t in t_idx]
             acc_ptr = [[cgutils.alloca_once_value(builder, ir.Constant(L.V8F, None)) for _ in range(T)]
                        for _ in range(R)]
-            ahead = builder.mul(L.const(2 * R), rstr[0])   # prefetch as iq3_int8.py: two row groups, into L2
+            ahead = builder.mul(L.const(2 * R), rstr[0])   # prefetch two calls' rows ahead, into L2
             with cgutils.for_range(builder, rshape[1]) as loop:
                 blk = loop.index
                 rows = [builder.gep(p, [builder.mul(blk, rstr[1])]) for p in row0]
@@ -167,9 +167,8 @@ def _make_dot(block_weights, doc_format: str, isa: int, offset: int = 0):
 
         return sig, codegen
 
-    dot.__doc__ = f"""out[t0 + j, r] = dot(W[r], x[t0 + j]) for j < n_tok (a literal 1..MAX_TOK) and rows r0 ..
-    r0 + R - 1 (R = 1). raw3 uint8 (rows, blocks,
-    bytes) {doc_format}; xq int8 (tokens, blocks, 32); xd float32 (tokens, blocks); out float32 (tokens, rows).
+    dot.__doc__ = f"""out[t0 + j, r0] = dot(W[r0], x[t0 + j]) for j < n_tok (a literal 1..MAX_TOK). raw3 uint8 (rows,
+    blocks, bytes) {doc_format}; xq int8 (tokens, blocks, 32); xd float32 (tokens, blocks); out float32 (tokens, rows).
     Integer dots with isa's instructions (isa.AVX2 or VNNI)."""
     return dot
 
