@@ -18,6 +18,7 @@ bound, tests/kernels/cuda/test_qmatmul_cuda.py); attention against the CPU backe
 within 2e-5 of each output plus 2e-5 of the largest plus what the kernels' f16 p.V weights move it by at most
 (tests/kernels/cuda/test_attention_cuda.py's bound against the CPU, reference.f16_rounding_bound).
 """
+import functools
 import math
 import os
 import sys
@@ -115,14 +116,10 @@ def test_matvec(benchmark, device, qtype, n_out, n_in, n_tok, llama_us):
                                       "of floor": round(floor / t, 3), "llama.cpp us": llama_us})
 
 
-_FLOORS: dict[int, float] = {}
-
-
+@functools.cache
 def _read_floor(nbytes: int) -> float:
     """bench_gpu.read_floor of nbytes, once per size in a session."""
-    if nbytes not in _FLOORS:
-        _FLOORS[nbytes] = bg.read_floor(cp, nbytes)
-    return _FLOORS[nbytes]
+    return bg.read_floor(cp, nbytes)
 
 
 @pytest.mark.parametrize("qtype,n_out,n_in,n_tok,llama_tflops", GEMM,

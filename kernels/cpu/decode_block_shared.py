@@ -100,7 +100,8 @@ def _n_items(spec, s, raws, n):
     if how == ROWS4:
         groups = rows // rows4_int8.ROWS
         return groups if n == 1 else (groups + rows4_int8.GROUP_RUN - 1) // rows4_int8.GROUP_RUN
-    return (rows + _rows_per_item(how, n) - 1) // _rows_per_item(how, n)
+    per = _rows_per_item(how, n)
+    return (rows + per - 1) // per
 
 @njit(cache=True)
 def _prepare(spec, s, x, bufs, isa):
