@@ -84,11 +84,11 @@ def _chunk(c, n_chunks, n_items):
 
 
 @njit(cache=True, inline="always")
-def _rows_per_item(how, n):
-    """Rows an item of a NIBBLE or OWN_BLOCKS mat-vec covers for n tokens: the rows one call of the kernel's
-    own loop takes (one token: nibble_int8 4, q8_0_int8 1), or its row group."""
+def _rows_per_item(how, n, raw3):
+    """Rows an item of a NIBBLE or OWN_BLOCKS mat-vec over raw3 covers for n tokens: the rows one call of the
+    kernel's own loop takes (one token: nibble_int8 1 or 4 by the row's bytes, q8_0_int8 1), or its row group."""
     if how == NIBBLE:
-        return 4 if n == 1 else nibble_int8.ROW_GROUP
+        return (1 if nibble_int8.one_row_calls(raw3) else 4) if n == 1 else nibble_int8.ROW_GROUP
     return 1 if n == 1 else q8_0_int8.ROW_GROUP
 
 @njit(cache=True)
@@ -100,7 +100,7 @@ def _n_items(spec, s, raws, n):
     if how == ROWS4:
         groups = rows // rows4_int8.ROWS
         return groups if n == 1 else (groups + rows4_int8.GROUP_RUN - 1) // rows4_int8.GROUP_RUN
-    per = _rows_per_item(how, n)
+    per = _rows_per_item(how, n, raws[s])
     return (rows + per - 1) // per
 
 @njit(cache=True)
@@ -141,9 +141,11 @@ def _items(spec, s, raws, tables, i0, i1, n, v, out, isa):
             else:
                 rows4_int8._group_run(kind, isa, raw3, i, p3, d2, c2, out)
     elif how == NIBBLE:
-        table = tables[s]
+        table, one_row = tables[s], nibble_int8.one_row_calls(raw3)
         for i in range(i0, i1):
-            if n == 1:
+            if n == 1 and one_row:
+                nibble_int8._dot1(kind, raw3, i, u3, d8, b3, out, table)
+            elif n == 1:
                 nibble_int8._dot(kind, raw3, 4 * i, u3, d8, b3, 0, 1, out, table)
             else:
                 n_chunks = (n + nibble_int8.MAX_TOK - 1) // nibble_int8.MAX_TOK
@@ -165,7 +167,7 @@ def _item_rows(spec, s, raws, n, i0, i1):
     row, which its own item holds)."""
     how = spec[s, _MM]
     per = (rows4_int8.ROWS if n == 1 else rows4_int8.ROWS * rows4_int8.GROUP_RUN) if how == ROWS4 else \
-        _rows_per_item(how, n)
+        _rows_per_item(how, n, raws[s])
     return i0 * per, min(raws[s].shape[0], i1 * per)
 
 @njit(cache=True)

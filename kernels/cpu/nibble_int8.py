@@ -46,6 +46,13 @@ MAX_TOK = 4       # tokens per kernel call
 # mins, dmin), the mins only in Q4_K's and Q5_K's
 IQ3, Q4K, Q6K, Q5K = 0, 1, 2, 3
 FIELDS = ((128, 136, 140, 0, 0), (128, 136, 140, 144, 152), (192, 208, 212, 0, 0), (160, 168, 172, 176, 184))
+# One token over rows of at least this many bytes: one row a call (one weight stream a thread), else four rows a
+# call (four streams 1 row apart). Rows are summed alike either way (the same bits). 2-core AMD EPYC Zen 5 VM, the
+# default model's ffn_down (Q6_K / Q4_K repackings, 4,104 / 3,040-byte rows), kernels alone from DRAM against a
+# plain read of the same bytes: 0.76-0.84 -> 0.90-0.95 (three processes an arm, alternating); its decode in one
+# process, 6 alternating rounds of 128 tokens: 106.5 -> 107.8 tok/s (per round 0.98-1.06x). Over ~1 KB rows (the
+# 1.5B-shape IQ3_XXS file's 1536-weight rows) one row a call was 0.75-0.85x: those keep four (docs/cpu.md).
+ONE_ROW_MIN_BYTES = 2048
 ROW_GROUP = 4     # rows per work item with several tokens (a 4096-weight row is ~2.3 KB in these layouts)
 
 
@@ -98,10 +105,10 @@ def quantize_activations(x: np.ndarray):
 
 # ------------------------------------------------------------------------------------------ kernel
 
-def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high: bool = False):
+def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high: bool = False, one_row: bool = False):
     """The intrinsic dot(raw3, r0, xq, xd, xb, t0, n_tok, out, table): out[t0 + j, r] = W[r] . x[t0 + j]
-    for j < n_tok (a literal 1..MAX_TOK) and rows r0 .. r0 + R - 1 (R = 4 for one token, else 1; rows
-    past the last are clamped to it, i.e. computed again).
+    for j < n_tok (a literal 1..MAX_TOK) and rows r0 .. r0 + R - 1 (R = 4 for one token, else 1; one_row: R = 1
+    at one token too; rows past the last are clamped to it, i.e. computed again).
     raw3 uint8 (rows, blocks, block bytes); xq uint8 (tokens, blocks, 256); xd float32 (tokens, blocks);
     xb int32 (tokens, blocks, 8) bsums (read when `mins`); out float32 (tokens, rows);
     table: 16 int8 code values twice, one copy per 128-bit lane (used when `lookup`).
@@ -119,7 +126,7 @@ def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high:
             return None
         sig = types.void(raw3, types.intp, xq, xd, xb, types.intp, n_tok, out, table)
         T = n_tok.literal_value
-        R = 4 if T == 1 else 1
+        R = 1 if one_row else 4 if T == 1 else 1
 
         def codegen(context, builder, signature, args):
             pshufb, maddubs, maddwd = (L.avx2(builder, n) for n in ("pshuf.b", "pmadd.ub.sw", "pmadd.wd"))
@@ -256,6 +263,31 @@ _DOT_Q6K = _by_token_count(make_dot(wide=True))       # Q6_K int8 weights, scale
 _DOT_Q5K = _by_token_count(make_dot(mins=True, high=True))   # Q5_K codes, fifth bits and mins
 
 
+# one token, one row a call (matvec's rows of ONE_ROW_MIN_BYTES and more)
+_DOT1_IQ3 = make_dot(lookup=True, one_row=True)
+_DOT1_Q4K = make_dot(mins=True, one_row=True)
+_DOT1_Q6K = make_dot(wide=True, one_row=True)
+_DOT1_Q5K = make_dot(mins=True, high=True, one_row=True)
+
+
+@njit(cache=True, inline="always")
+def one_row_calls(raw3):
+    """Whether one-token calls over raw3 (rows, blocks, block bytes) take one row a call (_dot1) instead of four."""
+    return raw3.shape[1] * raw3.shape[2] >= ONE_ROW_MIN_BYTES
+
+
+@njit(cache=True, inline="always")
+def _dot1(kind, raw3, r, xq, xd, xb, out, table):
+    if kind == IQ3:
+        _DOT1_IQ3(raw3, r, xq, xd, xb, 0, 1, out, table)
+    elif kind == Q4K:
+        _DOT1_Q4K(raw3, r, xq, xd, xb, 0, 1, out, table)
+    elif kind == Q5K:
+        _DOT1_Q5K(raw3, r, xq, xd, xb, 0, 1, out, table)
+    else:
+        _DOT1_Q6K(raw3, r, xq, xd, xb, 0, 1, out, table)
+
+
 @njit(cache=True, inline="always")
 def _dot(kind, raw3, r0, xq, xd, xb, t0, nt, out, table):
     if kind == IQ3:
@@ -278,7 +310,10 @@ def matvec(raw3, x3, out, table, kind):
     xd = np.empty(x3.shape[:2], dtype=np.float32)
     xb = np.empty(x3.shape[:2] + (8,), dtype=np.int32)
     quantize_q8_k(x3, xq, xd, xb)
-    if n_tok == 1:
+    if n_tok == 1 and one_row_calls(raw3):
+        for r in prange(n):
+            _dot1(kind, raw3, r, xq, xd, xb, out, table)
+    elif n_tok == 1:
         for g in prange((n + 3) // 4):
             _dot(kind, raw3, 4 * g, xq, xd, xb, 0, 1, out, table)
     else:

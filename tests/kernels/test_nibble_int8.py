@@ -64,6 +64,26 @@ def test_int8_kernel_every_row_tail_and_token_count(qtype, n_out):
 
 
 @needs_avx2
+@by_layout
+@pytest.mark.parametrize("n_out", [1, 5])
+def test_one_token_over_long_rows_takes_one_row_a_call_with_the_same_bits(qtype, n_out):
+    """Rows of nibble_int8.ONE_ROW_MIN_BYTES and more (16 blocks: 2,304-3,456 bytes) take one row a call at one
+    token: the reference within the tolerance, and the bits a two-token call gives the same token."""
+    mod, n_in = LAYOUTS[qtype], 16 * 256
+    raw = random_rows(qtype, n_out, n_in, seed=7 + n_out)
+    raw3 = mod.repack(raw, n_in, F16_TABLE).reshape(n_out, 16, mod.BLOCK_BYTES)
+    assert raw3.shape[1] * raw3.shape[2] >= nibble_int8.ONE_ROW_MIN_BYTES
+    x = np.random.default_rng(n_out).standard_normal((2, n_in), dtype=np.float32)
+    ref, scale = _reference(raw, x[:1], qtype)
+    one = np.full((1, n_out), np.nan, np.float32)
+    two = np.full((2, n_out), np.nan, np.float32)
+    mod.matvec(raw3, x[:1].reshape(1, 16, 256), one)
+    mod.matvec(raw3, x.reshape(2, 16, 256), two)
+    assert np.all(np.abs(one - ref) <= RTOL * scale + 1e-30)
+    np.testing.assert_array_equal(one[0], two[0])
+
+
+@needs_avx2
 def test_int8_kernel_extreme_values_do_not_saturate():
     """The largest grid levels and scale (31) against activations of +-127: pmaddubsw's int16 pair sums
     stay below 2**15 only because |value| <= 62, so this is the case that would overflow first."""
