@@ -7,7 +7,8 @@
 #        model must already be in $STRATA_LITE_CACHE, see docs/cuda.md "On the GPU machine"; KERNEL_SUITE=1:
 #        also the pytest-benchmark kernel suite perf/bench_gpu_kernels.py, its JSON in $OUT; HOST_CPU=1: also the
 #        host CPU's kernel choice, 512-bit prompt tiles and thread scaling (perf/bench_gemm_lanes.py,
-#        perf/bench_threads.py; logs in $OUT), the machine's CPU being one of the CPU figures' machines)
+#        perf/bench_threads.py; logs in $OUT), the machine's CPU being one of the CPU figures' machines; HOST_IK=DIR:
+#        also strata_lite against ik_llama.cpp's llama-bench in DIR on the README table's files, see below)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/strata-out}; mkdir -p "$OUT"
@@ -73,6 +74,27 @@ if [ -n "${HOST_CPU:-}" ]; then
   timeout "${HOST_CPU_LIMIT:-400}" python3 "$ROOT/perf/bench_threads.py" --threads 2,4,8,16 --waits default \
     --rounds 3 --json "$OUT/bench_threads.json" > "$OUT/bench_threads.log" 2>&1
   tail -n 12 "$OUT/bench_gemm_lanes.log" "$OUT/bench_threads.log"
+fi
+if [ -n "${HOST_IK:-}" ]; then
+  # HOST_IK=DIR: ik_llama.cpp's llama-bench (and its shared libraries) in DIR, relative to the checkout, built by the
+  # user for this host's CPU; the three files of the README's ik_llama.cpp table made here by `strata-lite synth`
+  # (random weights in the real files' types and shapes: the default model's Q4_K_M mix, untied output included),
+  # then perf/bench_e2e.py against it at 2 threads and at HOST_IK_THREADS (default 16); logs in $OUT
+  ikdir="$ROOT/$HOST_IK"; export LD_LIBRARY_PATH="$ikdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  syn=/dev/shm/ik-files; mkdir -p "$syn"
+  for spec in "qwen2.5-0.5b q4_k_m" "qwen2.5-0.5b iq3_xxs" "qwen2.5-1.5b iq3_xxs"; do
+    set -- $spec; f="$syn/$1-$2.gguf"
+    [ -s "$f" ] || python3 -m strata_lite.cli synth --preset "$1" --quant "$2" --out "$f" > /dev/null 2>&1
+  done
+  for th in 2 "${HOST_IK_THREADS:-16}"; do
+    for f in "$syn"/*.gguf; do
+      timeout "${HOST_IK_LIMIT:-300}" python3 "$ROOT/perf/bench_e2e.py" --runs 3 --threads "$th" --model "$f" \
+        --ik-bench "$ikdir/llama-bench" --ik-flags "" --ik-flags "-rtr 1 -fa 0" \
+        > "$OUT/ik_$(basename "$f" .gguf)_t$th.log" 2>&1
+      echo "== $(basename "$f"), $th threads"; tail -n 8 "$OUT/ik_$(basename "$f" .gguf)_t$th.log"
+    done
+  done
+  lscpu > "$OUT/lscpu.txt" 2>&1
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   timeout "${BENCH_LIMIT:-1200}" python3 "$ROOT/perf/bench_gpu.py" ${BENCH_ARGS:-} --json "$OUT/bench_gpu.json" \
