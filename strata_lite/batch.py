@@ -49,7 +49,9 @@ class Batch:
         sequences, one token or a few to verify each, before the prompt chunks): a backend may compute their
         attention apart from the chunks' (Backend.attention split_rows)."""
         seq = self.token_seq
-        starts = np.flatnonzero(np.diff(seq)) + 1 if len(seq) else seq
+        if len(seq) <= self.SHORT_RUN:     # no run can be long (a decode step: ~20 us of numpy saved)
+            return len(seq)
+        starts = np.flatnonzero(np.diff(seq)) + 1
         bounds = np.concatenate(([0], starts, [len(seq)]))
         long_runs = np.flatnonzero(np.diff(bounds) > self.SHORT_RUN)
         return int(bounds[long_runs[0]]) if len(long_runs) else len(seq)

@@ -100,7 +100,7 @@ class CpuBackend(Backend):
         if mode == "0":
             return None
         return DecodeBlock.build(layer, n_heads, n_kv_heads, head_dim, eps, freq_base, n_rot, neox, qk_norm, scale,
-                                 shared=mode == "shared")
+                                 shared=mode == "shared", n_threads=self.n_threads)
 
     def qmatmul_add(self, w, x, out):
         y = self.qmatmul(w, x)

@@ -254,21 +254,25 @@ class DecodeBlock:
     max_tokens = MAX_TOK
 
     def __init__(self, fn, weights, specs, raws, tables, biases, norms, eps, qk_norm, n_heads, n_kv_heads,
-                 head_dim, rope, scale_log2e):
+                 head_dim, rope, scale_log2e, n_threads):
         self.fn = fn                  # make_block's function for this block's routes
         self.weights = weights        # the PackedWeights whose memory raws' writable views alias
         self.args = (specs, raws, tables, biases, norms, float(eps), bool(qk_norm), int(n_heads),
                      int(n_kv_heads), int(head_dim))
         self.rope = rope
         self.scale_log2e = np.float32(scale_log2e)
+        # the threads attention's work plan counts on: the building thread's Numba thread count (thread-local; the
+        # backend builds the blocks on the thread that runs them), read once: numba.get_num_threads() costs
+        # ~2 us a call, ~45 us a token on a 24-block model
+        self.n_threads = int(n_threads)
 
     @classmethod
     def build(cls, layer, n_heads, n_kv_heads, head_dim, eps, freq_base, n_rot, neox, qk_norm, scale,
-              shared: bool = False):
+              shared: bool = False, n_threads: int | None = None):
         """layer: models/transformer.py's _Layer (its matrices as the CPU backend packed them, norms,
         biases, K-smoothing scales); scale: attention's softmax scale; shared: decode_block_shared.py's block
-        (one parallel region whose workers share every phase) instead of this module's. -> DecodeBlock or
-        None."""
+        (one parallel region whose workers share every phase) instead of this module's; n_threads: the threads
+        the block's parallel kernels run on (None: this thread's Numba count). -> DecodeBlock or None."""
         if qk_path(head_dim) != "float":
             return None
         if layer.qkv is not None:
@@ -312,10 +316,11 @@ class DecodeBlock:
         else:
             fn = make_block(routes)
         return cls(fn, [w for w, _ in slots if w is not None], specs, tuple(raws), tuple(tables),
-                   tuple(biases), norms, eps, qk_norm, n_heads, n_kv_heads, head_dim, rope, scale * _LOG2E)
+                   tuple(biases), norms, eps, qk_norm, n_heads, n_kv_heads, head_dim, rope, scale * _LOG2E,
+                   numba.get_num_threads() if n_threads is None else n_threads)
 
     def __call__(self, x, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales) -> None:
         """The block on x (n <= MAX_TOK, n_embd) float32 C-contiguous, in place; this step's K/V stored
         first, indices validated by the engine (the Backend contract)."""
         self.fn(x, *self.args, *self.rope, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages,
-               v_scales, self.scale_log2e, numba.get_num_threads(), INT8_ISA)
+               v_scales, self.scale_log2e, self.n_threads, INT8_ISA)
