@@ -17,7 +17,7 @@ from .elementwise import add, rmsnorm, rope, silu_mul
 from .qmatmul import qmatmul_packed
 from .repack import Q8_0_R4, PackedWeight, pack_weight, release_pages
 from .rope_store import rope_kv_store
-from .sampling import add_counts, sample
+from .sampling import add_counts, argmax_prob, sample
 
 # qmatmul_glu turns the fused gate/up output y (n, 2 * n_ff) into silu(gate) * up this many rows at a time,
 # into y's own buffer: the split halves and the result then cost 2 x GLU_ROWS rows, not 2 x n (512 tokens of
@@ -205,6 +205,9 @@ class CpuBackend(Backend):
 
     def sample(self, logits, rows, counts):
         return sample(logits, rows, counts)
+
+    def argmax_prob(self, logits):
+        return argmax_prob(logits)
 
     def token_counts(self, n_rows, n_vocab):
         return np.zeros((n_rows, n_vocab), np.int32)

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..sample_rows import SampleRows, Sampled, count_pairs
 
-__all__ = ["sample", "add_counts", "top_ids", "log_softmax"]
+__all__ = ["sample", "argmax_prob", "add_counts", "top_ids", "log_softmax"]
 
 
 def sample(logits: np.ndarray, rows: SampleRows, counts: np.ndarray | None) -> Sampled:
@@ -44,6 +44,20 @@ def sample(logits: np.ndarray, rows: SampleRows, counts: np.ndarray | None) -> S
                 out.top_ids[r, :len(best)] = best
                 out.top_logprobs[r, :len(best)] = lp[best]
     return out
+
+
+def argmax_prob(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy ids and their softmax probabilities of logit rows (m, n_vocab) float32: what sample() gives a greedy
+    row with n_logprobs 0 (the lowest id of the largest logit; exp of its log_softmax value as float32), without building
+    sample rows (an MTP draft's token and confidence every step: ~0.1 ms less host time a step)."""
+    ids = np.empty(len(logits), np.int64)
+    probs = np.empty(len(logits), np.float64)
+    for r, row in enumerate(logits):
+        z = row.astype(np.float64)
+        ids[r] = int(np.argmax(z))
+        z -= z.max()
+        probs[r] = np.exp(np.float64(np.float32(z[ids[r]] - np.log(np.exp(z).sum()))))   # Sampled's float32 logprob
+    return ids, probs
 
 
 def _choose(z: np.ndarray, rows: SampleRows, r: int) -> int:

@@ -125,6 +125,29 @@ def test_kv_rows_alone_are_the_rows_of_the_whole_block(tiny, n_kv_only):
     np.testing.assert_array_equal(got, want)
 
 
+def test_a_small_fill_through_the_one_call_block_gives_the_split_paths_bits(tiny):
+    """A fill of at most 8 rows with a kept row runs the backend's one-call block on every row (transformer.
+    block_at_rows); the K / V rows it stores and the kept row's output are the bits of the split path (the other
+    rows' K and V alone, then the block on the kept row), which it replaces there."""
+    llm, path, _ = tiny
+    if not llm.backend.int8 or llm.backend.name != "cpu":
+        pytest.skip("the one-call block is the CPU int8 kernels'")
+    cfg, be = llm.config, llm.backend
+    head = MtpHead(llm.model, load_mtp(GGUFFile(path), cfg))
+    assert head.layer.compiled is not None
+    _, hidden = _main_hidden(llm, IDS)
+    batch = Batch.single(IDS[1:7], 0, llm._pages)
+    batch.validate(llm.kv.n_pages, llm.kv.page_size, cfg.n_vocab)
+    results = []
+    for compiled in (head.layer.compiled, None):       # None: the split path
+        layer = tuple(a[0] for a in be.kv_arrays(1, llm.kv.n_pages, llm.kv.page_size, cfg.n_kv_heads, cfg.head_dim))
+        head.layer.compiled = compiled
+        out = head.block_at_rows(batch, hidden[:6], layer, [5])
+        results.append([be.to_host(out).copy()] + [be.to_host(a).copy() for a in layer])
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_more_than_one_mtp_block_is_refused(tmp_path):
     path = write_tiny_model(tmp_path / "m.gguf", extra_meta={"qwen2.nextn_predict_layers": 2})
     with pytest.raises(GGUFError, match="nextn_predict_layers' = 2"):

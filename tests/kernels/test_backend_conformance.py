@@ -330,6 +330,23 @@ def test_sample_random_rows_and_logprobs(be, n_vocab):
         assert np.all(got.top_ids[r, n:] == -1) and np.all(np.isnan(got.top_logprobs[r, n:]))
 
 
+def test_argmax_prob_is_greedy_sampling_with_its_logprob(be):
+    """argmax_prob (an MTP draft's token and confidence): the ids greedy sampling with n_logprobs 0 gives (the lowest
+    id of a tie) and exp of its logprob; on the CPU the same bits as that path (Backend.argmax_prob's default)."""
+    from strata_lite.kernels.backend import Backend
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal((6, 32768)) * np.arange(1, 7)[:, None]).astype(np.float32)
+    logits[2, 9] = logits[2, 11] = logits[2].max() + 1.0          # a tie: the lower id
+    ids, probs = be.argmax_prob(be.from_host(logits))
+    want_ids, want_probs = Backend.argmax_prob(be, be.from_host(logits))
+    np.testing.assert_array_equal(ids, want_ids)
+    assert ids[2] == 9
+    lp = log_softmax(logits)
+    np.testing.assert_allclose(probs, np.exp(lp[np.arange(6), ids]), rtol=1e-5, atol=0)
+    if be.name == "cpu":
+        np.testing.assert_array_equal(probs, want_probs)
+
+
 # ----------------------------------------------------------------------------- a whole model
 
 @pytest.mark.parametrize("arch,qtype,tied", [("qwen2", "Q8_0", False), ("llama", "Q4_K", True),
