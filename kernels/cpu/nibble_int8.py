@@ -105,7 +105,8 @@ def quantize_activations(x: np.ndarray):
 
 # ------------------------------------------------------------------------------------------ kernel
 
-def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high: bool = False, one_row: bool = False):
+def make_dot(lookup: bool = False, mins: bool = False, wide: bool = False, high: bool = False,
+             one_row: bool = False):
     """The intrinsic dot(raw3, r0, xq, xd, xb, t0, n_tok, out, table): out[t0 + j, r] = W[r] . x[t0 + j]
     for j < n_tok (a literal 1..MAX_TOK) and rows r0 .. r0 + R - 1 (R = 4 for one token, else 1; one_row: R = 1
     at one token too; rows past the last are clamped to it, i.e. computed again).

@@ -25,6 +25,8 @@ CASES = {
     "q8_0 rows4": dict(qtype=QT.Q8_0),
     "q5_0 rows4, v in q8_0 (q+k and v)": dict(qtype=QT.Q5_0, qtype_of={"attn_v": QT.Q8_0}),
     "q4_k, down q6_k": dict(qtype=QT.Q4_K, qtype_of={"ffn_down": QT.Q6_K}, **K_SHAPES),
+    # ffn_down rows of 16 Q6_K blocks (3,456 bytes): one row a call at one token (nibble_int8.ONE_ROW_MIN_BYTES)
+    "q4_k, down q6_k, long rows": dict(qtype=QT.Q4_K, qtype_of={"ffn_down": QT.Q6_K}, **{**K_SHAPES, "n_ff": 4096}),
     "iq3_xxs, q5_k": dict(qtype=QT.IQ3_XXS, qtype_of={"ffn_down": QT.Q5_K, "attn_output": QT.Q5_K}, **K_SHAPES),
     "qwen3 (q/k norms), iq4_nl": dict(arch="qwen3", qtype=QT.IQ4_NL),
     "llama (no biases), q4_0": dict(arch="llama", qtype=QT.Q4_0),
