@@ -49,16 +49,11 @@ def sample(logits: np.ndarray, rows: SampleRows, counts: np.ndarray | None) -> S
 def argmax_prob(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Greedy ids and their softmax probabilities of logit rows (m, n_vocab) float32: what sample() gives a greedy
     row with n_logprobs 0 (the lowest id of the largest logit; exp of its log_softmax value, rounded to float32 as
-    Sampled keeps it), without building sample rows (an MTP draft's token and confidence every step: 40 against
+    Sampled keeps it), without building sample rows (an MTP draft's token and confidence every step: 44 against
     69 us for a 32,768-column row on a Zen 5 VM)."""
-    ids = np.empty(len(logits), np.int64)
-    probs = np.empty(len(logits), np.float64)
-    for r, row in enumerate(logits):
-        z = row.astype(np.float64)
-        ids[r] = int(np.argmax(z))
-        z -= z.max()
-        probs[r] = np.exp(np.float64(np.float32(z[ids[r]] - np.log(np.exp(z).sum()))))
-    return ids, probs
+    ids = np.argmax(logits, axis=1).astype(np.int64)
+    probs = np.array([np.float32(log_softmax(row)[i]) for row, i in zip(logits, ids)], np.float64)
+    return ids, np.exp(probs)
 
 
 def _choose(z: np.ndarray, rows: SampleRows, r: int) -> int:
