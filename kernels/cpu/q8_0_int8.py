@@ -111,7 +111,7 @@ def _f16(builder, p):
 def _make_dot(block_weights, doc_format: str, isa: int, offset: int = 0):
     """offset 0: block_weights gives signed weights, multiplied as |w| by sign(w) x (psign); offset > 0 (a
     power of two): it gives unsigned codes w + offset, multiplied as they are, and each lane's dot loses
-    offset times the lane's activation sum (formed once per token and block, for all R rows): per lane the
+    offset times the lane's activation sum (formed once per token and block): per lane the
     same integer either way."""
     @intrinsic
     def dot(typingctx, raw3, r0, xq, xd, t0, n_tok, out):
@@ -121,9 +121,9 @@ def _make_dot(block_weights, doc_format: str, isa: int, offset: int = 0):
             return None
         sig = types.void(raw3, types.intp, xq, xd, types.intp, n_tok, out)
         T = n_tok.literal_value
-        R = 1           # one row a call for any token count: one stream of weights a thread (rows4_int8.py's
-                        # one-token kernel says why; 4 rows a call read the output matrix at 0.87-0.89 of a plain
-                        # read, 1 row at 1.03-1.06: 2-core Zen 5 VM, 2026-12-07)
+        # one row a call for any token count: one stream of weights a thread (rows4_int8.py's one-token kernel says
+        # why; 4 rows a call read the output matrix at 0.87-0.89 of a plain read, 1 row at 1.03-1.06: 2-core Zen 5
+        # VM, 2026-12-07)
 
         def codegen(context, builder, signature, args):
             psign = L.avx2(builder, "psign.b")
@@ -131,38 +131,35 @@ def _make_dot(block_weights, doc_format: str, isa: int, offset: int = 0):
             shift = ir.Constant(L.V8I, [max(offset, 1).bit_length() - 1] * 8)
             (praw, rstr, rshape), (pxq, qstr, _), (pxd, dstr, _), (pout, ostr, _) = (
                 L.array_arg(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 6))
-            r_idx = L.clamped_rows(builder, args[1], R, rshape[0])
+            r_idx = L.clamped_rows(builder, args[1], 1, rshape[0])
             t_idx = [builder.add(args[4], L.const(j)) for j in range(T)]
-            row0 = [builder.gep(praw, [builder.mul(r, rstr[0])]) for r in r_idx]
+            row0 = builder.gep(praw, [builder.mul(r_idx[0], rstr[0])])
             xq0 = [builder.gep(pxq, [builder.mul(t, qstr[0])]) for t in t_idx]
             xd0 = [builder.gep(pxd, [builder.mul(t, dstr[0])]) for t in t_idx]
-            acc_ptr = [[cgutils.alloca_once_value(builder, ir.Constant(L.V8F, None)) for _ in range(T)]
-                       for _ in range(R)]
-            ahead = builder.mul(L.const(2 * R), rstr[0])   # prefetch two calls' rows ahead, into L2
+            acc_ptr = [cgutils.alloca_once_value(builder, ir.Constant(L.V8F, None)) for _ in range(T)]
+            ahead = builder.mul(L.const(2), rstr[0])       # prefetch two calls' rows ahead, into L2
             with cgutils.for_range(builder, rshape[1]) as loop:
                 blk = loop.index
-                rows = [builder.gep(p, [builder.mul(blk, rstr[1])]) for p in row0]
-                for p in rows:                              # 22/34-byte blocks: a line every 2-3 blocks
-                    emit_prefetch(builder, builder.gep(p, [ahead]), locality=2)
+                p = builder.gep(row0, [builder.mul(blk, rstr[1])])
+                emit_prefetch(builder, builder.gep(p, [ahead]), locality=2)   # 22/34-byte blocks: a line every 2-3
                 xa = [L.load(builder, p, builder.mul(blk, qstr[1]), L.V32B) for p in xq0]
                 da = [L.load(builder, p, builder.mul(blk, dstr[1]), L.F32, 4) for p in xd0]
                 if offset:                                  # offset * (lane sums of x), per token
                     corr = [builder.shl(L.dot_u8s8(builder, isa, ones, x), shift) for x in xa]
-                for k, p in enumerate(rows):
-                    w, dw = block_weights(builder, p)
-                    if not offset:
-                        uw = builder.call(psign, [w, w])    # |w|; -128 stays 0x80 = 128 unsigned
-                    for j in range(T):
-                        if offset:
-                            isum = builder.sub(L.dot_u8s8(builder, isa, w, xa[j]), corr[j])
-                        else:
-                            isum = L.dot_u8s8(builder, isa, uw, builder.call(psign, [xa[j], w]))
-                        s = L.splat(builder, builder.fmul(dw, da[j]), L.V8F)
-                        a = acc_ptr[k][j]
-                        builder.store(builder.fadd(builder.fmul(builder.sitofp(isum, L.V8F), s, flags=L.CONTRACT),
-                                                   builder.load(a), flags=L.CONTRACT), a)
+                w, dw = block_weights(builder, p)
+                if not offset:
+                    uw = builder.call(psign, [w, w])        # |w|; -128 stays 0x80 = 128 unsigned
+                for j in range(T):
+                    if offset:
+                        isum = builder.sub(L.dot_u8s8(builder, isa, w, xa[j]), corr[j])
+                    else:
+                        isum = L.dot_u8s8(builder, isa, uw, builder.call(psign, [xa[j], w]))
+                    s = L.splat(builder, builder.fmul(dw, da[j]), L.V8F)
+                    a = acc_ptr[j]
+                    builder.store(builder.fadd(builder.fmul(builder.sitofp(isum, L.V8F), s, flags=L.CONTRACT),
+                                               builder.load(a), flags=L.CONTRACT), a)
             L.store_tile(builder, pout, ostr, t_idx, r_idx,
-                         lambda k, j: L.hsum(builder, builder.load(acc_ptr[k][j])))
+                         lambda k, j: L.hsum(builder, builder.load(acc_ptr[j])))
             return context.get_dummy_value()
 
         return sig, codegen

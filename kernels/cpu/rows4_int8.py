@@ -243,55 +243,51 @@ def _make_dot(kind: int, isa: int):
         # one row group a call, also for one token: two groups a call (2,464 bytes apart at 896 columns) made two
         # streams a thread and read the default model's gate/up at 0.83-0.86 of a plain read, one group at
         # 0.93-1.09 (2-core Zen 5 VM, 2026-12-07; docs/cpu.md)
-        G = 1
 
         def codegen(context, builder, signature, args):
             (praw, rstr, rshape), (pxp, pstr, _), (pxd, dstr, _), (pxc, cstr, _), (pout, ostr, _) = (
                 L.array_arg(context, builder, signature.args[i], args[i]) for i in (0, 2, 3, 4, 7))
             n_groups = builder.udiv(rshape[0], L.const(ROWS))
-            g_idx = L.clamped_rows(builder, args[1], G, n_groups)
+            g = L.clamped_rows(builder, args[1], 1, n_groups)[0]
             gstride = builder.mul(L.const(ROWS), rstr[0])
             bstride = L.const(ROWS * bb)
-            base = [builder.gep(praw, [builder.mul(g, gstride)]) for g in g_idx]
+            base = builder.gep(praw, [builder.mul(g, gstride)])
             t_idx = [builder.add(args[5], L.const(j)) for j in range(T)]
             xp0 = [builder.gep(pxp, [builder.mul(t, pstr[0])]) for t in t_idx]
             xd0 = [builder.gep(pxd, [builder.mul(t, dstr[0])]) for t in t_idx]
             xc0 = [builder.gep(pxc, [builder.mul(t, cstr[0])]) for t in t_idx]
-            acc = [[cgutils.alloca_once_value(builder, ir.Constant(V4F, None)) for _ in range(T)]
-                   for _ in range(G)]
+            acc = [cgutils.alloca_once_value(builder, ir.Constant(V4F, None)) for _ in range(T)]
             lo_idx = ir.Constant(V4I, [0, 1, 2, 3])
             psign = L.avx2(builder, "psign.b")
             hi_idx = ir.Constant(V4I, [4, 5, 6, 7])
-            ahead = builder.mul(L.const(2 * G), gstride)   # prefetch two calls' groups ahead, into L2
+            ahead = builder.mul(L.const(2), gstride)       # prefetch two calls' groups ahead, into L2
             with cgutils.for_range(builder, rshape[1]) as loop:
                 blk = loop.index
                 xv = [[L.load(builder, p, builder.add(builder.mul(blk, pstr[1]), L.const(32 * v)), L.V32B)
                        for v in range(4)] for p in xp0]
                 da = [L.load(builder, p, builder.mul(blk, dstr[1]), L.F32) for p in xd0]
                 corr = [L.load(builder, p, builder.mul(blk, cstr[1]), L.I32) for p in xc0]
-                for k, p0 in enumerate(base):
-                    p = builder.gep(p0, [builder.mul(blk, bstride)])
-                    for off in range(0, ROWS * bb, 64):   # the group block's new lines (88 bytes: 2, 136: 3)
-                        emit_prefetch(builder, builder.gep(p, [builder.add(ahead, L.const(off))]), locality=2)
-                    codes, signed, dw = unpack_group(builder, p, kind, isa)
-                    for j in range(T):
-                        xs = xv[j] if signed is None else [builder.call(psign, [x, w]) for x, w in zip(xv[j], signed)]
-                        s01 = L.dot_u8s8(builder, isa, codes[1], xs[1], L.dot_u8s8(builder, isa, codes[0], xs[0]))
-                        s23 = L.dot_u8s8(builder, isa, codes[3], xs[3], L.dot_u8s8(builder, isa, codes[2], xs[2]))
-                        s8 = builder.add(s01, s23)
-                        undef = ir.Constant(L.V8I, ir.Undefined)
-                        s4 = builder.add(builder.shuffle_vector(s8, undef, lo_idx),
-                                         builder.shuffle_vector(s8, undef, hi_idx))
-                        s4 = builder.sub(s4, L.splat(builder, corr[j], V4I))
-                        scale = builder.fmul(dw, L.splat(builder, da[j], V4F))
-                        a = acc[k][j]
-                        builder.store(builder.fadd(builder.fmul(builder.sitofp(s4, V4F), scale, flags=L.CONTRACT),
-                                                   builder.load(a), flags=L.CONTRACT), a)
-            for k, g in enumerate(g_idx):
-                rows = [builder.add(builder.mul(g, L.const(ROWS)), L.const(q)) for q in range(ROWS)]
-                vals = [builder.load(a) for a in acc[k]]
-                L.store_tile(builder, pout, ostr, t_idx, rows,
-                             lambda q, j: builder.extract_element(vals[j], L.const(q, L.I32)))
+                p = builder.gep(base, [builder.mul(blk, bstride)])
+                for off in range(0, ROWS * bb, 64):   # the group block's new lines (88 bytes: 2, 136: 3)
+                    emit_prefetch(builder, builder.gep(p, [builder.add(ahead, L.const(off))]), locality=2)
+                codes, signed, dw = unpack_group(builder, p, kind, isa)
+                for j in range(T):
+                    xs = xv[j] if signed is None else [builder.call(psign, [x, w]) for x, w in zip(xv[j], signed)]
+                    s01 = L.dot_u8s8(builder, isa, codes[1], xs[1], L.dot_u8s8(builder, isa, codes[0], xs[0]))
+                    s23 = L.dot_u8s8(builder, isa, codes[3], xs[3], L.dot_u8s8(builder, isa, codes[2], xs[2]))
+                    s8 = builder.add(s01, s23)
+                    undef = ir.Constant(L.V8I, ir.Undefined)
+                    s4 = builder.add(builder.shuffle_vector(s8, undef, lo_idx),
+                                     builder.shuffle_vector(s8, undef, hi_idx))
+                    s4 = builder.sub(s4, L.splat(builder, corr[j], V4I))
+                    scale = builder.fmul(dw, L.splat(builder, da[j], V4F))
+                    a = acc[j]
+                    builder.store(builder.fadd(builder.fmul(builder.sitofp(s4, V4F), scale, flags=L.CONTRACT),
+                                               builder.load(a), flags=L.CONTRACT), a)
+            rows = [builder.add(builder.mul(g, L.const(ROWS)), L.const(q)) for q in range(ROWS)]
+            vals = [builder.load(a) for a in acc]
+            L.store_tile(builder, pout, ostr, t_idx, rows,
+                         lambda q, j: builder.extract_element(vals[j], L.const(q, L.I32)))
             return context.get_dummy_value()
 
         return sig, codegen
