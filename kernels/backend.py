@@ -33,11 +33,10 @@ class Backend(ABC):
     def from_host(self, arr):
         """Host numpy array -> C-contiguous device array of the same dtype and shape."""
     @abstractmethod
-    def upload_weight(self, w, vocab_rows: bool = False, like=None):
+    def upload_weight(self, w, vocab_rows: bool = False):
         """Host QuantTensor -> the device weight object that `embed` / `qmatmul` take. vocab_rows: its rows
         score the vocabulary (the output matrix, an MTP head), and a row must give the same bits in any
-        matrix that holds it (heads cut to a draft vocabulary); like: the device weight (the output matrix)
-        whose rows this one's must match so."""
+        matrix that holds it (heads cut to a draft vocabulary)."""
     @abstractmethod
     def fuse_rows(self, weights):
         """Device weights (from upload_weight) that read the same input -> one device weight holding

@@ -5,6 +5,7 @@ import os
 
 import numba
 import numpy as np
+from gguf import GGMLQuantizationType as QType
 
 from ..backend import Backend
 from ..kv_layout import kv_shapes
@@ -15,6 +16,7 @@ from .dequant import dequantize
 from .isa import int8_enabled, kernel_family, log_kernel_family
 from .elementwise import add, rmsnorm, rope, silu_mul
 from .qmatmul import qmatmul_packed
+from . import rows4_int8
 from .repack import Q8_0_R4, PackedWeight, pack_weight, release_pages
 from .rope_store import rope_kv_store
 from .sampling import add_counts, argmax_prob, sample
@@ -68,17 +70,16 @@ class CpuBackend(Backend):
     def from_host(self, arr):
         return np.ascontiguousarray(arr)
 
-    def upload_weight(self, w, vocab_rows: bool = False, like=None):
+    def upload_weight(self, w, vocab_rows: bool = False):
         """-> PackedWeight (repack.py), kernel views precomputed: Q4_0/Q5_0/IQ4_NL in their own blocks for
         the AVX2 int8 kernel (without it losslessly repacked to Q8_0), IQ3_XXS/Q4_K/Q6_K repacked for it.
         The token embedding is only looked up row by row (embed), so it keeps its file layout; if it
-        doubles as the output matrix it is repacked on its first qmatmul. vocab_rows: pack_weight's; like: a
-        vocabulary's matrix (the output) whose layout this one takes, so that a row gives its bits (an
-        interleaved output: interleaved; one that kept its blocks, as a tied output does: blocks)."""
+        doubles as the output matrix it is repacked on its first qmatmul (_packed_for_matmul). vocab_rows:
+        pack_weight's (every Q8_0 vocabulary matrix takes the one interleaved layout, so a row gives its bits
+        in each, the tied output's copy included)."""
         if w.name.startswith("token_embd"):
             return PackedWeight(w.name, w.qtype, w.n_out, w.n_in, w.raw, final=not self.repack)
-        interleave = None if not isinstance(like, PackedWeight) else like.layout == Q8_0_R4
-        return pack_weight(w, repack=self.repack, int8=self.int8, vocab_rows=vocab_rows, interleave=interleave)
+        return pack_weight(w, repack=self.repack, int8=self.int8, vocab_rows=vocab_rows)
 
     def fuse_rows(self, weights):
         ws = list(weights)
@@ -128,8 +129,13 @@ class CpuBackend(Backend):
     def embed(self, w, token_ids):
         """Rows of the token embedding as float32. A decode step's few rows are dequantized on the calling
         thread: waking the thread pool for one row cost ~140 µs a step on the default model, the row itself
-        a few µs."""
-        raw = np.asarray(w.raw[token_ids])
+        a few µs. A tied output's interleaved Q8_0 copy, once made, replaced the file's pages, and the rows
+        come from it (the same blocks, so the same values)."""
+        packed = self._matmul_cache.get(id(w))
+        if packed is not None and packed[0] is w and packed[1].layout == Q8_0_R4:
+            raw = rows4_int8.q8_0_rows(packed[1].raw, w.n_in, token_ids)
+        else:
+            raw = np.asarray(w.raw[token_ids])
         return dequantize(w.qtype, raw, w.n_in, serial=len(raw) <= EMBED_SERIAL_ROWS)
 
     def qmatmul(self, w, x, out=None):
@@ -139,12 +145,15 @@ class CpuBackend(Backend):
 
     def _packed_for_matmul(self, w):
         """Weights not (or not yet) repacked: a QuantTensor that skipped upload_weight, or the
-        token embedding used as the tied output matrix. Packed once, cached."""
+        token embedding used as the tied output matrix (a vocabulary's rows: pack_weight's vocab_rows).
+        Packed once, cached. A Q8_0 tied output's interleaved copy replaces the file's pages (embed reads
+        its rows from the copy); other types keep the file's rows for embed beside their repacked copy."""
         key = id(w)
         hit = self._matmul_cache.get(key)
         if hit is None or hit[0] is not w:
-            hit = (w, pack_weight(_Raw(w), repack=self.repack, release_source=False,
-                                  int8=self.int8))
+            tied = isinstance(w, PackedWeight)       # the token embedding (upload_weight: not final)
+            hit = (w, pack_weight(_Raw(w), repack=self.repack, int8=self.int8, vocab_rows=tied,
+                                  release_source=tied and int(w.qtype) == QType.Q8_0))
             self._matmul_cache[key] = hit
         return hit[1]
 

@@ -30,7 +30,6 @@ from numba import njit, prange
 
 from . import iq3_int8, q4_k_int8, q5_k_int8, q6_k_int8, rows4, rows4_int8
 from .dequant import F16_TABLE, IQ4NL_VALUES, check_raw
-from .isa import AVX2, INT8_ISA
 from ..qtypes import block_geometry
 
 REPACK_TO_Q8_0 = frozenset({QType.Q4_0, QType.Q5_0, QType.IQ4_NL})
@@ -165,29 +164,22 @@ INT8_LAYOUTS = {IQ3_I8: (QType.IQ3_XXS, iq3_int8), Q4K_I8: (QType.Q4_K, q4_k_int
                 IQ4_NL_R4: (QType.IQ4_NL, rows4.IQ4_NL_R4), Q8_0_R4: (QType.Q8_0, rows4.Q8_0_R4)}
 ROWS4_LAYOUTS = frozenset({Q5_0_R4, Q4_0_R4, IQ4_NL_R4, Q8_0_R4})   # rows interleaved in 4s: matrices of 4k rows only
 _INT8_LAYOUT_OF = {qtype: layout for layout, (qtype, _) in INT8_LAYOUTS.items()}
-# a vocabulary's Q8_0 rows (the output matrix, MTP heads) interleaved where the int8 kernels are AVX2's
-# (pack_weight); measured: docs/cpu.md, "The output matrix interleaved on AVX2"
-INTERLEAVE_VOCAB_ROWS = INT8_ISA == AVX2
 
 # below this many weight bytes the matvec runs on the calling thread only
 SMALL_BYTES = 160 * 1024
 
 
 def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool = False,
-                vocab_rows: bool = False, interleave: bool | None = None) -> PackedWeight:
+                vocab_rows: bool = False) -> PackedWeight:
     """QuantTensor-like w -> PackedWeight. With `int8` (an AVX2 CPU) and `repack`, Q5_0, Q4_0, IQ4_NL and Q8_0
     matrices of 4k rows are interleaved by 4 rows for rows4_int8.py and IQ3_XXS, Q4_K, Q5_K and Q6_K repacked
     for nibble_int8.py; the other Q8_0 / Q5_0 / Q4_0 / IQ4_NL keep their blocks for q8_0_int8.py
-    (q8_0_gemm.py for prompt chunks), and so does a Q8_0 matrix whose source stays (not release_source: the
-    token embedding as the tied output matrix), since its interleaved copy would add its
-    whole size to the resident memory for a kernel that mostly pays on prompts. Without `int8` Q5_0, Q4_0 and
-    IQ4_NL are repacked to Q8_0 (with `repack`). With vocab_rows (rows scoring the vocabulary: the output
-    matrix, MTP heads, whose rows must give the same bits in any matrix holding them, such as a head cut to a
-    draft vocabulary of any size, so all of them take one layout) a Q8_0 matrix is interleaved whatever its
-    row count, the last group padded with zero rows (PackedWeight.pad), where `interleave` says so; None:
-    where the CPU's int8 kernels are AVX2's (INTERLEAVE_VOCAB_ROWS: there the blocks' kernel is bound by its
-    arithmetic and the interleaved one reads faster; with VNNI the blocks' kernel reads at ~0.95 of a plain
-    read and the interleaved one 4-8% slower, docs/cpu.md).
+    (q8_0_gemm.py for prompt chunks). Without `int8` Q5_0, Q4_0 and IQ4_NL are repacked to Q8_0 (with
+    `repack`). With vocab_rows (rows scoring the vocabulary: the output matrix, MTP heads, whose rows must
+    give the same bits in any matrix holding them, such as a head cut to a draft vocabulary of any size, so
+    all of them take one layout) a Q8_0 matrix is interleaved whatever its row count, the last group padded
+    with zero rows (PackedWeight.pad). The interleaved kernel reads faster than the blocks' on AVX2 and with
+    VNNI alike (docs/cpu.md, "The output matrix interleaved").
 
     With release_source, the pages of the original (memory-mapped) bytes of a repacked matrix are
     dropped from the process (madvise MADV_DONTNEED): they were read once and are not needed again
@@ -196,15 +188,11 @@ def pack_weight(w, repack: bool = True, release_source: bool = True, int8: bool 
         return w
     qtype = QType(int(w.qtype))
     layout = _INT8_LAYOUT_OF.get(qtype)
-    # all of a vocabulary's Q8_0 matrices take one layout (interleave), so that a row gives the same bits in
-    # every matrix holding it; interleaved, any row count is padded to whole groups of 4
-    if vocab_rows and layout == Q8_0_R4 and not (INTERLEAVE_VOCAB_ROWS if interleave is None else interleave):
-        layout = None
+    # all of a vocabulary's Q8_0 matrices take one layout, so that a row gives the same bits in every matrix
+    # holding it; interleaved, any row count is padded to whole groups of 4
     pad = (-w.n_out) % rows4_int8.ROWS if layout == Q8_0_R4 and vocab_rows else 0
     if layout in ROWS4_LAYOUTS and not (repack and int8 and (w.n_out + pad) % rows4_int8.ROWS == 0):
         layout = None                         # in their own blocks, or repacked to Q8_0
-    if layout == Q8_0_R4 and not release_source:
-        layout = None                         # blocks that stay resident anyway (the tied output)
     if int8 and qtype in REPACK_TO_Q8_0 and layout is None:   # the int8 kernel unpacks these blocks itself
         return PackedWeight(w.name, qtype, w.n_out, w.n_in, w.raw, int8=int8)
     if repack and int8 and layout is not None:

@@ -134,6 +134,35 @@ def _repack_q8_0(src, dst):
                 dst[g, b, 128 + 2 * q + 1] = src[4 * g + q, b, 1]
 
 
+@njit(cache=True)
+def _q8_0_rows(src, ids, dst):
+    # src (n_rows // 4, nb, 136) the interleaved Q8_0 layout; dst (len(ids), nb, 34): rows ids in ggml's blocks
+    # (f16 d, 32 int8 weights), the inverse of _repack_q8_0 for those rows
+    for j in range(ids.shape[0]):
+        g, q = ids[j] // 4, ids[j] % 4
+        for b in range(src.shape[1]):
+            dst[j, b, 0] = src[g, b, 128 + 2 * q]
+            dst[j, b, 1] = src[g, b, 128 + 2 * q + 1]
+            for v in range(4):
+                for h in range(2):            # dword q (weights 8v .. 8v + 3) and q + 4 (8v + 4 .. 8v + 7)
+                    for k in range(4):
+                        dst[j, b, 2 + 8 * v + 4 * h + k] = src[g, b, 32 * v + 4 * (q + 4 * h) + k]
+
+
+def q8_0_rows(raw: np.ndarray, n_cols: int, ids) -> np.ndarray:
+    """Rows ids of an interleaved Q8_0 matrix (raw: this layout, uint8 (n_rows, n_cols // 32 * 34)) in ggml's
+    Q8_0 blocks, uint8 (len(ids), n_cols // 32 * 34): the bytes the file had (a tied output's token embedding
+    looked up from its interleaved copy)."""
+    nb = n_cols // QK
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= raw.shape[0]):
+        raise IndexError(f"row ids outside 0 .. {raw.shape[0] - 1}")
+    out = np.empty((ids.size, nb * BLOCK_BYTES[Q8_0_KIND]), dtype=np.uint8)
+    _q8_0_rows(raw.reshape(raw.shape[0] // ROWS, nb, ROWS * BLOCK_BYTES[Q8_0_KIND]), ids,
+               out.reshape(ids.size, nb, BLOCK_BYTES[Q8_0_KIND]))
+    return out
+
+
 def repack_rows(raw: np.ndarray, n_cols: int, kind: int) -> np.ndarray:
     """ggml rows of `kind`, uint8 (n_rows, n_cols // 32 * block bytes), n_rows a multiple of 4 -> this layout,
     the same shape and size (IQ4_NL's blocks are Q4_0's: an f16 d and 16 bytes of nibbles)."""

@@ -63,10 +63,10 @@ class CudaBackend(Backend):
             return arr
         return self.cp.asarray(np.ascontiguousarray(arr))
 
-    def upload_weight(self, w, vocab_rows: bool = False, like=None):
+    def upload_weight(self, w, vocab_rows: bool = False):
         """A QuantTensor's raw blocks copied to the device in the type's device layout (layouts.py: the file's
         blocks, or the same bytes as aligned field planes; a row's bits never depend on the matrix, vocab_rows
-        or not, so like needs nothing)."""
+        or not)."""
         self.plan.check_fits(w.n_out * device_row_bytes(w.qtype, w.n_in), f"weight {w.name}")
         return qm.upload(w)
 

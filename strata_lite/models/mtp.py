@@ -37,7 +37,7 @@ class MtpHead:
         self.head_norm = model.output_norm if mtp.head_norm is None else be.from_host(mtp.head_norm)
         head = draft_head(model.weights.output, mtp)
         self.head = (model.output if head is model.weights.output else
-                     be.upload_weight(head, vocab_rows=True, like=model.output))
+                     be.upload_weight(head, vocab_rows=True))
         self.n_head = head.n_out             # logits columns: n_vocab, or the draft vocabulary's size
         self.vocab = mtp.draft_vocab         # None, or column -> token id (int32)
 

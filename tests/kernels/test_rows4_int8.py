@@ -151,43 +151,42 @@ def test_backend_takes_it_for_4k_rows_only(qtype):
     assert be.fuse_rows(up) is None                                         # layouts differ: kept apart
 
 
-def test_q8_0_vocabulary_rows_take_one_layout_at_any_count_and_a_tied_output_keeps_its_blocks():
-    """A Q8_0 matrix whose source stays resident (the token embedding as the tied output, packed with
-    release_source=False) is read in its own blocks, not copied into the interleaved layout. Rows that score
-    the vocabulary (vocab_rows: the output matrix, MTP heads) are interleaved where the int8 kernels are
-    AVX2's (INTERLEAVE_VOCAB_ROWS) whatever their count, the last group padded with zero rows, so a head cut
-    to any number of them gives the full matrix's bits; a head uploaded like= an output takes that output's
-    layout (a tied output's blocks too), with the same bits."""
+def test_q8_0_vocabulary_rows_take_one_layout_at_any_count_and_a_tied_output_is_looked_up_from_it():
+    """Rows that score the vocabulary (vocab_rows: the output matrix, MTP heads) are interleaved whatever their
+    count, the last group padded with zero rows, so a head cut to any number of them gives the full matrix's
+    bits. A Q8_0 token embedding doubling as the output (tied) takes the same layout on its first mat-mul, its
+    cut rows give its bits, and its embedding rows then come from the interleaved copy, the file's values."""
     n_cols = 256
-    w = SimpleNamespace(name="token_embd.weight", qtype=QType.Q8_0, n_out=64, n_in=n_cols,
-                        raw=_rows(QType.Q8_0, 64, n_cols, seed=5))
-    assert rp.pack_weight(w, int8=True).layout == rp.Q8_0_R4
-    kept = rp.pack_weight(w, int8=True, release_source=False)
-    assert kept.layout == rp.GGML and kept.raw is w.raw
+    emb_raw = _rows(QType.Q8_0, 64, n_cols, seed=5)
     be = CpuBackend()
     x = _x(3, n_cols, seed=4)
-    vocab = SimpleNamespace(name="output.weight", qtype=QType.Q8_0, n_out=64, n_in=n_cols, raw=w.raw)
-    assert be.upload_weight(vocab, vocab_rows=True).layout == (rp.Q8_0_R4 if rp.INTERLEAVE_VOCAB_ROWS else rp.GGML)
-    for interleave, layout in ((True, rp.Q8_0_R4), (False, rp.GGML)):
-        head = rp.pack_weight(vocab, int8=True, vocab_rows=True, interleave=interleave)
-        assert head.layout == layout and head.pad == 0
-        for step in (10, 3, 16):          # 7, 22 and 4 rows: interleaved, padded by 1, 2 and 0 rows
-            cut = be.upload_weight(SimpleNamespace(name="output.weight[draft_vocab]", qtype=QType.Q8_0,
-                                                   n_out=len(range(0, 64, step)), n_in=n_cols,
-                                                   raw=np.ascontiguousarray(w.raw[::step])), vocab_rows=True,
-                                   like=head)
-            assert cut.layout == layout and cut.pad == (layout == rp.Q8_0_R4) * ((-cut.n_out) % 4)
-            y = be.qmatmul(cut, x)
-            assert y.shape == (3, cut.n_out)
-            np.testing.assert_array_equal(y, be.qmatmul(head, x)[:, ::step])
-            out = np.full((3, cut.n_out), np.nan, np.float32)             # into a given array: the same
-            be.qmatmul(cut, x, out)
-            np.testing.assert_array_equal(out, y)
-    tied = be.upload_weight(SimpleNamespace(name="output.weight[draft_vocab]", qtype=QType.Q8_0, n_out=7,
-                                            n_in=n_cols, raw=np.ascontiguousarray(w.raw[::10])),
-                            vocab_rows=True, like=kept)
-    assert tied.layout == rp.GGML
-    np.testing.assert_array_equal(be.qmatmul(tied, x), be.qmatmul(kept, x)[:, ::10])
+    vocab = SimpleNamespace(name="output.weight", qtype=QType.Q8_0, n_out=64, n_in=n_cols, raw=emb_raw)
+    head = be.upload_weight(vocab, vocab_rows=True)
+    assert head.layout == rp.Q8_0_R4 and head.pad == 0
+    for step in (10, 3, 16):          # 7, 22 and 4 rows: interleaved, padded by 1, 2 and 0 rows
+        cut = be.upload_weight(SimpleNamespace(name="output.weight[draft_vocab]", qtype=QType.Q8_0,
+                                               n_out=len(range(0, 64, step)), n_in=n_cols,
+                                               raw=np.ascontiguousarray(emb_raw[::step])), vocab_rows=True)
+        assert cut.layout == rp.Q8_0_R4 and cut.pad == (-cut.n_out) % 4
+        y = be.qmatmul(cut, x)
+        assert y.shape == (3, cut.n_out)
+        np.testing.assert_array_equal(y, be.qmatmul(head, x)[:, ::step])
+        out = np.full((3, cut.n_out), np.nan, np.float32)             # into a given array: the same
+        be.qmatmul(cut, x, out)
+        np.testing.assert_array_equal(out, y)
+    emb = be.upload_weight(SimpleNamespace(name="token_embd.weight", qtype=QType.Q8_0, n_out=64, n_in=n_cols,
+                                           raw=emb_raw))
+    ids = np.array([63, 0, 17, 17, 2], np.int32)
+    np.testing.assert_array_equal(be.embed(emb, ids), gguf.quants.dequantize(emb_raw[ids], QType.Q8_0))
+    np.testing.assert_array_equal(be.qmatmul(emb, x), be.qmatmul(head, x))          # the tied output
+    packed = be._packed_for_matmul(emb)
+    assert packed.layout == rp.Q8_0_R4 and packed.raw is not emb_raw
+    emb_raw_copy = emb_raw.copy()
+    emb_raw[:] = 0                    # the file's rows are no longer read: lookups take the interleaved copy
+    np.testing.assert_array_equal(be.embed(emb, ids), gguf.quants.dequantize(emb_raw_copy[ids], QType.Q8_0))
+    np.testing.assert_array_equal(r4.q8_0_rows(packed.raw, n_cols, [5, 1]), emb_raw_copy[[5, 1]])
+    with pytest.raises(IndexError):
+        r4.q8_0_rows(packed.raw, n_cols, [64])
 
 
 def test_repack_rejects_rows_not_in_groups_of_4():
