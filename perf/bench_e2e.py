@@ -7,7 +7,12 @@ Each engine runs in its own child process with the caller's environment: strata_
 wait-policy variables for its Numba threads at import, and llama.cpp (built with OpenMP) would
 inherit them in a shared process.
 
-usage: python perf/bench_e2e.py [--model PATH] [--threads 2] [--runs 3]
+With --rounds R (default 1) the engines take turns R times (strata_lite, llama.cpp, ik_llama.cpp per flags set,
+each --runs runs a turn): on a shared machine whose memory bandwidth drifts over minutes (the development VM's
+moves by up to 30%), every engine then sees each stretch of it. The table gives medians over all samples, and
+each ratio's range over the rounds (one ratio per round: the two engines' medians in that round).
+
+usage: python perf/bench_e2e.py [--model PATH] [--threads 2] [--runs 3] [--rounds 1]
            [--ik-bench PATH/llama-bench [--ik-flags "" --ik-flags "-rtr 1 -fa 0" ...]]
        python perf/bench_e2e.py --model PATH --vs-q8-0-repack 4
            strata_lite only: Q4_0 / Q5_0 / IQ4_NL matrices in their own blocks (the default on AVX2) against
@@ -40,9 +45,9 @@ def _force_q8_0_repack():
     from strata_lite.kernels.cpu import backend as cpu_backend, repack as rp
     own_blocks = cpu_backend.pack_weight
 
-    def pack_weight(w, repack=True, release_source=True, int8=False):
+    def pack_weight(w, repack=True, release_source=True, int8=False, **kw):
         if not (int8 and repack and not isinstance(w, rp.PackedWeight) and int(w.qtype) in rp.REPACK_TO_Q8_0):
-            return own_blocks(w, repack=repack, release_source=release_source, int8=int8)
+            return own_blocks(w, repack=repack, release_source=release_source, int8=int8, **kw)
         packed = rp.repack_to_q8_0(QType(int(w.qtype)), w.raw, w.n_in)
         if release_source:
             rp.release_pages(w.raw)
@@ -136,6 +141,7 @@ def main():
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1, help="turns of every engine, taken in alternation (default 1)")
     ap.add_argument("--ik-bench", default=None, help="ik_llama.cpp's llama-bench binary (optional column)")
     ap.add_argument("--ik-flags", action="append", default=None,
                     help="extra llama-bench flags for ik_llama.cpp, one row per use (default: none)")
@@ -149,23 +155,49 @@ def main():
         return 0
     if args.vs_q8_0_repack:
         return _vs_q8_0_repack(args.model, args.threads, args.vs_q8_0_repack)
-    ours = _run_child("strata", args.model, args.threads, args.runs)
-    ref = _run_child("llamacpp", ours["path"], args.threads, args.runs)
-    med = statistics.median
-    print(f"\nmodel {os.path.basename(ours['path'])}, {args.threads} threads, median of {args.runs} runs")
-    print(f"{'engine':<12}{'prompt 512 tok/s':>18}{'decode 128 tok/s':>18}")
-    print(f"{'strata_lite':<12}{med(ours['pp']):>18.1f}{med(ours['tg']):>18.1f}   peak RSS {ours['rss']:,.0f} MiB")
-    if ref:
-        print(f"{'llama.cpp':<12}{med(ref['pp']):>18.1f}{med(ref['tg']):>18.1f}")
-        print(f"{'ratio':<12}{med(ours['pp']) / med(ref['pp']):>18.2f}{med(ours['tg']) / med(ref['tg']):>18.2f}")
-    else:
-        print("llama.cpp: not measured (pip install llama-cpp-python for this column)")
-    for flags in (args.ik_flags or [""]) if args.ik_bench else []:
-        pp, tg = bench_ik(args.ik_bench, ours["path"], args.threads, args.runs, flags)
-        label = "ik_llama" + (f" {flags}" if flags else "")
-        print(f"{label:<12}{med(pp):>18.1f}{med(tg):>18.1f}")
-        print(f"{'ratio':<12}{med(ours['pp']) / med(pp):>18.2f}{med(ours['tg']) / med(tg):>18.2f}")
+    ik_sets = (args.ik_flags or [""]) if args.ik_bench else []
+    rounds = []            # per round: {engine label: (pp samples, tg samples)}
+    path, rss = None, 0.0
+    for _ in range(max(1, args.rounds)):
+        r = {}
+        ours = _run_child("strata", args.model, args.threads, args.runs)
+        path, rss = ours["path"], max(rss, ours["rss"])
+        r["strata_lite"] = (ours["pp"], ours["tg"])
+        ref = _run_child("llamacpp", path, args.threads, args.runs)
+        if ref:
+            r["llama.cpp"] = (ref["pp"], ref["tg"])
+        for flags in ik_sets:
+            r["ik_llama" + (f" {flags}" if flags else "")] = bench_ik(args.ik_bench, path, args.threads, args.runs,
+                                                                      flags)
+        rounds.append(r)
+    _print_table(rounds, os.path.basename(path), args.threads, args.runs, rss)
     return 0
+
+
+def _print_table(rounds, name, threads, runs, rss):
+    """Medians over every round's samples; each other engine's ratio (strata_lite / it) as the median of all
+    samples and, with several rounds, the range of the per-round ratios."""
+    med = statistics.median
+
+    def pooled(label, i):
+        return med([v for r in rounds for v in r[label][i]])
+
+    n = len(rounds)
+    print(f"\nmodel {name}, {threads} threads, median of {runs * n} runs"
+          + (f" ({n} rounds of {runs}, the engines in turn)" if n > 1 else ""))
+    print(f"{'engine':<12}{'prompt 512 tok/s':>18}{'decode 128 tok/s':>18}")
+    print(f"{'strata_lite':<12}{pooled('strata_lite', 0):>18.1f}{pooled('strata_lite', 1):>18.1f}"
+          f"   peak RSS {rss:,.0f} MiB")
+    if "llama.cpp" not in rounds[0]:
+        print("llama.cpp: not measured (pip install llama-cpp-python for this column)")
+    for label in [k for k in rounds[0] if k != "strata_lite"]:
+        print(f"{label:<12}{pooled(label, 0):>18.1f}{pooled(label, 1):>18.1f}")
+        ratio = [pooled("strata_lite", i) / pooled(label, i) for i in (0, 1)]
+        line = f"{'ratio':<12}{ratio[0]:>18.2f}{ratio[1]:>18.2f}"
+        if n > 1:
+            per = [[med(r["strata_lite"][i]) / med(r[label][i]) for r in rounds] for i in (0, 1)]
+            line += f"   per round {min(per[0]):.2f}-{max(per[0]):.2f} / {min(per[1]):.2f}-{max(per[1]):.2f}"
+        print(line)
 
 
 def _vs_q8_0_repack(model, threads, rounds):
