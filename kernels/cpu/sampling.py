@@ -29,11 +29,16 @@ def sample(logits: np.ndarray, rows: SampleRows, counts: np.ndarray | None) -> S
             raise ValueError(f"count row {rows.count_rows.max()} beyond the table's {counts.shape[0]} rows")
     out = Sampled.empty(m, rows.n_top)
     for r in range(m):
-        z = logits[r].astype(np.float64)
         c = rows.count_rows[r]
-        if c >= 0:
-            z -= float(rows.frequency[r]) * counts[c] + float(rows.presence[r]) * (counts[c] > 0)
-        token = _choose(z, rows, r)
+        if c < 0 and rows.temperature[r] == 0:
+            # greedy without penalties: the float32 row's argmax is its float64 copy's (the conversion is exact
+            # and keeps the order), without the copy (~45 us a 151,936-token row)
+            token = int(np.argmax(logits[r]))
+        else:
+            z = logits[r].astype(np.float64)
+            if c >= 0:
+                z -= float(rows.frequency[r]) * counts[c] + float(rows.presence[r]) * (counts[c] > 0)
+            token = _choose(z, rows, r)
         out.ids[r] = token
         n = int(rows.n_logprobs[r])
         if n >= 0:
