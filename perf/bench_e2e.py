@@ -203,7 +203,9 @@ def _print_table(rounds, name, threads, runs, rss):
 def _vs_q8_0_repack(model, threads, rounds):
     """One process holding the model twice, own blocks and Q8_0 repacking, prompt + decode on each in
     alternating order for `rounds` rounds (on a loaded machine separate processes minutes apart differ
-    by more than the layouts do). Prints the table; the prompt logits must be bit-identical."""
+    by more than the layouts do). Prints the table and whether the prompt logits are bit-identical (they are
+    where every such matrix keeps its own blocks; matrices of 4k rows are interleaved by 4 rows, whose kernels sum
+    in another float order than the Q8_0 blocks' kernel)."""
     from strata_lite import LLM
     from strata_lite.kernels.cpu import backend as cpu_backend
     own_blocks = cpu_backend.pack_weight
