@@ -22,8 +22,14 @@ SpecController.by_source): a "step" is a decode step of a request that verified 
   tok/fwd     generated tokens per decode forward (1 + accepted per step; steps without a draft count as 1)
   tok/s       decode tok/s from each request's first token on (all requests of the kind together)
 
+With --rounds R every mode answers every prompt R times, the modes taking turns (their order reversed every other
+round), and the figures pool the rounds, with the range of each mode's per-round tok/s ratio to off: on a machine
+whose memory bandwidth drifts over minutes (the development VM's), modes run one after another otherwise meet
+different stretches of it.
+
 usage: python perf/eval_mtp.py [--mtp M.mtp.gguf] [--model M] [--backend cpu|cuda] [--threads 2]
-           [--max-tokens 128] [--code 6] [--chat 6] [--ks 1,2,3,4] [--suffix-ks 1,2,3,4] [--json out.json]
+           [--max-tokens 128] [--code 6] [--chat 6] [--ks 1,2,3,4] [--suffix-ks 1,2,3,4] [--rounds 1]
+           [--json out.json]
 """
 from __future__ import annotations
 
@@ -136,6 +142,7 @@ def main():
     ap.add_argument("--suffix-ks", default=None, help="fixed suffix draft widths (default: --ks; '' for none)")
     ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=1, help="turns of every mode, taken in alternation (default 1)")
     ap.add_argument("--json", default=None, help="write the figures (and per-prompt outcomes) here")
     ap.add_argument("--two-token-one-row-max", type=int, default=None,
                     help="cuda: 2-token mat-muls over at most this many rows take one row a warp (qmatmul."
@@ -150,19 +157,32 @@ def main():
     sks = ks if args.suffix_ks is None else [int(k) for k in args.suffix_ks.split(",") if k]
     texts = {"code": held_out_code(args.code), "chat": list(CHAT[:args.chat])}
     modes = ["off"] + [f"mtp:{k}" for k in ks] + sks
-    t0, res = time.perf_counter(), {}
-    for spec in modes:
-        t = time.perf_counter()
-        res[str(spec)] = run_mode(args, spec, texts)
-        if spec != "off":
-            check_same(res["off"], res[str(spec)], spec)
-        print(f"spec {spec}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+    t0, rounds = time.perf_counter(), []
+    for r in range(max(1, args.rounds)):
+        got = {}
+        for spec in (modes if r % 2 == 0 else modes[::-1]):
+            t = time.perf_counter()
+            got[str(spec)] = run_mode(args, spec, texts)
+            print(f"round {r}, spec {spec}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+        for spec in modes:
+            check_same(rounds[0]["off"] if rounds else got["off"], got[str(spec)], spec)
+        rounds.append(got)
+    res = {str(m): {kind: [run for g in rounds for run in g[str(m)][kind]] for kind in texts} for m in modes}
     figs = {str(m): {kind: summary(runs) for kind, runs in res[str(m)].items()} for m in modes}
+
+    def per_round(m, kind) -> str:
+        """The range of mode m's tok/s ratio to off over the rounds ('' with one round)."""
+        if len(rounds) < 2 or not figs["off"][kind]["tok_s"]:
+            return ""
+        ratio = [summary(g[m][kind])["tok_s"] / max(summary(g["off"][kind])["tok_s"], 1e-9) for g in rounds]
+        return f"  per round {min(ratio):.2f}-{max(ratio):.2f}x"
     block = Path(args.mtp).name if args.mtp else "shipped/own"
     print(f"\nMTP vs suffix drafts at fixed widths: {args.model or 'default model'}, MTP {block}; "
           f"{args.backend} backend, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), threads "
           f"{args.threads or 'all'}; greedy, 1 slot, max_tokens {args.max_tokens}; "
-          + ", ".join(f"{len(v)} {k} prompts ({figs['off'][k]['tokens']} tokens)" for k, v in texts.items())
+          + ", ".join(f"{len(v)} {k} prompts ({figs['off'][k]['tokens'] // len(rounds)} tokens)"
+                      for k, v in texts.items())
+          + (f"; {len(rounds)} rounds, the modes in turn" if len(rounds) > 1 else "")
           + f"; every mode generated the same tokens as off; {time.perf_counter() - t0:.0f} s in all")
     print(f"{'kind':<5} {'drafter':<7} {'K':>2} {'first-acc':>9} {'acc/step':>8} {'draft/step':>10} {'steps':>5} "
           f"{'tok/fwd':>7} {'tok/s':>6} {'vs off':>6}")
@@ -174,10 +194,12 @@ def main():
                 f = figs[f"mtp:{k}" if src == "mtp" else str(k)][kind]
                 print(f"{kind:<5} {src:<7} {k:>2} {_f(f['first_acc'], '>9.1%')} {_f(f['acc_per_step'], '>8.2f')} "
                       f"{_f(f['draft_per_step'], '>10.2f')} {f['steps']:>5} {_f(f['tok_per_fwd'], '>7.2f')} "
-                      f"{f['tok_s']:>6.1f} {f['tok_s'] / base if base else 0:>5.2f}x")
+                      f"{f['tok_s']:>6.1f} {f['tok_s'] / base if base else 0:>5.2f}x"
+                      + per_round(f"mtp:{k}" if src == "mtp" else str(k), kind))
     if args.json:
         Path(args.json).write_text(json.dumps(dict(
             settings=dict(model=args.model, mtp=args.mtp, backend=args.backend, threads=args.threads,
+                          rounds=len(rounds),
                           two_token_one_row_max=args.two_token_one_row_max,
                           max_tokens=args.max_tokens, ks=ks, suffix_ks=sks, cores=os.cpu_count()),
             prompts=texts, figures=figs,
