@@ -16,8 +16,8 @@ from .dequant import dequantize
 from .isa import int8_enabled, kernel_family, log_kernel_family
 from .elementwise import add, rmsnorm, rope, silu_mul
 from .qmatmul import qmatmul_packed
-from . import rows4_int8
-from .repack import Q8_0_R4, PackedWeight, pack_weight, release_pages
+from . import q6_k_int8, rows4_int8
+from .repack import Q6K_I8, Q8_0_R4, PackedWeight, pack_weight, release_pages
 from .rope_store import rope_kv_store
 from .sampling import add_counts, argmax_prob, sample
 
@@ -29,6 +29,18 @@ GLU_ROWS = 64
 DIRECT_ADD_ROWS = 8
 # token embeddings of up to this many rows (decode and verify steps) are dequantized on the calling thread
 EMBED_SERIAL_ROWS = 8
+
+
+def _interleaved_q8_0_rows(raw, n_cols, ids):
+    """Rows ids of an interleaved Q8_0 copy as float32: its blocks back in the file's order, dequantized."""
+    return dequantize(QType.Q8_0, rows4_int8.q8_0_rows(raw, n_cols, ids), n_cols,
+                      serial=np.size(ids) <= EMBED_SERIAL_ROWS)
+
+
+# the repacked layouts a tied output's copy serves the embedding's rows from (the file's values, bit for bit), so
+# that the copy replaces the file's pages instead of sitting beside them: layout -> rows(raw, n_cols, ids) float32
+_EMBED_FROM_COPY = {Q8_0_R4: _interleaved_q8_0_rows, Q6K_I8: q6_k_int8.dequantize_rows}
+_EMBED_FROM_COPY_TYPES = (QType.Q8_0, QType.Q6_K)     # the file types whose repacking takes those layouts
 
 
 class _Raw:
@@ -129,13 +141,12 @@ class CpuBackend(Backend):
     def embed(self, w, token_ids):
         """Rows of the token embedding as float32. A decode step's few rows are dequantized on the calling
         thread: waking the thread pool for one row cost ~140 µs a step on the default model, the row itself
-        a few µs. A tied output's interleaved Q8_0 copy, once made, replaced the file's pages, and the rows
-        come from it (the same blocks, so the same values)."""
+        a few µs. A tied output's repacked copy (Q8_0 interleaved, Q6_K), once made, replaced the file's pages, and
+        the rows come from it (the same values, bit for bit)."""
         packed = self._matmul_cache.get(id(w))
-        if packed is not None and packed[0] is w and packed[1].layout == Q8_0_R4:
-            raw = rows4_int8.q8_0_rows(packed[1].raw, w.n_in, token_ids)
-        else:
-            raw = np.asarray(w.raw[token_ids])
+        if packed is not None and packed[0] is w and packed[1].layout in _EMBED_FROM_COPY:
+            return _EMBED_FROM_COPY[packed[1].layout](packed[1].raw, w.n_in, token_ids)
+        raw = np.asarray(w.raw[token_ids])
         return dequantize(w.qtype, raw, w.n_in, serial=len(raw) <= EMBED_SERIAL_ROWS)
 
     def qmatmul(self, w, x, out=None):
@@ -146,14 +157,14 @@ class CpuBackend(Backend):
     def _packed_for_matmul(self, w):
         """Weights not (or not yet) repacked: a QuantTensor that skipped upload_weight, or the
         token embedding used as the tied output matrix (a vocabulary's rows: pack_weight's vocab_rows).
-        Packed once, cached. A Q8_0 tied output's interleaved copy replaces the file's pages (embed reads
+        Packed once, cached. A Q8_0 or Q6_K tied output's repacked copy replaces the file's pages (embed reads
         its rows from the copy); other types keep the file's rows for embed beside their repacked copy."""
         key = id(w)
         hit = self._matmul_cache.get(key)
         if hit is None or hit[0] is not w:
             tied = isinstance(w, PackedWeight)       # the token embedding (upload_weight: not final)
             hit = (w, pack_weight(_Raw(w), repack=self.repack, int8=self.int8, vocab_rows=tied,
-                                  release_source=tied and int(w.qtype) == QType.Q8_0))
+                                  release_source=tied and int(w.qtype) in _EMBED_FROM_COPY_TYPES))
             self._matmul_cache[key] = hit
         return hit[1]
 

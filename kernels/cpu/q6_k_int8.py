@@ -69,6 +69,37 @@ def repack(raw: np.ndarray, n_cols: int, f16t) -> np.ndarray:
     return nibble_int8.repack_rows(raw, n_cols, SRC_BLOCK_BYTES, BLOCK_BYTES, _repack, f16t)
 
 
+@njit(cache=True)
+def _rows(src, src_f32, ids, out):
+    # src (n_rows, nb, 216) this layout, src_f32 the same bytes as float32 (n_rows, nb, 54): d at word 52;
+    # out (len(ids), nb * 256) float32: (d * float(scale)) * float(q - 32), the file's dequantization
+    # (dequant.dq_row_q6_k) operation for operation
+    for i in range(ids.shape[0]):
+        r = ids[i]
+        for b in range(src.shape[1]):
+            d = src_f32[r, b, 52]
+            for w in range(QK):
+                p, j, upper = w // 64, w % 32, (w % 64) // 32
+                low = (np.int32(src[r, b, 32 * p + j]) >> (4 * upper)) & 15
+                high = (np.int32(src[r, b, 128 + 32 * (p // 2) + j]) >> (4 * (p % 2) + 2 * upper)) & 3
+                ds = d * np.float32(np.int8(src[r, b, 192 + w // 16]))
+                out[i, b * QK + w] = ds * np.float32((low | (high << 4)) - 32)
+
+
+def dequantize_rows(raw: np.ndarray, n_cols: int, ids) -> np.ndarray:
+    """Rows ids of a matrix in this layout (uint8 (n_rows, n_cols // 256 * 216)) as float32 (len(ids), n_cols):
+    the values the file's Q6_K blocks dequantize to, bit for bit (a tied output's token embedding looked up
+    from its repacked copy)."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= raw.shape[0]):
+        raise IndexError(f"row ids outside 0 .. {raw.shape[0] - 1}")
+    nb = n_cols // QK
+    out = np.empty((ids.size, n_cols), dtype=np.float32)
+    _rows(raw.reshape(raw.shape[0], nb, BLOCK_BYTES), raw.view(np.float32).reshape(raw.shape[0], nb, BLOCK_BYTES // 4),
+          ids, out)
+    return out
+
+
 def matvec(raw3: np.ndarray, x3: np.ndarray, out: np.ndarray) -> None:
     """out (n_tok, n_rows) = x @ W.T; W repacked (n_rows, nb, 216), x float32 (n_tok, nb, 256)."""
     nibble_gemm.multiply(raw3, x3, out, _NO_TABLE, nibble_int8.Q6K)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QType
 
-from strata_lite.kernels.cpu import repack as rp
+from strata_lite.kernels.cpu import q6_k_int8, repack as rp
 from strata_lite.kernels.cpu.backend import CpuBackend
 from strata_lite.kernels.cpu.dequant import dequantize
 from strata_lite.kernels.cpu.repack import PackedWeight, pack_weight, release_pages, repack_to_q8_0
@@ -124,6 +124,27 @@ def test_token_embd_kept_for_lookup_and_repacked_for_tied_output():
         out = be.qmatmul(w, x)
         assert np.all(np.abs(out - ref) <= RTOL * scale + 1e-30)
     assert len(be._matmul_cache) == 2
+
+
+def test_tied_q6_k_output_replaces_the_file_rows_for_lookups():
+    """A Q6_K token embedding doubling as the output (Llama 3.2's Q4_K_M files): its first mat-mul repacks it for
+    the int8 kernel, and its embedding rows then come from the repacked copy (the file's pages are released),
+    the values gguf dequantizes, bit for bit."""
+    raw = random_rows(QType.Q6_K, 40, 512, seed=6)
+    keep = raw.copy()
+    be = CpuBackend()
+    emb = be.upload_weight(_qt(QType.Q6_K, raw, 512, name="token_embd.weight"))
+    ids = np.array([39, 0, 7, 7], dtype=np.int32)
+    np.testing.assert_array_equal(be.embed(emb, ids), gguf.quants.dequantize(keep[ids], QType.Q6_K))
+    x = np.random.default_rng(1).standard_normal((2, 512), dtype=np.float32)
+    ref, scale = _reference(keep, QType.Q6_K, x)
+    assert np.all(np.abs(be.qmatmul(emb, x) - ref) <= RTOL * scale + 1e-30)      # the tied output
+    if be._packed_for_matmul(emb).layout != rp.Q6K_I8:
+        pytest.skip("no int8 kernels on this CPU: the Q6_K output keeps the file's blocks")
+    raw[:] = 0                        # the file's rows are no longer read
+    np.testing.assert_array_equal(be.embed(emb, ids), gguf.quants.dequantize(keep[ids], QType.Q6_K))
+    with pytest.raises(IndexError):
+        q6_k_int8.dequantize_rows(be._packed_for_matmul(emb).raw, 512, [40])
 
 
 def test_qmatmul_packed_rejects_bad_x_and_out():
