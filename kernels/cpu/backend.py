@@ -17,7 +17,7 @@ from .isa import int8_enabled, kernel_family, log_kernel_family
 from .elementwise import add, rmsnorm, rope, silu_mul
 from .qmatmul import qmatmul_packed
 from . import q6_k_int8, rows4_int8
-from .repack import Q6K_I8, Q8_0_R4, PackedWeight, pack_weight, release_pages
+from .repack import INT8_LAYOUTS, Q6K_I8, Q8_0_R4, PackedWeight, pack_weight, release_pages
 from .rope_store import rope_kv_store
 from .sampling import add_counts, argmax_prob, sample
 
@@ -40,7 +40,7 @@ def _interleaved_q8_0_rows(raw, n_cols, ids):
 # the repacked layouts a tied output's copy serves the embedding's rows from (the file's values, bit for bit), so
 # that the copy replaces the file's pages instead of sitting beside them: layout -> rows(raw, n_cols, ids) float32
 _EMBED_FROM_COPY = {Q8_0_R4: _interleaved_q8_0_rows, Q6K_I8: q6_k_int8.dequantize_rows}
-_EMBED_FROM_COPY_TYPES = (QType.Q8_0, QType.Q6_K)     # the file types whose repacking takes those layouts
+_EMBED_FROM_COPY_TYPES = frozenset(INT8_LAYOUTS[layout][0] for layout in _EMBED_FROM_COPY)   # their file types
 
 
 class _Raw:

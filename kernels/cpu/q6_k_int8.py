@@ -95,8 +95,8 @@ def dequantize_rows(raw: np.ndarray, n_cols: int, ids) -> np.ndarray:
         raise IndexError(f"row ids outside 0 .. {raw.shape[0] - 1}")
     nb = n_cols // QK
     out = np.empty((ids.size, n_cols), dtype=np.float32)
-    _rows(raw.reshape(raw.shape[0], nb, BLOCK_BYTES), raw.view(np.float32).reshape(raw.shape[0], nb, BLOCK_BYTES // 4),
-          ids, out)
+    n_rows = raw.shape[0]
+    _rows(raw.reshape(n_rows, nb, BLOCK_BYTES), raw.view(np.float32).reshape(n_rows, nb, BLOCK_BYTES // 4), ids, out)
     return out
 
 
