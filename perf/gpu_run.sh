@@ -79,17 +79,18 @@ if [ -n "${HOST_IK:-}" ]; then
   # HOST_IK=DIR: ik_llama.cpp's llama-bench (and its shared libraries) in DIR, relative to the checkout, built by the
   # user for this host's CPU; the three files of the README's ik_llama.cpp table made here by `strata-lite synth`
   # (random weights in the real files' types and shapes: the default model's Q4_K_M mix, untied output included),
-  # then perf/bench_e2e.py against it (HOST_IK_RUNS runs, default 3) at 2 threads and at HOST_IK_THREADS (default 16);
-  # logs in $OUT
+  # then perf/bench_e2e.py against it (HOST_IK_RUNS runs, default 3, in HOST_IK_ROUNDS rounds that alternate the
+  # engines, default 1) at each of HOST_IK_THREADS (default "2 16"); logs in $OUT
   ikdir="$ROOT/$HOST_IK"; export LD_LIBRARY_PATH="$ikdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   syn=/dev/shm/ik-files; mkdir -p "$syn"
   for spec in "qwen2.5-0.5b q4_k_m" "qwen2.5-0.5b iq3_xxs" "qwen2.5-1.5b iq3_xxs"; do
     set -- $spec; f="$syn/$1-$2.gguf"
     [ -s "$f" ] || python3 -m strata_lite.cli synth --preset "$1" --quant "$2" --out "$f" > /dev/null 2>&1
   done
-  for th in 2 "${HOST_IK_THREADS:-16}"; do
+  for th in ${HOST_IK_THREADS:-2 16}; do
     for f in "$syn"/*.gguf; do
-      timeout "${HOST_IK_LIMIT:-300}" python3 "$ROOT/perf/bench_e2e.py" --runs "${HOST_IK_RUNS:-3}" --threads "$th" --model "$f" \
+      timeout "${HOST_IK_LIMIT:-300}" python3 "$ROOT/perf/bench_e2e.py" --runs "${HOST_IK_RUNS:-3}" --rounds "${HOST_IK_ROUNDS:-1}" \
+        --threads "$th" --model "$f" \
         --ik-bench "$ikdir/llama-bench" --ik-flags "" --ik-flags "-rtr 1 -fa 0" \
         > "$OUT/ik_$(basename "$f" .gguf)_t$th.log" 2>&1
       echo "== $(basename "$f"), $th threads"; tail -n 8 "$OUT/ik_$(basename "$f" .gguf)_t$th.log"
