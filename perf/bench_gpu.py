@@ -361,6 +361,47 @@ def prefill_attention_rows(cp, rounds=2):
     return rows
 
 
+def llamacpp_attention(binary, depth, kv_type, n_tok=512, n_heads=32, n_kv=8, hd=128):
+    """(µs, TFLOP/s) of llama.cpp's flash attention (ggml's CUDA backend) on prefill_attention_call's shape:
+    perf/llamacpp_attention.cpp built by the user, given by path (--llamacpp-attn); None where it fails."""
+    cmd = [binary, str(hd), str(n_heads), str(n_kv), str(n_tok), str(depth), kv_type]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"llama.cpp attention: {' '.join(cmd)}: {exc}")
+        return None
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("llamacpp_attention ")), None)
+    if res.returncode != 0 or line is None:
+        print(f"llama.cpp attention: {' '.join(cmd)} exited {res.returncode}: {res.stderr.strip()[-300:]}")
+        return None
+    fields = dict(f.split("=", 1) for f in line.split()[1:])
+    return float(fields["us"]), float(fields["tflops"])
+
+
+def llamacpp_attention_rows(binary):
+    """--prefill-attn --llamacpp-attn: {(shape name, depth): {kv type: (µs, TFLOP/s) or None}} for f16 and q8_0
+    caches at PREFILL_SHAPES x PREFILL_DEPTHS."""
+    return {(name, depth): {t: llamacpp_attention(binary, depth, t, **shape) for t in ("f16", "q8_0")}
+            for name, shape in PREFILL_SHAPES for depth in PREFILL_DEPTHS}
+
+
+def print_llamacpp_attention(arows, lrows):
+    """--llamacpp-attn's table: per shape and depth our tiled kernel's best µs (prefill_attention_rows), llama.cpp's
+    with f16 and q8_0 caches (llamacpp_attention_rows) and ours / theirs (time: below 1 we are faster)."""
+    print(f"\n{'prompt attention against llama.cpp, µs per launch':52s} {'ours':>8s} {'f16':>8s} {'TFLOP/s':>8s} "
+          f"{'q8_0':>8s} {'TFLOP/s':>8s} {'ours/f16':>9s} {'ours/q8_0':>10s}")
+    for name, _ in PREFILL_SHAPES:
+        for depth in PREFILL_DEPTHS:
+            label = f"{name}, 512 tokens after {depth} keys"
+            ours = min(next(row[1] for row in arows if row[0] == label)["tiled"])
+            cells, ratios = [], []
+            for kv in ("f16", "q8_0"):
+                r = lrows[(name, depth)][kv]
+                cells.append(f"{r[0]:8.0f} {r[1]:8.1f}" if r else f"{'failed':>8s} {'':8s}")
+                ratios.append(f"{ours / r[0]:.2f}x" if r else "-")
+            print(f"{label:52s} {ours:8.0f} {cells[0]} {cells[1]} {ratios[0]:>9s} {ratios[1]:>10s}")
+
+
 def attention_seconds(runner, batch):
     """Seconds one forward of batch spends in the backend's attention launches (CUDA events around each)."""
     import cupy as cp
@@ -1046,6 +1087,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-attn", action="store_true",
                     help="only prompt chunks at depth: attention of 512 tokens after 0 / 8K / 32K keys and the "
                          "synthetic models' 512-token forwards there, tiled and looped kernels alternating")
+    ap.add_argument("--llamacpp-attn", metavar="BINARY",
+                    help="--prefill-attn: also llama.cpp's flash attention on the same shapes, f16 and q8_0 caches "
+                         "(perf/llamacpp_attention.cpp built against a CUDA build of ggml / llama.cpp)")
     ap.add_argument("--pdl-ab", action="store_true",
                     help="only the decode step breakdown, graphs captured without and with programmatic dependent "
                          "launch (twice each, alternating)")
@@ -1157,6 +1201,10 @@ def main(argv=None) -> int:
             print(f"{label:48s} " + " ".join(f"{'/'.join(f'{t:.0f}' for t in times[m]):>16s}" for m in modes)
                   + f" {min(times['looped']) / min(times['tiled']):11.2f}x {tflops:8.1f}  "
                   + " ".join(f"{m} {d:.1e}" for m, d in dev.items()) + ("" if same else "  DIFFERENT BITS"))
+        lrows = None
+        if args.llamacpp_attn:
+            lrows = llamacpp_attention_rows(args.llamacpp_attn)
+            print_llamacpp_attention(arows, lrows)
         mrows = mixed_attention_rows(cp)
         print(f"\n{'mixed step attention, us per launch (rounds)':64s} {'decodes apart':>16s} {'one launch':>16s}")
         for label, apart, together, same in mrows:
@@ -1170,7 +1218,8 @@ def main(argv=None) -> int:
               f"{'attention ms tiled / looped':>28s}")
         for label, tiled, looped, attn_tiled, attn_looped in prows:
             print(f"{label:60s} {tiled:12,.0f} {looped:13,.0f} {attn_tiled:13.2f} / {attn_looped:.2f}")
-        write_json(args.json, be, prefill_attention=arows, mixed_attention=mrows, prefill=prows)
+        write_json(args.json, be, prefill_attention=arows, mixed_attention=mrows, prefill=prows,
+                   llamacpp_attention=None if lrows is None else [(f"{n}, {d}", r) for (n, d), r in lrows.items()])
         return 0
     if args.pdl_ab:
         os.makedirs(args.models, exist_ok=True)
