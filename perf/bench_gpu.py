@@ -277,7 +277,13 @@ def prefill_attention_call(cp, depth, n_tok=512, **shape):
     ws = ak.attention_workspace(n_tok, n_heads, hd, keys)
     def call():
         ak.attention(q, seq, pos, tables, kp, ks, vp, vs, scale, out, ws, keys)
-    call.out, call.args = out, (q, seq, pos, tables, kp, ks, vp, vs, scale)
+
+    from strata_lite.kernels.cuda import attention_f16 as af
+    scratch = af.f16_scratch(kp.shape[2], hd, keys)
+
+    def call_f16():                                # the f16 flash-attention path (attention_f16.py)
+        af.prompt_attention_f16(q, 0, pos, tables, kp, ks, vp, vs, scale, out, keys, scratch=scratch)
+    call.out, call.args, call.f16 = out, (q, seq, pos, tables, kp, ks, vp, vs, scale), call_f16
     return call, 4 * hd * n_heads * sum(range(depth + 1, keys + 1))
 
 
@@ -318,9 +324,10 @@ def mixed_attention_rows(cp, rounds=2):
 
 
 # --prefill-attn: (label, attention.TILED, attention.BUILD) of each kernel timed; `q16` rounds q' to one f16 as well
-# (attention.BUILDS), so it is compared with the default's outputs, not its bits
+# (attention.BUILDS) and `f16flash` is attention_f16.py's flash attention over an f16 copy of the keys, so both are
+# compared with the default's outputs, not its bits
 PREFILL_MODES = [("tiled", True, "default"), ("tiled1", True, "tiled1"), ("tiled4", True, "tiled4"),
-                 ("looped", False, "default"), ("q16", True, "q16")]
+                 ("looped", False, "default"), ("q16", True, "q16"), ("f16flash", True, "default")]
 
 
 @contextlib.contextmanager
@@ -340,7 +347,8 @@ def prefill_attention_rows(cp, rounds=2):
     mode that keeps them, {mode: max |out - tiled's| / max |tiled's|} of the modes that round to f16) per shape
     and depth, PREFILL_MODES alternating over `rounds`, graph replays of 4 launches."""
     from strata_lite.kernels.cuda import attention as ak
-    exact = {m for m, _, build in PREFILL_MODES if ak.f16_rounding(build) == ak.f16_rounding("default")}
+    exact = {m for m, _, build in PREFILL_MODES
+             if ak.f16_rounding(build) == ak.f16_rounding("default") and m != "f16flash"}
     rows = []
     for name, shape in PREFILL_SHAPES:
         for depth in PREFILL_DEPTHS:
@@ -348,10 +356,11 @@ def prefill_attention_rows(cp, rounds=2):
             times, outs = {m[0]: [] for m in PREFILL_MODES}, {}
             for _ in range(rounds):
                 for mode, tiled, build in PREFILL_MODES:
+                    fn = call.f16 if mode == "f16flash" else call
                     with attention_mode(tiled, build):
-                        call()
+                        fn()
                         outs[mode] = call.out.copy()
-                        times[mode].append(timed_in_graph(cp, [call] * 4, n_iter=5) * 1e6)   # per launch
+                        times[mode].append(timed_in_graph(cp, [fn] * 4, n_iter=5) * 1e6)   # per launch
             base = outs["tiled"]
             same = all(bool(cp.array_equal(outs[m].view(cp.uint32), base.view(cp.uint32))) for m in exact)
             dev = {m: float(cp.abs(o - base).max() / cp.abs(base).max()) for m, o in outs.items() if m not in exact}

@@ -22,6 +22,7 @@
 // contraction choices left to the compiler), so a token's output is the same bits in either mode and
 // whatever else shares the launch (batch invariance).
 #include "common.cuh"
+#include "tensor_f16.cuh"
 
 #define KPS 128              // keys per split (attention.py: keys_per_split)
 #define NW 4                 // warps per CTA
@@ -30,7 +31,6 @@
 struct alignas(8) u32x2 { u32 a, b; };
 struct alignas(16) f32x4 { float x, y, z, w; };
 
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
 
 // 2^e as a float (e in [-126, 127]) and the binary exponent of m >= 0 (floor(log2 m); zero and subnormals
 // count as -127) clamped to [-100, 100], so 2^(13 - e) and 2^(e - 13) are normal floats.
@@ -46,18 +46,6 @@ __device__ __forceinline__ int exponent_of(float m) {
 #define ATTN_Q_LO 1
 #endif
 
-// Tensor-core products: mma.sync m16n8k16, f16 inputs, f32 accumulators (sm_80+). Fragments (PTX ISA,
-// g = lane / 4, tq = lane % 4; low half of a register = lower index): a[0] = A[g][2tq, 2tq+1],
-// a[1] = A[g+8][2tq, 2tq+1], a[2] = A[g][2tq+8, 2tq+9], a[3] = A[g+8][2tq+8, 2tq+9]; b0 = B[2tq, 2tq+1][g],
-// b1 = B[2tq+8, 2tq+9][g]; c = C[g][2tq], C[g][2tq+1], C[g+8][2tq], C[g+8][2tq+1]. Which key or channel
-// stands at an index k is the kernel's choice as long as A and B agree on it (the loads below pick the
-// orders that keep shared-memory reads free of bank conflicts).
-__device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Two int8 values of the biased word x (x = w ^ 0x80808080: byte = v + 128) -> half2 (exact): sel 0x4140
 // takes bytes 0, 1 and 0x4342 bytes 2, 3; byte_perm puts each under 0x64, the half 1024 + byte, and
@@ -77,10 +65,6 @@ __device__ __forceinline__ void split_f16(float x, u32& hi, u32& lo) {
     lo = f32_to_f16_rn(__fmul_rn(__fsub_rn(x, f16_to_f32(h)), 2048.f));
 }
 __device__ __forceinline__ float join_f16_sums(float hi, float lo) { return __fmaf_rn(lo, 1.f / 2048.f, hi); }
-// Two floats rounded to f16 (nearest, ties to even), packed: a in the low half.
-__device__ __forceinline__ u32 pack_f16x2(float a, float b) {
-    return (u32)f32_to_f16_rn(a) | (u32)f32_to_f16_rn(b) << 16;
-}
 // split_f16 of two floats, packed: hi = hi(a) | hi(b) << 16, lo likewise.
 __device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) {
     u32 ah, al, bh, bl;
@@ -121,24 +105,6 @@ __device__ __forceinline__ void v_fragment(const u32 (&x)[4], int m, u32 (&a)[4]
 }
 
 
-// cp.async (sm_80+): global -> shared without a register round trip; waited for with cp_async_wait<N>
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-template <int BYTES>
-__device__ __forceinline__ void cp_async_s(u32 dst, const void* src) {   // dst: a shared-window address
-    if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(src), "n"(BYTES) : "memory");
-}
-template <int BYTES>
-__device__ __forceinline__ void cp_async(void* dst, const void* src) { cp_async_s<BYTES>(smem_u32(dst), src); }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // Fold of split partials, left to right: (M, L, A) <- (max(M, m), L*ca + l*cb, A*ca + a*cb) with
 // ca = 2^(M - max), cb = 2^(m - max). attn_body (looped) and attn_merge both use these two helpers, so their

@@ -118,6 +118,20 @@ def f16_rounding_bound(p_f16, q_f16, q, token_seq, token_pos, page_tables, k_pag
     return ((1 + p_part) * np.exp(2 * d)[..., None] - 1) * mag
 
 
+def f16_flash_bound(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale):
+    """What kernels/cuda/attention_f16.py moves each output by at most: q' and K rounded to f16 move each product
+    q_i k_i by a relative (1 + 2^-11)^2 - 1, so each score by D = that x score_magnitudes and each weight by a
+    factor within exp(+-2D); the weights p and V rounded to f16 move each p v by (1 + 2^-11)^2 - 1: in all
+    ((1 + 2^-11)^2 exp(2D) - 1) x sum p |v| / l. Plus what f16 subnormals lose (weights or values below 2^-14 are
+    rounded to 2^-24 absolute): at most 2^-24 x max |V| per key (l >= 1)."""
+    e2 = (1 + F16_ROUNDING) ** 2
+    mag = attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, True)
+    d = (e2 - 1) * score_magnitudes(q, token_seq, token_pos, page_tables, k_pages, k_scales, scale)
+    vmax = np.abs(dequantize_groups(v_pages, v_scales)).max()
+    keys = np.asarray(token_pos, np.float64) + 1
+    return (e2 * np.exp(2 * d)[..., None] - 1) * mag + (keys * 2.0 ** -24 * vmax)[:, None, None]
+
+
 def assert_within(got, want, rtol, atol):
     """|got - want| <= rtol |want| + atol elementwise, atol a scalar or an array broadcast against want (what
     numpy's assert_allclose does not take: its message formats atol as a number); NaN fails."""

@@ -96,3 +96,18 @@ def test_tiled_attention_shared_memory_size(tmp_path):
     assert r.returncode == 0, r.stderr
     got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
     assert got == [tiled_smem_bytes(d, h, n) for d, h, n in shapes]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_f16_prompt_attention_shared_memory_size(tmp_path):
+    """attention_f16.fa_smem_bytes (the dynamic shared memory fa_f16_d<D> is launched with) is sizeof(FaSmem<D>)."""
+    from strata_lite.kernels.cuda.attention_f16 import fa_smem_bytes
+    prog = tmp_path / "sizes.cu"
+    prog.write_text('#include "attention_f16.cu"\n#include <cstdio>\nint main() {\n'
+                    + "".join(f'    printf("%d\\n", (int)sizeof(FaSmem<{d}>));\n' for d in (64, 128)) + "}\n")
+    exe = tmp_path / "sizes"
+    r = subprocess.run(["nvcc", "-std=c++17", f"-I{CUDA_DIR}", "-gencode", "arch=compute_90,code=sm_90",
+                        "-o", str(exe), str(prog)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    assert got == [fa_smem_bytes(d) for d in (64, 128)]
