@@ -131,13 +131,16 @@ class Backend(ABC):
         self.kv_store(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales)
     @abstractmethod
     def attention(self, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
-                  scale: float, out=None, max_keys: int | None = None, split_rows: int = 0):
+                  scale: float, out=None, max_keys: int | None = None, split_rows: int = 0, runs: tuple = ()):
         """Causal attention of q (n, n_heads, head_dim) over positions 0..token_pos[t] of sequence
         token_seq[t] (already stored); index arrays as kv_store; scale host float -> (n, n_heads, head_dim).
         max_keys: host int >= every token_pos + 1 (Batch.max_pos), sizing the launch; None = the
         reserved maximum. split_rows: host int, the first split_rows tokens are short runs of their sequences
-        (decode and verify tokens: Batch.short_run_rows) that may be computed apart from the rest. A backend
-        may ignore both; a token's output is the same either way."""
+        (decode and verify tokens: Batch.short_run_rows) that may be computed apart from the rest; runs: the
+        rows after them as host (first row, end row, sequence, keys) tuples, one sequence's consecutive tokens
+        each (Batch.prompt_runs). A backend may ignore all three: a token's output is the same either way,
+        except where a backend is asked to read prompt runs another way (the CUDA backend's f16 prompt
+        attention, docs/cuda.md), which moves a prompt token's output within that path's stated bound."""
 
     # ----------------------------------------------------------------------------- sampling
     # Semantics: kernels/sample_rows.py. The token-count table holds, per row, how often each token

@@ -57,6 +57,18 @@ class Batch:
         return int(bounds[long_runs[0]]) if len(long_runs) else len(seq)
 
     @cached_property
+    def prompt_runs(self) -> tuple:
+        """The runs from short_run_rows on (prompt chunks, and any shorter run after the first long one), each as
+        (first row, end row, sequence, keys = its last position + 1), host ints (Backend.attention runs)."""
+        n, first = len(self.token_seq), self.short_run_rows
+        if first >= n:
+            return ()
+        seq = self.token_seq[first:]
+        bounds = np.concatenate(([0], np.flatnonzero(np.diff(seq)) + 1, [n - first])) + first
+        return tuple((int(a), int(b), int(self.token_seq[a]), int(self.positions[a:b].max()) + 1)
+                     for a, b in zip(bounds[:-1], bounds[1:]))
+
+    @cached_property
     def max_pos(self) -> int:
         """Largest position + 1 (0 for an empty batch): the most keys any token attends to (computed once:
         a Batch's arrays are not changed after it is made)."""

@@ -14,6 +14,9 @@ log = logging.getLogger("strata_lite")
 HOST_KV_FRACTION = 0.25      # default host pool: this share of the RAM available when the engine starts
 
 
+PROMPT_ATTENTION = ("exact", "f16")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None          # path or known model key; None = default model
@@ -36,6 +39,8 @@ class EngineConfig:
                                       # the default model's shipped one (spec/mtp_drafter.py mtp_source)
     kv_disk: str | None = None        # directory of the disk KV tier (kv_disk.py); None = no disk tier
     kv_disk_gib: float = 20.0         # its size limit
+    prompt_attention: str = "exact"   # CUDA: "exact" (prompt tokens get the decode kernels' bits) or "f16" (prompt
+                                      # chunks through a flash attention over an f16 copy of the keys: docs/cuda.md)
 
     def __post_init__(self):
         for name in ("n_ctx", "parallel", "step_tokens", "page_size"):
@@ -58,6 +63,8 @@ class EngineConfig:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads!r}")
         object.__setattr__(self, "spec", parse_spec(self.spec))
+        if self.prompt_attention not in PROMPT_ATTENTION:
+            raise ValueError(f"prompt_attention must be one of {PROMPT_ATTENTION}, got {self.prompt_attention!r}")
         if not self.kv_disk_gib > 0:
             raise ValueError(f"kv_disk_gib must be > 0, got {self.kv_disk_gib!r}")
 

@@ -211,7 +211,7 @@ class CpuBackend(Backend):
         kv_store(k, v, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales)
 
     def attention(self, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale, out=None,
-                  max_keys=None, split_rows=0):
+                  max_keys=None, split_rows=0, runs=()):
         # the engine validated the batch and built the cache (Backend contract): no checks per block
         if out is None:
             out = np.empty_like(q)

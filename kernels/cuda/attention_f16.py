@@ -13,13 +13,13 @@ import numpy as np
 
 from . import runtime
 
-__all__ = ["prompt_attention_f16", "f16_scratch", "fa_smem_bytes", "KEY_TILE"]
+__all__ = ["prompt_attention_f16", "f16_scratch", "fa_smem_bytes", "KEY_TILE", "HEAD_DIMS"]
 
 _CU = "attention_f16.cu"
 _LOG2E = 1.4426950408889634
 KEY_TILE = 64               # FA_KT: keys per tile (the copy's key count is padded to a multiple)
 _ROWS = 64                  # FA_ROWS: (token, head) pairs per CTA
-_HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128)
 
 
 def fa_smem_bytes(head_dim: int) -> int:
@@ -44,8 +44,8 @@ def prompt_attention_f16(q, seq: int, token_pos, page_tables, k_pages, k_scales,
     least n_keys keys (made here when None)."""
     n_tok, n_heads, hd = q.shape
     n_kv = k_pages.shape[2]
-    if hd not in _HEAD_DIMS:
-        raise ValueError(f"head_dim {hd} not supported by the f16 prompt attention (one of {_HEAD_DIMS})")
+    if hd not in HEAD_DIMS:
+        raise ValueError(f"head_dim {hd} not supported by the f16 prompt attention (one of {HEAD_DIMS})")
     if n_heads % n_kv:
         raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv}")
     if n_tok == 0:

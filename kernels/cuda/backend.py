@@ -15,6 +15,7 @@ import numpy as np
 from ..backend import Backend
 from ..kv_layout import kv_shapes
 from . import attention as attn_k
+from . import attention_f16 as attn_f16
 from . import elementwise as ew
 from . import qmatmul as qm
 from . import sampling as smp
@@ -44,6 +45,9 @@ class CudaBackend(Backend):
         self._rounded = None            # (rmsnorm output, format) whose rounding sits in self._act
         self._rope_tables = {}          # (freq_base, n_rot) -> ew.RopeTable or None (_rope_table)
         self.max_keys = 0
+        # how prompt runs' attention is read: "exact" (the decode kernels' bits, attention.py) or "f16" (a flash
+        # attention over an f16 copy of the sequence's keys, attention_f16.py; set from EngineConfig)
+        self.prompt_attention = "exact"
 
     def describe(self) -> str:
         free, total = self.cp.cuda.runtime.memGetInfo()
@@ -213,14 +217,24 @@ class CudaBackend(Backend):
                       table=self._rope_table(freq_base, n_rot))
 
     def attention(self, q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales, scale,
-                  out=None, max_keys=None, split_rows=0):
+                  out=None, max_keys=None, split_rows=0, runs=()):
         if out is None:
             out = self.cp.empty_like(q)
         if self._attn_ws is None:
             raise ValueError("attention before reserve(): no workspace")
         keys = self.max_keys if max_keys is None else int(max_keys)
-        attn_k.attention(q, token_seq, token_pos, page_tables, k_pages, k_scales, v_pages, v_scales,
-                         float(scale), out, self._attn_ws, keys, split_rows=int(split_rows))
+        cache = (page_tables, k_pages, k_scales, v_pages, v_scales)
+        if self.prompt_attention == "f16" and runs and q.shape[-1] in attn_f16.HEAD_DIMS:
+            # the short runs (decode and verify tokens) as always, then each prompt run through the f16 copy of its
+            # sequence's keys (attention_f16.py)
+            if split_rows > 0:
+                attn_k.attention(q[:split_rows], token_seq[:split_rows], token_pos[:split_rows], *cache,
+                                 float(scale), out[:split_rows], self._attn_ws, keys)
+            for a, b, seq, n_keys in runs:
+                attn_f16.prompt_attention_f16(q[a:b], seq, token_pos[a:b], *cache, float(scale), out[a:b], n_keys)
+            return out
+        attn_k.attention(q, token_seq, token_pos, *cache, float(scale), out, self._attn_ws, keys,
+                         split_rows=int(split_rows))
         return out
 
     # ------------------------------------------------------------------ sampling

@@ -85,6 +85,7 @@ class BlockRows:
         self.seq, self.tables = be.from_host(batch.token_seq), be.from_host(batch.page_tables)
         self.max_keys = batch.max_pos
         self.short_rows = batch.short_run_rows
+        self.prompt_runs = getattr(batch, "prompt_runs", ())   # captured steps' batches hold no prompt runs
 
 
 def decoder_block(be, cfg, lw, hw, x, rows: BlockRows, layer_kv, obs=None) -> None:
@@ -100,7 +101,8 @@ def decoder_block(be, cfg, lw, hw, x, rows: BlockRows, layer_kv, obs=None) -> No
         obs = _ignore
     q = store_kv(be, cfg, lw, x, rows, layer_kv, lambda h: obs(h, hw.attn_q, hw.attn_k, hw.attn_v))
     a = be.attention(q, rows.seq, rows.pos, rows.tables, *layer_kv, 1.0 / math.sqrt(cfg.head_dim),
-                     max_keys=rows.max_keys, split_rows=rows.short_rows)   # (n, n_heads, head_dim)
+                     max_keys=rows.max_keys, split_rows=rows.short_rows,
+                     runs=rows.prompt_runs)                              # (n, n_heads, head_dim)
     a = a.reshape(n, cfg.n_heads * cfg.head_dim)
     obs(a, hw.attn_output)
     be.qmatmul_add(lw.attn_output, a, x)

@@ -22,6 +22,18 @@ def test_short_run_rows_counts_the_leading_decode_and_verify_tokens():
     assert _batch([0, 1, 0] + [1] * 20).short_run_rows == 3                  # runs, not sequences
 
 
+def test_prompt_runs_are_the_runs_after_the_short_ones():
+    """(first row, end row, sequence, keys) of each run from short_run_rows on: what Backend.attention's `runs`
+    hands a backend that reads prompt chunks another way (the CUDA backend's f16 prompt attention)."""
+    assert _batch([0, 1, 2]).prompt_runs == ()                                  # decode only
+    b = _batch([0, 1, 1] + [2] * 20 + [3] * 5)
+    assert b.short_run_rows == 3
+    assert b.prompt_runs == ((3, 23, 2, 23), (23, 28, 3, 28))                   # positions are row numbers here
+    b = Batch(np.zeros(30, np.int32), np.arange(100, 130, dtype=np.int32), np.full(30, 1, np.int32),
+              np.zeros((2, 4), np.int32), np.zeros(0, np.int32))
+    assert b.prompt_runs == ((0, 30, 1, 130),)                                  # a chunk at depth: 130 keys
+
+
 def test_the_model_reads_every_batch_shape_it_is_handed():
     """Besides Batch, a decoder block reads the CUDA step graphs' static batch (graphs._StaticBatch) and the MTP
     drafter's rows (mtp_drafter._NextTokenRows): each has every field BlockRows takes, short_run_rows 0 (their

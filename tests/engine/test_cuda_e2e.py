@@ -66,6 +66,33 @@ def test_cuda_logits_match_cpu(synth_path):
     assert kl <= 0.01
 
 
+def test_f16_prompt_attention_reads_prompts_as_the_exact_kernels_do(synth_path):
+    """The backend's f16 prompt attention (attention_f16.py: `--prompt-attention f16`) against the exact kernels
+    on the same prompt, read in 64-token chunks (the later ones at depth): the bars of the CPU comparison above,
+    and a decode step replaying its graph after the f16 reads (graphs keep the exact kernels)."""
+    from strata_lite import LLM
+    from strata_lite.batch import Batch
+    gpu = LLM(synth_path, backend="cuda", n_ctx=256, n_batch=64)
+    ids = _prompt(gpu.config.n_vocab)
+    ref = gpu.logits(ids)
+    gpu.backend.prompt_attention = "f16"
+    try:
+        got = gpu.logits(ids)
+        step = gpu.backend.to_host(gpu.forward(Batch.single(ids[:1], len(ids), gpu._pages, [0])))
+    finally:
+        gpu.backend.prompt_attention = "exact"
+    assert np.isfinite(got).all() and np.isfinite(step).all()
+    same = ref.argmax(1) == got.argmax(1)
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] >= 0.25
+    kl = _kl(ref, got)
+    print(f"{synth_path}: f16 prompt attention: argmax agreement {same.mean():.4f} overall, "
+          f"{same[clear].mean():.4f} at {clear.sum()} clear positions; mean KL {kl:.2e}")
+    assert clear.sum() >= 20
+    assert same[clear].mean() >= 0.99
+    assert kl <= 0.01
+
+
 def test_prompt_chunks_and_decode_graphs_are_batch_invariant(synth_path):
     """A token's logits are the same bits whether it is read in a 200-token prompt chunk, in a 64-token
     chunk, or decoded alone through a captured graph next to padded rows (every kernel computes each token

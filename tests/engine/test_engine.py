@@ -381,6 +381,17 @@ def test_memory_pressure_parks_and_restores(model_path, llm):
         eng.stop()
 
 
+def test_f16_prompt_attention_needs_the_cuda_backend(model_path):
+    """`--prompt-attention f16` is the CUDA backend's; on the CPU the engine does not start and says why."""
+    with pytest.raises(ValueError, match="prompt_attention"):
+        EngineConfig(model=model_path, backend="cpu", prompt_attention="fast")
+    eng = Engine(EngineConfig(model=model_path, backend="cpu", n_ctx=64, prompt_attention="f16"))
+    eng.start()
+    with pytest.raises(Exception):
+        eng.wait_ready(60)
+    assert "needs the CUDA backend" in str(eng.load_error) and not eng.ready.is_set()
+
+
 def test_load_error_is_reported(tmp_path):
     from strata_lite.engine import EngineNotReady
     eng = Engine(EngineConfig(model=str(tmp_path / "missing.gguf"), backend="cpu", n_ctx=64))

@@ -39,6 +39,8 @@ def test_serve_arguments(monkeypatch):
     assert config_from_args(parse([])).stuck_step_s == 60.0
     assert config_from_args(parse(["--stuck-step-s", "5"])).stuck_step_s == 5.0
     assert [config_from_args(parse(a)).spec for a in ([], ["--spec", "off"], ["--spec", "3"])] == ["auto", "off", 3]
+    assert [config_from_args(parse(a)).prompt_attention
+            for a in ([], ["--prompt-attention", "f16"])] == ["exact", "f16"]
     assert (args.host, args.port, api_key_from_args(args)) == ("0.0.0.0", 9000, "k")
     monkeypatch.setenv("STRATA_LITE_API_KEY", "from-env")
     assert api_key_from_args(parse([])) == "from-env"
@@ -48,6 +50,7 @@ def test_serve_arguments(monkeypatch):
 
 @pytest.mark.parametrize("argv", [["--port", "70000"], ["--parallel", "0"], ["--ctx-size", "x"],
                                   ["--host-kv-gib", "-1"], ["--backend", "tpu"], ["--stuck-step-s", "0"],
+                                  ["--prompt-attention", "fast"],
                                   ["--spec", "0"], ["--spec", "sometimes"]])
 def test_serve_bad_arguments(argv):
     with pytest.raises(SystemExit):
