@@ -12,6 +12,7 @@ from typing import Iterator
 import numpy as np
 
 from .batch import Batch
+from .config import PROMPT_ATTENTION
 from .kernels.sample_rows import SampleRows
 from .kv_cache import KVCache
 from .runner import capture_step_graphs, load_model
@@ -36,13 +37,16 @@ class GenerationOutput:
 class LLM:
     def __init__(self, model: str | None = None, backend: str = "auto", n_ctx: int = 4096,
                  n_threads: int | None = None, n_batch: int = 512, vram_reserve_mib: int = 1024,
-                 spec: str | int = "off", mtp: str | None = None):
+                 spec: str | int = "off", mtp: str | None = None, prompt_attention: str = "exact"):
         """spec: speculative decoding in generate()/stream(), as `serve --spec`: "off" (default: one token per
         forward), "auto", "suffix", "mtp", N or "mtp:N" (docs/speculative.md); mtp: a sidecar GGUF with the
         model's MTP block (else the model file's own, or the default model's shipped one:
-        mtp_drafter.use_shipped). NoMtpBlock (a ValueError) for spec "mtp" or "mtp:N" without one."""
+        mtp_drafter.use_shipped). NoMtpBlock (a ValueError) for spec "mtp" or "mtp:N" without one.
+        prompt_attention: as `serve --prompt-attention` ("exact" or, on the CUDA backend, "f16")."""
         self.spec = parse_spec(spec)
-        loaded = load_model(model, backend, n_threads, vram_reserve_mib)
+        if prompt_attention not in PROMPT_ATTENTION:
+            raise ValueError(f"prompt_attention must be one of {PROMPT_ATTENTION}, got {prompt_attention!r}")
+        loaded = load_model(model, backend, n_threads, vram_reserve_mib, prompt_attention)
         self.model_path, self.config, self.tokenizer = loaded.path, loaded.config, loaded.tokenizer
         self.chat_template, self.backend = loaded.chat_template, loaded.backend
         self.weights, self.model = loaded.weights, loaded.model

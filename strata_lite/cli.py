@@ -9,6 +9,7 @@ import time
 from .loader.chat_template import ChatTemplateError
 from .loader.errors import GGUFError
 from .loader.known_models import KNOWN_MODELS, ModelNotInstalled
+from .config import PROMPT_ATTENTION
 from .kernels import BackendUnavailable
 from .sampling import InvalidRequest
 
@@ -22,13 +23,15 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--vram-reserve-mib", type=int, default=1024,
                    help="CUDA: GPU memory (MiB) left free when the model and KV cache are planned (default 1024)")
+    p.add_argument("--prompt-attention", choices=PROMPT_ATTENTION, default="exact",
+                   help="CUDA: how prompts read their keys: exact (default) or f16 (faster at depth; docs/cuda.md)")
 
 
 def _load(args, n_ctx: int):
     from .api import LLM
     t0 = time.perf_counter()
     llm = LLM(args.model, backend=args.backend, n_ctx=n_ctx, n_threads=args.threads,
-              vram_reserve_mib=args.vram_reserve_mib)
+              vram_reserve_mib=args.vram_reserve_mib, prompt_attention=args.prompt_attention)
     print(f"loaded {llm.model_path} ({llm.config.arch}, {llm.weights.nbytes / 2**20:,.0f} MiB of weights) "
           f"on {llm.backend.describe()} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return llm

@@ -280,12 +280,7 @@ class Engine(StepLoop):
 
     def _load(self) -> None:
         cfg, t0 = self.config, time.perf_counter()
-        loaded = load_model(cfg.model, cfg.backend, cfg.threads, cfg.vram_reserve_mib)
-        if cfg.prompt_attention != "exact":
-            if not hasattr(loaded.backend, "prompt_attention"):
-                raise ValueError(f"prompt_attention={cfg.prompt_attention!r} needs the CUDA backend "
-                                 f"(this engine runs on {loaded.backend.name})")
-            loaded.backend.prompt_attention = cfg.prompt_attention
+        loaded = load_model(cfg.model, cfg.backend, cfg.threads, cfg.vram_reserve_mib, cfg.prompt_attention)
         mtp = self._mtp_weights(loaded)
         # every request the engine may hold (running + queued, see submit) can own a penalty count row;
         # a decoding slot computes its token and up to max_draft drafted ones, each a logit row

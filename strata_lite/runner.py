@@ -48,9 +48,10 @@ class LoadedModel:
 
 
 def load_model(model: str | None = None, backend: str = "auto", n_threads: int | None = None,
-               vram_reserve_mib: int = 1024) -> LoadedModel:
+               vram_reserve_mib: int = 1024, prompt_attention: str = "exact") -> LoadedModel:
     """Resolve (a path, a known model key, None = the default model), read and map a GGUF model.
-    vram_reserve_mib: GPU memory kept free when planning the CUDA backend's allocations."""
+    vram_reserve_mib: GPU memory kept free when planning the CUDA backend's allocations. prompt_attention:
+    "exact" or "f16" (the CUDA backend's f16 prompt attention, docs/cuda.md; ValueError on another backend)."""
     path = resolve_model(model)
     gguf = GGUFFile(path)
     meta = gguf.metadata
@@ -59,6 +60,10 @@ def load_model(model: str | None = None, backend: str = "auto", n_threads: int |
         raise GGUFError(path, f"architecture {config.arch!r} has no forward pass")
     tokenizer = Tokenizer.from_gguf_metadata(meta, source=path)
     be = get_backend(backend, n_threads, vram_reserve_mib=vram_reserve_mib)
+    if prompt_attention != "exact":
+        if not hasattr(be, "prompt_attention"):
+            raise ValueError(f"prompt_attention={prompt_attention!r} needs the CUDA backend (this one is {be.name})")
+        be.prompt_attention = prompt_attention
     weights = load_weights(gguf, config)
     return LoadedModel(path, config, tokenizer, chat_template_of(meta, tokenizer), be, weights,
                        MODELS[config.arch](be, config, weights))

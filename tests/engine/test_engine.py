@@ -390,6 +390,10 @@ def test_f16_prompt_attention_needs_the_cuda_backend(model_path):
     with pytest.raises(Exception):
         eng.wait_ready(60)
     assert "needs the CUDA backend" in str(eng.load_error) and not eng.ready.is_set()
+    with pytest.raises(ValueError, match="needs the CUDA backend"):
+        LLM(model_path, backend="cpu", n_ctx=64, prompt_attention="f16")
+    with pytest.raises(ValueError, match="prompt_attention"):
+        LLM(model_path, backend="cpu", n_ctx=64, prompt_attention="fast")
 
 
 def test_load_error_is_reported(tmp_path):
