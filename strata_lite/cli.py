@@ -154,7 +154,8 @@ def cmd_train_mtp(args) -> int:
     matmul_precision(device, args.tf32)      # a bad --tf32 fails here, before the model loads
     from .api import LLM
     t0 = time.perf_counter()
-    llm = LLM(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads)
+    llm = LLM(args.model, backend=backend, n_ctx=args.ctx, n_batch=args.ctx, n_threads=args.threads,
+              prompt_attention=args.prompt_attention)
     print(f"loaded {llm.model_path} ({llm.config.arch}) on {llm.backend.describe()} in "
           f"{time.perf_counter() - t0:.1f} s; training on {device}: {args.steps} steps of {args.batch} windows of "
           f"{args.ctx} tokens, lr {args.lr:g}, {args.train_tokens} text tokens, {args.answers} answers", file=sys.stderr)
