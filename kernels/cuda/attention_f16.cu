@@ -1,4 +1,5 @@
-// Prompt attention over an f16 copy of one sequence's keys (flash attention; the A/B path of attention_f16.py).
+// Prompt attention over an f16 copy of one sequence's keys (flash attention; `--prompt-attention f16`,
+// attention_f16.py).
 //
 // Pass 1 (kv_to_f16_d<D>): keys 0 .. n_keys - 1 of sequence `seq` from the paged int8 cache, each value times its
 // 32-channel scale rounded once to f16, into kf (n_kv, n_pad, D) and, transposed, vt (n_kv, D, n_pad); keys
@@ -9,7 +10,8 @@
 // (q' = q x qscale in f16, qscale folding log2(e)), causal mask where the tile reaches past the CTA's smallest
 // position, m' = max(m, rowmax S), p = 2^(S - m'), acc = acc 2^(m - m') + p V (p in f16 as the A operand), l
 // likewise in float; out = acc / l. Each row's arithmetic depends on its own q and keys only (the tile order is
-// fixed, the key count is its own), so a token's output is the same whatever else shares the launch; it is not
+// fixed; a tile wholly past a row's position scales its sums by 2^0 and adds zeros), so a token's output is the
+// same whatever else shares the launch; it is not
 // the bits of attention.cu's kernels (q', K, V and p are rounded to f16: reference.f16_flash_bound).
 #include "tensor_f16.cuh"
 

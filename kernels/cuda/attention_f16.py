@@ -1,7 +1,8 @@
 """Prompt attention of one sequence's chunk through an f16 copy of its keys (CUDA C in attention_f16.cu): the
-flash-attention path measured against attention.py's tiled kernels (perf/bench_gpu.py --prefill-attn, mode
-`f16flash`). Not used by the engine: its outputs are within reference.f16_flash_bound of the float64 result but
-not the bits the decode kernels give the same token (attention.py), which the engine's paths keep equal.
+backend's opt-in prompt path (`--prompt-attention f16`, CudaBackend.attention), timed against attention.py's tiled
+kernels by perf/bench_gpu.py --prefill-attn (mode `f16flash`). Its outputs are within
+tests/kernels/reference.py f16_flash_bound of the float64 result, not the bits the decode kernels (attention.py)
+give the same token.
 
 Two launches: kv_to_f16 writes keys 0 .. n_keys - 1 of the sequence (K and V times their scales, each rounded once
 to f16; V transposed) into a scratch copy, then fa_f16 runs a flash attention over it, one CTA per 64 (token,
