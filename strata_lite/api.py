@@ -12,7 +12,6 @@ from typing import Iterator
 import numpy as np
 
 from .batch import Batch
-from .config import PROMPT_ATTENTION
 from .kernels.sample_rows import SampleRows
 from .kv_cache import KVCache
 from .runner import capture_step_graphs, load_model
@@ -44,8 +43,6 @@ class LLM:
         mtp_drafter.use_shipped). NoMtpBlock (a ValueError) for spec "mtp" or "mtp:N" without one.
         prompt_attention: as `serve --prompt-attention` ("exact" or, on the CUDA backend, "f16")."""
         self.spec = parse_spec(spec)
-        if prompt_attention not in PROMPT_ATTENTION:
-            raise ValueError(f"prompt_attention must be one of {PROMPT_ATTENTION}, got {prompt_attention!r}")
         loaded = load_model(model, backend, n_threads, vram_reserve_mib, prompt_attention)
         self.model_path, self.config, self.tokenizer = loaded.path, loaded.config, loaded.tokenizer
         self.chat_template, self.backend = loaded.chat_template, loaded.backend

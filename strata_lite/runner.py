@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .batch import Batch
+from .config import PROMPT_ATTENTION
 from .host_pool import ArrayKVCopier, HostPool
 from .kv_disk import DiskKV
 from .kernels import get_backend
@@ -52,6 +53,8 @@ def load_model(model: str | None = None, backend: str = "auto", n_threads: int |
     """Resolve (a path, a known model key, None = the default model), read and map a GGUF model.
     vram_reserve_mib: GPU memory kept free when planning the CUDA backend's allocations. prompt_attention:
     "exact" or "f16" (the CUDA backend's f16 prompt attention, docs/cuda.md; ValueError on another backend)."""
+    if prompt_attention not in PROMPT_ATTENTION:
+        raise ValueError(f"prompt_attention must be one of {PROMPT_ATTENTION}, got {prompt_attention!r}")
     path = resolve_model(model)
     gguf = GGUFFile(path)
     meta = gguf.metadata

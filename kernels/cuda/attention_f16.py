@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import runtime
+from .attention import _LOG2E   # log2(e), folded into the scale as the exact kernels fold it
 
 __all__ = ["prompt_attention_f16", "f16_scratch", "fa_smem_bytes", "KEY_TILE", "HEAD_DIMS"]
 
 _CU = "attention_f16.cu"
-_LOG2E = 1.4426950408889634
 KEY_TILE = 64               # FA_KT: keys per tile (the copy's key count is padded to a multiple)
 _ROWS = 64                  # FA_ROWS: (token, head) pairs per CTA
 HEAD_DIMS = (64, 128)
