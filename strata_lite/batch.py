@@ -19,6 +19,9 @@ class Batch:
     token_seq: np.ndarray    # (n,) int32: row of page_tables each token belongs to
     page_tables: np.ndarray  # (n_seqs, max_pages) int32: KV pages of each sequence, in order
     logit_rows: np.ndarray   # (m,) int32: rows of the batch whose next-token logits are wanted
+    # rows before the first prompt row (the engine's decode and verify tokens; StepPlan sets it), -1: not known,
+    # taken as short_run_rows
+    decode_rows: int = -1
 
     def __post_init__(self):
         object.__setattr__(self, "logit_rows", np.asarray(self.logit_rows, dtype=np.int32))
@@ -58,9 +61,11 @@ class Batch:
 
     @cached_property
     def prompt_runs(self) -> tuple:
-        """The runs from short_run_rows on (prompt chunks, and any shorter run after the first long one), each as
-        (first row, end row, sequence, keys = its last position + 1), host ints (Backend.attention runs)."""
-        n, first = len(self.token_seq), self.short_run_rows
+        """The runs of prompt tokens: from decode_rows on where the plan gave it (every prompt chunk, however
+        short), else from short_run_rows on (the runs after the leading short ones); each as (first row, end row,
+        sequence, keys = its last position + 1), host ints (Backend.attention runs)."""
+        n = len(self.token_seq)
+        first = self.decode_rows if self.decode_rows >= 0 else self.short_run_rows
         if first >= n:
             return ()
         seq = self.token_seq[first:]

@@ -36,7 +36,8 @@ class StepEvent:
 
 
 def build_plan(work: dict[Sequence, int], n_decode: int, drafts: dict | None = None) -> StepPlan:
-    """work: sequence -> tokens to compute from its n_computed, in row order. drafts: decoding sequence
+    """work: sequence -> tokens to compute from its n_computed, in row order, the n_decode decoding sequences
+    first (the batch's decode_rows are theirs; the rest are prompt reads). drafts: decoding sequence
     -> drafted tokens; its work is 1 + len(draft): the pending token, then the draft, every one a logit
     row (row i verifies draft[i]; the last gives the token after the whole draft)."""
     drafts = drafts or {}
@@ -64,7 +65,7 @@ def build_plan(work: dict[Sequence, int], n_decode: int, drafts: dict | None = N
             logit_seqs.append(seq)
         at += n
     batch = Batch(np.array(ids, np.int32), np.array(pos, np.int32), np.array(row_of, np.int32), tables,
-                  np.array(logit_rows, np.int32))
+                  np.array(logit_rows, np.int32), decode_rows=sum(n_tokens[:n_decode]))
     n_drafted = sum(len(d) for d in drafts.values())
     return StepPlan(batch, seqs, n_tokens, logit_seqs, n_decode, at - n_decode - n_drafted, dict(drafts),
                     n_drafted)

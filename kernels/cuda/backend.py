@@ -225,11 +225,12 @@ class CudaBackend(Backend):
         keys = self.max_keys if max_keys is None else int(max_keys)
         cache = (page_tables, k_pages, k_scales, v_pages, v_scales)
         if self.prompt_attention == "f16" and runs and q.shape[-1] in attn_f16.HEAD_DIMS:
-            # the short runs (decode and verify tokens) as always, then each prompt run through the f16 copy of its
-            # sequence's keys (attention_f16.py)
-            if split_rows > 0:
-                attn_k.attention(q[:split_rows], token_seq[:split_rows], token_pos[:split_rows], *cache,
-                                 float(scale), out[:split_rows], self._attn_ws, keys)
+            # the rows before the prompt runs (decode and verify tokens) as always, then each prompt run through the
+            # f16 copy of its sequence's keys (attention_f16.py)
+            decode = runs[0][0]
+            if decode > 0:
+                attn_k.attention(q[:decode], token_seq[:decode], token_pos[:decode], *cache,
+                                 float(scale), out[:decode], self._attn_ws, keys)
             for a, b, seq, n_keys in runs:
                 attn_f16.prompt_attention_f16(q[a:b], seq, token_pos[a:b], *cache, float(scale), out[a:b], n_keys)
             return out

@@ -37,6 +37,18 @@ def test_f16_mode_sends_each_prompt_run_to_the_f16_path_and_the_short_rows_to_th
     assert calls == [("exact", 3, 100, 0), ("f16", 20, 103, 1, 123), ("f16", 7, 123, 0, 130)]
 
 
+def test_f16_mode_takes_the_rows_before_the_first_prompt_run_to_the_exact_kernels(monkeypatch):
+    """The exact launch is the rows before the first prompt run (the plan's decode rows), not split_rows: a verify
+    run longer than Batch.SHORT_RUN leaves split_rows short of it, and a short prompt read after the decode rows
+    leaves it past them."""
+    calls = _record(monkeypatch)
+    q, seq, pos, cache = _args(30)
+    for split_rows in (1, 8):
+        _backend("f16").attention(q, seq, pos, *cache, 0.125, out=np.empty_like(q), max_keys=130,
+                                  split_rows=split_rows, runs=((3, 6, 1, 106), (6, 30, 2, 130)))
+    assert calls == 2 * [("exact", 3, 100, 0), ("f16", 3, 103, 1, 106), ("f16", 24, 106, 2, 130)]
+
+
 def test_exact_mode_and_steps_without_prompt_runs_take_one_exact_launch(monkeypatch):
     calls = _record(monkeypatch)
     q, seq, pos, cache = _args(30)
