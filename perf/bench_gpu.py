@@ -433,10 +433,15 @@ def attention_seconds(runner, batch):
     return sum(cp.cuda.get_elapsed_time(a, b) for a, b in events) * 1e-3
 
 
+# prefill_rows' attention modes: (label, attention.TILED, the backend's prompt_attention)
+PREFILL_FORWARD_MODES = [("tiled", True, "exact"), ("looped", False, "exact"), ("f16", True, "f16")]
+
+
 def prefill_rows(model_path, depths=PREFILL_DEPTHS, n_pp=512, rounds=2):
-    """(label, tiled tok/s, looped tok/s, tiled attention ms, looped attention ms): one eager forward of an
-    n_pp-token prompt chunk at each depth (keys already in the cache before it), attention.TILED on and off
-    alternating, best of 3 per round; then the milliseconds of one forward spent in attention launches."""
+    """(label, {mode: tok/s}, {mode: attention ms}) of one eager forward of an n_pp-token prompt chunk at each depth
+    (keys already in the cache before it) in each PREFILL_FORWARD_MODES mode (the exact tiled and looped kernels,
+    and `--prompt-attention f16`), alternating, best of 3 per round; then the milliseconds of one forward spent
+    in attention launches."""
     from strata_lite.batch import Batch
     from strata_lite.runner import ModelRunner, load_model
     import cupy as cp
@@ -445,20 +450,31 @@ def prefill_rows(model_path, depths=PREFILL_DEPTHS, n_pp=512, rounds=2):
     n_ctx = max(depths) + n_pp
     runner = ModelRunner(loaded, kv_tokens=n_ctx + 64, page_size=64, host_bytes=0, n_ctx=n_ctx,
                          max_step_tokens=n_pp, max_seqs=1)
+    be = runner.backend
     ids = np.random.default_rng(2).integers(0, loaded.config.n_vocab, n_pp).astype(np.int32)
+
+    @contextlib.contextmanager
+    def mode(tiled, prompt_attention):
+        be.prompt_attention = prompt_attention
+        try:
+            with attention_mode(tiled):
+                yield
+        finally:
+            be.prompt_attention = "exact"
+
     rows = []
     for depth in depths:
         batch = Batch.single(ids, depth, list(range((depth + n_pp) // 64 + 1)), logit_rows=[n_pp - 1])
-        tps = {True: 0.0, False: 0.0}
+        tps = {m: 0.0 for m, _, _ in PREFILL_FORWARD_MODES}
         for _ in range(rounds):
-            for tiled in (True, False):
-                with attention_mode(tiled):
-                    tps[tiled] = max(tps[tiled], n_pp / timed(cp, lambda: runner.forward(batch), n_iter=3, warm=1))
+            for m, tiled, pa in PREFILL_FORWARD_MODES:
+                with mode(tiled, pa):
+                    tps[m] = max(tps[m], n_pp / timed(cp, lambda: runner.forward(batch), n_iter=3, warm=1))
         attn = {}
-        for tiled in (True, False):
-            with attention_mode(tiled):
-                attn[tiled] = attention_seconds(runner, batch) * 1e3
-        rows.append((f"{name} prompt {n_pp} after {depth}", tps[True], tps[False], attn[True], attn[False]))
+        for m, tiled, pa in PREFILL_FORWARD_MODES:
+            with mode(tiled, pa):
+                attn[m] = attention_seconds(runner, batch) * 1e3
+        rows.append((f"{name} prompt {n_pp} after {depth}", tps, attn))
     return rows
 
 
@@ -1223,10 +1239,12 @@ def main(argv=None) -> int:
         prows = []
         for path in synth_models(args.models, args.quick, args.only):
             prows += prefill_rows(path)
-        print(f"\n{'prompt forward at depth (best of 2 rounds)':60s} {'tiled tok/s':>12s} {'looped tok/s':>13s} "
-              f"{'attention ms tiled / looped':>28s}")
-        for label, tiled, looped, attn_tiled, attn_looped in prows:
-            print(f"{label:60s} {tiled:12,.0f} {looped:13,.0f} {attn_tiled:13.2f} / {attn_looped:.2f}")
+        modes = [m for m, _, _ in PREFILL_FORWARD_MODES]
+        print(f"\n{'prompt forward at depth (best of 2 rounds), tok/s':60s} " + " ".join(f"{m:>10s}" for m in modes)
+              + f"   attention ms ({' / '.join(modes)})")
+        for label, tps, attn in prows:
+            print(f"{label:60s} " + " ".join(f"{tps[m]:10,.0f}" for m in modes)
+                  + "   " + " / ".join(f"{attn[m]:.2f}" for m in modes))
         write_json(args.json, be, prefill_attention=arows, mixed_attention=mrows, prefill=prows,
                    llamacpp_attention=None if lrows is None else [(f"{n}, {d}", r) for (n, d), r in lrows.items()])
         return 0
