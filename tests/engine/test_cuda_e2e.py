@@ -93,6 +93,41 @@ def test_f16_prompt_attention_reads_prompts_as_the_exact_kernels_do(synth_path):
     assert kl <= 0.01
 
 
+def test_f16_prompt_reads_keep_their_bits_however_the_plan_chunks_them(synth_path):
+    """`--prompt-attention f16` with the rows the step plan marks as prompt reads (Batch.decode_rows): a 200-token
+    prompt read in one chunk, in 64-token chunks (the last one 8 tokens, under Batch.SHORT_RUN) and, its last 10
+    tokens, beside two decode tokens in a mixed step: every prompt token's logits the same bits."""
+    from strata_lite.batch import Batch
+    from strata_lite.runner import ModelRunner, load_model
+    loaded = load_model(synth_path, backend="cuda")
+    runner = ModelRunner(loaded, kv_tokens=1024, page_size=64, host_bytes=0, n_ctx=512,
+                         max_step_tokens=N_TOK, max_seqs=4)
+    be = runner.backend
+    be.prompt_attention = "f16"
+    ids = _prompt(loaded.config.n_vocab, seed=5)
+    pages, a, b = runner.kv.alloc(4), runner.kv.alloc(2), runner.kv.alloc(2)
+
+    def read(tokens, start, table):                     # a plan's batch of one prompt read: decode_rows 0
+        n = len(tokens)
+        return Batch(np.asarray(tokens, np.int32), np.arange(start, start + n, dtype=np.int32), np.zeros(n, np.int32),
+                     np.asarray([table], np.int32), np.arange(n, dtype=np.int32), decode_rows=0)
+    whole = be.to_host(runner.forward(read(ids, 0, pages)))
+    chunked = np.concatenate([be.to_host(runner.forward(read(ids[i:i + 64], i, pages))) for i in range(0, N_TOK, 64)])
+    np.testing.assert_array_equal(chunked, whole)
+    runner.forward(read(ids[:100], 0, a))
+    runner.forward(read(ids[:60], 0, b))
+    runner.forward(read(ids[:190], 0, pages))
+    tables = np.zeros((3, 4), np.int32)
+    tables[0], tables[1, :2], tables[2, :2] = pages, a, b
+    step = Batch(np.concatenate([[ids[100], ids[60]], ids[190:]]).astype(np.int32),
+                 np.concatenate([[100, 60], np.arange(190, 200)]).astype(np.int32),
+                 np.array([1, 2] + [0] * 10, np.int32), tables, np.arange(12, dtype=np.int32), decode_rows=2)
+    assert step.prompt_runs == ((2, 12, 0, 200),) and runner.graphs.accepts(step)    # a graph's shape: run eagerly
+    got = be.to_host(runner.forward(step))
+    assert runner.step_results is None
+    np.testing.assert_array_equal(got[2:], whole[190:])
+
+
 def test_prompt_chunks_and_decode_graphs_are_batch_invariant(synth_path):
     """A token's logits are the same bits whether it is read in a 200-token prompt chunk, in a 64-token
     chunk, or decoded alone through a captured graph next to padded rows (every kernel computes each token
