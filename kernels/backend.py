@@ -138,9 +138,10 @@ class Backend(ABC):
         reserved maximum. split_rows: host int, the first split_rows tokens are short runs of their sequences
         (decode and verify tokens: Batch.short_run_rows) that may be computed apart from the rest; runs: the
         prompt rows as host (first row, end row, sequence, keys) tuples, one sequence's consecutive tokens each,
-        the rows before the first one decode and verify tokens (Batch.prompt_runs). A backend may ignore all three: a token's output is the same either way,
-        except where a backend is asked to read prompt runs another way (the CUDA backend's f16 prompt
-        attention, docs/cuda.md), which moves a prompt token's output within that path's stated bound."""
+        the rows before the first one decode and verify tokens (Batch.prompt_runs). A backend may ignore all
+        three: a token's output is the same either way, except where a backend is asked to read prompt runs
+        another way (the CUDA backend's f16 prompt attention, docs/cuda.md), which moves a prompt token's output
+        within that path's stated bound."""
 
     # ----------------------------------------------------------------------------- sampling
     # Semantics: kernels/sample_rows.py. The token-count table holds, per row, how often each token
