@@ -87,7 +87,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--prompt-attention", choices=("exact", "f16"), default="exact",
                    help="CUDA: how prompt chunks read their keys: exact (the decode kernels' bits, default) or f16 "
                         "(a flash attention over an f16 copy of the keys, ~3x faster after 32K tokens, each "
-                        "output within f16 rounding of the exact one; docs/cuda.md)")
+                        "output within f16 rounding of the exact one; head_dim 64 or 128; docs/cuda.md)")
     p.add_argument("--http-threads", type=_positive_int, default=None,
                    help="HTTP worker threads (default: parallel + max-queue + 4, at least 8, at most 128)")
     p.add_argument("--stuck-step-s", type=_positive_float, default=60.0,

@@ -24,7 +24,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vram-reserve-mib", type=int, default=1024,
                    help="CUDA: GPU memory (MiB) left free when the model and KV cache are planned (default 1024)")
     p.add_argument("--prompt-attention", choices=PROMPT_ATTENTION, default="exact",
-                   help="CUDA: how prompts read their keys: exact (default) or f16 (faster at depth; docs/cuda.md)")
+                   help="CUDA: how prompts read their keys: exact (default) or f16 (faster at depth; head_dim 64 or "
+                        "128; docs/cuda.md)")
 
 
 def _load(args, n_ctx: int):

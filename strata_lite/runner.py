@@ -52,7 +52,8 @@ def load_model(model: str | None = None, backend: str = "auto", n_threads: int |
                vram_reserve_mib: int = 1024, prompt_attention: str = "exact") -> LoadedModel:
     """Resolve (a path, a known model key, None = the default model), read and map a GGUF model.
     vram_reserve_mib: GPU memory kept free when planning the CUDA backend's allocations. prompt_attention:
-    "exact" or "f16" (the CUDA backend's f16 prompt attention, docs/cuda.md; ValueError on another backend)."""
+    "exact" or "f16" (the CUDA backend's f16 prompt attention, docs/cuda.md; ValueError on another backend or
+    for a head dim it does not read)."""
     if prompt_attention not in PROMPT_ATTENTION:
         raise ValueError(f"prompt_attention must be one of {PROMPT_ATTENTION}, got {prompt_attention!r}")
     path = resolve_model(model)
@@ -66,6 +67,9 @@ def load_model(model: str | None = None, backend: str = "auto", n_threads: int |
     if prompt_attention != "exact":
         if not hasattr(be, "prompt_attention"):
             raise ValueError(f"prompt_attention={prompt_attention!r} needs the CUDA backend (this one is {be.name})")
+        if config.head_dim not in be.prompt_head_dims:
+            raise ValueError(f"prompt_attention={prompt_attention!r} reads head_dim "
+                             f"{' or '.join(map(str, be.prompt_head_dims))}; {path} has {config.head_dim}")
         be.prompt_attention = prompt_attention
     weights = load_weights(gguf, config)
     return LoadedModel(path, config, tokenizer, chat_template_of(meta, tokenizer), be, weights,

@@ -46,8 +46,10 @@ class CudaBackend(Backend):
         self._rope_tables = {}          # (freq_base, n_rot) -> ew.RopeTable or None (_rope_table)
         self.max_keys = 0
         # how prompt runs' attention is read: "exact" (the decode kernels' bits, attention.py) or "f16" (a flash
-        # attention over an f16 copy of the sequence's keys, attention_f16.py; set from EngineConfig)
+        # attention over an f16 copy of the sequence's keys, attention_f16.py, for the head dims in
+        # prompt_head_dims; set from EngineConfig)
         self.prompt_attention = "exact"
+        self.prompt_head_dims = attn_f16.HEAD_DIMS
 
     def describe(self) -> str:
         free, total = self.cp.cuda.runtime.memGetInfo()

@@ -396,6 +396,21 @@ def test_f16_prompt_attention_needs_the_cuda_backend(model_path):
         LLM(model_path, backend="cpu", n_ctx=64, prompt_attention="fast")
 
 
+def test_f16_prompt_attention_refuses_a_head_dim_it_does_not_read(model_path, monkeypatch):
+    """A backend with the f16 path (stood in for by the CPU backend given its attributes) refuses a model whose
+    head dim the path does not read (the tiny model's 16) before the weights load, in one line."""
+    from strata_lite import runner
+    from strata_lite.kernels.cpu.backend import CpuBackend
+
+    def backend(*args, **kw):
+        be = CpuBackend()
+        be.prompt_attention, be.prompt_head_dims = "exact", (64, 128)
+        return be
+    monkeypatch.setattr(runner, "get_backend", backend)
+    with pytest.raises(ValueError, match=r"reads head_dim 64 or 128; .*tiny-engine.gguf has 16$"):
+        runner.load_model(model_path, backend="cpu", prompt_attention="f16")
+
+
 def test_load_error_is_reported(tmp_path):
     from strata_lite.engine import EngineNotReady
     eng = Engine(EngineConfig(model=str(tmp_path / "missing.gguf"), backend="cpu", n_ctx=64))
