@@ -14,7 +14,7 @@ import numpy as np
 from .batch import Batch
 from .kernels.sample_rows import SampleRows
 from .kv_cache import KVCache
-from .runner import capture_step_graphs, load_model
+from .runner import capture_step_graphs, load_model, reads_prompt_apart
 from .sampling import InvalidRequest, SamplingParams, draw_uniform, needs_counts, sample_row
 from .spec.controller import SpecController, parse_spec, split_spec
 from .spec.generate import drafted_tokens
@@ -100,7 +100,8 @@ class LLM:
         decode step replays a captured graph where there is one (the same bits; a view valid until the next
         forward)."""
         batch.validate(self.kv.n_pages, self.kv.page_size, self.config.n_vocab)
-        if observer is None and self.mtp is None and self.graphs is not None and self.graphs.accepts(batch):
+        if (observer is None and self.mtp is None and self.graphs is not None and self.graphs.accepts(batch)
+                and not reads_prompt_apart(self.backend, batch)):
             return self.graphs.run(batch)[0]
         return self.model.forward(batch, self.kv, observer=observer)
 
@@ -109,7 +110,7 @@ class LLM:
         batch.validate(self.kv.n_pages, self.kv.page_size, self.config.n_vocab)
         if self.mtp is None:
             return self.forward(batch)
-        if self.graphs is not None and self.graphs.accepts(batch):
+        if self.graphs is not None and self.graphs.accepts(batch) and not reads_prompt_apart(self.backend, batch):
             logits, res, *state = self.graphs.run(batch)
             self.mtp.keep_hidden(*state, results=StepResults(self.backend, logits, res, self.graphs))
             return logits

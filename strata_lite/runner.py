@@ -76,6 +76,13 @@ def load_model(model: str | None = None, backend: str = "auto", n_threads: int |
                        MODELS[config.arch](be, config, weights))
 
 
+def reads_prompt_apart(backend, batch: Batch) -> bool:
+    """The backend reads prompt rows another way (`--prompt-attention f16`) and the batch has some: the captured
+    steps run every row through the decode kernels, so such a step (a short prompt read beside decode tokens, all
+    of them logit rows) runs eagerly."""
+    return getattr(backend, "prompt_attention", "exact") != "exact" and bool(batch.prompt_runs)
+
+
 def chat_template_of(meta: dict, tokenizer) -> ChatTemplate | None:
     source = meta.get("tokenizer.chat_template")
     if not source:
@@ -178,7 +185,7 @@ class ModelRunner:
         """Device float32 logits (len(batch.logit_rows), n_vocab); ValueError for a bad batch."""
         batch.validate(self.kv.n_pages, self.kv.page_size, self.n_vocab)
         self.step_results = None
-        if self.graphs is not None and self.graphs.accepts(batch) and not self._reads_prompt_apart(batch):
+        if self.graphs is not None and self.graphs.accepts(batch) and not reads_prompt_apart(self.backend, batch):
             logits, res, *state = self.graphs.run(batch)
             self.step_results = StepResults(self.backend, logits, res, self.graphs)
             if self.mtp is not None:
@@ -187,12 +194,6 @@ class ModelRunner:
         if self.mtp is not None:            # the drafter fills its KV layer from every row's hidden state
             return self.mtp.target_forward(batch)
         return self.model.forward(batch, self.kv)
-
-    def _reads_prompt_apart(self, batch: Batch) -> bool:
-        """The backend reads prompt rows another way (`--prompt-attention f16`) and the batch has some: the captured
-        steps run every row through the decode kernels, so such a step (a short prompt read beside decode tokens,
-        all of them logit rows) runs eagerly."""
-        return getattr(self.backend, "prompt_attention", "exact") != "exact" and bool(batch.prompt_runs)
 
     def sample(self, logits, rows: SampleRows) -> Sampled:
         """Host tokens (and logprobs) for device logits, one SampleRows row per logit row. Plain greedy rows of

@@ -1,6 +1,7 @@
-"""ModelRunner.forward's choice between a captured step and an eager forward, over stubs (no GPU): with the
-backend reading prompt rows another way (`--prompt-attention f16`), a step that has prompt rows runs eagerly even
-where a graph would take its shape, since the graphs run every row through the decode kernels."""
+"""ModelRunner.forward's and LLM.forward's choice between a captured step and an eager forward, over stubs (no
+GPU): with the backend reading prompt rows another way (`--prompt-attention f16`), a step that has prompt rows
+runs eagerly even where a graph would take its shape, since the graphs run every row through the decode
+kernels."""
 import types
 
 import numpy as np
@@ -48,3 +49,19 @@ def test_f16_steps_with_prompt_rows_run_eagerly_and_the_rest_replay():
     assert _path(_runner("f16"), _step(5)) == "graph"          # decode rows only
     assert _path(_runner("exact"), _step(2)) == "graph"        # the decode kernels read prompts too
     assert _path(_runner("f16"), _step(-1)) == "graph"         # no plan: runs of <= 16 tokens count as decode
+
+
+def test_the_llm_api_reads_a_long_run_eagerly_in_f16_mode():
+    """LLM.forward (batches without a plan: a run of more than 16 tokens is a prompt run) likewise: a 20-token
+    chunk with every row a logit row, which a 32-token graph would take, runs eagerly in f16 mode."""
+    from strata_lite.api import LLM
+    llm = object.__new__(LLM)
+    llm.graphs, llm.mtp = _Graphs(), None
+    llm.kv = types.SimpleNamespace(n_pages=8, page_size=16)
+    llm.config = types.SimpleNamespace(n_vocab=100)
+    llm.model = types.SimpleNamespace(forward=lambda batch, kv, observer=None: "eager")
+    chunk = Batch.single(np.zeros(20, np.int32), 0, [0, 1])
+    short = Batch.single(np.zeros(4, np.int32), 0, [0])
+    for mode, want in (("f16", ["eager", "graph"]), ("exact", ["graph", "graph"])):
+        llm.backend = types.SimpleNamespace(prompt_attention=mode)
+        assert [_path(llm, b) for b in (chunk, short)] == want
