@@ -55,6 +55,7 @@ def _spec(text: str):
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    from strata_lite.config import PROMPT_ATTENTION
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (docs/server.md)",
                               description="Serve the model over an OpenAI-compatible HTTP API: /v1/chat/completions, "
                                           "/v1/completions, /v1/models, /health, /metrics, /slots.")
@@ -84,7 +85,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--vram-reserve-mib", type=int, default=1024,
                    help="CUDA: GPU memory (MiB) left free when weights, KV cache and workspaces are planned "
                         "at start-up (default 1024)")
-    p.add_argument("--prompt-attention", choices=("exact", "f16"), default="exact",
+    p.add_argument("--prompt-attention", choices=PROMPT_ATTENTION, default="exact",
                    help="CUDA: how prompt chunks read their keys: exact (the decode kernels' bits, default) or f16 "
                         "(a flash attention over an f16 copy of the keys, ~3x faster after 32K tokens, each "
                         "output within f16 rounding of the exact one; head_dim 64 or 128; docs/cuda.md)")

@@ -45,6 +45,21 @@ def _kl(p_logits, q_logits):
     return float((np.exp(lp) * (lp - lq)).sum(1).mean())
 
 
+def _assert_within_bars(ref, got, label):
+    """The module docstring's bars for logits got against ref (n, n_vocab): argmax agreement >= 99% where ref's
+    top-1/top-2 margin is >= 0.25 (at least 20 such positions), mean KL <= 0.01."""
+    same = ref.argmax(1) == got.argmax(1)
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] >= 0.25
+    kl = _kl(ref, got)
+    rel = float(np.abs(ref - got).max() / np.abs(ref).max())
+    print(f"{label}: argmax agreement {same.mean():.4f} overall, {same[clear].mean():.4f} at the "
+          f"{clear.sum()} positions with margin >= 0.25; mean KL {kl:.2e}, max |diff| / max |logit| {rel:.2e}")
+    assert clear.sum() >= 20
+    assert same[clear].mean() >= 0.99
+    assert kl <= 0.01
+
+
 def test_cuda_logits_match_cpu(synth_path):
     from strata_lite import LLM
     cpu = LLM(synth_path, backend="cpu", n_ctx=256, n_batch=64)
@@ -54,16 +69,7 @@ def test_cuda_logits_match_cpu(synth_path):
     gpu = LLM(synth_path, backend="cuda", n_ctx=256, n_batch=64)
     got = gpu.logits(ids)
     assert np.isfinite(got).all()
-    same = ref.argmax(1) == got.argmax(1)
-    top2 = np.sort(ref, axis=1)[:, -2:]
-    clear = top2[:, 1] - top2[:, 0] >= 0.25
-    kl = _kl(ref, got)
-    rel = float(np.abs(ref - got).max() / np.abs(ref).max())
-    print(f"{synth_path}: argmax agreement {same.mean():.4f} overall, {same[clear].mean():.4f} at the "
-          f"{clear.sum()} positions with margin >= 0.25; mean KL {kl:.2e}, max |diff| / max |logit| {rel:.2e}")
-    assert clear.sum() >= 20
-    assert same[clear].mean() >= 0.99
-    assert kl <= 0.01
+    _assert_within_bars(ref, got, synth_path)
 
 
 def test_f16_prompt_attention_reads_prompts_as_the_exact_kernels_do(synth_path):
@@ -82,15 +88,7 @@ def test_f16_prompt_attention_reads_prompts_as_the_exact_kernels_do(synth_path):
     finally:
         gpu.backend.prompt_attention = "exact"
     assert np.isfinite(got).all() and np.isfinite(step).all()
-    same = ref.argmax(1) == got.argmax(1)
-    top2 = np.sort(ref, axis=1)[:, -2:]
-    clear = top2[:, 1] - top2[:, 0] >= 0.25
-    kl = _kl(ref, got)
-    print(f"{synth_path}: f16 prompt attention: argmax agreement {same.mean():.4f} overall, "
-          f"{same[clear].mean():.4f} at {clear.sum()} clear positions; mean KL {kl:.2e}")
-    assert clear.sum() >= 20
-    assert same[clear].mean() >= 0.99
-    assert kl <= 0.01
+    _assert_within_bars(ref, got, f"{synth_path}: f16 prompt attention")
 
 
 def test_f16_prompt_reads_keep_their_bits_however_the_plan_chunks_them(synth_path):
